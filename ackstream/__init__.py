@@ -1,0 +1,44 @@
+"""ackstream: Storm's guaranteed message processing for Spark Structured Streaming.
+
+Every record read with tracking on ends acked (its tuple tree completed, then its
+offset is committed), replayed from its offset after a fail or timeout, or
+dead-lettered with its reason.
+"""
+
+from ackstream.acker.ledger import Pending, step
+from ackstream.acker.query import completions
+from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
+from ackstream.records import (
+    ACK,
+    ACK_RECORD_SCHEMA,
+    ACKED,
+    COMPLETION_SCHEMA,
+    FAIL,
+    FAILED,
+    INIT,
+    RESET,
+    TIMED_OUT,
+)
+from ackstream.session import local_session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "AckstreamError",
+    "OptionError",
+    "EnvironmentProblem",
+    "Pending",
+    "step",
+    "completions",
+    "local_session",
+    "ACK",
+    "INIT",
+    "FAIL",
+    "RESET",
+    "ACKED",
+    "FAILED",
+    "TIMED_OUT",
+    "ACK_RECORD_SCHEMA",
+    "COMPLETION_SCHEMA",
+]

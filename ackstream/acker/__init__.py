@@ -1,0 +1,1 @@
+"""Storm's acker: the pure XOR ledger and the Spark query that runs it per shard."""

@@ -1,0 +1,264 @@
+"""The XOR ledger: Storm's acker as a pure, vectorised step function.
+
+``step(pending, records, now_ms, timeout_ms) -> (pending, completions)`` merges one
+batch of ack records into a shard's pending table and returns the roots that
+finished. No Spark, no clock: time is passed in, so the same code runs inside the
+acker query, in tests and in benchmarks.
+
+Per root the table keeps 40 bytes whatever the size of its tuple tree: the root
+id, the XOR of every value seen, the source coordinates from the init record,
+the init's timestamp (for complete latency) and a deadline. Storm's rules:
+
+- a root completes as *acked* when its init was seen and its value is 0;
+- a fail record marks it *failed* at once (fail wins over acks in the same or a
+  later batch); it is reported once its init is known;
+- records that arrive before the init are held (the init may come later);
+- a root still pending at its deadline is *timed_out*; the deadline is one
+  message timeout after the acker first saw the root, and a reset record
+  extends it (Storm's RotatingMap and ``resetTimeout``);
+- XOR makes order and batch splits irrelevant, and a record delivered twice
+  cancels itself, so duplicates cost a timeout and a replay, never a false ack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ackstream.records import ACKED, FAIL, FAILED, INIT, RESET, TIMED_OUT
+
+__all__ = ["PENDING_DTYPE", "Pending", "step", "combine", "MAX_TIMEOUT_MS"]
+
+#: One pending root; packed, 40 bytes. Times are ms relative to ``Pending.epoch_ms``.
+PENDING_DTYPE = np.dtype(
+    [
+        ("root", "<i8"),
+        ("value", "<i8"),
+        ("offset", "<i8"),
+        ("partition", "<i4"),
+        ("started", "<i4"),  # the init record's ts
+        ("deadline", "<i4"),
+        ("topic", "<i2"),  # index into Pending.topics, -1 before the init
+        ("attempt", "u1"),
+        ("flags", "u1"),
+    ]
+)
+_INIT_SEEN = np.uint8(1)
+_FAILED = np.uint8(2)
+
+#: Relative times are int32 ms; the epoch moves forward long before they overflow.
+_REBASE_AFTER_MS = 1 << 30
+MAX_TIMEOUT_MS = 1 << 29
+_I32_MIN, _I32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+
+_COMPLETION_COLUMNS = [
+    "root", "status", "topic", "partition", "offset", "attempt", "latency_ms", "completed_ms",
+]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A shard's pending roots: a table sorted by root, its time epoch and topic names."""
+
+    table: np.ndarray
+    epoch_ms: int
+    topics: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def empty(cls, now_ms: int) -> Pending:
+        return cls(np.empty(0, PENDING_DTYPE), int(now_ms), ())
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the table takes in the shard's state (topic names excluded)."""
+        return self.table.nbytes
+
+    def to_state(self) -> tuple:
+        """The Spark state row: (epoch_ms, topic names joined by newlines, table bytes).
+
+        Topic names travel as one string because pyspark 4.3 cannot read an array
+        column in an ``applyInPandasWithState`` state schema (KeyError 'elementType');
+        Kafka topic names never contain a newline."""
+        return (self.epoch_ms, "\n".join(self.topics), self.table.tobytes())
+
+    @classmethod
+    def from_state(cls, row) -> Pending:
+        epoch_ms, topics, blob = row
+        table = np.frombuffer(blob, dtype=PENDING_DTYPE).copy()
+        return cls(table, int(epoch_ms), tuple(topics.split("\n")) if topics else ())
+
+    def values(self) -> dict[int, int]:
+        """Current XOR value of every pending root (for tests and debugging)."""
+        return dict(zip(self.table["root"].tolist(), self.table["value"].tolist()))
+
+
+@dataclass(frozen=True)
+class Combined:
+    """One row per root of a batch: XOR of values, OR of kinds, the init's coordinates."""
+
+    root: np.ndarray
+    value: np.ndarray
+    kind: np.ndarray
+    topic: np.ndarray  # object array, None where no init
+    partition: np.ndarray
+    offset: np.ndarray
+    attempt: np.ndarray
+    init_ts: np.ndarray
+
+
+def combine(records: pd.DataFrame) -> Combined:
+    """Pre-combine a batch of ack records per root (order inside the batch is irrelevant)."""
+    root = records["root"].to_numpy(np.int64)
+    order = np.argsort(root, kind="stable")
+    sorted_root = root[order]
+    starts = np.flatnonzero(np.r_[True, sorted_root[1:] != sorted_root[:-1]])
+    roots = sorted_root[starts]
+    kinds = records["kind"].to_numpy(np.int8)
+    value = np.bitwise_xor.reduceat(records["value"].to_numpy(np.int64)[order], starts)
+    kind = np.bitwise_or.reduceat(kinds[order], starts)
+
+    n = len(roots)
+    topic = np.full(n, None, dtype=object)
+    partition = np.zeros(n, np.int64)
+    offset = np.zeros(n, np.int64)
+    attempt = np.zeros(n, np.int64)
+    init_ts = np.zeros(n, np.int64)
+    init_rows = np.flatnonzero(kinds & INIT)
+    if len(init_rows):
+        group = np.searchsorted(roots, root[init_rows])
+        topic[group] = records["topic"].to_numpy(object)[init_rows]
+        partition[group] = records["partition"].to_numpy()[init_rows]
+        offset[group] = records["offset"].to_numpy()[init_rows]
+        attempt[group] = records["attempt"].to_numpy()[init_rows]
+        init_ts[group] = records["ts"].to_numpy(np.int64)[init_rows]
+    return Combined(roots, value, kind, topic, partition, offset, attempt, init_ts)
+
+
+def step(
+    pending: Pending, records: pd.DataFrame | None, now_ms: int, timeout_ms: int
+) -> tuple[Pending, pd.DataFrame]:
+    """Merge ``records`` into ``pending`` at time ``now_ms``; return the new table and
+    the completions (one row per finished root, columns as ``COMPLETION_SCHEMA``)."""
+    pending = _rebased(pending, now_ms)
+    now = now_ms - pending.epoch_ms
+    table, topics = pending.table, pending.topics
+    if records is not None and len(records):
+        table, topics = _merge(table, topics, combine(records), now, timeout_ms, pending.epoch_ms)
+
+    flags = table["flags"]
+    init_seen = (flags & _INIT_SEEN) != 0
+    failed = (flags & _FAILED) != 0
+    done = init_seen & (failed | (table["value"] == 0))
+    expired = ~done & (table["deadline"] <= now)
+    finished = done | expired
+    out = table[finished]
+    status = np.where(failed[finished], FAILED, np.where(done[finished], ACKED, TIMED_OUT))
+    completions = _completions(out, status, topics, pending.epoch_ms, now_ms)
+    remaining = table[~finished]
+    if not len(remaining):
+        topics = ()  # nothing refers to a topic index any more
+    return Pending(remaining, pending.epoch_ms, topics), completions
+
+
+def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: int):
+    has_init = (batch.kind & INIT) != 0
+    topic_codes, topics = _topic_codes(batch.topic[has_init], topics)
+    codes = np.full(len(batch.root), -1, np.int16)
+    codes[has_init] = topic_codes
+    started = np.clip(batch.init_ts - epoch_ms, _I32_MIN, _I32_MAX).astype(np.int32)
+    deadline = np.int32(min(now + timeout_ms, _I32_MAX))
+
+    pos = np.searchsorted(table["root"], batch.root)
+    hit = pos < len(table)
+    hit[hit] = table["root"][pos[hit]] == batch.root[hit]
+
+    # roots already pending
+    p = pos[hit]
+    table["value"][p] ^= batch.value[hit]
+    first_init = has_init[hit] & ((table["flags"][p] & _INIT_SEEN) == 0)
+    q = p[first_init]
+    src = np.flatnonzero(hit)[first_init]
+    table["topic"][q] = codes[src]
+    table["partition"][q] = batch.partition[src]
+    table["offset"][q] = batch.offset[src]
+    table["attempt"][q] = np.minimum(batch.attempt[src], 255)
+    table["started"][q] = started[src]
+    table["flags"][p] |= _flags(batch.kind[hit])
+    reset = (batch.kind[hit] & RESET) != 0
+    table["deadline"][p[reset]] = deadline
+
+    # roots seen for the first time
+    new = ~hit
+    fresh = np.empty(int(new.sum()), PENDING_DTYPE)
+    fresh["root"] = batch.root[new]
+    fresh["value"] = batch.value[new]
+    fresh["offset"] = np.where(has_init[new], batch.offset[new], 0)
+    fresh["partition"] = np.where(has_init[new], batch.partition[new], 0)
+    fresh["started"] = np.where(has_init[new], started[new], now)
+    fresh["deadline"] = deadline
+    fresh["topic"] = codes[new]
+    fresh["attempt"] = np.minimum(np.where(has_init[new], batch.attempt[new], 0), 255)
+    fresh["flags"] = _flags(batch.kind[new])
+    return np.insert(table, pos[new], fresh), topics
+
+
+def _flags(kind: np.ndarray) -> np.ndarray:
+    return np.where(kind & INIT, _INIT_SEEN, 0).astype(np.uint8) | np.where(
+        kind & FAIL, _FAILED, 0
+    ).astype(np.uint8)
+
+
+def _topic_codes(names: np.ndarray, topics: tuple[str, ...]):
+    """Index of each topic name in ``topics``, appending names not seen before."""
+    if not len(names):
+        return np.empty(0, np.int16), topics
+    distinct, inverse = np.unique(names.astype(str), return_inverse=True)
+    known = {t: i for i, t in enumerate(topics)}
+    added = [t for t in distinct.tolist() if t not in known]
+    topics = topics + tuple(added)
+    if len(topics) > np.iinfo(np.int16).max:
+        raise ValueError(f"an acker shard tracks more than {np.iinfo(np.int16).max} topics")
+    known.update({t: len(topics) - len(added) + i for i, t in enumerate(added)})
+    lookup = np.array([known[t] for t in distinct.tolist()], dtype=np.int16)
+    return lookup[inverse.reshape(-1)], topics
+
+
+def _rebased(pending: Pending, now_ms: int) -> Pending:
+    """Move the epoch to ``now_ms`` before relative times could overflow int32."""
+    if now_ms - pending.epoch_ms < _REBASE_AFTER_MS:
+        return pending
+    if not len(pending.table):
+        return Pending.empty(now_ms)
+    shift = now_ms - pending.epoch_ms
+    table = pending.table.copy()
+    for name in ("started", "deadline"):
+        table[name] = np.clip(table[name].astype(np.int64) - shift, _I32_MIN, _I32_MAX)
+    return Pending(table, int(now_ms), pending.topics)
+
+
+def _completions(out, status, topics, epoch_ms: int, now_ms: int) -> pd.DataFrame:
+    unknown = (out["flags"] & _INIT_SEEN) == 0  # never saw the init: no coordinates
+
+    def nullable(values, dtype):
+        return pd.arrays.IntegerArray(np.asarray(values, dtype), mask=unknown.copy())
+
+    names = np.array(list(topics) + [None], dtype=object)
+    latency = now_ms - (epoch_ms + out["started"].astype(np.int64))
+    return pd.DataFrame(
+        {
+            "root": out["root"],
+            "status": status.astype(object),
+            "topic": names[np.where(unknown, -1, out["topic"])],
+            "partition": nullable(out["partition"], np.int32),
+            "offset": nullable(out["offset"], np.int64),
+            "attempt": nullable(out["attempt"], np.int32),
+            "latency_ms": nullable(latency, np.int64),
+            "completed_ms": np.full(len(out), now_ms, np.int64),
+        },
+        columns=_COMPLETION_COLUMNS,
+    )

@@ -1,0 +1,25 @@
+"""Errors callers can catch by type; each names what is at fault and what to do."""
+
+from __future__ import annotations
+
+__all__ = ["AckstreamError", "OptionError", "EnvironmentProblem"]
+
+
+class AckstreamError(Exception):
+    """Root of every error ackstream raises on purpose."""
+
+
+class OptionError(AckstreamError, ValueError):
+    """An option has a value ackstream cannot use."""
+
+    def __init__(self, option: str, value, allowed: str):
+        self.option, self.value, self.allowed = option, value, allowed
+        super().__init__(f"option {option!r} = {value!r} is not valid: expected {allowed}")
+
+
+class EnvironmentProblem(AckstreamError, RuntimeError):
+    """Something outside ackstream (Java, a broker, a path) is missing or wrong."""
+
+    def __init__(self, what: str, fix: str):
+        self.what, self.fix = what, fix
+        super().__init__(f"{what}. {fix}")

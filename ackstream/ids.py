@@ -1,0 +1,195 @@
+"""64-bit root and edge ids, derived by hash so that a re-read gives the same ids.
+
+Storm draws ids at random; we cannot, because ``read()`` may run again for the same
+offsets after a restart and must produce the same rows. Every id is Spark's
+``xxhash64`` (XXH64, seed 42, columns chained) of the coordinates that make it
+unique, and this module computes it both in numpy (for Arrow batches in the source
+and the pure ledger) and as a Spark Column (for bolt stages running in the JVM).
+The two are equal bit for bit; ``tests/test_ids.py`` holds them to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "SEED",
+    "hash_longs",
+    "hash_text",
+    "root_ids",
+    "spout_edges",
+    "child_edges",
+    "spark_root_id",
+    "spark_child_edge",
+    "shard_of",
+]
+
+SEED = 42  # Spark's xxhash64 seed
+
+_P1 = 0x9E3779B185EBCA87
+_P2 = 0xC2B2AE3D27D4EB4F
+_P3 = 0x165667B19E3779F9
+_P4 = 0x85EBCA77C2B2AE63
+_P5 = 0x27D4EB2F165667C5
+_M64 = (1 << 64) - 1
+
+#: Stage number reserved for the spout tuple of a root (bolt stages start at 1).
+SPOUT_STAGE = 0
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(_P2)
+    h = h ^ (h >> np.uint64(29))
+    h = h * np.uint64(_P3)
+    return h ^ (h >> np.uint64(32))
+
+
+def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """XXH64 of one 8-byte value per row (Spark's ``XXH64.hashLong``), uint64 in and out."""
+    h = seed + np.uint64(_P5 + 8)
+    h = h ^ (_rotl(values * np.uint64(_P2), 31) * np.uint64(_P1))
+    h = _rotl(h, 27) * np.uint64(_P1) + np.uint64(_P4)
+    return _fmix(h)
+
+
+def hash_longs(*columns, seed=SEED) -> np.ndarray:
+    """``xxhash64(c1, c2, ...)`` over int64 columns (scalars broadcast), as int64.
+
+    ``seed`` may be an int or an int64 array (one seed per row), which is how a
+    string hashed by :func:`hash_text` is chained in front of integer columns.
+    """
+    arrays = [np.asarray(c, dtype=np.int64) for c in columns]
+    n = np.broadcast_shapes(*(a.shape for a in arrays), np.shape(seed))
+    h = np.broadcast_to(np.asarray(seed, dtype=np.int64), n).view(np.uint64).copy()
+    with np.errstate(over="ignore"):
+        for a in arrays:
+            h = _hash_long(np.broadcast_to(a, n).view(np.uint64), h)
+    return h.view(np.int64)
+
+
+def _round(acc: int, lane: int) -> int:
+    acc = (acc + lane * _P2) & _M64
+    acc = ((acc << 31) | (acc >> 33)) & _M64
+    return (acc * _P1) & _M64
+
+
+def _merge(acc: int, val: int) -> int:
+    acc ^= _round(0, val)
+    return (acc * _P1 + _P4) & _M64
+
+
+def hash_text(text: str, seed: int = SEED) -> int:
+    """``xxhash64(text)`` of a UTF-8 string with the given seed, as a signed int64.
+
+    Scalar and pure Python: it hashes names (sources, topics, stages), never rows.
+    """
+    data = text.encode("utf-8")
+    n = len(data)
+    seed &= _M64
+    i = 0
+    if n >= 32:
+        v = [(seed + _P1 + _P2) & _M64, (seed + _P2) & _M64, seed, (seed - _P1) & _M64]
+        while i + 32 <= n:
+            for lane in range(4):
+                v[lane] = _round(v[lane], int.from_bytes(data[i : i + 8], "little"))
+                i += 8
+        h = 0
+        for lane, r in zip(v, (1, 7, 12, 18)):
+            h = (h + (((lane << r) | (lane >> (64 - r))) & _M64)) & _M64
+        for lane in v:
+            h = _merge(h, lane)
+    else:
+        h = (seed + _P5) & _M64
+    h = (h + n) & _M64
+    while i + 8 <= n:
+        h ^= _round(0, int.from_bytes(data[i : i + 8], "little"))
+        h = ((((h << 27) | (h >> 37)) & _M64) * _P1 + _P4) & _M64
+        i += 8
+    if i + 4 <= n:
+        h ^= (int.from_bytes(data[i : i + 4], "little") * _P1) & _M64
+        h = ((((h << 23) | (h >> 41)) & _M64) * _P2 + _P3) & _M64
+        i += 4
+    while i < n:
+        h ^= (data[i] * _P5) & _M64
+        h = ((((h << 11) | (h >> 53)) & _M64) * _P1) & _M64
+        i += 1
+    h ^= h >> 33
+    h = (h * _P2) & _M64
+    h ^= h >> 29
+    h = (h * _P3) & _M64
+    h ^= h >> 32
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def root_ids(source: str, topic, partition, offset, attempt) -> np.ndarray:
+    """Root id of each upstream record: ``xxhash64(source, topic, partition, offset, attempt)``.
+
+    ``topic`` is one string or an array of strings (hashed once per distinct value).
+    A replay (attempt + 1) of the same offset gets a new root, as in Storm.
+    """
+    source_seed = hash_text(source)
+    if isinstance(topic, str):
+        seed = hash_text(topic, source_seed)
+    else:
+        names, codes = np.unique(np.asarray(topic, dtype=object).astype(str), return_inverse=True)
+        seeds = np.array([hash_text(t, source_seed) for t in names], dtype=np.int64)
+        seed = seeds[codes.reshape(-1)] if len(names) else np.empty(0, np.int64)
+    return hash_longs(partition, offset, attempt, seed=seed)
+
+
+def spout_edges(roots) -> np.ndarray:
+    """Edge id of the spout tuple of each root (one spout tuple per upstream record)."""
+    return child_edges(roots, SPOUT_STAGE, 0)
+
+
+def child_edges(parent_edges, stage, ordinal) -> np.ndarray:
+    """Edge id of a child tuple: ``xxhash64(parent edge, stage, ordinal)``.
+
+    ``ordinal`` numbers the children of one parent within a stage, so that the
+    children of an explode are distinct and the same on every re-run.
+    """
+    return hash_longs(parent_edges, stage, ordinal)
+
+
+def shard_of(roots, ackers: int) -> np.ndarray:
+    """The acker shard that owns each root, as Spark's ``pmod(root, ackers)``."""
+    return np.mod(np.asarray(roots, dtype=np.int64), ackers)
+
+
+# --- the same ids as Spark Columns -------------------------------------------------
+
+
+def spark_root_id(source: str, topic="topic", partition="partition", offset="offset",
+                  attempt="attempt"):
+    """Spark Column equal to :func:`root_ids` for the named (or given) columns."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(
+        F.lit(source), _col(topic), _col(partition).cast("long"), _col(offset).cast("long"),
+        _col(attempt).cast("long"),
+    )
+
+
+def spark_child_edge(parent_edge="_edge", stage=0, ordinal=0):
+    """Spark Column equal to :func:`child_edges` (stage and ordinal: ints or columns)."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(
+        _col(parent_edge).cast("long"), _col(stage).cast("long"), _col(ordinal).cast("long")
+    )
+
+
+def _col(c):
+    from pyspark.sql import Column
+    from pyspark.sql import functions as F
+
+    if isinstance(c, Column):
+        return c
+    if isinstance(c, str):
+        return F.col(c)
+    return F.lit(int(c))

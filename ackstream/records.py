@@ -1,0 +1,78 @@
+"""The two record kinds that cross process boundaries: ack records and completions.
+
+Ack records go from whoever processes tuples (the topology query, or any other
+process) to the acker; completions go from the acker to the source. The schemas
+here are the contract for both channel transports and for the acker query.
+
+``kind`` is a bit mask, not an enum, so that every record of one root in a batch
+can be pre-combined into one (``bit_xor`` of values, ``bit_or`` of kinds) without
+losing an init, a fail or a timeout reset.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "ACK",
+    "INIT",
+    "FAIL",
+    "RESET",
+    "ACKED",
+    "FAILED",
+    "TIMED_OUT",
+    "STATUSES",
+    "ACK_RECORD_SCHEMA",
+    "COMPLETION_SCHEMA",
+    "ACK_RECORD_DDL",
+    "COMPLETION_DDL",
+]
+
+# kind bits of an ack record
+ACK = 0  #: plain XOR contribution
+INIT = 1  #: the spout's record: its value is the XOR of the spout tuples' edge ids
+FAIL = 2  #: fail the root now, whatever its value
+RESET = 4  #: extend the root's deadline by one message timeout (Storm's resetTimeout)
+
+# completion statuses
+ACKED = "acked"
+FAILED = "failed"
+TIMED_OUT = "timed_out"
+STATUSES = (ACKED, FAILED, TIMED_OUT)
+
+#: One ack record. Source coordinates are set on init records and null elsewhere.
+ACK_RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("root", pa.int64(), nullable=False),
+        pa.field("value", pa.int64(), nullable=False),
+        pa.field("kind", pa.int8(), nullable=False),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("attempt", pa.int32()),
+        pa.field("ts", pa.int64(), nullable=False),  # ms since epoch, when written
+    ]
+)
+
+#: One finished root. Coordinates are null when the acker never saw the root's init.
+COMPLETION_SCHEMA = pa.schema(
+    [
+        pa.field("root", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("attempt", pa.int32()),
+        pa.field("latency_ms", pa.int64()),  # completion time minus the init's ts
+        pa.field("completed_ms", pa.int64(), nullable=False),
+    ]
+)
+
+ACK_RECORD_DDL = (
+    "root long, value long, kind byte, topic string, partition int, offset long, "
+    "attempt int, ts long"
+)
+COMPLETION_DDL = (
+    "root long, status string, topic string, partition int, offset long, attempt int, "
+    "latency_ms long, completed_ms long"
+)

@@ -1,0 +1,1 @@
+"""Where records leave a query: the ack/completion channels, output sinks, dead letters."""

@@ -1,0 +1,98 @@
+"""The ack channel and the completion channel, local-directory transport.
+
+Ack records flow from tuple processors (the topology query, or any process) to
+the acker query; completions flow from the acker query to the source reader on
+the driver. In the embedded setup both are folders of Parquet files:
+
+- ``<dir>/acks/``: one file per write, written under a hidden name and renamed,
+  so Spark's file stream never lists a half-written file. The acker query
+  reads it as a file stream.
+- ``<dir>/done/<batch id>.parquet``: the completions of one acker batch,
+  collected in ``foreachBatch`` (one row per finished root, far fewer than ack
+  records), written under a hidden name and renamed; a re-run of the same batch
+  after a crash finds the file and skips it, and batches with no completions
+  write nothing. The source reads the folder with pyarrow, no Spark session
+  needed, resuming after the last batch id it saw.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA
+
+__all__ = ["LocalChannel"]
+
+_DONE_FILE = re.compile(r"^(\d{12})\.parquet$")
+
+
+class LocalChannel:
+    """Ack and completion channels of one topology in a local directory."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = os.fspath(directory)
+        self.acks_dir = os.path.join(self.directory, "acks")
+        self.done_dir = os.path.join(self.directory, "done")
+        os.makedirs(self.acks_dir, exist_ok=True)
+        os.makedirs(self.done_dir, exist_ok=True)
+
+    # --- ack records ------------------------------------------------------------
+
+    def write_acks(self, records: pa.Table | pd.DataFrame) -> None:
+        """Append ack records (``ACK_RECORD_SCHEMA`` columns); any process may call this."""
+        table = _as_table(records, ACK_RECORD_SCHEMA)
+        name = f"{uuid.uuid1().hex}.parquet"
+        hidden = os.path.join(self.acks_dir, "." + name)
+        pq.write_table(table, hidden)
+        os.replace(hidden, os.path.join(self.acks_dir, name))
+
+    def ack_stream(self, spark, max_files_per_trigger: int | None = None):
+        """The ack records as a streaming DataFrame, for the acker query."""
+        reader = spark.readStream.schema(ACK_RECORD_DDL)
+        if max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+        return reader.parquet(self.acks_dir)
+
+    # --- completions ------------------------------------------------------------
+
+    def write_completions(self, batch, batch_id: int) -> None:
+        """Write one acker batch's completions (a Spark DataFrame); idempotent per batch id."""
+        final = os.path.join(self.done_dir, f"{batch_id:012d}.parquet")
+        if os.path.exists(final):
+            return  # written before a restart; a re-run of a batch yields the same rows
+        table = batch.toArrow()
+        if table.num_rows:
+            hidden = os.path.join(self.done_dir, f".{batch_id:012d}.parquet")
+            pq.write_table(_as_table(table, COMPLETION_SCHEMA), hidden)
+            os.replace(hidden, final)
+
+    def completions_since(self, after_batch: int = -1) -> tuple[pa.Table, int]:
+        """Completions of acker batches after ``after_batch``, and the last batch id read."""
+        batch_ids = sorted(
+            int(m.group(1)) for m in map(_DONE_FILE.match, os.listdir(self.done_dir)) if m
+        )
+        newer = [b for b in batch_ids if b > after_batch]
+        tables = [
+            pq.read_table(os.path.join(self.done_dir, f"{b:012d}.parquet"), schema=COMPLETION_SCHEMA)
+            for b in newer
+        ]
+        table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
+        return table, (newer[-1] if newer else after_batch)
+
+    def clear(self) -> None:
+        """Remove every record of this channel (tests and demos only)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.__init__(self.directory)
+
+
+def _as_table(records, schema: pa.Schema) -> pa.Table:
+    if isinstance(records, pd.DataFrame):
+        return pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
+    return records.select(schema.names).cast(schema)

@@ -1,0 +1,30 @@
+"""Session-wide fixtures: one local SparkSession (and, where tests ask, one broker)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from ackstream import local_session
+
+    session = local_session("ackstream-tests", cores=2)
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()
+
+
+def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+    """Poll ``condition()`` until it returns a truthy value; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
