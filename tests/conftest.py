@@ -28,3 +28,27 @@ def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """A Kafka-protocol broker for the whole test session (see tests/broker.py)."""
+    import os
+
+    from broker import TansuBroker
+
+    external = os.environ.get("ACKSTREAM_TEST_BOOTSTRAP")
+    if external:
+        yield type("External", (), {"bootstrap": external})()
+        return
+    running = TansuBroker().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def new_topic(broker):
+    """A factory for fresh uuid-named topics: ``new_topic(partitions=1) -> name``."""
+    from broker import create_topic
+
+    return lambda partitions=1: create_topic(broker.bootstrap, partitions)
