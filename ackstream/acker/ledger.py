@@ -9,7 +9,8 @@ Per root the table keeps 40 bytes whatever the size of its tuple tree: the root
 id, the XOR of every value seen, the source coordinates from the init record,
 the init's timestamp (for complete latency) and a deadline. Storm's rules:
 
-- a root completes as *acked* when its init was seen and its value is 0;
+- a root completes as *acked* when its value is 0 and its init arrived an odd
+  number of times (a duplicated init cancels itself like any other record);
 - a fail record marks it *failed* at once (fail wins over acks in the same or a
   later batch); it is reported once its init is known;
 - records that arrive before the init are held (the init may come later);
@@ -45,8 +46,9 @@ PENDING_DTYPE = np.dtype(
         ("flags", "u1"),
     ]
 )
-_INIT_SEEN = np.uint8(1)
+_INIT_ODD = np.uint8(1)  # the init arrived an odd number of times (a duplicate cancels it)
 _FAILED = np.uint8(2)
+_KNOWN = np.uint8(4)  # the init arrived at least once: coordinates and start time are set
 
 #: Relative times are int32 ms; the epoch moves forward long before they overflow.
 _REBASE_AFTER_MS = 1 << 30
@@ -99,11 +101,13 @@ class Pending:
 
 @dataclass(frozen=True)
 class Combined:
-    """One row per root of a batch: XOR of values, OR of kinds, the init's coordinates."""
+    """One row per root of a batch: XOR of values, OR of kinds, parity of inits, and
+    the init's coordinates."""
 
     root: np.ndarray
     value: np.ndarray
     kind: np.ndarray
+    init_odd: np.ndarray
     topic: np.ndarray  # object array, None where no init
     partition: np.ndarray
     offset: np.ndarray
@@ -121,6 +125,7 @@ def combine(records: pd.DataFrame) -> Combined:
     kinds = records["kind"].to_numpy(np.int8)
     value = np.bitwise_xor.reduceat(records["value"].to_numpy(np.int64)[order], starts)
     kind = np.bitwise_or.reduceat(kinds[order], starts)
+    init_odd = np.bitwise_xor.reduceat(kinds[order] & INIT, starts) != 0
 
     n = len(roots)
     topic = np.full(n, None, dtype=object)
@@ -136,7 +141,7 @@ def combine(records: pd.DataFrame) -> Combined:
         offset[group] = records["offset"].to_numpy()[init_rows]
         attempt[group] = records["attempt"].to_numpy()[init_rows]
         init_ts[group] = records["ts"].to_numpy(np.int64)[init_rows]
-    return Combined(roots, value, kind, topic, partition, offset, attempt, init_ts)
+    return Combined(roots, value, kind, init_odd, topic, partition, offset, attempt, init_ts)
 
 
 def step(
@@ -151,13 +156,13 @@ def step(
         table, topics = _merge(table, topics, combine(records), now, timeout_ms, pending.epoch_ms)
 
     flags = table["flags"]
-    init_seen = (flags & _INIT_SEEN) != 0
     failed = (flags & _FAILED) != 0
-    done = init_seen & (failed | (table["value"] == 0))
+    acked = ~failed & ((flags & _INIT_ODD) != 0) & (table["value"] == 0)
+    done = acked | (failed & ((flags & _KNOWN) != 0))
     expired = ~done & (table["deadline"] <= now)
     finished = done | expired
     out = table[finished]
-    status = np.where(failed[finished], FAILED, np.where(done[finished], ACKED, TIMED_OUT))
+    status = np.where(acked[finished], ACKED, np.where(done[finished], FAILED, TIMED_OUT))
     completions = _completions(out, status, topics, pending.epoch_ms, now_ms)
     remaining = table[~finished]
     if not len(remaining):
@@ -180,7 +185,7 @@ def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: 
     # roots already pending
     p = pos[hit]
     table["value"][p] ^= batch.value[hit]
-    first_init = has_init[hit] & ((table["flags"][p] & _INIT_SEEN) == 0)
+    first_init = has_init[hit] & ((table["flags"][p] & _KNOWN) == 0)
     q = p[first_init]
     src = np.flatnonzero(hit)[first_init]
     table["topic"][q] = codes[src]
@@ -188,7 +193,9 @@ def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: 
     table["offset"][q] = batch.offset[src]
     table["attempt"][q] = np.minimum(batch.attempt[src], 255)
     table["started"][q] = started[src]
-    table["flags"][p] |= _flags(batch.kind[hit])
+    table["flags"][p] = (table["flags"][p] | _flags(batch.kind[hit], False)) ^ np.where(
+        batch.init_odd[hit], _INIT_ODD, 0
+    ).astype(np.uint8)
     reset = (batch.kind[hit] & RESET) != 0
     table["deadline"][p[reset]] = deadline
 
@@ -203,14 +210,14 @@ def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: 
     fresh["deadline"] = deadline
     fresh["topic"] = codes[new]
     fresh["attempt"] = np.minimum(np.where(has_init[new], batch.attempt[new], 0), 255)
-    fresh["flags"] = _flags(batch.kind[new])
+    fresh["flags"] = _flags(batch.kind[new], batch.init_odd[new])
     return np.insert(table, pos[new], fresh), topics
 
 
-def _flags(kind: np.ndarray) -> np.ndarray:
-    return np.where(kind & INIT, _INIT_SEEN, 0).astype(np.uint8) | np.where(
-        kind & FAIL, _FAILED, 0
-    ).astype(np.uint8)
+def _flags(kind: np.ndarray, init_odd) -> np.ndarray:
+    """Table flags for a batch's kinds; the parity bit is set from ``init_odd``."""
+    flags = np.where(kind & INIT, _KNOWN, 0) | np.where(kind & FAIL, _FAILED, 0)
+    return (flags | np.where(init_odd, _INIT_ODD, 0)).astype(np.uint8)
 
 
 def _topic_codes(names: np.ndarray, topics: tuple[str, ...]):
@@ -242,7 +249,7 @@ def _rebased(pending: Pending, now_ms: int) -> Pending:
 
 
 def _completions(out, status, topics, epoch_ms: int, now_ms: int) -> pd.DataFrame:
-    unknown = (out["flags"] & _INIT_SEEN) == 0  # never saw the init: no coordinates
+    unknown = (out["flags"] & _KNOWN) == 0  # never saw the init: no coordinates
 
     def nullable(values, dtype):
         return pd.arrays.IntegerArray(np.asarray(values, dtype), mask=unknown.copy())

@@ -1,0 +1,90 @@
+"""The acker as a real Spark streaming query on the local channel."""
+
+import time
+
+import pytest
+from conftest import wait_for
+
+from ackstream import ACKED, TIMED_OUT
+from ackstream.acker.query import start_acker
+from ackstream.sinks.channel import LocalChannel
+from ackstream.testing import TupleGraph, ack_records
+
+pytestmark = pytest.mark.spark
+
+
+def trees(n_roots, first_root=1):
+    """Per root: the init, then acks of a spout tuple with two children and a grandchild."""
+    g = TupleGraph(seed=first_root)
+    first, second = [], []
+    for root in range(first_root, first_root + n_roots):
+        spout = g.spout(root, topic="events", partition=root % 3, offset=root)
+        a, b = g.emit([spout]), g.emit([spout])
+        grandchild = g.emit([a, b])
+        first += g.ack(spout) + g.ack(a)
+        second += g.ack(b) + g.ack(grandchild)
+    now = int(time.time() * 1000)
+    return g.init_records(ts=now) + first, second
+
+
+class Completions:
+    """Everything the acker has written to the completion channel so far."""
+
+    def __init__(self, channel):
+        self.channel, self.position, self.rows = channel, -1, []
+
+    def poll(self):
+        table, self.position = self.channel.completions_since(self.position)
+        self.rows += table.to_pylist()
+        return self.rows
+
+
+def test_restart_from_checkpoint_mid_tree_keeps_every_pending_root(spark, tmp_path):
+    channel = LocalChannel(tmp_path / "channel")
+    checkpoint = str(tmp_path / "checkpoint")
+    first, second = trees(300)
+    whole_first, whole_second = trees(20, first_root=1000)
+    channel.write_acks(ack_records(first + whole_first + whole_second))
+    completions = Completions(channel)
+
+    query = start_acker(spark, channel, checkpoint=checkpoint, ackers=3,
+                        message_timeout_ms=120_000, trigger_ms=100)
+    try:
+        wait_for(lambda: len(completions.poll()) >= 20, what="the 20 complete trees")
+        wait_for(lambda: query.lastProgress and query.lastProgress["numInputRows"] == 0
+                 and query.lastProgress["batchId"] >= 1, what="an idle batch")
+    finally:
+        query.stop()
+    assert sorted(c["root"] for c in completions.rows) == list(range(1000, 1020))
+
+    # mid-tree: 300 roots pending in the shards' state; the rest of their records arrive
+    channel.write_acks(ack_records(second))
+    query = start_acker(spark, channel, checkpoint=checkpoint, ackers=3,
+                        message_timeout_ms=120_000, trigger_ms=100)
+    try:
+        wait_for(lambda: len(completions.poll()) >= 320, what="all 320 roots")
+    finally:
+        query.stop()
+    rows = completions.poll()
+    assert len(rows) == 320
+    assert {c["status"] for c in rows} == {ACKED}
+    assert sorted(c["root"] for c in rows) == list(range(1, 301)) + list(range(1000, 1020))
+    by_root = {c["root"]: c for c in rows}
+    assert (by_root[7]["topic"], by_root[7]["partition"], by_root[7]["offset"]) == ("events", 1, 7)
+    assert all(c["latency_ms"] >= 0 for c in rows)
+
+
+def test_idle_shards_tick_and_time_out_incomplete_trees(spark, tmp_path):
+    channel = LocalChannel(tmp_path / "channel")
+    first, second = trees(10)
+    channel.write_acks(ack_records(first + second[:-1]))  # the last root misses one ack
+    completions = Completions(channel)
+    query = start_acker(spark, channel, checkpoint=str(tmp_path / "checkpoint"), ackers=2,
+                        message_timeout_ms=1_500, trigger_ms=100)
+    try:
+        rows = wait_for(lambda: [c for c in completions.poll() if c["status"] == TIMED_OUT],
+                        what="a timeout without new records")
+    finally:
+        query.stop()
+    assert [(c["root"], c["offset"]) for c in rows] == [(10, 10)]
+    assert sorted(c["root"] for c in completions.rows if c["status"] == ACKED) == list(range(1, 10))

@@ -1,0 +1,31 @@
+"""Pre-combining in Spark gives the ledger the same outcome as the raw records."""
+
+import pytest
+
+from ackstream import ACKED, Pending, step
+from ackstream.acker.precombine import precombine
+from ackstream.records import ACK_RECORD_DDL
+from ackstream.testing import TupleGraph, ack_records, fail
+
+pytestmark = pytest.mark.spark
+
+
+def outcome(frame):
+    pending, done = step(Pending.empty(0), frame, 0, 30_000)
+    return sorted(zip(done["root"], done["status"])), pending.values()
+
+
+def test_precombined_records_give_the_same_completions(spark):
+    g, records = TupleGraph(), []
+    for root in range(1, 6):
+        spout = g.spout(root, topic="t", partition=root % 2, offset=root)
+        kids = [g.emit([spout]) for _ in range(3)]
+        records += g.ack(spout) + [r for k in kids for r in g.ack(k)]
+    joined = g.emit([g.spout(6, offset=6), g.spout(7, offset=7)])  # not acked: 6, 7 pending
+    records = g.init_records() + records + [fail(3)] + [records[0]]  # root 1 duplicated
+    raw = ack_records(records)
+    combined = precombine(spark.createDataFrame(raw, ACK_RECORD_DDL)).toPandas()
+    assert len(combined) == 7
+    assert outcome(combined) == outcome(raw)
+    assert outcome(raw)[0] == [(2, ACKED), (3, "failed"), (4, ACKED), (5, ACKED)]
+    assert joined.anchors.keys() == {6, 7}
