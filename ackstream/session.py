@@ -51,6 +51,8 @@ def local_session(app_name: str = "ackstream", cores: int = 2, conf: dict | None
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # pyspark's own worker code warns on a pandas concat it does; not ours to fix
+        .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning")
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))

@@ -1,0 +1,5 @@
+import sys
+
+from ackstream.cli import main
+
+sys.exit(main())
