@@ -40,31 +40,34 @@ FAILED = "failed"
 TIMED_OUT = "timed_out"
 STATUSES = (ACKED, FAILED, TIMED_OUT)
 
+# Every field is nullable on the Arrow side because Spark's DDL schemas are, and a
+# Python data source must return exactly its declared schema.
+
 #: One ack record. Source coordinates are set on init records and null elsewhere.
 ACK_RECORD_SCHEMA = pa.schema(
     [
-        pa.field("root", pa.int64(), nullable=False),
-        pa.field("value", pa.int64(), nullable=False),
-        pa.field("kind", pa.int8(), nullable=False),
+        pa.field("root", pa.int64()),
+        pa.field("value", pa.int64()),
+        pa.field("kind", pa.int8()),
         pa.field("topic", pa.string()),
         pa.field("partition", pa.int32()),
         pa.field("offset", pa.int64()),
         pa.field("attempt", pa.int32()),
-        pa.field("ts", pa.int64(), nullable=False),  # ms since epoch, when written
+        pa.field("ts", pa.int64()),  # ms since epoch, when written
     ]
 )
 
 #: One finished root. Coordinates are null when the acker never saw the root's init.
 COMPLETION_SCHEMA = pa.schema(
     [
-        pa.field("root", pa.int64(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),
+        pa.field("root", pa.int64()),
+        pa.field("status", pa.string()),
         pa.field("topic", pa.string()),
         pa.field("partition", pa.int32()),
         pa.field("offset", pa.int64()),
         pa.field("attempt", pa.int32()),
         pa.field("latency_ms", pa.int64()),  # completion time minus the init's ts
-        pa.field("completed_ms", pa.int64(), nullable=False),
+        pa.field("completed_ms", pa.int64()),
     ]
 )
 

@@ -73,8 +73,10 @@ class LocalChannel:
             pq.write_table(_as_table(table, COMPLETION_SCHEMA), hidden)
             os.replace(hidden, final)
 
-    def completions_since(self, after_batch: int = -1) -> tuple[pa.Table, int]:
-        """Completions of acker batches after ``after_batch``, and the last batch id read."""
+    def completions_since(self, after_batch: int | None = None) -> tuple[pa.Table, int]:
+        """Completions of acker batches after ``after_batch`` (None: from the first), and
+        the last batch id read: the position to pass next time."""
+        after_batch = -1 if after_batch is None else after_batch
         batch_ids = sorted(
             int(m.group(1)) for m in map(_DONE_FILE.match, os.listdir(self.done_dir)) if m
         )

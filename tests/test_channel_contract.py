@@ -1,0 +1,61 @@
+"""One contract, two transports: the local-directory and the Kafka channel."""
+
+import time
+import uuid
+
+import pytest
+from conftest import wait_for
+
+from ackstream import ACKED, FAILED
+from ackstream.acker.query import start_acker
+from ackstream.sinks.channel import LocalChannel
+from ackstream.testing import TupleGraph, ack_records, fail
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(params=["local", pytest.param("kafka", marks=pytest.mark.broker)])
+def channel(request, tmp_path):
+    if request.param == "local":
+        yield LocalChannel(tmp_path / "channel")
+        return
+    from ackstream.sinks.kafka_channel import KafkaChannel
+
+    broker = request.getfixturevalue("broker")
+    kafka = KafkaChannel(broker.bootstrap, f"topo-{uuid.uuid4().hex[:8]}")
+    kafka.ensure_topics()
+    yield kafka
+    kafka.close()
+
+
+def test_acks_written_by_any_process_reach_the_acker_and_completions_come_back(
+    spark, channel, tmp_path
+):
+    g, records = TupleGraph(), []
+    for root in range(1, 41):
+        spout = g.spout(root, topic="in", partition=0, offset=root)
+        child = g.emit([spout])
+        records += g.ack(spout) + (g.ack(child) if root != 13 else g.fail(child))
+    now = int(time.time() * 1000)
+    channel.write_acks(ack_records(g.init_records(ts=now) + records[:30]))
+    query = start_acker(spark, channel, checkpoint=str(tmp_path / "ck"), ackers=2,
+                        message_timeout_ms=60_000, trigger_ms=100)
+    seen, position = [], None
+    try:
+        channel.write_acks(ack_records(records[30:] + [fail(39)]))
+
+        def poll():
+            nonlocal position
+            table, position = channel.completions_since(position)
+            seen.extend(table.to_pylist())
+            return len(seen) >= 40
+
+        wait_for(poll, what="40 completions")
+    finally:
+        query.stop()
+    status = {c["root"]: c["status"] for c in seen}
+    assert len(seen) == 40 and len(status) == 40
+    assert {r for r, s in status.items() if s == FAILED} == {13, 39}
+    assert sum(s == ACKED for s in status.values()) == 38
+    again, _ = channel.completions_since(position)
+    assert again.num_rows == 0  # a position never yields the same completion twice
