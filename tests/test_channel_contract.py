@@ -42,6 +42,7 @@ def test_acks_written_by_any_process_reach_the_acker_and_completions_come_back(
                         message_timeout_ms=60_000, trigger_ms=100)
     seen, position = [], None
     try:
+        write_garbage(channel)
         channel.write_acks(ack_records(records[30:] + [fail(39)]))
 
         def poll():
@@ -59,3 +60,25 @@ def test_acks_written_by_any_process_reach_the_acker_and_completions_come_back(
     assert sum(s == ACKED for s in status.values()) == 38
     again, _ = channel.completions_since(position)
     assert again.num_rows == 0  # a position never yields the same completion twice
+
+
+def write_garbage(channel):
+    """Records a foreign writer got wrong: not Arrow at all, and the wrong columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    wrong = pa.table({"root": ["not a number"], "something": [1]})
+    if isinstance(channel, LocalChannel):
+        with open(f"{channel.acks_dir}/garbage.parquet", "wb") as junk:
+            junk.write(b"nope")
+        pq.write_table(wrong, f"{channel.acks_dir}/wrong-schema.parquet")
+        return
+    from kafka import KafkaProducer
+
+    from ackstream.sinks.kafka_channel import _encode
+
+    producer = KafkaProducer(bootstrap_servers=channel.bootstrap)
+    producer.send(channel.acks_topic, b"nope")
+    producer.send(channel.acks_topic, _encode(wrong.to_batches()[0]))
+    producer.flush()
+    producer.close()

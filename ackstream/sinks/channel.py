@@ -55,7 +55,8 @@ class LocalChannel:
 
     def ack_stream(self, spark, max_files_per_trigger: int | None = None):
         """The ack records as a streaming DataFrame, for the acker query."""
-        reader = spark.readStream.schema(ACK_RECORD_DDL)
+        # a file some other writer got wrong is skipped (and logged by Spark), not fatal
+        reader = spark.readStream.schema(ACK_RECORD_DDL).option("ignoreCorruptFiles", "true")
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
         return reader.parquet(self.acks_dir)

@@ -15,6 +15,7 @@ after a crash may produce its completions twice, which the source ignores
 from __future__ import annotations
 
 import io
+import logging
 
 import pandas as pd
 import pyarrow as pa
@@ -23,6 +24,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA
 
 __all__ = ["KafkaChannel", "ChannelSource"]
+
+log = logging.getLogger(__name__)
 
 #: Records per Kafka message: stays well under the broker's 1 MB default message size.
 ROWS_PER_MESSAGE = 10_000
@@ -85,8 +88,9 @@ class KafkaChannel:
         position = dict(position or {})
         tables = []
         for partition, start, end in _ranges(self.bootstrap, self.done_topic, position):
-            tables += [_decode(m, COMPLETION_SCHEMA)
-                       for m in _fetch(self.bootstrap, self.done_topic, partition, start, end)]
+            for offset, message in _fetch(self.bootstrap, self.done_topic, partition, start, end):
+                table = _decode(message, COMPLETION_SCHEMA, self.done_topic, partition, offset)
+                tables += [table] if table is not None else []
             position[str(partition)] = end
         table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
         return table, position
@@ -118,8 +122,17 @@ def _encode(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue()
 
 
-def _decode(message: bytes, schema: pa.Schema) -> pa.Table:
-    return pa.ipc.open_stream(message).read_all().cast(schema)
+def _decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
+    """The records of one message, or None (logged) when it is not an Arrow IPC stream
+    of ``schema``: a foreign or corrupt message is reported and skipped, never fatal."""
+    try:
+        table = pa.ipc.open_stream(message).read_all()
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowException, KeyError, TypeError, ValueError) as problem:
+        log.warning("ackstream: skipped message %s-%d@%d, not %s records: %s",
+                    topic, partition, offset, "ack" if "kind" in schema.names else "completion",
+                    problem)
+        return None
 
 
 def _as_table(records, schema: pa.Schema) -> pa.Table:
@@ -145,21 +158,24 @@ def _ranges(bootstrap: str, topic: str, position: dict):
             yield tp.partition, start, ends[tp]
 
 
-def _fetch(bootstrap: str, topic: str, partition: int, start: int, end: int) -> list[bytes]:
-    """The values of messages ``start`` (inclusive) to ``end`` (exclusive) of one partition."""
+def _fetch(bootstrap: str, topic: str, partition: int, start: int, end: int):
+    """The values of messages ``start`` (inclusive) to ``end`` (exclusive) of one partition.
+
+    Messages are decoded by the caller; ``(offset, value)`` pairs keep the offset
+    for error reports."""
     from kafka import KafkaConsumer, TopicPartition
 
     tp = TopicPartition(topic, partition)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                              max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
-    values: list[bytes] = []
+    values: list[tuple[int, bytes]] = []
     try:
         consumer.assign([tp])
         consumer.seek(tp, start)
         while consumer.position(tp) < end:
             for record in consumer.poll(timeout_ms=1000).get(tp, ()):
                 if record.offset < end:
-                    values.append(record.value)
+                    values.append((record.offset, record.value))
     finally:
         consumer.close()
     return values
@@ -202,9 +218,11 @@ class _ChannelReader(DataSourceStreamReader):
                 if int(e) > int(start.get(p, 0))]
 
     def read(self, partition: _Range):
-        for message in _fetch(self.bootstrap, self.topic, partition.partition,
-                              partition.start, partition.end):
-            yield from _decode(message, ACK_RECORD_SCHEMA).to_batches()
+        for offset, message in _fetch(self.bootstrap, self.topic, partition.partition,
+                                      partition.start, partition.end):
+            table = _decode(message, ACK_RECORD_SCHEMA, self.topic, partition.partition, offset)
+            if table is not None:
+                yield from table.to_batches()
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the acker's checkpoint holds its position."""
