@@ -7,7 +7,8 @@ dead-lettered with its reason.
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.acker.query import completions
-from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
+from ackstream.config import SourceConfig
+from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError, StageError
 from ackstream.records import (
     ACK,
     ACK_RECORD_SCHEMA,
@@ -20,6 +21,11 @@ from ackstream.records import (
     TIMED_OUT,
 )
 from ackstream.session import local_session
+from ackstream.sinks.dead_letters import read_dead_letters
+from ackstream.sinks.kafka import KafkaSink
+from ackstream.sinks.memory import ConsoleSink, MemorySink
+from ackstream.sources.datasource import register
+from ackstream.topology import RunningTopology, Topology
 
 __version__ = "0.1.0"
 
@@ -28,10 +34,19 @@ __all__ = [
     "AckstreamError",
     "OptionError",
     "EnvironmentProblem",
+    "StageError",
+    "Topology",
+    "RunningTopology",
+    "MemorySink",
+    "ConsoleSink",
+    "KafkaSink",
     "Pending",
     "step",
     "completions",
     "local_session",
+    "register",
+    "SourceConfig",
+    "read_dead_letters",
     "ACK",
     "INIT",
     "FAIL",

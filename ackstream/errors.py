@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AckstreamError", "OptionError", "EnvironmentProblem"]
+__all__ = ["AckstreamError", "OptionError", "EnvironmentProblem", "StageError"]
 
 
 class AckstreamError(Exception):
@@ -23,3 +23,11 @@ class EnvironmentProblem(AckstreamError, RuntimeError):
     def __init__(self, what: str, fix: str):
         self.what, self.fix = what, fix
         super().__init__(f"{what}. {fix}")
+
+
+class StageError(AckstreamError, ValueError):
+    """A bolt stage is declared or written so that ackstream cannot track its tuples."""
+
+    def __init__(self, stage: str, problem: str):
+        self.stage, self.problem = stage, problem
+        super().__init__(f"stage {stage!r}: {problem}")

@@ -58,4 +58,7 @@ def local_session(app_name: str = "ackstream", cores: int = 2, conf: dict | None
         builder = builder.config(key, str(value))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    from ackstream.sources.datasource import register
+
+    register(session)  # spark.readStream.format("ackstream")
     return session

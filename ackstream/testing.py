@@ -18,7 +18,10 @@ import pandas as pd
 from ackstream import ids
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, RESET
 
-__all__ = ["init", "ack", "fail", "reset", "ack_records", "FakeClock", "TupleGraph", "Tuple"]
+__all__ = [
+    "init", "ack", "fail", "reset", "ack_records", "FakeClock", "TupleGraph", "Tuple", "SpoutAcker",
+    "with_lineage", "tracked_frame", "settle",
+]
 
 
 def init(root: int, value: int, *, topic="t", partition=0, offset=0, attempt=0, ts=0) -> dict:
@@ -121,3 +124,80 @@ class TupleGraph:
     def fail(self, t: Tuple, ts: int = 0) -> list[dict]:
         t.done = True
         return [fail(r, ts=ts) for r in t.anchors]
+
+
+class SpoutAcker:
+    """A stand-in topology for source tests: a ``foreachBatch`` function that writes, per
+    row of an ``ackstream`` source, the spout's init record and then an ack of its spout
+    tuple (the tree completes), a fail (``fail(frame)`` is a row mask), or nothing more
+    (``lose(frame)``: the tree times out). ``rows`` keeps every row seen, as dicts.
+
+    ``fail`` and ``lose`` get a pandas frame with ``topic, partition, offset, _attempt``.
+    """
+
+    COLUMNS = ("topic", "partition", "offset", "_root", "_edge", "_attempt")
+
+    def __init__(self, channel, fail=None, lose=None):
+        self.channel, self.fail, self.lose = channel, fail, lose
+        self.rows: list[dict] = []
+
+    def __call__(self, batch, batch_id: int) -> None:
+        frame = batch.select(*self.COLUMNS).toPandas()
+        if not len(frame):
+            return
+        self.rows += frame.to_dict("records")
+        now = int(pd.Timestamp.now("UTC").value // 1_000_000)
+        failing = self.fail(frame) if self.fail else np.zeros(len(frame), bool)
+        losing = self.lose(frame) if self.lose else np.zeros(len(frame), bool)
+        failing, losing = np.asarray(failing, bool), np.asarray(losing, bool) & ~failing
+        inits = pd.DataFrame({
+            "root": frame["_root"], "value": frame["_edge"], "kind": INIT,
+            "topic": frame["topic"], "partition": frame["partition"],
+            "offset": frame["offset"], "attempt": frame["_attempt"], "ts": now,
+        })
+        done = frame[~losing]
+        ends = pd.DataFrame({
+            "root": done["_root"], "value": np.where(failing[~losing], 0, done["_edge"]),
+            "kind": np.where(failing[~losing], FAIL, ACK), "ts": now,
+        })
+        self.channel.write_acks(ack_records(inits.to_dict("records") + ends.to_dict("records")))
+
+
+# --- topology helpers ----------------------------------------------------------------
+
+
+def with_lineage(df, source: str = "test", attempt: int = 0):
+    """``df`` (static or streaming, with ``topic``, ``partition``, ``offset``) plus the
+    ``_root``, ``_edge`` and ``_attempt`` columns the ``ackstream`` source would give it,
+    so topologies can be tested on any DataFrame."""
+    from pyspark.sql import functions as F
+
+    return (
+        df.withColumn("_attempt", F.lit(attempt).cast("long"))
+        .withColumn("_root", ids.spark_root_id(source, attempt="_attempt"))
+        .withColumn("_edge", ids.spark_child_edge("_root", ids.SPOUT_STAGE, 0))
+    )
+
+
+def tracked_frame(spark, values, *, keys=None, topic="t", partition=0, source="test"):
+    """A static tracked DataFrame of string ``values`` at offsets 0, 1, 2, ..."""
+    keys = keys or [None] * len(values)
+    rows = [(k, v, topic, partition, i) for i, (k, v) in enumerate(zip(keys, values))]
+    df = spark.createDataFrame(
+        rows, "key string, value string, topic string, partition int, offset long")
+    return with_lineage(df, source)
+
+
+def settle(records, timeout_ms: int = 60_000, now_ms: int = 1_000_000) -> dict[int, str]:
+    """Feed ack records (Arrow or pandas) to a fresh ledger; per root: ``acked``,
+    ``failed``, or ``pending`` for a root whose tree is not complete."""
+    from ackstream.acker.ledger import Pending, step
+
+    if isinstance(records, list):
+        frame = ack_records(records)
+    else:
+        frame = records.to_pandas() if hasattr(records, "to_pandas") else records
+    pending, done = step(Pending.empty(now_ms), frame, now_ms, timeout_ms)
+    outcome = dict(zip(done["root"].tolist(), done["status"].tolist()))
+    outcome.update({root: "pending" for root in pending.values()})
+    return outcome

@@ -89,6 +89,11 @@ class LocalChannel:
         table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
         return table, (newer[-1] if newer else after_batch)
 
+    def last_completion_batch(self) -> int:
+        """The id of the newest completion batch written so far (-1: none yet)."""
+        return max((int(m.group(1)) for m in map(_DONE_FILE.match, os.listdir(self.done_dir))
+                    if m), default=-1)
+
     def clear(self) -> None:
         """Remove every record of this channel (tests and demos only)."""
         shutil.rmtree(self.directory, ignore_errors=True)

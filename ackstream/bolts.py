@@ -1,0 +1,341 @@
+"""Bolt stages over tracked DataFrames: anchoring, acking and failing, vectorised.
+
+A tracked row is a tuple. Its lineage lives in columns:
+
+- ``_root``, ``_edge``: a tuple anchored to one root (every row the source emits);
+- ``_anchors`` (``array<struct<root long, edge long>>``), ``_root`` null: a tuple
+  anchored to several parents, possibly of several roots (an aggregation's
+  output); it keeps, per parent, the root and the edge id of that
+  (parent, child) pair, as Storm's ``MessageId.anchorsToIds`` does per root.
+  ``_edge`` is then only the tuple's own id, from which its children's ids derive;
+- ``_root`` null and no anchors: an unanchored tuple; nothing tracks it.
+
+Every stage turns input tuples into children with fresh edge ids
+``xxhash64(parent edge, stage, ordinal)`` and yields the ack contributions
+Storm's bolt would send: each input tuple's anchor pairs (its own edges) plus
+each child's anchor pairs (the children's edges, XORed into the parent's ack).
+The tuple that reaches a sink is acked with its anchor pairs once written. Per
+root these XOR to 0 when every tuple was acked, and a ``FAIL`` record fails a
+root at once. All of it is Spark SQL in the JVM; only pandas bolts call Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from ackstream.errors import StageError
+
+__all__ = [
+    "ROOT",
+    "EDGE",
+    "ANCHORS",
+    "LINEAGE_COLUMNS",
+    "StageOutput",
+    "Stage",
+    "MapStage",
+    "FilterStage",
+    "FailWhereStage",
+    "SqlStage",
+    "ExplodeStage",
+    "AggregateStage",
+    "PandasBoltStage",
+    "anchor_pairs",
+    "failed_roots",
+    "is_multi_anchored",
+]
+
+ROOT, EDGE, ANCHORS = "_root", "_edge", "_anchors"
+LINEAGE_COLUMNS = (ROOT, EDGE, ANCHORS)
+_ORDINAL, _FAILED = "_ordinal", "_failed"
+_ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """What a stage made of a batch: the children that go on, and the tuples it
+    failed (their roots fail at once); either may be empty."""
+
+    tuples: DataFrame
+    failed: DataFrame | None = None
+    cached: tuple = ()  # DataFrames the stage persisted, to unpersist after the batch
+
+
+def is_multi_anchored(df: DataFrame) -> bool:
+    return ANCHORS in df.columns
+
+
+def anchor_pairs(df: DataFrame) -> DataFrame:
+    """``(root, value)``: one row per (root, edge) a tuple is anchored with; acking a
+    tuple contributes exactly these (unanchored tuples contribute nothing)."""
+    if is_multi_anchored(df):
+        pairs = df.select(F.inline(ANCHORS)).select("root", F.col("edge").alias("value"))
+    else:
+        pairs = df.select(F.col(ROOT).alias("root"), F.col(EDGE).alias("value"))
+    return pairs.where(F.col("root").isNotNull())
+
+
+def failed_roots(df: DataFrame) -> DataFrame:
+    """``(root)``: every root the given tuples are anchored to."""
+    return anchor_pairs(df).select("root").distinct()
+
+
+def _roots_of_row() -> Column:
+    """The distinct roots a multi-anchored row is anchored to, as an array column."""
+    return F.array_distinct(F.transform(F.col(ANCHORS), lambda a: a["root"]))
+
+
+def _anchor_list(df: DataFrame, edge: Column) -> Column:
+    """The anchor list a child gets from this row when their pair has edge ``edge``:
+    one entry per root of the row (empty for an unanchored row)."""
+    if is_multi_anchored(df):
+        return F.transform(_roots_of_row(), lambda r: F.struct(r.alias("root"), edge.alias("edge")))
+    return F.when(
+        F.col(ROOT).isNotNull(),
+        F.array(F.struct(F.col(ROOT).alias("root"), edge.alias("edge"))),
+    ).otherwise(F.array().cast(_ANCHOR_TYPE))
+
+
+def _child_edge(stage: int, ordinal: Column | int = 0) -> Column:
+    ordinal = ordinal if isinstance(ordinal, Column) else F.lit(int(ordinal))
+    return F.xxhash64(F.col(EDGE).cast("long"), F.lit(stage).cast("long"), ordinal.cast("long"))
+
+
+def mint(df: DataFrame, stage: int, ordinal: Column | int = 0) -> DataFrame:
+    """Give each row of ``df`` (still carrying its parent's lineage) a fresh edge id
+    ``xxhash64(parent edge, stage, ordinal)``; a multi-anchored child is anchored to
+    each of its parent's roots with that edge."""
+    edge = _child_edge(stage, ordinal)
+    if is_multi_anchored(df):
+        df = df.withColumn(EDGE, edge)
+        return df.withColumn(ANCHORS, _anchor_list(df, F.col(EDGE)))
+    return df.withColumn(EDGE, edge)
+
+
+def check_lineage(stage: Stage, before: DataFrame, after: DataFrame) -> None:
+    """A user function must keep the lineage columns it was given."""
+    wanted = [c for c in LINEAGE_COLUMNS if c in before.columns]
+    missing = [c for c in wanted if c not in after.columns]
+    if missing:
+        raise StageError(stage.name, f"its output lost the lineage column(s) {missing}; "
+                         "keep them, e.g. select('*', ...) or withColumn(...)")
+
+
+class Stage:
+    """One bolt stage. ``number`` (1, 2, ...) enters the children's edge ids, so the
+    stages of a topology must keep their order for ids to be reproducible."""
+
+    kind = "stage"
+
+    def __init__(self, number: int, name: str | None = None):
+        self.number = number
+        self.name = name or f"{self.kind}#{number}"
+
+    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+        raise NotImplementedError
+
+
+class MapStage(Stage):
+    """Row-wise DataFrame code (``select``/``withColumn``/...): each input row gives
+    at most one output row that keeps the lineage columns. A row it drops is acked."""
+
+    kind = "map"
+
+    def __init__(self, number: int, fn: Callable[[DataFrame], DataFrame], name=None):
+        super().__init__(number, name)
+        self.fn = fn
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        return self.fn(df)
+
+    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+        out = self.apply(df)
+        if not tracking:
+            return StageOutput(out)
+        check_lineage(self, df, out)
+        return StageOutput(mint(out, self.number))
+
+
+class FilterStage(MapStage):
+    """Keep rows where ``condition`` holds; the others are acked (a filtered tuple is done)."""
+
+    kind = "filter"
+
+    def __init__(self, number: int, condition: Column | str, name=None):
+        super().__init__(number, lambda df: df.where(condition), name)
+
+
+class SqlStage(MapStage):
+    """SQL text over the stage input, registered as the temp view ``view``. Row-wise,
+    like :class:`MapStage`: select the lineage columns (``SELECT *, ...``)."""
+
+    kind = "sql"
+
+    def __init__(self, number: int, text: str, view: str = "tuples", name=None):
+        super().__init__(number, None, name)
+        self.text, self.view = text, view
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        df.createOrReplaceTempView(self.view)
+        return df.sparkSession.sql(self.text)
+
+
+class FailWhereStage(Stage):
+    """Fail the tuples where ``condition`` holds (Storm's ``collector.fail``): their
+    roots fail at once and will be replayed; the other rows go on."""
+
+    kind = "fail_where"
+
+    def __init__(self, number: int, condition: Column | str, name=None):
+        super().__init__(number, name)
+        self.condition = F.expr(condition) if isinstance(condition, str) else condition
+
+    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+        failing = F.coalesce(self.condition, F.lit(False))
+        kept = df.where(~failing)
+        if not tracking:
+            return StageOutput(kept)
+        return StageOutput(mint(kept, self.number), failed=df.where(failing))
+
+
+class ExplodeStage(Stage):
+    """One-to-many: one child per element of the array (or map) ``column``, named
+    ``alias``; the element's position is the ordinal of the child's edge id, so
+    children are distinct and the same on every re-run. A row with an empty or
+    null array has no children and is acked."""
+
+    kind = "explode"
+
+    def __init__(self, number: int, column: Column | str, alias: str, name=None):
+        super().__init__(number, name)
+        self.column = F.col(column) if isinstance(column, str) else column
+        self.alias = alias
+
+    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+        out = df.select("*", F.posexplode(self.column).alias(_ORDINAL, self.alias))
+        if not tracking:
+            return StageOutput(out.drop(_ORDINAL))
+        return StageOutput(mint(out, self.number, F.col(_ORDINAL)).drop(_ORDINAL))
+
+
+class AggregateStage(Stage):
+    """Many-to-one within the batch: ``groupBy(*keys).agg(*aggs)``. Each output row is
+    anchored to all of its input tuples, across roots (multi-anchoring): the pair
+    (parent p, output row) gets edge ``xxhash64(p._edge, stage, 0)`` (a parent lies in
+    one group only), the parent is acked with its edge XOR the pair edge, and the
+    output row keeps every pair in ``_anchors`` until it is acked."""
+
+    kind = "aggregate"
+
+    def __init__(self, number: int, keys, aggs, name=None):
+        super().__init__(number, name)
+        self.keys, self.aggs = list(keys), list(aggs)
+        if not self.aggs:
+            raise StageError(self.name, "needs at least one aggregate expression")
+
+    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+        grouped = df.groupBy(*self.keys)
+        if not tracking:
+            return StageOutput(grouped.agg(*self.aggs))
+        pair = _child_edge(self.number)
+        out = grouped.agg(
+            *self.aggs,
+            F.flatten(F.collect_list(_anchor_list(df, pair))).alias(ANCHORS),
+            F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long")).alias(EDGE),
+        )
+        return StageOutput(out.withColumn(ROOT, F.lit(None).cast("long")))
+
+
+class PandasBoltStage(Stage):
+    """A bolt in pandas: ``fn(frame) -> frame`` gets a chunk of input rows (payload
+    columns only, index 0..n-1) and returns the output rows, each indexed by the
+    position of the row it is anchored to (Storm's ``emit(anchor, values)``): pandas
+    operations such as ``explode``, boolean masks and ``assign`` keep that index by
+    themselves. Index -1 emits an unanchored row. ``schema`` is the DDL of the output
+    columns. If ``fn`` raises, the chunk is split until the failing rows are found:
+    only their roots fail, the rest of the chunk goes on."""
+
+    kind = "pandas_bolt"
+
+    def __init__(self, number: int, fn: Callable[[pd.DataFrame], pd.DataFrame], schema: str,
+                 name=None):
+        super().__init__(number, name)
+        self.fn, self.schema = fn, schema
+
+    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+        if is_multi_anchored(df):
+            raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
+        payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
+        fn, name = self.fn, self.name
+        if not tracking:
+            def plain(frames):
+                for frame in frames:
+                    yield fn(frame[payload].reset_index(drop=True))
+
+            return StageOutput(df.mapInPandas(plain, self.schema))
+
+        schema = f"{self.schema}, {ROOT} long, {EDGE} long, {_ORDINAL} long, {_FAILED} boolean"
+
+        def tracked(frames):
+            for frame in frames:
+                yield _run_bolt(fn, frame.reset_index(drop=True), payload, name)
+
+        out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
+        failed = out.where(F.col(_FAILED))
+        good = out.where(~F.col(_FAILED))
+        good = mint(good, self.number, F.col(_ORDINAL)).drop(_ORDINAL, _FAILED)
+        return StageOutput(good, failed=failed.drop(_ORDINAL, _FAILED), cached=(out,))
+
+
+def _run_bolt(fn, frame: pd.DataFrame, payload: list[str], name: str) -> pd.DataFrame:
+    """Run ``fn`` on ``frame``; isolate failing rows by bisection; attach lineage."""
+    outputs, failed = [], []
+
+    def attempt(lo: int, hi: int) -> None:
+        chunk = frame.iloc[lo:hi][payload].reset_index(drop=True)
+        try:
+            out = fn(chunk)
+        except Exception:  # a user bolt's error fails its rows' roots
+            if hi - lo == 1:
+                failed.append(lo)
+                return
+            mid = (lo + hi) // 2
+            attempt(lo, mid)
+            attempt(mid, hi)
+            return
+        try:
+            parent = np.asarray(out.index, dtype=np.int64)
+        except (TypeError, ValueError):
+            parent = np.array([-2])
+        if len(parent) and (parent.min() < -1 or parent.max() >= hi - lo):
+            raise StageError(name, "a pandas bolt must index its output rows by the position "
+                             "of their parent row in its input (or -1: unanchored)")
+        anchored = parent >= 0
+        parent = np.where(anchored, parent + lo, -1)
+        outputs.append((out.reset_index(drop=True), parent))
+
+    if len(frame):
+        attempt(0, len(frame))
+    roots = pd.array(frame[ROOT], dtype="Int64")  # null: an unanchored input row
+    edges = pd.array(frame[EDGE], dtype="Int64")
+    pieces = []
+    for out, parent in outputs:
+        anchored = parent >= 0
+        safe = np.where(anchored, parent, 0)
+        ordinal = pd.Series(parent).groupby(parent).cumcount().to_numpy(np.int64)
+        root, edge = roots[safe].copy(), edges[safe].copy()
+        root[~anchored] = pd.NA
+        edge[~anchored] = pd.NA
+        pieces.append(out.assign(**{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _FAILED: False}))
+    if failed:
+        rows = np.asarray(failed, dtype=np.int64)
+        pieces.append(pd.DataFrame({ROOT: roots[rows], EDGE: edges[rows],
+                                    _ORDINAL: np.zeros(len(rows), np.int64), _FAILED: True}))
+    if not pieces:
+        return pd.DataFrame({ROOT: [], EDGE: [], _ORDINAL: [], _FAILED: []})
+    return pd.concat(pieces, ignore_index=True)

@@ -1,0 +1,240 @@
+"""Options of the ``ackstream`` source, parsed once into a frozen :class:`SourceConfig`.
+
+Spark hands a data source its options as case-insensitive strings. They are parsed
+here on the driver when the DataFrame is created (``load()``), so a bad value fails
+before the query starts, with an :class:`~ackstream.errors.OptionError` naming the
+option, the value and what is allowed. Unknown ``ackstream.*`` keys are rejected;
+nothing falls back silently to a default. Kafka options mirror Spark's Kafka source.
+
+>>> cfg = parse({"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "a,b",
+...              "ackstream.messageTimeout": "2 min"})
+>>> cfg.topics, cfg.message_timeout_ms
+(('a', 'b'), 120000)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ackstream.errors import OptionError
+
+__all__ = ["SourceConfig", "default_channel_dir", "parse", "parse_duration_ms"]
+
+_UNITS_MS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000, "secs": 1000,
+             "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
+             "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+_DURATION_ALLOWED = 'a duration such as "500ms", "30s", "2 min" or plain milliseconds'
+
+# Our own options, lower-cased (Spark lower-cases keys) -> the name users write.
+_OURS = {
+    k.lower(): k
+    for k in (
+        "ackstream.topology", "ackstream.upstream", "ackstream.channel",
+        "ackstream.messageTimeout", "ackstream.sourceTimeout", "ackstream.maxPending",
+        "ackstream.retryInitialDelay", "ackstream.retryMaxDelay", "ackstream.maxRetries",
+        "ackstream.deadLetterTopic", "ackstream.tracking",
+        "ackstream.generator.count", "ackstream.generator.rate", "ackstream.generator.partitions",
+    )
+}
+_NAMED_STARTS = ("earliest", "latest", "committed")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Everything the source needs, validated; picklable (it travels to ``read()``)."""
+
+    upstream: str = "kafka"  #: "kafka" or "generator"
+    bootstrap_servers: str | None = None
+    topics: tuple[str, ...] = ()
+    #: "earliest", "latest", "committed" (group offset, else earliest), or a JSON map
+    #: ``{"topic": {"0": offset}}`` with -2 = earliest, -1 = latest (as Spark's).
+    starting_offsets: str = "committed"
+    max_offsets_per_trigger: int | None = None
+    group_id: str = "ackstream-ackstream"
+    fail_on_data_loss: bool = True
+    kafka_options: tuple[tuple[str, str], ...] = ()  #: other ``kafka.*`` settings
+    topology: str = "ackstream"
+    channel: str = ""
+    tracking: bool = True
+    message_timeout_ms: int = 30_000
+    source_timeout_ms: int = 60_000  #: in-flight roots with no completion replay after this
+    max_pending: int | None = None
+    retry_initial_delay_ms: int = 500
+    retry_max_delay_ms: int = 10_000
+    max_retries: int = 5
+    dead_letter_topic: str | None = None
+    generator_count: int | None = None
+    generator_rate: float = 0.0  #: records per second over all partitions; 0 = no limit
+    generator_partitions: int = 2
+
+    @property
+    def dead_letter_dir(self) -> str:
+        """Parquet folder for dead letters when no dead-letter topic is configured."""
+        return os.path.join(self.channel, "dead_letters")
+
+    def starting_map(self) -> dict[str, dict[int, int]] | None:
+        """The JSON form of ``startingOffsets`` as ``{topic: {partition: offset}}``, or None."""
+        if self.starting_offsets in _NAMED_STARTS:
+            return None
+        raw = json.loads(self.starting_offsets)
+        return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
+
+
+def default_channel_dir(topology: str) -> str:
+    """Where the local completion channel lives when ``ackstream.channel`` is not set."""
+    return os.path.join(tempfile.gettempdir(), "ackstream", topology, "channel")
+
+
+def parse_duration_ms(option: str, value: str) -> int:
+    """``"30s"``, ``"500ms"``, ``"2 min"`` or ``"1500"`` (ms) -> milliseconds."""
+    match = _DURATION.match(str(value).lower())
+    if not match or match.group(2) not in ("", *_UNITS_MS):
+        raise OptionError(option, value, _DURATION_ALLOWED)
+    ms = float(match.group(1)) * _UNITS_MS.get(match.group(2), 1)
+    if ms != int(ms):
+        raise OptionError(option, value, _DURATION_ALLOWED + " (whole milliseconds)")
+    return int(ms)
+
+
+def parse(options: Mapping[str, str]) -> SourceConfig:
+    """Parse and validate the options of one ``readStream.format("ackstream")``."""
+    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    for key, value in opts.items():
+        if key.startswith("ackstream.") and key not in _OURS:
+            raise OptionError(key, value, "one of " + ", ".join(sorted(_OURS.values())))
+        if key in ("assign", "subscribepattern"):
+            raise OptionError(key, value, "'subscribe' (the only topic option supported)")
+
+    def ours(name):
+        return opts.get(name.lower())
+
+    kw: dict = {}
+    topology = ours("ackstream.topology") or "ackstream"
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", topology):
+        raise OptionError("ackstream.topology", topology,
+                          "1 to 200 letters, digits, '.', '_' or '-'")
+    kw["topology"] = topology
+    upstream = (ours("ackstream.upstream") or "kafka").lower()
+    if upstream not in ("kafka", "generator"):
+        raise OptionError("ackstream.upstream", upstream, '"kafka" or "generator"')
+    kw["upstream"] = upstream
+
+    channel = ours("ackstream.channel") or default_channel_dir(topology)
+    if channel.lower() == "kafka":
+        raise OptionError("ackstream.channel", channel,
+                          "a local directory path (the Kafka completion channel is not yet "
+                          "available to the source)")
+    kw["channel"] = channel
+    kw["tracking"] = _bool("ackstream.tracking", ours("ackstream.tracking"), True)
+
+    for name, field in (("ackstream.messageTimeout", "message_timeout_ms"),
+                        ("ackstream.retryInitialDelay", "retry_initial_delay_ms"),
+                        ("ackstream.retryMaxDelay", "retry_max_delay_ms")):
+        if ours(name) is not None:
+            kw[field] = parse_duration_ms(name, ours(name))
+    if kw.get("message_timeout_ms", 1) <= 0:
+        raise OptionError("ackstream.messageTimeout", ours("ackstream.messageTimeout"),
+                          "a positive duration")
+    timeout = kw.get("message_timeout_ms", SourceConfig.message_timeout_ms)
+    kw["source_timeout_ms"] = 2 * timeout
+    if ours("ackstream.sourceTimeout") is not None:
+        kw["source_timeout_ms"] = parse_duration_ms(
+            "ackstream.sourceTimeout", ours("ackstream.sourceTimeout"))
+        if kw["source_timeout_ms"] <= timeout:
+            raise OptionError("ackstream.sourceTimeout", ours("ackstream.sourceTimeout"),
+                              f"a duration longer than ackstream.messageTimeout ({timeout} ms)")
+    initial = kw.get("retry_initial_delay_ms", SourceConfig.retry_initial_delay_ms)
+    if kw.get("retry_max_delay_ms", SourceConfig.retry_max_delay_ms) < initial:
+        raise OptionError("ackstream.retryMaxDelay", ours("ackstream.retryMaxDelay"),
+                          f"a duration of at least ackstream.retryInitialDelay ({initial} ms)")
+
+    kw["max_pending"] = _int("ackstream.maxPending", ours("ackstream.maxPending"), 1)
+    retries = _int("ackstream.maxRetries", ours("ackstream.maxRetries"), 0)
+    if retries is not None:
+        kw["max_retries"] = retries
+    kw["max_offsets_per_trigger"] = _int("maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), 1)
+    kw["fail_on_data_loss"] = _bool("failOnDataLoss", opts.get("failondataloss"), True)
+    kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or None
+
+    if upstream == "generator":
+        kw["generator_count"] = _int("ackstream.generator.count",
+                                     ours("ackstream.generator.count"), 0)
+        parts = _int("ackstream.generator.partitions", ours("ackstream.generator.partitions"), 1)
+        kw["generator_partitions"] = parts or SourceConfig.generator_partitions
+        rate = ours("ackstream.generator.rate")
+        if rate is not None:
+            try:
+                kw["generator_rate"] = float(rate)
+            except ValueError:
+                kw["generator_rate"] = -1.0
+            if not kw["generator_rate"] >= 0:
+                raise OptionError("ackstream.generator.rate", rate,
+                                  "records per second, a number >= 0 (0: as fast as possible)")
+        kw["topics"] = ("generator",)
+        if kw["dead_letter_topic"]:
+            raise OptionError("ackstream.deadLetterTopic", kw["dead_letter_topic"],
+                              "no value with ackstream.upstream=generator (its dead letters go "
+                              "to <channel>/dead_letters as Parquet)")
+    else:
+        bootstrap = opts.get("kafka.bootstrap.servers")
+        if not bootstrap:
+            raise OptionError("kafka.bootstrap.servers", bootstrap,
+                              'host:port[,host:port...] of the Kafka brokers (required)')
+        kw["bootstrap_servers"] = bootstrap
+        topics = tuple(t.strip() for t in (opts.get("subscribe") or "").split(",") if t.strip())
+        if not topics:
+            raise OptionError("subscribe", opts.get("subscribe"),
+                              "a comma-separated list of one or more topics (required)")
+        kw["topics"] = topics
+        kw["starting_offsets"] = _starting(opts.get("startingoffsets"), topics)
+        kw["group_id"] = opts.get("kafka.group.id") or f"ackstream-{topology}"
+        kw["kafka_options"] = tuple(sorted(
+            (k[len("kafka."):], v) for k, v in opts.items()
+            if k.startswith("kafka.") and k not in ("kafka.bootstrap.servers", "kafka.group.id")
+        ))
+    return SourceConfig(**kw)
+
+
+def _int(option: str, value: str | None, minimum: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value.strip())
+    except ValueError:
+        number = None
+    if number is None or number < minimum:
+        raise OptionError(option, value, f"a whole number >= {minimum}")
+    return number
+
+
+def _bool(option: str, value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    if value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise OptionError(option, value, '"true" or "false"')
+
+
+def _starting(value: str | None, topics: tuple[str, ...]) -> str:
+    allowed = ('"earliest", "latest", "committed", or JSON {"topic": {"0": offset}} '
+               "with -2 = earliest and -1 = latest")
+    if value is None:
+        return "committed"
+    if value.strip().lower() in _NAMED_STARTS:
+        return value.strip().lower()
+    try:
+        raw = json.loads(value)
+        parsed = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise OptionError("startingOffsets", value, allowed) from None
+    unknown = set(parsed) - set(topics)
+    if unknown or any(o < -2 for parts in parsed.values() for o in parts.values()):
+        raise OptionError("startingOffsets", value,
+                          allowed + f", naming only subscribed topics {list(topics)}")
+    return json.dumps(raw, sort_keys=True)

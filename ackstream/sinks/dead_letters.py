@@ -1,0 +1,100 @@
+"""Dead letters: records that failed on their last allowed attempt, with why and how often.
+
+Two writers with one ``write(letters, records)`` call, both returning only once the
+letters are durable (the source then counts those records as done):
+
+- :class:`KafkaDeadLetters`: one message per record on the dead-letter topic, the
+  original key and value, and headers ``ackstream.reason``, ``ackstream.attempts``,
+  ``ackstream.topic``, ``ackstream.partition``, ``ackstream.offset``,
+  ``ackstream.topology``. The key stays the record's own; (topic, partition,
+  offset) in the headers is the dedupe key.
+- :class:`ParquetDeadLetters`: a Parquet file per write in a folder (the generator
+  and embedded mode), same fields as columns.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["DEAD_LETTER_SCHEMA", "KafkaDeadLetters", "ParquetDeadLetters", "read_dead_letters"]
+
+DEAD_LETTER_SCHEMA = pa.schema([
+    pa.field("topology", pa.string()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("attempts", pa.int32()),
+    pa.field("reason", pa.string()),
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("timestamp_ms", pa.int64()),
+])
+
+
+def _rows(topology, letters, records):
+    for letter in letters:
+        key, value, ts = records.get(((letter.topic, letter.partition), letter.offset),
+                                     (None, None, None))
+        yield {"topology": topology, "topic": letter.topic, "partition": letter.partition,
+               "offset": letter.offset, "attempts": letter.attempts, "reason": letter.reason,
+               "key": key, "value": value, "timestamp_ms": ts}
+
+
+class ParquetDeadLetters:
+    """Dead letters as Parquet files in ``directory`` (hidden while written, then renamed)."""
+
+    def __init__(self, directory: str, topology: str):
+        self.directory, self.topology = directory, topology
+
+    def write(self, letters, records) -> None:
+        if not letters:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        table = pa.Table.from_pylist(list(_rows(self.topology, letters, records)),
+                                     schema=DEAD_LETTER_SCHEMA)
+        name = f"{uuid.uuid4().hex}.parquet"
+        hidden = os.path.join(self.directory, "." + name)
+        pq.write_table(table, hidden)
+        os.replace(hidden, os.path.join(self.directory, name))
+
+    def close(self) -> None:
+        pass
+
+
+class KafkaDeadLetters:
+    """Dead letters produced to ``topic``; ``write`` waits for every broker ack."""
+
+    def __init__(self, bootstrap: str, topic: str, topology: str):
+        from kafka import KafkaProducer
+
+        self.topic, self.topology = topic, topology
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap.split(","), acks="all",
+                                       client_id=f"ackstream-{topology}-dead-letters")
+
+    def write(self, letters, records) -> None:
+        futures = []
+        for row in _rows(self.topology, letters, records):
+            headers = [(f"ackstream.{k}", str(row[k]).encode())
+                       for k in ("reason", "attempts", "topic", "partition", "offset", "topology")]
+            futures.append(self._producer.send(self.topic, key=row["key"], value=row["value"],
+                                               headers=headers))
+        self._producer.flush()
+        for future in futures:
+            future.get(timeout=30)
+
+    def close(self) -> None:
+        self._producer.close()
+
+
+def read_dead_letters(directory: str) -> pa.Table:
+    """Every dead letter written by :class:`ParquetDeadLetters` to ``directory``."""
+    if not os.path.isdir(directory):
+        return DEAD_LETTER_SCHEMA.empty_table()
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".parquet")
+                   and not f.startswith("."))
+    tables = [pq.read_table(os.path.join(directory, f), schema=DEAD_LETTER_SCHEMA) for f in files]
+    return pa.concat_tables(tables) if tables else DEAD_LETTER_SCHEMA.empty_table()

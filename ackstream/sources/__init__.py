@@ -1,0 +1,1 @@
+"""The ``ackstream`` data source: Kafka and generator upstreams, tracked spout tuples."""

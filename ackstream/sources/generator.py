@@ -1,0 +1,126 @@
+"""The built-in generator upstream: deterministic sentences, at a rate, up to a count.
+
+For the embedded default (no broker) and benchmarks. Record ``o`` of partition
+``p`` is always the same sentence, so a replay re-generates the value of its
+offset and ``read()`` is deterministic. It goes through the same tracking,
+replays and dead letters as Kafka; its "consumer group" commits are a small
+JSON file in the channel directory, ``generator-commits.json``.
+
+>>> sentence(0, 7) == sentence(0, 7)
+True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from ackstream import ids
+from ackstream.config import SourceConfig
+from ackstream.sources.rows import ReadTask, spout_batch
+
+__all__ = ["TOPIC", "WORDS", "GeneratorUpstream", "read_task", "sentence"]
+
+TOPIC = "generator"
+#: Timestamp of offset 0; offset o is ``EPOCH_MS + o`` so that re-reads agree.
+EPOCH_MS = 1_700_000_000_000
+WORDS = ["storm", "spark", "tuple", "bolt", "spout", "acker", "anchor", "root", "edge", "stream", "batch", "offset", "kafka", "replay", "commit", "ledger", "tree", "timeout", "retry", "letter", "shard", "state", "window", "watermark", "the", "a", "of", "and", "to", "in", "is", "it", "on", "at", "by", "with", "from", "fast", "slow", "every", "each", "one", "two", "three"]
+
+
+def sentence(partition: int, offset: int) -> str:
+    """The value of record ``offset`` of ``partition``: 3 to 8 words."""
+    return _sentences(partition, np.array([offset]))[0]
+
+
+def _sentences(partition: int, offsets: np.ndarray) -> list[str]:
+    h = ids.hash_longs(partition, offsets).view(np.uint64)
+    lengths = (h % np.uint64(6) + np.uint64(3)).astype(int)
+    picks = [ids.hash_longs(h.view(np.int64), i).view(np.uint64) % np.uint64(len(WORDS))
+             for i in range(8)]
+    return [" ".join(WORDS[int(picks[i][k])] for i in range(n)) for k, n in enumerate(lengths)]
+
+
+def _count(config: SourceConfig, partition: int) -> int | None:
+    if config.generator_count is None:
+        return None
+    per, extra = divmod(config.generator_count, config.generator_partitions)
+    return per + (1 if partition < extra else 0)
+
+
+class GeneratorUpstream:
+    """Driver side: partitions, how far each may be read now, and the commit file."""
+
+    def __init__(self, config: SourceConfig):
+        self.config = config
+        self._t0 = time.monotonic()
+        self._base: dict = {}
+        self._commits = os.path.join(config.channel, "generator-commits.json")
+
+    def partitions(self) -> list[tuple[str, int]]:
+        return [(TOPIC, p) for p in range(self.config.generator_partitions)]
+
+    def earliest(self, tps):
+        return {tp: 0 for tp in tps}
+
+    def latest(self, tps, positions: dict | None = None):
+        """Per partition: ``count`` records, released at ``rate`` per second from the
+        position the reader first asked at."""
+        out = {}
+        rate = self.config.generator_rate / self.config.generator_partitions
+        for tp in tps:
+            count = _count(self.config, tp[1])
+            avail = count if count is not None else (1 << 62)
+            if rate > 0:
+                base = self._base.setdefault(tp, (positions or {}).get(tp, 0))
+                avail = min(avail, base + int(rate * (time.monotonic() - self._t0)))
+            out[tp] = avail
+        return out
+
+    def committed(self, tps):
+        try:
+            with open(self._commits) as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            return {}
+        return {tp: tuple(saved[f"{tp[0]}/{tp[1]}"]) for tp in tps if f"{tp[0]}/{tp[1]}" in saved}
+
+    def commit(self, offsets) -> None:
+        if not offsets:
+            return
+        saved = self.committed(self.partitions())
+        saved.update(offsets)
+        os.makedirs(self.config.channel, exist_ok=True)
+        hidden = self._commits + ".tmp"
+        with open(hidden, "w") as f:
+            json.dump({f"{t}/{p}": list(v) for (t, p), v in saved.items()}, f)
+        os.replace(hidden, self._commits)
+
+    def fetch(self, coords):
+        out = {}
+        for tp, off in coords:
+            out[(tp, off)] = (_key(tp[1], off), sentence(tp[1], off).encode(), EPOCH_MS + off)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def _key(partition: int, offset: int) -> bytes:
+    return f"{partition}-{offset}".encode()
+
+
+def read_task(config: SourceConfig, task: ReadTask):
+    """Arrow batches of one task, generated (no I/O)."""
+    pairs = [(o, 0) for o in range(task.start, task.end)] + sorted(task.replays)
+    step = 10_000
+    for i in range(0, len(pairs), step):
+        chunk = pairs[i: i + step]
+        offsets = np.array([o for o, _ in chunk], dtype=np.int64)
+        yield spout_batch(
+            config.topology, task.topic, task.partition, offsets, [a for _, a in chunk],
+            [_key(task.partition, int(o)) for o in offsets],
+            [s.encode() for s in _sentences(task.partition, offsets)], EPOCH_MS + offsets,
+        )

@@ -1,0 +1,179 @@
+"""Bolt stages on static DataFrames: anchoring and acking checked against the ledger."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+
+from ackstream import ids
+from ackstream.bolts import AggregateStage, ExplodeStage, anchor_pairs
+from ackstream.errors import OptionError, StageError
+from ackstream.records import ACK_RECORD_SCHEMA, FAIL, INIT
+from ackstream.sinks.memory import MemorySink
+from ackstream.testing import TupleGraph, settle, tracked_frame
+from ackstream.topology import Topology, _init_records, _records, _union_all
+
+pytestmark = pytest.mark.spark
+
+LINES = ["a b c", "b boom", "", "c c", "d"]
+
+
+def roots_of(spark, values):
+    return [r["_root"] for r in tracked_frame(spark, values).orderBy("offset").collect()]
+
+
+def word_count(spark, sink, **kw):
+    return (Topology("wc", spark, None, **kw)
+            .explode(F.split("value", " "), "word")
+            .filter(F.col("word") != "")
+            .fail_where(F.col("word") == "boom")
+            .aggregate("word", F.count("*").alias("n"))
+            .sink(sink))
+
+
+def test_word_count_acks_every_root_and_fails_the_one_with_a_failing_row(spark):
+    sink = MemorySink()
+    records = word_count(spark, sink).run_batch(tracked_frame(spark, LINES))
+    roots = roots_of(spark, LINES)
+    assert records.schema == ACK_RECORD_SCHEMA
+    assert records.num_rows == len(roots)  # pre-combined: one record per root
+    outcome = settle(records)
+    assert outcome == {r: ("failed" if i == 1 else "acked") for i, r in enumerate(roots)}
+    counts = {r["word"]: r["n"] for r in sink.rows()}
+    assert counts == {"a": 1, "b": 2, "c": 3, "d": 1}
+    inits = records.filter(pa.compute.bit_wise_and(records["kind"], INIT).cast(pa.bool_()))
+    assert sorted(inits["offset"].to_pylist()) == list(range(len(LINES)))
+    kinds = dict(zip(records["root"].to_pylist(), records["kind"].to_pylist()))
+    assert kinds[roots[1]] == INIT | FAIL
+    assert np.count_nonzero([k & FAIL for k in kinds.values()]) == 1
+
+
+def test_explode_children_have_distinct_reproducible_edges(spark):
+    df = tracked_frame(spark, ["x y z", "x"])
+    stage = ExplodeStage(3, F.split("value", " "), "word")
+    first = stage.run(df, tracking=True).tuples.collect()
+    again = stage.run(df, tracking=True).tuples.collect()
+    assert sorted(r["_edge"] for r in first) == sorted(r["_edge"] for r in again)
+    assert len({r["_edge"] for r in first}) == 4
+    spout = {r["offset"]: r["_edge"] for r in df.collect()}
+    words = {0: "x y z".split(), 1: ["x"]}
+    expected = {int(ids.child_edges(spout[o], 3, i)) for o, ws in words.items()
+                for i in range(len(ws))}
+    assert {r["_edge"] for r in first} == expected  # xxhash64(parent edge, stage, position)
+
+
+def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark):
+    """Storm's multi-anchoring: before the output rows are acked, each root's value is
+    the XOR of the (parent, child) edges of its parents, as in TupleGraph."""
+    df = tracked_frame(spark, ["k1", "k2", "k1", "k3"]).withColumn("k", F.col("value"))
+    stage = AggregateStage(1, ["k"], [F.count("*").alias("n")])
+    out = stage.run(df, tracking=True).tuples
+    now = 0
+    partial = _union_all([_init_records(df, now), _records(anchor_pairs(df), 0, now),
+                          _records(anchor_pairs(out), 0, now)]).toPandas()
+    outcome = settle(partial)
+    assert set(outcome.values()) == {"pending"}
+    rows = out.collect()
+    assert sorted(len(r["_anchors"]) for r in rows) == [1, 1, 2]
+    assert {r["_root"] for r in rows} == {None}
+
+    # the same shape in the reference model: 4 spouts, three children, parents acked
+    g = TupleGraph()
+    spouts = [g.spout(root=i) for i in range(4)]
+    children = [g.emit([spouts[0], spouts[2]]), g.emit([spouts[1]]), g.emit([spouts[3]])]
+    model = g.init_records() + [rec for s in spouts for rec in g.ack(s)]
+    assert set(settle(model).values()) == {"pending"}
+    model += [rec for c in children for rec in g.ack(c)]
+    assert set(settle(model).values()) == {"acked"}
+
+    stage_and_sink = [_init_records(df, now), _records(anchor_pairs(df), 0, now),
+                      _records(anchor_pairs(out), 0, now), _records(anchor_pairs(out), 0, now)]
+    assert set(settle(_union_all(stage_and_sink).toPandas()).values()) == {"acked"}
+    # an output row acked twice cancels its own ack: its roots stay pending, never acked
+    twice = stage_and_sink + [_records(anchor_pairs(out.where("k = 'k1'")), 0, now)]
+    outcome = settle(_union_all(twice).toPandas())
+    assert sorted(outcome.values()) == ["acked", "acked", "pending", "pending"]
+
+
+class LosingSink(MemorySink):
+    """Writes everything except the rows ``lose(row)`` picks, which it hands back."""
+
+    def __init__(self, lose):
+        super().__init__(lineage=True)
+        self.lose = lose
+
+    def write(self, outputs, batch_id):
+        super().write(outputs, batch_id)
+        table = outputs.toArrow()
+        mask = pa.array([bool(self.lose(r)) for r in table.to_pylist()], pa.bool_())
+        return table.filter(mask)
+
+
+@pytest.mark.parametrize("ack_mode", ["per_stage", "telescoped"])
+def test_unwritten_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mode):
+    sink = LosingSink(lambda row: row["word"] == "c")
+    records = word_count(spark, sink, ack_mode=ack_mode).run_batch(tracked_frame(spark, LINES))
+    roots = roots_of(spark, LINES)
+    # "c" comes from lines 0 and 3; line 1 failed anyway; 2 (empty) and 4 are acked
+    assert settle(records) == {roots[0]: "failed", roots[1]: "failed", roots[2]: "acked",
+                               roots[3]: "failed", roots[4]: "acked"}
+
+
+def test_a_sink_that_raises_fails_the_roots_with_outputs(spark):
+    class Broken:
+        def write(self, outputs, batch_id):
+            raise OSError("disk full")
+
+    records = word_count(spark, Broken()).run_batch(tracked_frame(spark, LINES))
+    roots = roots_of(spark, LINES)
+    outcome = settle(records)
+    assert outcome[roots[2]] == "acked"  # the empty line had no tuple left to write
+    assert {outcome[r] for i, r in enumerate(roots) if i != 2} == {"failed"}
+
+
+def test_ack_mode_is_checked(spark):
+    with pytest.raises(OptionError) as caught:
+        Topology("t", spark, None, ack_mode="lazy")
+    assert caught.value.option == "ack_mode"
+
+
+def test_pandas_bolt_error_fails_only_that_rows_root(spark):
+    def bolt(frame):
+        """Words of each line; a line with 'boom' raises; plus one unanchored row (index -1)."""
+        if frame["value"].str.contains("boom").any():
+            raise ValueError("boom")
+        words = frame.assign(word=frame["value"].str.split(" ")).explode("word")[["word"]]
+        return pd.concat([words, pd.DataFrame({"word": ["seen"]}, index=[-1])])
+
+    sink = MemorySink()
+    topology = Topology("pb", spark, None).pandas_bolt(bolt, "word string").sink(sink)
+    records = topology.run_batch(tracked_frame(spark, LINES))
+    roots = roots_of(spark, LINES)
+    assert settle(records) == {r: ("failed" if i == 1 else "acked") for i, r in enumerate(roots)}
+    words = sorted(w for w in sink.to_pandas()["word"] if w != "seen")
+    assert words == sorted(["a", "b", "c", "", "c", "c", "d"])
+    assert "seen" in set(sink.to_pandas()["word"])  # unanchored rows are written too
+
+
+def test_sql_stage_and_lineage_check(spark):
+    sink = MemorySink()
+    topology = (Topology("sql", spark, None)
+                .sql("SELECT *, upper(value) AS shout FROM tuples WHERE value != ''")
+                .sink(sink))
+    records = topology.run_batch(tracked_frame(spark, LINES))
+    assert set(settle(records).values()) == {"acked"}
+    assert sorted(sink.to_pandas()["shout"]) == sorted(v.upper() for v in LINES if v)
+
+    lossy = Topology("lossy", spark, None).sql("SELECT value FROM tuples").sink(MemorySink())
+    with pytest.raises(StageError) as caught:
+        lossy.run_batch(tracked_frame(spark, LINES))
+    assert caught.value.stage == "sql#1"
+
+
+def test_tracking_off_runs_the_stages_and_writes_no_records(spark):
+    sink = MemorySink()
+    df = spark.createDataFrame([(v,) for v in LINES if "boom" not in v], "value string")
+    records = word_count(spark, sink, tracking=False).run_batch(df)
+    assert records.num_rows == 0
+    assert {r["word"]: r["n"] for r in sink.rows()} == {"a": 1, "b": 1, "c": 3, "d": 1}

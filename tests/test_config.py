@@ -1,0 +1,93 @@
+"""Option parsing of the ackstream source: no Spark, no broker."""
+
+import pytest
+
+from ackstream import OptionError
+from ackstream.config import parse, parse_duration_ms
+
+KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "events"}
+
+
+def test_defaults_mirror_spark_and_storm():
+    cfg = parse(KAFKA)
+    assert cfg.topics == ("events",)
+    assert cfg.starting_offsets == "committed"
+    assert cfg.message_timeout_ms == 30_000 and cfg.source_timeout_ms == 60_000
+    assert cfg.group_id == "ackstream-ackstream" and cfg.tracking
+    assert cfg.max_pending is None and cfg.max_offsets_per_trigger is None
+    assert cfg.channel.endswith("ackstream/ackstream/channel")
+
+
+def test_keys_are_case_insensitive_and_everything_parses():
+    cfg = parse({**KAFKA, "SUBSCRIBE": "a, b", "ackstream.MAXPENDING": "10",
+                 "maxoffsetspertrigger": "100", "ackstream.retryInitialDelay": "2 s",
+                 "ackstream.retryMaxDelay": "1 min", "ackstream.maxRetries": "0",
+                 "kafka.group.id": "g", "failOnDataLoss": "FALSE",
+                 "ackstream.topology": "wc", "ackstream.deadLetterTopic": "dlq",
+                 "startingOffsets": '{"a": {"0": 5, "1": -2}}',
+                 "kafka.request.timeout.ms": "5000"})
+    assert cfg.topics == ("a", "b") and cfg.max_pending == 10
+    assert cfg.max_offsets_per_trigger == 100 and cfg.max_retries == 0
+    assert (cfg.retry_initial_delay_ms, cfg.retry_max_delay_ms) == (2000, 60_000)
+    assert cfg.group_id == "g" and not cfg.fail_on_data_loss
+    assert cfg.dead_letter_topic == "dlq" and cfg.topology == "wc"
+    assert cfg.starting_map() == {"a": {0: 5, 1: -2}}
+    assert cfg.kafka_options == (("request.timeout.ms", "5000"),)
+
+
+@pytest.mark.parametrize("text, ms", [("500ms", 500), ("30s", 30_000), ("2 min", 120_000),
+                                      ("1500", 1500), ("1.5s", 1500), ("1 hour", 3_600_000)])
+def test_durations(text, ms):
+    assert parse_duration_ms("x", text) == ms
+
+
+@pytest.mark.parametrize("options, option", [
+    ({"ackstream.maxPending": "0"}, "ackstream.maxPending"),
+    ({"ackstream.maxPending": "ten"}, "ackstream.maxPending"),
+    ({"ackstream.messageTimeout": "30 parsecs"}, "ackstream.messageTimeout"),
+    ({"ackstream.messageTimeout": "0"}, "ackstream.messageTimeout"),
+    ({"ackstream.maxRetries": "-1"}, "ackstream.maxRetries"),
+    ({"ackstream.retryInitialDelay": "5s", "ackstream.retryMaxDelay": "1s"},
+     "ackstream.retryMaxDelay"),
+    ({"ackstream.sourceTimeout": "1s"}, "ackstream.sourceTimeout"),
+    ({"ackstream.tracking": "yes"}, "ackstream.tracking"),
+    ({"ackstream.maxpendng": "5"}, "ackstream.maxpendng"),
+    ({"ackstream.upstream": "pulsar"}, "ackstream.upstream"),
+    ({"ackstream.channel": "kafka"}, "ackstream.channel"),
+    ({"ackstream.topology": "word count"}, "ackstream.topology"),
+    ({"startingOffsets": "yesterday"}, "startingOffsets"),
+    ({"startingOffsets": '{"other": {"0": 1}}'}, "startingOffsets"),
+    ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
+    ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
+    ({"subscribe": ""}, "subscribe"),
+    ({"subscribePattern": "t.*"}, "subscribepattern"),
+    ({"kafka.bootstrap.servers": ""}, "kafka.bootstrap.servers"),
+])
+def test_bad_options_name_option_value_and_what_is_allowed(options, option):
+    with pytest.raises(OptionError) as err:
+        parse({**KAFKA, **options})
+    assert err.value.option == option
+    assert err.value.value == {k.lower(): v for k, v in options.items()}[option.lower()]
+    assert err.value.allowed
+
+
+def test_generator_needs_no_broker_and_rejects_a_dead_letter_topic():
+    cfg = parse({"ackstream.upstream": "generator", "ackstream.generator.count": "100",
+                 "ackstream.generator.rate": "50", "ackstream.generator.partitions": "4"})
+    assert (cfg.generator_count, cfg.generator_rate, cfg.generator_partitions) == (100, 50.0, 4)
+    with pytest.raises(OptionError) as err:
+        parse({"ackstream.upstream": "generator", "ackstream.deadLetterTopic": "dlq"})
+    assert err.value.option == "ackstream.deadLetterTopic"
+    with pytest.raises(OptionError) as err:
+        parse({"ackstream.upstream": "generator", "ackstream.generator.rate": "-3"})
+    assert err.value.option == "ackstream.generator.rate"
+
+
+def test_unknown_kafka_setting_is_rejected_by_the_kafka_module():
+    from ackstream.sources.kafka import consumer_settings
+
+    with pytest.raises(OptionError) as err:
+        consumer_settings(parse({**KAFKA, "kafka.no.such.setting": "1"}))
+    assert err.value.option == "kafka.no.such.setting"
+    settings = consumer_settings(parse({**KAFKA, "kafka.request.timeout.ms": "5000"}))
+    assert settings["request_timeout_ms"] == 5000

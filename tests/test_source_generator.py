@@ -1,0 +1,82 @@
+"""The ackstream source with the built-in generator upstream, end to end through the acker."""
+
+import json
+import os
+
+import pytest
+from conftest import wait_for
+
+from ackstream import FAILED, read_dead_letters
+from ackstream.acker.query import start_acker
+from ackstream.sinks.channel import LocalChannel
+from ackstream.sources.generator import sentence
+from ackstream.testing import SpoutAcker
+
+pytestmark = pytest.mark.spark
+
+
+def commits(channel_dir):
+    try:
+        with open(os.path.join(channel_dir, "generator-commits.json")) as f:
+            return {k: v[0] for k, v in json.load(f).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def test_generator_records_are_tracked_replayed_and_dead_lettered(spark, tmp_path):
+    channel_dir = str(tmp_path / "channel")
+    channel = LocalChannel(channel_dir)
+    topology = SpoutAcker(channel, fail=lambda f: f["offset"] % 10 == 3)
+    acker = start_acker(spark, channel, checkpoint=str(tmp_path / "acker"), ackers=2,
+                        message_timeout_ms=3000, trigger_ms=200)
+    frame = (spark.readStream.format("ackstream")
+             .option("ackstream.upstream", "generator")
+             .option("ackstream.generator.count", "40")
+             .option("ackstream.generator.partitions", "2")
+             .option("ackstream.channel", channel_dir)
+             .option("ackstream.topology", "gen-test")
+             .option("ackstream.messageTimeout", "3s")
+             .option("ackstream.sourceTimeout", "30s")  # a cold acker may take longer
+             .option("ackstream.retryInitialDelay", "100ms")
+             .option("ackstream.maxRetries", "1")
+             .load())
+    assert frame.columns == ["key", "value", "topic", "partition", "offset", "timestamp",
+                             "_root", "_edge", "_attempt"]
+    query = (frame.writeStream.foreachBatch(topology)
+             .option("checkpointLocation", str(tmp_path / "source"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_for(lambda: commits(channel_dir) == {"generator/0": 20, "generator/1": 20},
+                 timeout=90, what="every offset committed")
+    finally:
+        query.stop()
+        acker.stop()
+    seen = {(r["partition"], r["offset"], r["_attempt"]) for r in topology.rows}
+    failing = {(p, o) for p in (0, 1) for o in range(20) if o % 10 == 3}
+    assert {(p, o) for p, o, a in seen if a == 0} == {(p, o) for p in (0, 1) for o in range(20)}
+    assert {(p, o) for p, o, a in seen if a == 1} == failing
+    letters = read_dead_letters(os.path.join(channel_dir, "dead_letters")).to_pylist()
+    assert sorted((d["partition"], d["offset"]) for d in letters) == sorted(failing)
+    assert {(d["attempts"], d["reason"]) for d in letters} == {(2, FAILED)}
+    assert letters[0]["value"].decode() == sentence(letters[0]["partition"], letters[0]["offset"])
+
+
+def test_tracking_off_commits_what_spark_committed_and_max_offsets_per_trigger(spark, tmp_path):
+    channel_dir = str(tmp_path / "channel")
+    sizes = []
+    query = (spark.readStream.format("ackstream")
+             .option("ackstream.upstream", "generator")
+             .option("ackstream.generator.count", "12")
+             .option("ackstream.channel", channel_dir)
+             .option("ackstream.tracking", "false")
+             .option("maxOffsetsPerTrigger", "4")
+             .load().writeStream
+             .foreachBatch(lambda df, _: sizes.append(df.filter("_attempt = 0").count()))
+             .option("checkpointLocation", str(tmp_path / "source"))
+             .trigger(processingTime="100 milliseconds").start())
+    try:
+        wait_for(lambda: commits(channel_dir) == {"generator/0": 6, "generator/1": 6},
+                 timeout=60, what="every offset committed")
+    finally:
+        query.stop()
+    assert sum(sizes) == 12 and max(sizes) == 4

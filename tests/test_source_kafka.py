@@ -1,0 +1,206 @@
+"""The ackstream source against a real Kafka-protocol broker, through the real acker."""
+
+import time
+import uuid
+
+import pytest
+from conftest import wait_for
+
+from ackstream import ACKED, FAILED
+from ackstream.acker.query import start_acker
+from ackstream.sinks.channel import LocalChannel
+from ackstream.testing import SpoutAcker, ack_records
+from ackstream.testing import ack as ack_record
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+def produce(bootstrap, topic, n, partitions=1, first=0):
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    for i in range(first, first + n):
+        producer.send(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+class Group:
+    """The consumer group's committed offsets, as a lag tool sees them."""
+
+    def __init__(self, bootstrap, group):
+        from kafka import KafkaConsumer
+
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                      enable_auto_commit=False)
+
+    def committed(self, topic, partitions=1):
+        from kafka import TopicPartition
+
+        return [self.consumer.committed(TopicPartition(topic, p)) for p in range(partitions)]
+
+    def close(self):
+        self.consumer.close(autocommit=False)
+
+
+def dead_letters(bootstrap, topic):
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=1500)
+    try:
+        return [(m.key, m.value, {k: v.decode() for k, v in m.headers}) for m in consumer]
+    finally:
+        consumer.close()
+
+
+def source(spark, bootstrap, topic, channel_dir, group, **options):
+    reader = (spark.readStream.format("ackstream")
+              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+              .option("startingOffsets", "earliest").option("kafka.group.id", group)
+              .option("ackstream.channel", channel_dir).option("ackstream.topology", group)
+              .option("ackstream.sourceTimeout", "90s"))  # a cold acker may be slow
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def start(frame, topology, checkpoint):
+    return (frame.writeStream.foreachBatch(topology).option("checkpointLocation", checkpoint)
+            .trigger(processingTime="200 milliseconds").start())
+
+
+@pytest.fixture
+def setup(spark, broker, tmp_path, request):
+    """A channel, a running acker on it (message timeout: the test's ``acker_timeout_ms``
+    marker, else 4 s) and a unique group; stops every query afterwards."""
+    channel = LocalChannel(tmp_path / "channel")
+    marker = request.node.get_closest_marker("acker_timeout_ms")
+    acker = start_acker(spark, channel, checkpoint=str(tmp_path / "acker"), ackers=2,
+                        message_timeout_ms=marker.args[0] if marker else 4000, trigger_ms=200)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    queries = []
+    yield channel, group, queries
+    for q in queries + [acker]:
+        q.stop()
+
+
+def test_commits_follow_acks_failures_replay_after_backoff_and_dead_letter_once(
+        spark, broker, new_topic, setup, tmp_path):
+    channel, group, queries = setup
+    topic, dlq = new_topic(2), new_topic(1)
+    produce(broker.bootstrap, topic, 20, partitions=2)  # 10 per partition
+    # offset 3 of partition 0 fails on every attempt; offset 5 of partition 1 fails once
+    topology = SpoutAcker(channel, fail=lambda f: ((f["partition"] == 0) & (f["offset"] == 3))
+                          | ((f["partition"] == 1) & (f["offset"] == 5) & (f["_attempt"] == 0)))
+    times = {}
+
+    def timed(batch, batch_id):
+        topology(batch, batch_id)
+        for r in topology.rows:
+            times.setdefault((r["partition"], r["offset"], r["_attempt"]), time.monotonic())
+
+    frame = source(spark, broker.bootstrap, topic, channel.directory, group,
+                   **{"ackstream.maxRetries": 2, "ackstream.retryInitialDelay": "1s",
+                      "ackstream.deadLetterTopic": dlq, "ackstream.messageTimeout": "4s"})
+    queries.append(start(frame, timed, str(tmp_path / "source")))
+    lag = Group(broker.bootstrap, group)
+    samples = []
+    try:
+        def settled():
+            committed = lag.committed(topic, 2)
+            samples.append((committed[0], (0, 3, 2) in times))
+            return committed == [10, 10]
+        wait_for(settled, timeout=90, interval=0.2, what="both partitions committed to 10")
+    finally:
+        lag.close()
+    # never ahead of the acks: partition 0 stays at 3 until offset 3 is dead-lettered
+    assert all(c is None or c <= 3 for c, last_attempt_seen in samples if not last_attempt_seen)
+    assert any(c == 3 for c, _ in samples)
+    attempts = sorted(k for k in times if k[2] > 0)
+    assert attempts == [(0, 3, 1), (0, 3, 2), (1, 5, 1)]
+    # attempt 1 waits 1 s, attempt 2 waits 2 s after the failure that precedes it
+    assert times[(0, 3, 1)] - times[(0, 3, 0)] >= 1.0
+    assert times[(0, 3, 2)] - times[(0, 3, 1)] >= 2.0
+    letters = dead_letters(broker.bootstrap, dlq)
+    assert len(letters) == 1
+    key, value, headers = letters[0]
+    assert (key, value) == (b"k6", b"v6")  # record 6 went to partition 0 at offset 3
+    assert headers["ackstream.reason"] == FAILED and headers["ackstream.attempts"] == "3"
+    assert (headers["ackstream.topic"], headers["ackstream.partition"],
+            headers["ackstream.offset"]) == (topic, "0", "3")
+
+
+@pytest.mark.acker_timeout_ms(60_000)
+def test_max_pending_holds_back_new_offsets(spark, broker, new_topic, setup, tmp_path):
+    channel, group, queries = setup
+    topic = new_topic(1)
+    produce(broker.bootstrap, topic, 7)
+    topology = SpoutAcker(channel, lose=lambda f: f["offset"] >= 0)  # init only: acks by hand
+    frame = source(spark, broker.bootstrap, topic, channel.directory, group,
+                   **{"ackstream.maxPending": 4, "ackstream.messageTimeout": "60s"})
+    query = start(frame, topology, str(tmp_path / "source"))
+    queries.append(query)
+    acked = 0
+    for seen in (4, 7):
+        wait_for(lambda n=seen: len(topology.rows) >= n, timeout=60, what=f"{seen} rows")
+        time.sleep(1.5)  # an absence cannot be polled: about seven more triggers
+        assert len(topology.rows) == seen  # no new offsets while 4 roots are in flight
+        now = int(time.time() * 1000)
+        channel.write_acks(ack_records(
+            ack_record(r["_root"], r["_edge"], ts=now) for r in topology.rows[acked:seen]))
+        acked = seen
+    assert [r["offset"] for r in topology.rows] == list(range(7))
+    lag = Group(broker.bootstrap, group)
+    try:
+        wait_for(lambda: lag.committed(topic) == [7], timeout=60, what="commit to 7")
+    finally:
+        lag.close()
+
+
+def test_restart_resumes_committed_offsets_and_pending_replays(
+        spark, broker, new_topic, setup, tmp_path):
+    channel, group, queries = setup
+    topic, dlq = new_topic(1), new_topic(1)
+    produce(broker.bootstrap, topic, 6)
+    # offset 2 fails once, offset 4 always: both are waiting for their replay at the stop
+    first = SpoutAcker(channel, fail=lambda f: ((f["offset"] == 2) & (f["_attempt"] == 0))
+                       | (f["offset"] == 4))
+    options = {"ackstream.retryInitialDelay": "3s", "ackstream.messageTimeout": "4s",
+               "ackstream.maxRetries": 1, "ackstream.deadLetterTopic": dlq}
+    checkpoint = str(tmp_path / "source")
+    lag = Group(broker.bootstrap, group)
+    try:
+        query = start(source(spark, broker.bootstrap, topic, channel.directory, group, **options),
+                      first, checkpoint)
+        wait_for(lambda: lag.committed(topic) == [2], timeout=60, what="commit up to the fail")
+        wait_for(lambda: [r["status"] for r in channel.completions_since(None)[0].to_pylist()]
+                 .count(FAILED) == 2, timeout=30, what="both failures")
+        query.stop()
+        assert [(r["offset"], r["_attempt"]) for r in first.rows] == [(o, 0) for o in range(6)]
+        produce(broker.bootstrap, topic, 4, first=6)
+        second = SpoutAcker(channel, fail=lambda f: f["offset"] == 4)
+        query = start(source(spark, broker.bootstrap, topic, channel.directory, group, **options),
+                      second, checkpoint)
+        queries.append(query)
+        wait_for(lambda: lag.committed(topic) == [10], timeout=60, what="commit to 10")
+    finally:
+        lag.close()
+    again = sorted((r["offset"], r["_attempt"]) for r in second.rows)
+    # the replays and the new records; the acked offsets 0, 1, 3, 5 stay done
+    assert again == [(2, 1), (4, 1), (6, 0), (7, 0), (8, 0), (9, 0)]
+    statuses = [r["status"] for r in channel.completions_since(None)[0].to_pylist()]
+    assert statuses.count(FAILED) == 3 and statuses.count(ACKED) == 9
+    letters = dead_letters(broker.bootstrap, dlq)
+    assert [(h["ackstream.offset"], h["ackstream.attempts"]) for _, _, h in letters] == [("4", "2")]
+
+
+@pytest.mark.parametrize("option, value", [("ackstream.maxPending", "-4"),
+                                           ("ackstream.messageTimeout", "soon"),
+                                           ("ackstream.bogus", "1")])
+def test_bad_options_fail_at_load_with_the_option_named(spark, option, value):
+    with pytest.raises(Exception) as err:
+        (spark.readStream.format("ackstream").option("kafka.bootstrap.servers", "127.0.0.1:1")
+         .option("subscribe", "t").option(option, value).load())
+    assert option.lower() in str(err.value).lower() and value in str(err.value)
+    assert "OptionError" in str(err.value)

@@ -1,0 +1,133 @@
+"""The source's pure bookkeeping: watermarks, backoff, max retries, max pending, restore."""
+
+import json
+
+from ackstream import ids
+from ackstream.records import ACKED, FAILED, TIMED_OUT
+from ackstream.sources.tracking import METADATA_LIMIT, RetryPolicy, Tracker, ranges
+
+TP = ("events", 0)
+
+
+def tracker(max_retries=2, max_pending=None, timeout=60_000):
+    t = Tracker("topo", RetryPolicy(100, 1000, max_retries), timeout, max_pending)
+    t.add_partition(TP, 10)
+    return t
+
+
+def root(offset, attempt=0, tp=TP):
+    return int(ids.root_ids("topo", tp[0], tp[1], [offset], [attempt])[0])
+
+
+def done(*pairs):
+    return [{"root": r, "status": s} for r, s in pairs]
+
+
+def test_watermark_advances_only_over_contiguous_acks():
+    t = tracker()
+    t.emit_range(TP, 10, 15, now_ms=0)
+    assert t.in_flight == 5
+    t.complete(done((root(11), ACKED), (root(12), ACKED)), 1)
+    assert t.watermarks() == {TP: 10}  # 10 is still in flight: never commit ahead
+    assert json.loads(t.commit_metadata(TP)) == {"done": [[11, 13]]}
+    t.complete(done((root(10), ACKED)), 2)
+    assert t.watermarks() == {TP: 13}
+    assert json.loads(t.commit_metadata(TP)) == {"done": []}
+
+
+def test_unknown_and_duplicate_completions_are_ignored():
+    t = tracker()
+    t.emit_range(TP, 10, 12, 0)
+    t.complete(done((root(10, attempt=3), ACKED), (12345, ACKED)), 1)
+    t.complete(done((root(10), ACKED), (root(10), FAILED)), 1)
+    assert t.watermarks() == {TP: 11} and not t.scheduled
+
+
+def test_backoff_doubles_up_to_the_maximum():
+    policy = RetryPolicy(100, 1000, 10)
+    assert [policy.delay_ms(a) for a in range(1, 7)] == [100, 200, 400, 800, 1000, 1000]
+
+
+def test_failed_offset_comes_back_with_attempt_plus_one_after_the_backoff():
+    t = tracker()
+    t.emit_range(TP, 10, 11, 0)
+    t.complete(done((root(10), FAILED)), now_ms=1000)
+    assert t.due(1099) == []
+    assert t.due(1100) == [("events", 0, 10, 1)]
+    assert root(10, 1) in t.roots and t.in_flight == 1
+    t.complete(done((root(10, 1), TIMED_OUT)), now_ms=2000)
+    assert t.due(2199) == [] and t.due(2200) == [("events", 0, 10, 2)]
+
+
+def test_max_retries_lead_to_exactly_one_dead_letter_which_then_counts_as_done():
+    t = tracker(max_retries=1)
+    t.emit_range(TP, 10, 12, 0)
+    t.complete(done((root(11), ACKED), (root(10), FAILED)), 0)
+    t.due(10_000)
+    dead = t.complete(done((root(10, 1), TIMED_OUT)), 10_000)
+    assert [(d.offset, d.attempts, d.reason) for d in dead] == [(10, 2, TIMED_OUT)]
+    assert t.watermarks() == {TP: 10}  # not done until the letter is written
+    assert t.complete(done((root(10, 1), TIMED_OUT)), 10_001) == []
+    t.dead_lettered(dead)
+    assert t.watermarks() == {TP: 12} and not t.dead and not t.due(99_999)
+
+
+def test_max_pending_bounds_new_roots():
+    t = tracker(max_pending=3)
+    assert t.budget() == 3 and t.budget(limit=2) == 2
+    t.emit_range(TP, 10, 13, 0)
+    assert t.budget() == 0
+    t.complete(done((root(10), ACKED)), 1)
+    assert t.budget() == 1
+    t.complete(done((root(11), FAILED)), 1)
+    assert t.budget() == 2  # scheduled replays are not in flight
+    assert t.due(10_000, budget=0) == []
+
+
+def test_roots_without_completion_time_out_at_the_source():
+    t = tracker(timeout=5000)
+    t.emit_range(TP, 10, 12, 0)
+    t.complete(done((root(10), ACKED)), 1)
+    assert t.expire(4999) == [] and t.in_flight == 1
+    t.expire(5000)
+    assert t.in_flight == 0 and t.due(5100) == [("events", 0, 11, 1)]
+
+
+def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
+    t = tracker()
+    t.emit_range(TP, 10, 16, 0)
+    t.complete(done((root(10), ACKED), (root(12), ACKED), (root(13), FAILED),
+                    (root(14), FAILED)), 0)
+    t.due(100)  # 13 and 14 in flight at attempt 1
+    t.complete(done((root(14, 1), FAILED)), 200)  # 14 scheduled for attempt 2 at 400
+    snap = json.loads(json.dumps(t.snapshot()))
+    r = tracker()
+    r.restore(snap, now_ms=1000)
+    assert r.watermarks() == {TP: 11}
+    assert sorted((x.offset, x.attempt) for x in r.roots.values()) == [(11, 0), (13, 1), (15, 0)]
+    assert r.scheduled == {(TP, 14): (2, 400)}
+    r.complete(done((root(11), ACKED), (root(13, 1), ACKED), (root(15), ACKED)), 1000)
+    assert r.due(1000) == [("events", 0, 14, 2)]
+
+
+def test_commit_metadata_fits_the_broker_limit():
+    t = tracker()
+    t.emit_range(TP, 10, 5000, 0)
+    t.complete(done(*[(root(o), ACKED) for o in range(12, 5000, 2)]), 1)
+    assert len(t.commit_metadata(TP).encode()) <= METADATA_LIMIT
+
+
+def test_ranges():
+    assert ranges({1, 2, 3, 7}) == [[1, 4], [7, 8]] and ranges([]) == []
+
+
+def test_source_timeout_starts_when_the_batch_has_run():
+    t = tracker(timeout=5000)
+    t.clock_on_commit = True
+    t.emit_range(TP, 10, 12, 0)
+    assert t.expire(99_999) == [] and t.in_flight == 2
+    t.started(100_000)
+    t.expire(104_999)
+    assert t.in_flight == 2
+    t.expire(105_000)
+    assert t.in_flight == 0
