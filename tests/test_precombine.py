@@ -29,3 +29,11 @@ def test_precombined_records_give_the_same_completions(spark):
     assert outcome(combined) == outcome(raw)
     assert outcome(raw)[0] == [(2, ACKED), (3, "failed"), (4, ACKED), (5, ACKED)]
     assert joined.anchors.keys() == {6, 7}
+
+
+def test_the_init_timestamp_survives_combination(spark):
+    from ackstream.testing import ack, init
+
+    raw = ack_records([ack(1, 5, ts=900), init(1, 5, ts=100), ack(2, 3, ts=50), ack(2, 3, ts=70)])
+    combined = precombine(spark.createDataFrame(raw, ACK_RECORD_DDL)).toPandas()
+    assert dict(zip(combined["root"], combined["ts"])) == {1: 100, 2: 70}

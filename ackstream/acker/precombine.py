@@ -3,7 +3,9 @@
 XOR is associative, so all records of one root in a batch fold into one: values
 by ``bit_xor``, fail/reset bits by ``bit_or``, and the init bit by parity (XOR),
 so that a record delivered twice still cancels itself after combination. The
-init's coordinates survive because only the init row carries them.
+init's coordinates and timestamp survive because they are taken from the init row.
+(An init delivered twice in one batch cancels, and with it the coordinates: that
+root times out, and the source, which knows its roots, replays it.)
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def precombine(records: DataFrame) -> DataFrame:
         F.max("partition").alias("partition"),
         F.max("offset").alias("offset"),
         F.max("attempt").alias("attempt"),
-        F.max("ts").alias("ts"),
+        # the init's ts is the start of the complete latency; others only when none
+        F.coalesce(F.max(F.when(init_bit != 0, F.col("ts"))), F.max("ts")).alias("ts"),
     )
     return combined.select(
         "root",
