@@ -15,7 +15,7 @@ test: $(VENV)/.installed java
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed java
-	$(PY) -m ackstream bench acker
+	$(PY) benchmarks/acker.py
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -1,0 +1,43 @@
+"""The acker benchmark runs end to end at tiny sizes with exact counts (no timing checks)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import acker
+
+pytestmark = pytest.mark.spark
+
+
+def test_generated_records_xor_to_zero_per_root():
+    table = acker.generate(50, fanout=3, block_roots=20).to_pandas()
+    assert len(table) == 50 * 5
+    per_root = table.groupby("root")["value"].agg(lambda v: np.bitwise_xor.reduce(v.to_numpy()))
+    assert (per_root == 0).all() and len(per_root) == 50
+    assert (table.groupby("root")["kind"].sum() == 1).all()  # one init per root
+
+
+def test_storm_dict_acks_every_root():
+    table = acker.generate(30, fanout=4)
+    assert acker.bench_storm_dict(table, 30)["records_per_s"] > 0
+
+
+def test_benchmark_run_reports_exact_counts_and_all_keys(spark, tmp_path):
+    result = acker.run(spark, roots=60, per_root_roots=12, fanout=3, files=4,
+                       max_files_per_trigger=2, state_roots=200, workdir=str(tmp_path))
+    for key in ("ledger_records_per_s", "spark_shard_records_per_s", "spark_shard_roots_per_s",
+                "spark_per_root_records_per_s", "storm_dict_records_per_s", "ratios",
+                "state_bytes_per_pending_root", "spark_shard_breakdown", "machine", "tree"):
+        assert key in result
+    assert set(result["ratios"]) == {"spark_shard_over_spark_per_root",
+                                     "spark_shard_over_storm_dict", "ledger_over_storm_dict"}
+    assert result["records"]["main"] == 60 * 5 and result["records"]["per_root_form"] == 12 * 5
+    assert result["detail"]["spark_shard"]["input_rows"] == 60 * 5
+    assert result["detail"]["spark_per_root"]["input_rows"] == 12 * 5
+    assert result["state_bytes_per_pending_root"]["fanout_100"] <= 40 + 1
+    assert {"nproc", "cpu", "python", "pyspark"} <= set(result["machine"])
+    assert not spark.streams.active
