@@ -127,9 +127,11 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
 
     channel = ours("ackstream.channel") or default_channel_dir(topology)
     if channel.lower() == "kafka":
-        raise OptionError("ackstream.channel", channel,
-                          "a local directory path (the Kafka completion channel is not yet "
-                          "available to the source)")
+        if upstream != "kafka":
+            raise OptionError("ackstream.channel", channel,
+                              "a local directory path with ackstream.upstream=generator "
+                              "(the Kafka channel lives on the upstream's brokers)")
+        channel = "kafka"
     kw["channel"] = channel
     kw["tracking"] = _bool("ackstream.tracking", ours("ackstream.tracking"), True)
 
@@ -160,7 +162,8 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
         kw["max_retries"] = retries
     kw["max_offsets_per_trigger"] = _int("maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), 1)
     kw["fail_on_data_loss"] = _bool("failOnDataLoss", opts.get("failondataloss"), True)
-    kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or None
+    kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or (
+        f"{topology}.dead" if channel == "kafka" else None)
 
     if upstream == "generator":
         kw["generator_count"] = _int("ackstream.generator.count",

@@ -23,7 +23,7 @@ def channel(request, tmp_path):
 
     broker = request.getfixturevalue("broker")
     kafka = KafkaChannel(broker.bootstrap, f"topo-{uuid.uuid4().hex[:8]}")
-    kafka.ensure_topics()
+    kafka.prepare()
     yield kafka
     kafka.close()
 

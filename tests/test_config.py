@@ -53,7 +53,7 @@ def test_durations(text, ms):
     ({"ackstream.tracking": "yes"}, "ackstream.tracking"),
     ({"ackstream.maxpendng": "5"}, "ackstream.maxpendng"),
     ({"ackstream.upstream": "pulsar"}, "ackstream.upstream"),
-    ({"ackstream.channel": "kafka"}, "ackstream.channel"),
+    ({"ackstream.channel": "kafka", "ackstream.upstream": "generator"}, "ackstream.channel"),
     ({"ackstream.topology": "word count"}, "ackstream.topology"),
     ({"startingOffsets": "yesterday"}, "startingOffsets"),
     ({"startingOffsets": '{"other": {"0": 1}}'}, "startingOffsets"),
@@ -69,6 +69,12 @@ def test_bad_options_name_option_value_and_what_is_allowed(options, option):
     assert err.value.option == option
     assert err.value.value == {k.lower(): v for k, v in options.items()}[option.lower()]
     assert err.value.allowed
+
+
+def test_kafka_channel_defaults_the_dead_letter_topic_to_the_topology_name():
+    cfg = parse({"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "in",
+                 "ackstream.topology": "words", "ackstream.channel": "KAFKA"})
+    assert (cfg.channel, cfg.dead_letter_topic) == ("kafka", "words.dead")
 
 
 def test_generator_needs_no_broker_and_rejects_a_dead_letter_topic():

@@ -97,6 +97,7 @@ def start_acker(
 
     Restarting with the same ``checkpoint`` resumes every shard's pending roots.
     """
+    channel.prepare()
     records = channel.ack_stream(spark, max_files_per_trigger=max_files_per_trigger)
     done = completions(
         records, ackers=ackers, message_timeout_ms=message_timeout_ms, tick_ms=tick_ms

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA
 
-__all__ = ["LocalChannel"]
+__all__ = ["LocalChannel", "open_channel"]
 
 _DONE_FILE = re.compile(r"^(\d{12})\.parquet$")
 
@@ -40,6 +40,10 @@ class LocalChannel:
         self.directory = os.fspath(directory)
         self.acks_dir = os.path.join(self.directory, "acks")
         self.done_dir = os.path.join(self.directory, "done")
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Create the folders (the Kafka channel creates its topics here)."""
         os.makedirs(self.acks_dir, exist_ok=True)
         os.makedirs(self.done_dir, exist_ok=True)
 
@@ -89,8 +93,9 @@ class LocalChannel:
         table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
         return table, (newer[-1] if newer else after_batch)
 
-    def last_completion_batch(self) -> int:
-        """The id of the newest completion batch written so far (-1: none yet)."""
+    def end_position(self) -> int:
+        """The position after every completion written so far: a new reader starts
+        here, because old completions in a reused folder carry the same root ids."""
         return max((int(m.group(1)) for m in map(_DONE_FILE.match, os.listdir(self.done_dir))
                     if m), default=-1)
 
@@ -98,6 +103,18 @@ class LocalChannel:
         """Remove every record of this channel (tests and demos only)."""
         shutil.rmtree(self.directory, ignore_errors=True)
         self.__init__(self.directory)
+
+
+def open_channel(config):
+    """The channel a source's ``SourceConfig`` names: a local folder, or "kafka" for the
+    topics ``<topology>.acks``/``.done`` on the upstream's brokers."""
+    if config.channel == "kafka":
+        from ackstream.sinks.kafka_channel import KafkaChannel
+
+        channel = KafkaChannel(config.bootstrap_servers, config.topology)
+        channel.prepare()
+        return channel
+    return LocalChannel(config.channel)
 
 
 def _as_table(records, schema: pa.Schema) -> pa.Table:

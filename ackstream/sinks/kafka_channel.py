@@ -42,7 +42,7 @@ class KafkaChannel:
     def __getstate__(self):
         return {**self.__dict__, "_producer": None}
 
-    def ensure_topics(self) -> None:
+    def prepare(self) -> None:
         """Create both topics if they do not exist yet."""
         from kafka.admin import KafkaAdminClient, NewTopic
         from kafka.errors import TopicAlreadyExistsError
@@ -94,6 +94,13 @@ class KafkaChannel:
             position[str(partition)] = end
         table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
         return table, position
+
+    def end_position(self) -> dict:
+        """The position after every completion written so far (see LocalChannel)."""
+        position: dict = {}
+        for partition, _, end in _ranges(self.bootstrap, self.done_topic, {}):
+            position[str(partition)] = end
+        return position
 
     # --- plumbing ---------------------------------------------------------------
 

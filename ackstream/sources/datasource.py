@@ -104,9 +104,9 @@ class AckstreamStreamReader(DataSourceStreamReader):
         tracker = _new_tracker(self.config)
         for tp in tps:
             tracker.add_partition(tp, starts[tp])
-        from ackstream.sinks.channel import LocalChannel
+        from ackstream.sinks.channel import open_channel
 
-        done = LocalChannel(self.config.channel).last_completion_batch()
+        done = open_channel(self.config).end_position()
         return {"v": 1, "parts": tracker.snapshot(), "replays": [], "done": done}
 
     def getDefaultReadLimit(self):
@@ -210,14 +210,14 @@ class _Driver:
     """Driver-side state of one running query: tracking, upstream, channel, dead letters."""
 
     def __init__(self, config: SourceConfig, offset: dict):
-        from ackstream.sinks.channel import LocalChannel
+        from ackstream.sinks.channel import open_channel
 
         self.config = config
         self.upstream = _upstream(config)
         self.tracker = _new_tracker(config)
         self.tracker.restore(offset["parts"], _now_ms())
         self.tracker.clock_on_commit = True
-        self.channel = LocalChannel(config.channel)
+        self.channel = open_channel(config)
         self.position = offset.get("done", -1)
         self.letters = None
         self._dead_since_snapshot = False

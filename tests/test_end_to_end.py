@@ -1,0 +1,105 @@
+"""Issue 4's end-to-end run on the broker: sentences -> split -> count -> Kafka sink,
+with the ack and completion channels on Kafka too."""
+
+import uuid
+
+import pytest
+from conftest import wait_for
+from pyspark.sql import functions as F
+
+from ackstream import KafkaSink, Topology
+from ackstream.sinks.kafka_channel import KafkaChannel
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+WORDS = "storm spark acker tuple bolt spout anchor ledger replay offset".split()
+
+
+def sentences(n):
+    return [" ".join(WORDS[(i * 7 + k) % len(WORDS)] + str(i % 4) for k in range(3 + i % 4))
+            for i in range(n)]
+
+
+def consume(bootstrap, topic):
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=1500, enable_auto_commit=False)
+    try:
+        return list(consumer)
+    finally:
+        consumer.close()
+
+
+def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dead_lettered(
+    spark, broker, new_topic, tmp_path
+):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    inbox, outbox = new_topic(partitions=2), new_topic(partitions=1)
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    lines = sentences(60)
+    poison_at = 17
+    lines[poison_at] = "poison pill sentence"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for i, line in enumerate(lines):
+        producer.send(inbox, value=line.encode(), partition=i % 2)
+    producer.flush()
+    producer.close()
+
+    def refuse_poison(frame):
+        """A pandas bolt that always fails on the poison word."""
+        if (frame["word"] == "poison").any():
+            raise ValueError("poison word")
+        return frame[["word"]]
+
+    stream = (spark.readStream.format("ackstream")
+              .option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", inbox)
+              .option("startingOffsets", "earliest").option("ackstream.topology", name)
+              .option("ackstream.channel", "kafka").option("ackstream.messageTimeout", "10s")
+              .option("ackstream.sourceTimeout", "90s")
+              .option("ackstream.retryInitialDelay", "200ms").option("ackstream.maxRetries", "2")
+              .load())
+    topology = (
+        Topology(name, spark, KafkaChannel(broker.bootstrap, name))
+        .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
+        .explode(F.split("line", " "), "word")
+        .fail_where((F.col("_attempt") == 0) & (F.rand(seed=7) < 0.05), name="flaky")
+        .pandas_bolt(refuse_poison, "word string", name="refuse_poison")
+        .aggregate("word", F.count("*").cast("string").alias("n"))
+        .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
+        .sink(KafkaSink(broker.bootstrap, outbox))
+    )
+    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300,
+                             message_timeout_ms=10_000)
+    group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
+                          enable_auto_commit=False)
+    partitions = [TopicPartition(inbox, p) for p in (0, 1)]
+    try:
+        wait_for(lambda: [group.committed(tp) for tp in partitions] == [30, 30]
+                 or running.exception(), timeout=150, interval=0.5,
+                 what="every input offset committed")
+        assert running.exception() is None
+    finally:
+        running.stop()
+        group.close(autocommit=False)
+
+    written = {m.key.decode() for m in consume(broker.bootstrap, outbox)}
+    expected = {w for line in lines for w in line.split()} - {"poison"}
+    assert expected <= written
+    assert "poison" not in written
+
+    done, _ = KafkaChannel(broker.bootstrap, name).completions_since(None)
+    failed = {(r["partition"], r["offset"], r["attempt"]) for r in done.to_pylist()
+              if r["status"] == "failed"}
+    poison = (poison_at % 2, poison_at // 2)
+    assert {(p, o, a) for p, o, a in failed if (p, o) == poison} == {(*poison, a) for a in (0, 1, 2)}
+    assert any((p, o) != poison for p, o, _ in failed), "the flaky bolt failed nothing"
+
+    letters = consume(broker.bootstrap, f"{name}.dead")
+    assert len(letters) == 1
+    (letter,) = letters
+    headers = {k: v.decode() for k, v in letter.headers}
+    assert letter.value == lines[poison_at].encode()
+    assert headers["ackstream.offset"] == str(poison_at // 2)
+    assert headers["ackstream.reason"] == "failed"
