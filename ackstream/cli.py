@@ -1,17 +1,44 @@
-"""The ``ackstream`` command (also ``python -m ackstream``)."""
+"""The ``ackstream`` command (also ``python -m ackstream``).
+
+- ``ackstream demo``: the main job on the embedded default (no broker).
+- ``ackstream run FILE``: run a topology file with a local Spark session, wait
+  for its queries, stop them cleanly on Ctrl-C, ``--timeout`` or ``--until-idle``.
+- ``ackstream status``: pending, acked, failed, replayed and dead-lettered roots
+  and complete-latency percentiles, read from a topology's channels.
+- ``ackstream bench [acker]``: the benchmark from the source checkout.
+
+Options default to environment variables (shown in ``--help``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
+from pathlib import Path
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value else default
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value else None
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown in --help, descriptions kept as written."""
+
+
+def _checkout_benchmarks() -> Path:
+    import ackstream
+
+    return Path(ackstream.__file__).resolve().parents[1] / "benchmarks"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,55 +49,300 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="run the acker demo on the embedded default (no broker needed)",
+        "demo", help="run a word-split topology on the embedded default (no broker needed): "
+        "generator upstream, local channel, injected failures, a summary at the end",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    demo.add_argument("--roots", type=int, default=_env_int("ACKSTREAM_DEMO_ROOTS", 5000),
-                      help="upstream records to track (env ACKSTREAM_DEMO_ROOTS)")
-    demo.add_argument("--fail-every", type=int, default=50,
-                      help="a bolt fails every N-th tree")
-    demo.add_argument("--lose-every", type=int, default=97,
-                      help="every N-th tree loses an ack and times out")
-    demo.add_argument("--message-timeout-ms", type=int, default=3000,
+    demo.add_argument("--records", type=int, default=_env_int("ACKSTREAM_DEMO_RECORDS", 2000),
+                      help="generated upstream records (env ACKSTREAM_DEMO_RECORDS)")
+    demo.add_argument("--fail-percent", type=int, default=3,
+                      help="percent of word tuples a bolt fails on their first attempt")
+    demo.add_argument("--poison-every", type=int, default=500,
+                      help="every N-th record always fails and is dead-lettered")
+    demo.add_argument("--max-retries", type=int, default=2, help="replays before a dead letter")
+    demo.add_argument("--message-timeout-ms", type=int, default=10_000,
                       help="Storm's topology.message.timeout, in ms")
+    _add_run(commands)
+    _add_status(commands)
+    _add_bench(commands)
     return parser
+
+
+RUN_HELP = """\
+Run FILE as a script (as `python FILE` would, __name__ == "__main__") with a local
+Spark session already made: the global `spark` holds it, and the `ackstream` source
+is registered. The file declares its topology and starts it (Topology(...).start(...))
+and may return at once. `run` then waits until every query the file started has
+ended, or Ctrl-C, --timeout or --until-idle, and stops those queries (the topology
+query first, then its acker). Exit status: 0, 1 if the file or a query failed,
+130 on Ctrl-C, or the code of a sys.exit() in the file (its queries are stopped
+first). With --until-idle, choose a time longer than the retry backoff
+(ackstream.retryMaxDelay) if replays should finish before the stop.
+
+A topology file, e.g. words.py:
+
+    from pyspark.sql import functions as F
+    from ackstream import MemorySink, Topology
+    from ackstream.sinks.channel import LocalChannel
+
+    channel = LocalChannel("/tmp/words/channel")
+    frame = (spark.readStream.format("ackstream")
+             .option("ackstream.upstream", "generator")
+             .option("ackstream.channel", "/tmp/words/channel").load())
+    (Topology("words", spark, channel)
+     .explode(F.split(F.col("value").cast("string"), " "), "word")
+     .sink(MemorySink())
+     .start(frame, "/tmp/words/checkpoint"))
+"""
+
+
+def _add_run(commands) -> None:
+    run = commands.add_parser(
+        "run", help="run a topology file with a local Spark session", description=RUN_HELP,
+        formatter_class=_Formatter,
+    )
+    run.set_defaults(subparser=run)  # errors name the subcommand
+    run.add_argument("file", help="the topology file (a Python script)")
+    run.add_argument("--timeout", type=float, default=_env_float("ACKSTREAM_RUN_TIMEOUT"),
+                     metavar="SECONDS",
+                     help="stop the queries after this long (env ACKSTREAM_RUN_TIMEOUT)")
+    run.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
+                     help="stop the queries once they have read rows and then none "
+                          "for this long")
+    run.add_argument("--cores", type=int, default=_env_int("ACKSTREAM_CORES", 2),
+                     help="local[N] cores when run makes the session (env ACKSTREAM_CORES)")
+
+
+def _add_status(commands) -> None:
+    status = commands.add_parser(
+        "status", help="what became of a topology's roots, from its channels",
+        description="Counts roots (one per attempt; a replay is a new root) by outcome, from\n"
+                    "the ack and completion channels: pending (init record seen, no completion\n"
+                    "yet), acked, failed, timed out, replayed (failed or timed out and not\n"
+                    "dead-lettered), dead-lettered, and the complete latency of acked roots\n"
+                    "(p50/p90/p99). Reads files or topics only: no Spark session.",
+        formatter_class=_Formatter,
+    )
+    status.set_defaults(subparser=status)  # errors name the subcommand
+    status.add_argument("--topology", default=os.environ.get("ACKSTREAM_TOPOLOGY", "ackstream"),
+                        help="the topology's name, ackstream.topology (env ACKSTREAM_TOPOLOGY)")
+    status.add_argument("--channel", metavar="DIR", default=os.environ.get("ACKSTREAM_CHANNEL"),
+                        help="the local channel directory, ackstream.channel (env "
+                             "ACKSTREAM_CHANNEL; unset: the topology's default directory)")
+    status.add_argument("--bootstrap", metavar="HOST:PORT",
+                        default=os.environ.get("ACKSTREAM_BOOTSTRAP"),
+                        help="read the Kafka channel (<topology>.acks, <topology>.done) on "
+                             "this broker instead (env ACKSTREAM_BOOTSTRAP)")
+    status.add_argument("--dead-letters", metavar="DIR", default=None,
+                        help="dead-letter Parquet folder (unset: <channel>/dead_letters with "
+                             "--channel, the dead-letter topic with --bootstrap)")
+    status.add_argument("--dead-letter-topic", metavar="TOPIC", default=None,
+                        help="with --bootstrap: the ackstream.deadLetterTopic "
+                             "(unset: <topology>.dead)")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_bench(commands) -> None:
+    bench = commands.add_parser(
+        "bench", help="run a benchmark from the source checkout",
+        description="Runs benchmarks/<name>.py of the source checkout with this Python.\n"
+                    "Options bench does not know are passed on to the benchmark; name the\n"
+                    "benchmark before them (ackstream bench acker --records 100000) or write\n"
+                    "--records=100000. Benchmarks are not part of the installed package.",
+        formatter_class=_Formatter,
+    )
+    bench.set_defaults(subparser=bench)  # errors name the subcommand
+    bench.add_argument("name", nargs="?", default="acker", choices=["acker"],
+                       help="which benchmark")
+    bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    bench.add_argument("--benchmarks", metavar="DIR",
+                       default=os.environ.get("ACKSTREAM_BENCHMARKS", str(_checkout_benchmarks())),
+                       help="where the benchmark scripts are (env ACKSTREAM_BENCHMARKS)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "bench":  # only bench passes options on
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "demo":
-        for name in ("roots", "fail_every", "lose_every", "message_timeout_ms"):
+        for name in ("records", "poison_every", "message_timeout_ms"):
             if getattr(args, name) <= 0:
                 parser.error(f"--{name.replace('_', '-')} must be a positive number")
         return _demo(args)
+    if args.command == "run":
+        return _run(args.subparser, args)
+    if args.command == "status":
+        return _status(args.subparser, args)
+    if args.command == "bench":
+        return _bench(args, extra)
     return 2
 
 
 def _demo(args) -> int:
-    from ackstream.demo import run_acker_demo
+    from ackstream.demo import run_demo
     from ackstream.errors import AckstreamError
     from ackstream.session import local_session
 
+    if not 0 <= args.fail_percent <= 100 or args.max_retries < 0:
+        print("ackstream: --fail-percent must be 0 to 100 and --max-retries >= 0", file=sys.stderr)
+        return 2
     try:
         spark = local_session("ackstream-demo")
     except AckstreamError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1
     try:
-        summary = run_acker_demo(spark, roots=args.roots, fail_every=args.fail_every,
-                                 lose_every=args.lose_every,
-                                 message_timeout_ms=args.message_timeout_ms)
+        s = run_demo(spark, records=args.records, fail_percent=args.fail_percent,
+                     poison_every=args.poison_every, max_retries=args.max_retries,
+                     message_timeout_ms=args.message_timeout_ms)
     finally:
         spark.stop()
     print(
-        f"\nroots {summary.roots}  ack records {summary.records}  in {summary.seconds:.1f}s\n"
-        f"acked {summary.acked}  failed {summary.failed}  timed out {summary.timed_out}"
-        f"  (expected {summary.expected})\n"
-        f"complete latency p50 {summary.p50_ms:.0f} ms  p99 {summary.p99_ms:.0f} ms"
+        f"\nrecords {s.records} in {s.seconds:.1f}s: acked {s.acked}, dead-lettered "
+        f"{s.dead_lettered}, replayed attempts {s.replayed}, committed {s.committed}, "
+        f"lost {s.lost}\ncomplete latency p50 {s.p50_ms:.0f} ms  p99 {s.p99_ms:.0f} ms"
     )
-    if not summary.accounted_for:
-        print("ackstream: not every root was accounted for", file=sys.stderr)
+    if not s.accounted_for:
+        print("ackstream: not every record was accounted for", file=sys.stderr)
         return 1
-    print("every root accounted for")
+    print("every record accounted for: acked or dead-lettered, committed, none lost")
     return 0
+
+
+def _run(parser, args) -> int:
+    import runpy
+    import traceback
+
+    for name in ("timeout", "until_idle"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    if not os.path.isfile(args.file):
+        parser.error(f"no topology file at {args.file}")
+    from pyspark.sql import SparkSession
+
+    from ackstream.errors import AckstreamError
+    from ackstream.session import local_session
+    from ackstream.sources.datasource import register
+
+    spark, made = SparkSession.getActiveSession(), False
+    if spark is None:
+        try:
+            spark, made = local_session("ackstream-run", cores=args.cores), True
+        except AckstreamError as problem:
+            print(f"ackstream: {problem}", file=sys.stderr)
+            return 1
+    register(spark)
+    before = {q.id for q in spark.streams.active}
+    started = []
+    code = 0
+    try:
+        runpy.run_path(args.file, init_globals={"spark": spark}, run_name="__main__")
+        started = [q for q in spark.streams.active if q.id not in before]
+        code = _wait(started, args.timeout, args.until_idle)
+    except KeyboardInterrupt:
+        print("ackstream: interrupted, stopping the queries", file=sys.stderr)
+        code = 130
+    except SystemExit as stop:  # the file called sys.exit()
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except Exception:  # noqa: BLE001 - whatever the user's file raises is reported
+        traceback.print_exc()
+        print(f"ackstream: {args.file} failed", file=sys.stderr)
+        code = 1
+    finally:
+        started = started or [q for q in spark.streams.active if q.id not in before]
+        _stop(started)
+        if made:
+            spark.stop()
+    return code
+
+
+def _wait(queries, timeout: float | None, until_idle: float | None) -> int:
+    """Poll until every query ended (0; 1 if one failed), or the timeout passed, or
+    the queries have read rows and then none for ``until_idle`` seconds (0)."""
+    start, last_active = time.monotonic(), None
+    seen: dict = {}
+    while any(q.isActive for q in queries):
+        now = time.monotonic()
+        for q in queries:
+            progress = q.lastProgress
+            if progress and progress.get("numInputRows", 0) > 0 \
+                    and seen.get(q.id) != progress.get("batchId"):
+                seen[q.id], last_active = progress.get("batchId"), now
+        if timeout is not None and now - start >= timeout:
+            print(f"ackstream: --timeout {timeout:g}s reached, stopping the queries",
+                  file=sys.stderr)
+            return 0
+        if until_idle is not None and last_active is not None \
+                and now - last_active >= until_idle:
+            print(f"ackstream: no rows read for {until_idle:g}s, stopping the queries",
+                  file=sys.stderr)
+            return 0
+        time.sleep(0.2)
+    failed = [q for q in queries if q.exception() is not None]
+    for q in failed:
+        print(f"ackstream: query {q.name} failed: {q.exception()}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _stop(queries) -> None:
+    """Stop topology queries before acker queries, so the acker sees the last acks."""
+    for q in sorted(queries, key=lambda q: (q.name or "").endswith(".acker")):
+        try:
+            q.stop()
+        except Exception as problem:  # noqa: BLE001 - stop the others all the same
+            print(f"ackstream: stopping query {q.name} failed: {problem}", file=sys.stderr)
+
+
+def _status(parser, args) -> int:
+    import json
+
+    from ackstream.config import default_channel_dir
+    from ackstream.errors import AckstreamError
+    from ackstream.status import kafka_status, local_status
+
+    if args.channel and args.bootstrap:
+        parser.error("--channel and --bootstrap are both set (check ACKSTREAM_CHANNEL and "
+                     "ACKSTREAM_BOOTSTRAP): give one")
+    channel = args.channel
+    if not args.bootstrap:
+        channel = channel or default_channel_dir(args.topology)
+        if not os.path.isdir(channel):
+            where = "" if args.channel else f" (the default of topology {args.topology!r})"
+            parser.error(f"no channel directory at {channel}{where}: pass --channel DIR (the "
+                         "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
+                         "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY")
+    if args.dead_letter_topic and not args.bootstrap:
+        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    try:
+        if args.bootstrap:
+            status = kafka_status(args.bootstrap, args.topology, args.dead_letters,
+                                  args.dead_letter_topic)
+        else:
+            status = local_status(channel, args.topology, args.dead_letters)
+    except AckstreamError as problem:
+        print(f"ackstream: {problem}", file=sys.stderr)
+        return 1
+    except Exception as problem:  # kafka-python's errors (no broker, timeouts)
+        if not args.bootstrap:
+            raise
+        print(f"ackstream: could not read the Kafka channel on {args.bootstrap}: "
+              f"{type(problem).__name__}: {problem}", file=sys.stderr)
+        return 1
+    print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
+    return 0
+
+
+def _bench(args, extra: list[str]) -> int:
+    import subprocess
+
+    script = Path(args.benchmarks) / f"{args.name}.py"
+    if not script.is_file():
+        print(f"ackstream: benchmark {args.name!r} not found at {script}. Benchmarks ship with "
+              "the source checkout, not with the installed package: run this from a clone of "
+              "the repository, or pass --benchmarks DIR (env ACKSTREAM_BENCHMARKS).",
+              file=sys.stderr)
+        return 1
+    forwarded = (["--quick"] if args.quick else []) + extra
+    return subprocess.run([sys.executable, str(script), *forwarded],
+                          cwd=script.parent.parent, check=False).returncode

@@ -1,143 +1,145 @@
-"""The acker demo on the embedded default: no broker, a local Spark session, a
-local-directory channel.
+"""The main job on the embedded default: no broker, nothing to start by hand.
 
-A writer thread plays the part of a topology: for each upstream record it writes
-Storm-style ack records for a small tuple tree (a spout tuple, children, a
-grandchild anchored to two children). A few trees are failed by a bolt and a
-few lose an ack, so every outcome shows up. The acker query runs as a real
-Spark stateful streaming query; the demo polls the completion channel, prints
-progress, and ends with a summary in which every root must be accounted for.
+A local Spark session reads the built-in generator upstream (deterministic
+sentences) with tracking on; a word-split topology counts words into a memory
+sink, its ack records go through a local-directory channel to the acker query,
+and completions come back to the source, which commits, replays or
+dead-letters. A few tuples fail on their first attempt (they are replayed and
+then acked) and every ``poison_every``-th record always fails (it is
+dead-lettered after ``max_retries`` replays). The summary accounts for every
+generated record: acked or dead-lettered, never both, never neither.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
+from pyspark.sql import functions as F
 
-from ackstream.acker.query import start_acker
-from ackstream.records import ACKED, FAILED, TIMED_OUT
+from ackstream.records import ACKED
 from ackstream.sinks.channel import LocalChannel
-from ackstream.testing import TupleGraph, ack_records
+from ackstream.sinks.dead_letters import read_dead_letters
+from ackstream.sinks.memory import MemorySink
+from ackstream.topology import Topology
 
-__all__ = ["AckerDemo", "DemoSummary", "run_acker_demo"]
+__all__ = ["DemoSummary", "run_demo"]
 
 
 @dataclass(frozen=True)
 class DemoSummary:
-    roots: int
     records: int
-    acked: int
-    failed: int
-    timed_out: int
-    expected: dict
-    p50_ms: float
+    acked: int  #: distinct records whose tree completed
+    dead_lettered: int
+    replayed: int  #: failed or timed-out attempts, each replayed or dead-lettered
+    lost: int  #: records neither acked nor dead-lettered (must be 0)
+    both: int  #: records both acked and dead-lettered (must be 0)
+    committed: int  #: offsets committed over all partitions
+    p50_ms: float  #: complete latency of acked attempts
     p99_ms: float
     seconds: float
 
     @property
     def accounted_for(self) -> bool:
-        """Every root finished, each with the outcome its tree was built for."""
-        return (self.acked, self.failed, self.timed_out) == (
-            self.expected[ACKED], self.expected[FAILED], self.expected[TIMED_OUT]
-        )
+        return (self.lost, self.both) == (0, 0) and self.acked + self.dead_lettered == \
+            self.records == self.committed
 
 
-class AckerDemo:
-    """Writes tuple trees to a channel and follows their completions."""
-
-    def __init__(self, roots: int, batches: int, fail_every: int, lose_every: int, seed: int = 1):
-        self.roots, self.batches = roots, batches
-        self.fail_every, self.lose_every = fail_every, lose_every
-        self.graph = TupleGraph(seed)
-        self.records_written = 0
-        self.expected = {ACKED: 0, FAILED: 0, TIMED_OUT: 0}
-        self.completions: list[dict] = []
-        self.position = -1
-
-    def tree(self, root: int, now_ms: int) -> list[dict]:
-        g = self.graph
-        spout = g.spout(root, topic="demo", partition=root % 4, offset=root)
-        left, right = g.emit([spout]), g.emit([spout])
-        leaf = g.emit([left, right])
-        records = g.ack(spout) + g.ack(left) + g.ack(right)
-        if root % self.fail_every == 0:
-            self.expected[FAILED] += 1
-            return records + g.fail(leaf, ts=now_ms)
-        if root % self.lose_every == 0:
-            self.expected[TIMED_OUT] += 1
-            return records  # the leaf's ack is lost
-        self.expected[ACKED] += 1
-        return records + g.ack(leaf)
-
-    def write(self, channel: LocalChannel, pause_s: float) -> None:
-        per_batch = -(-self.roots // self.batches)
-        for first in range(0, self.roots, per_batch):
-            now_ms = int(time.time() * 1000)
-            records = []
-            for root in range(first, min(first + per_batch, self.roots)):
-                records += self.tree(root, now_ms)
-            records = self.graph.init_records(ts=now_ms) + records
-            self.graph = TupleGraph(first + 1)  # a new graph per batch keeps inits per batch
-            channel.write_acks(ack_records(records))
-            self.records_written += len(records)
-            time.sleep(pause_s)
-
-    def poll(self, channel: LocalChannel) -> list[dict]:
-        table, self.position = channel.completions_since(self.position)
-        self.completions += table.to_pylist()
-        return self.completions
-
-
-def run_acker_demo(
+def run_demo(
     spark,
-    roots: int = 5_000,
-    batches: int = 10,
-    fail_every: int = 50,
-    lose_every: int = 97,
-    message_timeout_ms: int = 3_000,
+    records: int = 2_000,
+    partitions: int = 2,
+    fail_percent: int = 3,
+    poison_every: int = 500,
+    max_retries: int = 2,
+    message_timeout_ms: int = 10_000,
     directory: str | None = None,
     progress=print,
-    timeout_s: float = 300.0,
+    timeout_s: float = 600.0,
 ) -> DemoSummary:
-    """Run the demo to the end and return its summary."""
+    """Run the word-split topology over ``records`` generated sentences to the end."""
     directory = directory or tempfile.mkdtemp(prefix="ackstream-demo-")
-    channel = LocalChannel(os.path.join(directory, "channel"))
-    demo = AckerDemo(roots, batches, fail_every, lose_every)
+    channel_dir = os.path.join(directory, "channel")
+    channel = LocalChannel(channel_dir)
+    stream = (
+        spark.readStream.format("ackstream")
+        .option("ackstream.upstream", "generator")
+        .option("ackstream.generator.count", records)
+        .option("ackstream.generator.partitions", partitions)
+        .option("ackstream.topology", "demo")
+        .option("ackstream.channel", channel_dir)
+        .option("ackstream.messageTimeout", f"{message_timeout_ms}ms")
+        .option("ackstream.sourceTimeout", f"{max(3 * message_timeout_ms, 60_000)}ms")
+        .option("ackstream.retryInitialDelay", "200ms")
+        .option("ackstream.maxRetries", max_retries)
+        .load()
+    )
+    flaky = (F.col("_attempt") == 0) & (
+        F.pmod(F.xxhash64("word", "offset"), F.lit(100)) < fail_percent)
+    topology = (
+        Topology("demo", spark, channel)
+        .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
+        .explode(F.split("line", " "), "word")
+        .fail_where(flaky, name="flaky_first_attempt")
+        .fail_where(F.col("offset") % poison_every == poison_every // 2, name="poison")
+        .aggregate("word", F.count("*").alias("n"))
+        .sink(MemorySink())
+    )
     started = time.monotonic()
-    query = start_acker(spark, channel, checkpoint=os.path.join(directory, "acker-checkpoint"),
-                        ackers=2, message_timeout_ms=message_timeout_ms, trigger_ms=250)
-    writer = threading.Thread(target=demo.write, args=(channel, 0.3), daemon=True)
-    writer.start()
+    running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=500,
+                             message_timeout_ms=message_timeout_ms)
+    seen, position = [], None
     try:
-        while len(demo.poll(channel)) < roots and time.monotonic() - started < timeout_s:
-            if not query.isActive:
-                raise RuntimeError(f"the acker query stopped: {query.exception()}")
-            done = demo.completions
-            progress(
-                f"[{time.monotonic() - started:5.1f}s] records written {demo.records_written:>7}  "
-                f"acked {sum(c['status'] == ACKED for c in done):>6}  "
-                f"failed {sum(c['status'] == FAILED for c in done):>4}  "
-                f"timed out {sum(c['status'] == TIMED_OUT for c in done):>4}"
-            )
+        while time.monotonic() - started < timeout_s:
+            if running.exception():
+                raise RuntimeError(f"a query of the demo stopped: {running.exception()}")
+            table, position = channel.completions_since(position)
+            seen += table.to_pylist()
+            committed = _committed(channel_dir)
+            dead = read_dead_letters(os.path.join(channel_dir, "dead_letters")).num_rows
+            progress(f"[{time.monotonic() - started:5.1f}s] committed {committed:>6}/{records}"
+                     f"  acked {sum(c['status'] == ACKED for c in seen):>6}"
+                     f"  replayed {sum(c['status'] != ACKED for c in seen):>4}"
+                     f"  dead-lettered {dead:>3}")
+            if committed >= records:
+                break
             time.sleep(1.0)
     finally:
-        query.stop()
-        writer.join(timeout=10)
-    done = demo.completions
-    latency = np.array([c["latency_ms"] for c in done if c["status"] == ACKED], dtype=float)
+        running.stop()
+    table, position = channel.completions_since(position)
+    seen += table.to_pylist()
+    return _summary(seen, channel_dir, records, partitions, time.monotonic() - started)
+
+
+def _committed(channel_dir: str) -> int:
+    """Offsets the generator's group commit covers, over all partitions."""
+    try:
+        with open(os.path.join(channel_dir, "generator-commits.json")) as f:
+            return sum(entry[0] for entry in json.load(f).values())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _summary(seen, channel_dir, records, partitions, seconds) -> DemoSummary:
+    per, extra = divmod(records, partitions)  # as the generator splits its count
+    everything = {(p, o) for p in range(partitions) for o in range(per + (p < extra))}
+    acked = {(c["partition"], c["offset"]) for c in seen if c["status"] == ACKED}
+    letters = read_dead_letters(os.path.join(channel_dir, "dead_letters")).to_pylist()
+    dead = {(d["partition"], d["offset"]) for d in letters}
+    latency = np.array([c["latency_ms"] for c in seen if c["status"] == ACKED], dtype=float)
     return DemoSummary(
-        roots=roots,
-        records=demo.records_written,
-        acked=sum(c["status"] == ACKED for c in done),
-        failed=sum(c["status"] == FAILED for c in done),
-        timed_out=sum(c["status"] == TIMED_OUT for c in done),
-        expected=dict(demo.expected),
+        records=records,
+        acked=len(acked & everything),
+        dead_lettered=len(dead),
+        replayed=sum(c["status"] != ACKED for c in seen),
+        lost=len(everything - acked - dead),
+        both=len(acked & dead),
+        committed=_committed(channel_dir),
         p50_ms=float(np.percentile(latency, 50)) if len(latency) else float("nan"),
         p99_ms=float(np.percentile(latency, 99)) if len(latency) else float("nan"),
-        seconds=time.monotonic() - started,
+        seconds=seconds,
     )

@@ -6,27 +6,229 @@ from ackstream.cli import build_parser, main
 
 
 def test_demo_arguments_and_env_default(monkeypatch):
-    monkeypatch.setenv("ACKSTREAM_DEMO_ROOTS", "123")
-    args = build_parser().parse_args(["demo", "--fail-every", "7"])
-    assert (args.roots, args.fail_every) == (123, 7)
+    monkeypatch.setenv("ACKSTREAM_DEMO_RECORDS", "123")
+    args = build_parser().parse_args(["demo", "--poison-every", "7"])
+    assert (args.records, args.poison_every) == (123, 7)
 
 
 def test_bad_demo_argument_names_the_flag(capsys):
     with pytest.raises(SystemExit) as stop:
-        main(["demo", "--roots", "0"])
+        main(["demo", "--records", "0"])
     assert stop.value.code == 2
-    assert "--roots must be a positive number" in capsys.readouterr().err
+    assert "--records must be a positive number" in capsys.readouterr().err
 
 
 @pytest.mark.spark
-def test_demo_accounts_for_every_root(spark, tmp_path):
-    from ackstream.demo import run_acker_demo
+def test_demo_accounts_for_every_record(spark, tmp_path):
+    from ackstream.demo import run_demo
 
     lines = []
-    summary = run_acker_demo(spark, roots=300, batches=3, fail_every=10, lose_every=7,
-                             message_timeout_ms=1_500, directory=str(tmp_path),
-                             progress=lines.append, timeout_s=120)
+    summary = run_demo(spark, records=120, fail_percent=10, poison_every=50, max_retries=1,
+                       directory=str(tmp_path), progress=lines.append, timeout_s=240)
     assert summary.accounted_for, summary
-    assert summary.acked + summary.failed + summary.timed_out == 300
-    assert summary.failed == 30 and summary.timed_out == 300 // 7 - 300 // 70
-    assert summary.p50_ms >= 0 and lines
+    assert (summary.lost, summary.both, summary.committed) == (0, 0, 120)
+    assert summary.dead_lettered == 2  # offset 25 of each partition (60 records each)
+    assert summary.replayed > summary.dead_lettered * 2  # the flaky bolt caused replays too
+    assert lines
+
+
+# --- run, status, bench: the parser apart ---------------------------------------------
+
+
+def test_run_arguments_and_env_default(monkeypatch):
+    monkeypatch.setenv("ACKSTREAM_RUN_TIMEOUT", "12.5")
+    args = build_parser().parse_args(["run", "topo.py", "--until-idle", "3"])
+    assert (args.file, args.timeout, args.until_idle, args.cores) == ("topo.py", 12.5, 3.0, 2)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "topo.py", "--timeout", "0"], "--timeout must be a positive number"),
+    (["run", "missing.py"], "no topology file at missing.py"),
+])
+def test_bad_run_arguments_name_the_problem(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_status_arguments_default_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ACKSTREAM_TOPOLOGY", "words")
+    monkeypatch.setenv("ACKSTREAM_CHANNEL", "/data/ch")
+    args = build_parser().parse_args(["status", "--json"])
+    assert (args.topology, args.channel, args.bootstrap, args.json) == \
+        ("words", "/data/ch", None, True)
+    monkeypatch.delenv("ACKSTREAM_CHANNEL")
+    monkeypatch.delenv("ACKSTREAM_TOPOLOGY")
+    args = build_parser().parse_args(["status", "--bootstrap", "127.0.0.1:9092"])
+    assert (args.topology, args.channel, args.bootstrap) == ("ackstream", None, "127.0.0.1:9092")
+
+
+def test_help_shows_the_environment_defaults(capsys, monkeypatch):
+    monkeypatch.setenv("ACKSTREAM_TOPOLOGY", "words")
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    out = capsys.readouterr().out
+    assert "ACKSTREAM_TOPOLOGY" in out and "(default: words)" in out
+    assert "ACKSTREAM_CHANNEL" in out and "ACKSTREAM_BOOTSTRAP" in out
+
+
+def test_status_needs_a_channel_and_says_what_to_set(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("ACKSTREAM_CHANNEL", raising=False)
+    monkeypatch.delenv("ACKSTREAM_BOOTSTRAP", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # default channel: under tmp_path
+    with pytest.raises(SystemExit) as stop:
+        main(["status", "--topology", "nothing-here"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert "the default of topology 'nothing-here'" in err and "--channel DIR" in err
+    assert "--bootstrap HOST:PORT" in err and "ACKSTREAM_CHANNEL" in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["status", "--channel", "a", "--bootstrap", "b:1"], "--channel and --bootstrap are both"),
+    (["status", "--channel", "/no/such/dir"], "no channel directory at /no/such/dir"),
+])
+def test_status_conflicting_or_missing_channel(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_status_finds_the_topology_default_channel(capsys, monkeypatch, tmp_path):
+    from test_status import EXPECTED, fill_channel
+
+    from ackstream.config import default_channel_dir
+
+    monkeypatch.delenv("ACKSTREAM_CHANNEL", raising=False)
+    monkeypatch.delenv("ACKSTREAM_BOOTSTRAP", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    fill_channel(default_channel_dir("words"))
+    assert main(["status", "--topology", "words"]) == 0
+    out = capsys.readouterr().out
+    assert f"pending{EXPECTED['pending']:>15}" in out and "dead-lettered" in out
+    assert "p50 30 ms" in out
+
+
+def test_status_json(capsys, tmp_path):
+    import json
+
+    from test_status import EXPECTED, fill_channel
+
+    fill_channel(tmp_path / "ch")
+    assert main(["status", "--channel", str(tmp_path / "ch"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {k: report[k] for k in EXPECTED} == EXPECTED
+
+
+def test_bench_arguments_and_forwarded_options():
+    parser = build_parser()
+    args, extra = parser.parse_known_args(["bench", "--quick"])
+    assert (args.name, args.quick, extra) == ("acker", True, [])
+    args, extra = parser.parse_known_args(["bench", "acker", "--records", "1000"])
+    assert (args.name, extra) == ("acker", ["--records", "1000"])
+    assert args.benchmarks.endswith("benchmarks")
+
+
+def test_unknown_options_are_refused_except_by_bench(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["status", "--records", "5"])
+    assert stop.value.code == 2 and "unrecognized arguments: --records 5" in capsys.readouterr().err
+
+
+def test_bench_outside_a_checkout_says_where_benchmarks_ship(capsys, tmp_path):
+    assert main(["bench", "--benchmarks", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "not found at" in err and "ship with the source checkout" in err
+
+
+def test_bench_runs_the_script_with_the_options_passed_on(capsys, tmp_path):
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    (bench / "acker.py").write_text(
+        "import sys\nprint('ARGS', sys.argv[1:])\nsys.exit(3)\n")  # a stand-in, not the benchmark
+    code = main(["bench", "acker", "--quick", "--records=10", "--benchmarks", str(bench)])
+    assert code == 3
+
+
+# --- run: a tiny topology file in-process --------------------------------------------
+
+TOPOLOGY_FILE = '''
+from pyspark.sql import functions as F
+
+from ackstream import MemorySink, Topology
+from ackstream.sinks.channel import LocalChannel
+
+assert __name__ == "__main__"
+channel = LocalChannel({channel!r})
+frame = (spark.readStream.format("ackstream")
+         .option("ackstream.upstream", "generator")
+         .option("ackstream.generator.count", "20")
+         .option("ackstream.generator.partitions", "2")
+         .option("ackstream.topology", "run-test")
+         .option("ackstream.channel", {channel!r})
+         .load())
+(Topology("run-test", spark, channel)
+ .explode(F.split(F.col("value").cast("string"), " "), "word")
+ .sink(MemorySink())
+ .start(frame, {checkpoint!r}, trigger_ms=200, message_timeout_ms=30_000))
+'''
+
+
+@pytest.mark.spark
+def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, capsys):
+    from ackstream.status import local_status
+
+    channel = str(tmp_path / "channel")
+    topo = tmp_path / "topo.py"
+    topo.write_text(TOPOLOGY_FILE.format(channel=channel, checkpoint=str(tmp_path / "ckpt")))
+    before = {q.id for q in spark.streams.active}
+    assert main(["run", str(topo), "--until-idle", "6", "--timeout", "150"]) == 0
+    assert {q.id for q in spark.streams.active} == before  # its queries stopped
+    assert "no rows read for 6s" in capsys.readouterr().err
+    status = local_status(channel, "run-test")
+    assert (status.roots, status.acked, status.pending) == (20, 20, 0)
+
+
+@pytest.mark.spark
+def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, capsys):
+    topo = tmp_path / "broken.py"
+    topo.write_text(TOPOLOGY_FILE.format(channel=str(tmp_path / "ch"),
+                                         checkpoint=str(tmp_path / "ckpt"))
+                    + "raise RuntimeError('boom after start')\n")
+    before = {q.id for q in spark.streams.active}
+    assert main(["run", str(topo), "--timeout", "30"]) == 1
+    assert {q.id for q in spark.streams.active} == before
+    err = capsys.readouterr().err
+    assert "boom after start" in err and "broken.py failed" in err
+
+
+# --- the command as users run it --------------------------------------------------------
+
+
+def _ackstream(*argv, env=None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "ackstream", *argv], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})}, check=False)
+
+
+def test_python_m_ackstream_help():
+    done = _ackstream("--help")
+    assert done.returncode == 0
+    for command in ("demo", "run", "status", "bench"):
+        assert command in done.stdout
+
+
+def test_python_m_ackstream_status_json_on_a_filled_channel(tmp_path):
+    import json
+
+    from test_status import EXPECTED, fill_channel
+
+    fill_channel(tmp_path / "ch")
+    done = _ackstream("status", "--json", env={"ACKSTREAM_CHANNEL": str(tmp_path / "ch"),
+                                                "ACKSTREAM_TOPOLOGY": "words"})
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert {k: report[k] for k in EXPECTED} == EXPECTED and report["topology"] == "words"

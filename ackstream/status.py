@@ -1,0 +1,229 @@
+"""What became of a topology's roots, read from its ack and completion channels.
+
+``ackstream status`` prints this. Every count is of **roots** (one root per
+attempt of an upstream record: a replay is a new root, attempt + 1):
+
+- ``pending``: an init record is in the ack channel and no completion yet (the
+  acker still holds the root, or has not read its init). Roots the source gave up
+  waiting for (``ackstream.sourceTimeout``) stay here until the acker times them out.
+
+Counts cover everything the channel holds since it was created: root ids are
+hashes of the record's coordinates, so a rerun over the same records in a reused
+channel counts each root once, with its first completion.
+- ``acked``, ``failed``, ``timed_out``: completions, one per root (a completion
+  delivered twice, as the Kafka channel may after a crash, counts once).
+- ``replayed``: failed or timed-out roots whose record was not dead-lettered on
+  that attempt, so the source reads it again (or will, after its backoff).
+- ``dead_lettered``: records in the dead-letter Parquet folder, or messages on the
+  dead-letter topic (Kafka channel); ``None`` when unknown.
+- ``latency_ms``: complete latency (init to ack, as Storm's ``complete latency``)
+  percentiles of the acked roots; ``None`` when nothing was acked.
+
+Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
+
+>>> import pyarrow as pa
+>>> from ackstream.records import COMPLETION_SCHEMA
+>>> done = pa.Table.from_pylist([
+...     {"root": 1, "status": "acked", "latency_ms": 40},
+...     {"root": 2, "status": "failed", "topic": "t", "partition": 0, "offset": 7,
+...      "attempt": 0}], schema=COMPLETION_SCHEMA)
+>>> s = summarize([1, 2, 3], done)
+>>> (s.pending, s.acked, s.failed, s.replayed, s.latency_ms["p50"])
+(1, 1, 1, 1, 40.0)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ackstream.errors import EnvironmentProblem
+from ackstream.records import ACKED, FAILED, INIT, TIMED_OUT
+
+__all__ = ["PERCENTILES", "Status", "kafka_status", "local_status", "summarize"]
+
+log = logging.getLogger(__name__)
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Status:
+    """Counts of roots by outcome, and complete-latency percentiles (see the module doc)."""
+
+    topology: str
+    channel: str
+    roots: int  #: distinct roots seen, by init record or completion
+    pending: int
+    acked: int
+    failed: int
+    timed_out: int
+    replayed: int
+    dead_lettered: int | None
+    latency_ms: dict[str, float] | None  #: {"p50": .., "p90": .., "p99": ..}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """The human-readable report ``ackstream status`` prints."""
+        dead = "unknown" if self.dead_lettered is None \
+            else str(self.dead_lettered)
+        rows = [
+            ("roots seen", str(self.roots), ""),
+            ("pending", str(self.pending), "init seen, no completion yet"),
+            ("acked", str(self.acked), ""),
+            ("failed", str(self.failed), ""),
+            ("timed out", str(self.timed_out), ""),
+            ("replayed", str(self.replayed), "failed or timed out, not dead-lettered"),
+            ("dead-lettered", dead, ""),
+        ]
+        out = [f"topology {self.topology}  channel {self.channel}"]
+        out += [f"  {name:<14}{value:>8}" + (f"   ({note})" if note else "")
+                for name, value, note in rows]
+        if self.latency_ms is None:
+            out.append("  complete latency: no acked roots yet")
+        else:
+            out.append("  complete latency (acked)  " + "  ".join(
+                f"{k} {v:.0f} ms" for k, v in self.latency_ms.items()))
+        return out
+
+
+def summarize(init_roots: Iterable[int] | np.ndarray, completions: pa.Table,
+              dead_letters: pa.Table | None = None, *, topology: str = "ackstream",
+              channel: str = "") -> Status:
+    """Count roots by outcome from the roots of init records, the completions
+    (``COMPLETION_SCHEMA``) and the dead letters (``DEAD_LETTER_SCHEMA``, or None if
+    unknown). Pure: no I/O."""
+    inits = np.unique(np.asarray(list(init_roots) if not isinstance(init_roots, np.ndarray)
+                                 else init_roots, dtype=np.int64))
+    done = _first_per_root(completions)
+    done_roots = done.column("root").to_numpy(zero_copy_only=False).astype(np.int64)
+    status = done.column("status").to_pylist()
+    counts = {s: status.count(s) for s in (ACKED, FAILED, TIMED_OUT)}
+
+    dead_keys = set()
+    if dead_letters is not None:
+        for d in dead_letters.select(["topic", "partition", "offset", "attempts"]).to_pylist():
+            dead_keys.add((d["topic"], d["partition"], d["offset"], d["attempts"] - 1))
+    replayed = sum(
+        1 for c in done.select(["status", "topic", "partition", "offset", "attempt"]).to_pylist()
+        if c["status"] in (FAILED, TIMED_OUT)
+        and (c["topic"], c["partition"], c["offset"], c["attempt"]) not in dead_keys
+    )
+
+    acked = done.filter(pc.equal(done.column("status"), ACKED))
+    latency = acked.column("latency_ms").drop_null().to_numpy().astype(np.float64)
+    percentiles = (
+        {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(latency, PERCENTILES))}
+        if latency.size else None
+    )
+    return Status(
+        topology=topology,
+        channel=channel,
+        roots=int(np.union1d(inits, done_roots).size),
+        pending=int(np.setdiff1d(inits, done_roots).size),
+        acked=counts[ACKED],
+        failed=counts[FAILED],
+        timed_out=counts[TIMED_OUT],
+        replayed=replayed,
+        dead_lettered=None if dead_letters is None else dead_letters.num_rows,
+        latency_ms=percentiles,
+    )
+
+
+def local_status(directory: str, topology: str = "ackstream",
+                 dead_letter_dir: str | None = None) -> Status:
+    """The status of the local channel in ``directory`` (dead letters default to
+    ``<directory>/dead_letters``, the source's folder when no dead-letter topic is set)."""
+    from ackstream.sinks.channel import LocalChannel
+    from ackstream.sinks.dead_letters import read_dead_letters
+
+    if not os.path.isdir(directory):
+        raise EnvironmentProblem(f"no channel directory at {directory}",
+                                 "Give the directory the topology's ackstream.channel points to.")
+    channel = LocalChannel(directory)
+    completions, _ = channel.completions_since(None)
+    letters = read_dead_letters(dead_letter_dir or os.path.join(directory, "dead_letters"))
+    return summarize(_local_init_roots(channel.acks_dir), completions, letters,
+                     topology=topology, channel=directory)
+
+
+def kafka_status(bootstrap: str, topology: str, dead_letter_dir: str | None = None,
+                 dead_letter_topic: str | None = None) -> Status:
+    """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
+    ``<topology>.done``).
+
+    Dead letters come from ``dead_letter_dir`` (Parquet) if given, else from the
+    dead-letter topic (default ``<topology>.dead``, the source's default with
+    ``ackstream.channel=kafka``) by counting its messages: a letter written twice
+    after a crash counts twice there, and ``replayed`` is then failed + timed out
+    minus that count, as the messages' keys are not read."""
+    from ackstream.sinks.dead_letters import read_dead_letters
+    from ackstream.sinks.kafka_channel import KafkaChannel, _ranges
+
+    channel = KafkaChannel(bootstrap, topology)
+    completions, _ = channel.completions_since(None)
+    records = _kafka_ack_records(channel)
+    letters = read_dead_letters(dead_letter_dir) if dead_letter_dir else None
+    status = summarize(_init_roots(records), completions, letters, topology=topology,
+                       channel=f"kafka {bootstrap} {channel.acks_topic}, {channel.done_topic}")
+    if letters is None:
+        topic = dead_letter_topic or f"{topology}.dead"
+        count = sum(end - start for _, start, end in _ranges(bootstrap, topic, {}))
+        status = replace(status, dead_lettered=count, replayed=max(0, status.replayed - count))
+    return status
+
+
+def _kafka_ack_records(channel) -> pa.Table:
+    """Every ack record on the channel's acks topic (foreign messages skipped).
+
+    Uses the Kafka channel's own fetch and decode helpers, so kafka-python stays
+    imported only by the channel module; a public ``KafkaChannel.acks_since`` would
+    be the cleaner home for this."""
+    from ackstream.records import ACK_RECORD_SCHEMA
+    from ackstream.sinks.kafka_channel import _decode, _fetch, _ranges
+
+    tables = [ACK_RECORD_SCHEMA.empty_table()]
+    for partition, start, end in _ranges(channel.bootstrap, channel.acks_topic, {}):
+        for offset, message in _fetch(channel.bootstrap, channel.acks_topic, partition,
+                                      start, end):
+            table = _decode(message, ACK_RECORD_SCHEMA, channel.acks_topic, partition, offset)
+            tables += [table] if table is not None else []
+    return pa.concat_tables(tables)
+
+
+def _init_roots(records: pa.Table) -> np.ndarray:
+    is_init = pc.not_equal(pc.bit_wise_and(records.column("kind"), pa.scalar(INIT, pa.int8())), 0)
+    roots = records.column("root").filter(pc.fill_null(is_init, False))
+    return np.unique(roots.to_numpy(zero_copy_only=False).astype(np.int64))
+
+
+def _local_init_roots(acks_dir: str) -> np.ndarray:
+    """Roots of every init record in the ack files; a file that cannot be read is
+    logged and skipped, as the acker query does (``ignoreCorruptFiles``)."""
+    found = [np.empty(0, np.int64)]
+    for name in sorted(os.listdir(acks_dir)):
+        if name.startswith(".") or not name.endswith(".parquet"):
+            continue  # hidden: still being written
+        try:
+            table = pq.read_table(os.path.join(acks_dir, name), columns=["root", "kind"])
+        except (pa.ArrowException, OSError, KeyError) as problem:
+            log.warning("ackstream status: skipped unreadable ack file %s: %s", name, problem)
+            continue
+        found.append(_init_roots(table))
+    return np.unique(np.concatenate(found))
+
+
+def _first_per_root(completions: pa.Table) -> pa.Table:
+    """One completion per root: the first one read."""
+    roots = completions.column("root").to_numpy(zero_copy_only=False)
+    _, first = np.unique(roots, return_index=True)
+    return completions.take(pa.array(np.sort(first)))

@@ -1,0 +1,118 @@
+"""``ackstream status``: counting roots by outcome from the channels, without Spark."""
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ackstream.errors import EnvironmentProblem
+from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, TIMED_OUT
+from ackstream.sinks.channel import LocalChannel
+from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
+from ackstream.sources.tracking import DeadLetter
+from ackstream.status import local_status, summarize
+from ackstream.testing import ack, ack_records, init
+
+
+def done(root, status, offset=None, attempt=0, latency=None):
+    return {"root": root, "status": status, "topic": "t", "partition": 0, "offset": offset,
+            "attempt": attempt, "latency_ms": latency, "completed_ms": 0}
+
+
+def completions(rows):
+    return pa.Table.from_pylist(rows, schema=COMPLETION_SCHEMA)
+
+
+#: What ``fill_channel`` writes, as ``Status`` fields.
+EXPECTED = {"roots": 11, "pending": 3, "acked": 5, "failed": 2, "timed_out": 1, "replayed": 2,
+            "dead_lettered": 1, "latency_ms": {"p50": 30.0, "p90": 46.0, "p99": 49.6}}
+
+
+def fill_channel(directory) -> LocalChannel:
+    """Roots 1-10 at offsets 1-10 (attempt 0) and root 11, offset 6 replayed (attempt 1).
+
+    1-5 acked (10..50 ms), 6 failed and replayed as 11, which failed again and was
+    dead-lettered; 7 timed out (replayed); 8-10 pending; root 1's completion twice.
+    """
+    channel = LocalChannel(directory)
+    channel.write_acks(ack_records([init(r, r, offset=r, ts=1) for r in range(1, 6)]))
+    channel.write_acks(ack_records([init(r, r, offset=r, ts=1) for r in range(6, 11)]
+                                   + [ack(r, r) for r in range(1, 6)]))
+    channel.write_acks(ack_records([init(11, 11, offset=6, attempt=1)]))
+    batches = {
+        0: [done(r, ACKED, r, latency=10 * r) for r in range(1, 6)]
+        + [done(6, FAILED, 6), done(7, TIMED_OUT, 7)],
+        3: [done(11, FAILED, 6, attempt=1), done(1, ACKED, 1, latency=10)],
+    }
+    for batch, rows in batches.items():
+        pq.write_table(completions(rows), os.path.join(channel.done_dir, f"{batch:012d}.parquet"))
+    ParquetDeadLetters(os.path.join(channel.directory, "dead_letters"), "words").write(
+        [DeadLetter("t", 0, 6, 2, FAILED)], {})
+    return channel
+
+
+def test_summarize_counts_each_root_once_by_outcome():
+    rows = [done(1, ACKED, latency=5), done(2, FAILED, 2), done(3, TIMED_OUT, 3),
+            done(1, ACKED, latency=500)]  # a completion delivered twice counts once
+    status = summarize([1, 2, 3, 4, 4], completions(rows), None, topology="t", channel="c")
+    assert (status.roots, status.pending, status.acked, status.failed, status.timed_out) == \
+        (4, 1, 1, 1, 1)
+    assert status.replayed == 2 and status.dead_lettered is None
+    assert status.latency_ms == {"p50": 5.0, "p90": 5.0, "p99": 5.0}
+
+
+def test_a_dead_lettered_attempt_is_not_counted_as_replayed():
+    letters = pa.Table.from_pylist([{"topic": "t", "partition": 0, "offset": 2, "attempts": 2}],
+                                   schema=DEAD_LETTER_SCHEMA)
+    rows = [done(1, FAILED, 2, attempt=0), done(2, FAILED, 2, attempt=1)]
+    status = summarize([1, 2], completions(rows), letters)
+    assert (status.failed, status.replayed, status.dead_lettered) == (2, 1, 1)
+
+
+def test_summarize_of_nothing():
+    status = summarize([], COMPLETION_SCHEMA.empty_table(), None)
+    assert (status.roots, status.pending, status.acked, status.latency_ms) == (0, 0, 0, None)
+    assert "no acked roots yet" in "\n".join(status.lines())
+
+
+def test_completion_without_an_init_is_a_root_not_pending():
+    status = summarize([], completions([done(9, TIMED_OUT)]), None)
+    assert (status.roots, status.pending, status.timed_out, status.replayed) == (1, 0, 1, 1)
+
+
+def test_local_status_reads_acks_completions_and_dead_letters(tmp_path):
+    fill_channel(tmp_path / "ch")
+    (tmp_path / "ch" / "acks" / ".half-written.parquet").write_bytes(b"")
+    (tmp_path / "ch" / "acks" / "foreign.parquet").write_bytes(b"not parquet")  # skipped
+    status = local_status(str(tmp_path / "ch"), "words")
+    assert {k: getattr(status, k) for k in EXPECTED} == EXPECTED
+    assert (status.topology, status.channel) == ("words", str(tmp_path / "ch"))
+    text = "\n".join(status.lines())
+    assert "pending" in text and "p99 50 ms" in text
+
+
+def test_local_status_of_a_missing_directory_says_what_to_give(tmp_path):
+    with pytest.raises(EnvironmentProblem) as problem:
+        local_status(str(tmp_path / "nowhere"))
+    assert problem.value.what.endswith("nowhere")
+
+
+@pytest.mark.broker
+def test_kafka_status_reads_both_topics(broker, tmp_path):
+    from ackstream.sinks.kafka_channel import KafkaChannel
+    from ackstream.status import kafka_status
+
+    topology = f"status-{os.urandom(4).hex()}"
+    channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
+    channel.prepare()
+    try:
+        channel.write_acks(ack_records([init(r, r, offset=r, ts=1) for r in (1, 2, 3)]))
+        batch = completions([done(1, ACKED, 1, latency=7), done(2, FAILED, 2)])
+        channel.write_completions(type("Batch", (), {"toArrow": lambda self: batch})(), 0)
+    finally:
+        channel.close()
+    status = kafka_status(broker.bootstrap, topology)
+    assert (status.roots, status.pending, status.acked, status.failed, status.replayed) == \
+        (3, 1, 1, 1, 1)
+    assert status.dead_lettered == 0 and status.latency_ms["p50"] == 7.0
