@@ -15,17 +15,18 @@ import pyarrow as pa
 
 __all__ = [
     "ACK",
-    "INIT",
-    "FAIL",
-    "RESET",
     "ACKED",
-    "FAILED",
-    "TIMED_OUT",
-    "STATUSES",
-    "ACK_RECORD_SCHEMA",
-    "COMPLETION_SCHEMA",
     "ACK_RECORD_DDL",
+    "ACK_RECORD_SCHEMA",
     "COMPLETION_DDL",
+    "COMPLETION_SCHEMA",
+    "FAIL",
+    "FAILED",
+    "INIT",
+    "RESET",
+    "STATUSES",
+    "TIMED_OUT",
+    "as_table",
 ]
 
 # kind bits of an ack record
@@ -79,3 +80,11 @@ COMPLETION_DDL = (
     "root long, status string, topic string, partition int, offset long, attempt int, "
     "latency_ms long, completed_ms long"
 )
+
+
+def as_table(records, schema: pa.Schema) -> pa.Table:
+    """``records`` (a pandas frame or an Arrow table with at least ``schema``'s columns)
+    as an Arrow table of exactly ``schema``."""
+    if hasattr(records, "to_numpy"):  # pandas
+        return pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
+    return records.select(schema.names).cast(schema)

@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA
+from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 __all__ = ["LocalChannel", "open_channel"]
 
@@ -51,7 +51,7 @@ class LocalChannel:
 
     def write_acks(self, records: pa.Table | pd.DataFrame) -> None:
         """Append ack records (``ACK_RECORD_SCHEMA`` columns); any process may call this."""
-        table = _as_table(records, ACK_RECORD_SCHEMA)
+        table = as_table(records, ACK_RECORD_SCHEMA)
         name = f"{uuid.uuid1().hex}.parquet"
         hidden = os.path.join(self.acks_dir, "." + name)
         pq.write_table(table, hidden)
@@ -75,7 +75,7 @@ class LocalChannel:
         table = batch.toArrow()
         if table.num_rows:
             hidden = os.path.join(self.done_dir, f".{batch_id:012d}.parquet")
-            pq.write_table(_as_table(table, COMPLETION_SCHEMA), hidden)
+            pq.write_table(as_table(table, COMPLETION_SCHEMA), hidden)
             os.replace(hidden, final)
 
     def completions_since(self, after_batch: int | None = None) -> tuple[pa.Table, int]:
@@ -116,8 +116,3 @@ def open_channel(config):
         return channel
     return LocalChannel(config.channel)
 
-
-def _as_table(records, schema: pa.Schema) -> pa.Table:
-    if isinstance(records, pd.DataFrame):
-        return pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
-    return records.select(schema.names).cast(schema)

@@ -21,9 +21,9 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA
+from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
-__all__ = ["KafkaChannel", "ChannelSource"]
+__all__ = ["ChannelSource", "KafkaChannel"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class KafkaChannel:
 
     def write_acks(self, records: pa.Table | pd.DataFrame) -> None:
         """Append ack records; returns once the broker confirmed every message."""
-        self._send(self.acks_topic, _as_table(records, ACK_RECORD_SCHEMA), key=None)
+        self._send(self.acks_topic, as_table(records, ACK_RECORD_SCHEMA), key=None)
 
     def ack_stream(self, spark, max_files_per_trigger: int | None = None):
         """The ack records as a streaming DataFrame, for the acker query."""
@@ -81,7 +81,7 @@ class KafkaChannel:
     def write_completions(self, batch, batch_id: int) -> None:
         table = batch.toArrow()
         if table.num_rows:
-            self._send(self.done_topic, _as_table(table, COMPLETION_SCHEMA), key=b"%d" % batch_id)
+            self._send(self.done_topic, as_table(table, COMPLETION_SCHEMA), key=b"%d" % batch_id)
 
     def completions_since(self, position: dict | None = None) -> tuple[pa.Table, dict]:
         """Completions after ``position`` ({partition: next offset}) and the new position."""
@@ -141,11 +141,6 @@ def _decode(message, schema: pa.Schema, topic: str, partition: int, offset: int)
                     problem)
         return None
 
-
-def _as_table(records, schema: pa.Schema) -> pa.Table:
-    if isinstance(records, pd.DataFrame):
-        return pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
-    return records.select(schema.names).cast(schema)
 
 
 def _ranges(bootstrap: str, topic: str, position: dict):
