@@ -16,6 +16,7 @@ test: $(VENV)/.installed java
 
 bench: $(VENV)/.installed java
 	$(PY) benchmarks/acker.py
+	cd benchmarks && ../$(PY) topology.py
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -41,3 +41,13 @@ def test_benchmark_run_reports_exact_counts_and_all_keys(spark, tmp_path):
     assert result["state_bytes_per_pending_root"]["fanout_100"] <= 40 + 1
     assert {"nproc", "cpu", "python", "pyspark"} <= set(result["machine"])
     assert not spark.streams.active
+
+
+@pytest.mark.spark
+def test_topology_benchmark_run_accounts_for_every_record(spark):
+    import topology as bench_topology
+
+    off = bench_topology.run(spark, False, 200)
+    on = bench_topology.run(spark, True, 200)
+    assert off["records"] == on["records"] == on["acked"] == 200
+    assert on["p99_ms"] >= on["p50_ms"] >= 0

@@ -1,0 +1,107 @@
+"""Topology benchmark (issue 4): the same pipeline with tracking on and off, in one run.
+
+generator upstream -> explode words -> count per word -> memory sink, on the local
+channel. For each mode: wall time from start until every generated offset is
+committed (tracking on: acked; off: processed), as records/s. Then, with tracking
+on, a rate-limited run at half the measured tracked rate for complete-latency
+percentiles (from the completion channel). Prints one JSON line and writes it to
+``benchmarks/results/topology-<date>.json``.
+
+    .venv/bin/python benchmarks/topology.py [--quick] [--records N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pyspark.sql import functions as F  # noqa: E402
+
+from ackstream import MemorySink, Topology, local_session  # noqa: E402
+from ackstream.demo import _committed  # noqa: E402
+from ackstream.records import ACKED  # noqa: E402
+from ackstream.sinks.channel import LocalChannel  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float = 900) -> dict:
+    """One run to the end; returns records/s and, with tracking, latency percentiles."""
+    directory = tempfile.mkdtemp(prefix="ackstream-bench-")
+    channel_dir = os.path.join(directory, "channel")
+    name = f"bench{'on' if tracking else 'off'}{int(time.time() * 1000) % 100000}"
+    stream = (spark.readStream.format("ackstream").option("ackstream.upstream", "generator")
+              .option("ackstream.generator.count", records)
+              .option("ackstream.generator.rate", rate)
+              .option("ackstream.tracking", str(tracking).lower())
+              .option("ackstream.topology", name).option("ackstream.channel", channel_dir)
+              .option("ackstream.messageTimeout", "120s").load())
+    topology = (Topology(name, spark, LocalChannel(channel_dir), tracking=tracking)
+                .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
+                .explode(F.split("line", " "), "word")
+                .aggregate("word", F.count("*").alias("n"))
+                .sink(MemorySink()))
+    started = time.monotonic()
+    running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=200,
+                             message_timeout_ms=120_000)
+    try:
+        while _committed(channel_dir) < records:
+            if running.exception() or time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"run did not finish: {running.exception()}")
+            time.sleep(0.05)
+        seconds = time.monotonic() - started
+    finally:
+        running.stop()
+    result = {"records": records, "seconds": seconds, "records_per_s": records / seconds}
+    if tracking:
+        done = LocalChannel(channel_dir).completions_since(None)[0].to_pylist()
+        latency = np.array([c["latency_ms"] for c in done if c["status"] == ACKED], float)
+        result.update(acked=len(latency), p50_ms=float(np.percentile(latency, 50)),
+                      p99_ms=float(np.percentile(latency, 99)))
+    return result
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args(argv)
+    records = 2_000 if args.quick else args.records
+    spark = local_session("ackstream-bench-topology")
+    try:
+        run(spark, True, 500)  # warm-up, untimed: JIT, Python workers
+        off = run(spark, False, records)
+        on = run(spark, True, records)
+        rate = on["records_per_s"] / 2
+        paced = run(spark, True, int(rate * (10 if args.quick else 30)), rate=rate)
+    finally:
+        spark.stop()
+    from acker import machine  # the same machine description as the acker benchmark
+
+    out = {
+        "benchmark": "topology", "date": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "tracking_off": off, "tracking_on": on,
+        "overhead_pct": 100 * (1 - on["records_per_s"] / off["records_per_s"]),
+        "half_rate": {"rate_records_per_s": rate, **paced},
+        "trigger_ms": 200, "machine": machine(),
+    }
+    print(json.dumps(out))
+    if not args.no_save:
+        os.makedirs(RESULTS, exist_ok=True)
+        with open(os.path.join(RESULTS, f"topology-{dt.date.today()}.json"), "w") as f:
+            f.write(json.dumps(out) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
