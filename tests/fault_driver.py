@@ -1,0 +1,79 @@
+"""The fault suite's driver: test_end_to_end's topology in a process of its own, run until killed.
+
+    python tests/fault_driver.py BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC TOPOLOGY CHECKPOINT_DIR
+
+Sentences -> words -> a pandas bolt that always fails the word "poison" (so one
+record is dead-lettered after its retries) -> per-batch counts -> Kafka sink, with
+the ack and completion channels on the same broker. The topology query and the
+acker query both run here, so a SIGKILL of this process group is a crash of the
+driver and of the acker at once; both resume from ``CHECKPOINT_DIR``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from pyspark.sql import functions as F
+
+import ackstream
+from ackstream import KafkaSink, Topology
+from ackstream.sinks.kafka_channel import KafkaChannel
+
+#: Timeouts kept short so that a killed run's lost roots replay within seconds.
+MESSAGE_TIMEOUT, MESSAGE_TIMEOUT_MS = "5s", 5_000
+SOURCE_TIMEOUT = "20s"
+
+
+def build(spark, bootstrap: str, inbox: str, outbox: str, name: str):
+    """The tracked input stream and the topology (the fault tests run it in-process too)."""
+
+    def refuse_poison(frame):
+        """A pandas bolt that always fails on the poison word (defined here, so that it is
+        pickled by value: Spark's Python workers cannot import this script)."""
+        if (frame["word"] == "poison").any():
+            raise ValueError("poison word")
+        return frame[["word"]]
+
+    stream = (spark.readStream.format("ackstream")
+              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", inbox)
+              .option("startingOffsets", "earliest").option("ackstream.topology", name)
+              .option("ackstream.channel", "kafka")
+              .option("ackstream.messageTimeout", MESSAGE_TIMEOUT)
+              .option("ackstream.sourceTimeout", SOURCE_TIMEOUT)
+              .option("maxOffsetsPerTrigger", "50")  # spread the input over many batches
+              .option("ackstream.retryInitialDelay", "200ms").option("ackstream.maxRetries", "2")
+              .load())
+    topology = (
+        Topology(name, spark, KafkaChannel(bootstrap, name))
+        .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
+        .explode(F.split("line", " "), "word")
+        .pandas_bolt(refuse_poison, "word string", name="refuse_poison")
+        .aggregate("word", F.count("*").cast("string").alias("n"))
+        .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
+        .sink(KafkaSink(bootstrap, outbox))
+    )
+    return stream, topology
+
+
+def start(spark, bootstrap: str, inbox: str, outbox: str, name: str, checkpoint: str):
+    stream, topology = build(spark, bootstrap, inbox, outbox, name)
+    return topology.start(stream, checkpoint, trigger_ms=300, message_timeout_ms=MESSAGE_TIMEOUT_MS)
+
+
+def main(bootstrap: str, inbox: str, outbox: str, name: str, checkpoint: str) -> None:
+    spark = ackstream.local_session(f"fault-{name}", cores=2)
+    running = start(spark, bootstrap, inbox, outbox, name, checkpoint)
+    print("fault_driver: started", flush=True)
+    while running.is_active():
+        time.sleep(0.5)
+    error = running.exception()
+    print(f"fault_driver: a query stopped: {error}", flush=True)
+    running.stop()
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 6:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])

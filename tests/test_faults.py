@@ -1,0 +1,271 @@
+"""Issue 6, the fault suite: crash the driver, stall the broker, and prove nothing is lost.
+
+Both tests run test_end_to_end's topology (tests/fault_driver.py, without the random
+flaky bolt; the poison record is always failed, so exactly one dead letter exists)
+and then check the end state with :func:`check_end_state`:
+
+- the consumer group's committed offset is the end offset on every partition;
+- every input offset is acked (any attempt) or dead-lettered (exactly the poison),
+  never both;
+- every word of every record reaches the output topic at least once;
+- no commit ran ahead of the acker: every committed watermark (and every done range
+  in the commit metadata) seen by a background poller at time t covers only offsets
+  with an acked completion (or, for the poison, a dead letter) from before t.
+
+Spurious replays (non-poison completions that timed out or failed) are printed, not
+asserted on: crashes are allowed to cost replays, never records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from test_end_to_end import consume, sentences
+
+from ackstream.sinks.kafka_channel import KafkaChannel
+
+pytestmark = [pytest.mark.fault, pytest.mark.broker]
+
+N = 200  # input records, on 2 partitions
+POISON_AT = 17
+DRIVER = Path(__file__).with_name("fault_driver.py")
+
+
+def produce(bootstrap: str, topic: str) -> list[str]:
+    from kafka import KafkaProducer
+
+    lines = sentences(N)
+    lines[POISON_AT] = "poison pill sentence"
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    for i, line in enumerate(lines):
+        producer.send(topic, value=line.encode(), partition=i % 2)
+    producer.flush()
+    producer.close()
+    return lines
+
+
+class CommitRecorder(threading.Thread):
+    """Polls the group's committed offsets every ~100 ms: ``(t_ms, partition, offset, meta)``
+    where ``t_ms`` is taken after the answer arrived (the commit happened before it)."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str):
+        super().__init__(daemon=True)
+        self.bootstrap, self.group, self.topic = bootstrap, group, topic
+        self.seen: list[tuple[int, int, int, str]] = []
+        self.errors = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.errors import KafkaError
+
+        consumer = None
+        while not self._halt.is_set():
+            try:
+                if consumer is None:
+                    consumer = KafkaConsumer(bootstrap_servers=self.bootstrap,
+                                             group_id=self.group, enable_auto_commit=False)
+                for p in (0, 1):
+                    got = consumer.committed(TopicPartition(self.topic, p), metadata=True)
+                    t_ms = int(time.time() * 1000)
+                    if got is not None and got.offset is not None and got.offset >= 0:
+                        self.seen.append((t_ms, p, got.offset, got.metadata or ""))
+            except (KafkaError, OSError):  # a stalled or restarting broker: keep polling
+                self.errors += 1
+                if consumer is not None:
+                    with contextlib.suppress(KafkaError, OSError):
+                        consumer.close(autocommit=False)
+                    consumer = None
+            self._halt.wait(0.1)
+        if consumer is not None:
+            consumer.close(autocommit=False)
+
+    def latest(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for _, p, off, _ in self.seen:
+            out[p] = off
+        return out
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(15)
+
+
+def all_committed(recorder: CommitRecorder) -> bool:
+    return recorder.latest() == {0: N // 2, 1: N // 2}
+
+
+def output_count(bootstrap: str, topic: str) -> int:
+    """Messages in the output topic so far (an end offset: enough to see it grow)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        return sum(consumer.end_offsets([TopicPartition(topic, 0)]).values())
+    finally:
+        consumer.close()
+
+
+def check_end_state(bootstrap: str, name: str, outbox: str, lines: list[str],
+                    recorder: CommitRecorder) -> dict:
+    """The assertions common to every fault test; returns figures for the report."""
+    poison = (POISON_AT % 2, POISON_AT // 2)
+    everything = {(i % 2, i // 2) for i in range(N)}
+
+    assert all_committed(recorder), f"committed {recorder.latest()}, end {N // 2} per partition"
+
+    done, _ = KafkaChannel(bootstrap, name).completions_since(None)
+    rows = done.to_pylist()
+    first_ack: dict[tuple[int, int], int] = {}
+    for r in rows:
+        if r["status"] == "acked":
+            key = (r["partition"], r["offset"])
+            first_ack[key] = min(first_ack.get(key, r["completed_ms"]), r["completed_ms"])
+
+    letters = consume(bootstrap, f"{name}.dead")
+    dead: dict[tuple[int, int], int] = {}
+    for letter in letters:
+        headers = {k: v.decode() for k, v in letter.headers}
+        key = (int(headers["ackstream.partition"]), int(headers["ackstream.offset"]))
+        dead[key] = min(dead.get(key, letter.timestamp), letter.timestamp)
+    assert set(dead) == {poison}, f"dead letters for {sorted(dead)}, expected only {poison}"
+    assert not set(first_ack) & set(dead), "an offset was both acked and dead-lettered"
+    assert set(first_ack) | set(dead) == everything, \
+        f"neither acked nor dead-lettered: {sorted(everything - set(first_ack) - set(dead))}"
+
+    written = {m.key.decode() for m in consume(bootstrap, outbox)}
+    expected = {w for line in lines for w in line.split()} - {"poison"}
+    assert expected <= written, f"words never written: {sorted(expected - written)}"
+
+    # no commit before its tree completed (a dead letter counts for the poison)
+    completed_at = {**first_ack, **dead}
+    early = []
+    for t_ms, p, watermark, meta in recorder.seen:
+        covered = set(range(watermark))
+        spans = json.loads(meta).get("done", []) if meta else []
+        for a, b in spans:
+            covered.update(range(a, b))
+        for off in covered:
+            when = completed_at.get((p, off))
+            if when is None or when > t_ms:
+                early.append((t_ms, p, off, when))
+    assert not early, f"offsets committed before their tree completed (t, p, off, done): " \
+                      f"{early[:10]}"
+
+    spurious = sorted({(r["partition"], r["offset"], r["attempt"], r["status"]) for r in rows
+                       if r["status"] != "acked" and (r["partition"], r["offset"]) != poison})
+    return {"records": N, "acked": len(first_ack), "dead_lettered": len(dead),
+            "dead_letter_messages": len(letters), "lost": 0,
+            "spurious_replays": len(spurious), "commit_observations": len(recorder.seen),
+            "completions": len(rows)}
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the driver's whole process group (its Python and its Spark JVM)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(30)
+
+
+def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic, tmp_path):
+    seed = int(os.environ.get("ACKSTREAM_FAULT_SEED", time.time_ns() % 1_000_000))
+    print(f"\nfault seed: {seed} (rerun with ACKSTREAM_FAULT_SEED={seed})")
+    rng = random.Random(seed)
+    inbox, outbox = new_topic(partitions=2), new_topic(partitions=1)
+    name = f"fault-{uuid.uuid4().hex[:8]}"
+    lines = produce(broker.bootstrap, inbox)
+    checkpoint = tmp_path / "checkpoint"
+    recorder = CommitRecorder(broker.bootstrap, f"ackstream-{name}", inbox)
+    recorder.start()
+    kills, process = 0, None
+    log = open(tmp_path / "driver.log", "ab")  # noqa: SIM115 (closed in the finally below)
+
+    def spawn() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(DRIVER), broker.bootstrap, inbox, outbox, name, str(checkpoint)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(proc):
+        if proc.poll() is not None:
+            pytest.fail(f"the driver exited with {proc.returncode}; log: {log.name}")
+        return True
+
+    try:
+        # run 1 dies soon after its first output (mid-batch, usually before any commit);
+        # run 2 soon after its first commit (with acks, commits and replays under way)
+        for run, after in ((1, "output"), (2, "commit")):
+            before = output_count(broker.bootstrap, outbox)
+            committed = sum(recorder.latest().values())
+            process = spawn()
+            if after == "output":
+                wait_for(lambda proc=process, n=before:
+                         alive(proc) and output_count(broker.bootstrap, outbox) > n,
+                         timeout=180, interval=0.2, what=f"output of driver run {run}")
+            else:
+                wait_for(lambda proc=process, n=committed:
+                         alive(proc) and sum(recorder.latest().values()) > n,
+                         timeout=180, interval=0.2, what=f"a commit of driver run {run}")
+            delay = rng.uniform(1.0, 4.0)
+            time.sleep(delay)
+            kill_group(process)
+            kills += 1
+            print(f"run {run}: SIGKILL {delay:.2f}s after its first {after}, "
+                  f"committed then {recorder.latest()}")
+        process = spawn()
+        wait_for(lambda: alive(process) and all_committed(recorder), timeout=240, interval=0.5,
+                 what="every input offset committed after the restarts")
+    finally:
+        if process is not None and process.poll() is None:
+            kill_group(process)
+        recorder.stop()
+        log.close()
+
+    figures = check_end_state(broker.bootstrap, name, outbox, lines, recorder)
+    print(f"driver crash figures: kills survived {kills}, {figures}")
+
+
+def test_a_stalled_broker_loses_nothing(spark, broker, new_topic, tmp_path):
+    from fault_driver import start
+
+    pause_s = 8.0  # above the 1 s poll and 2 s version-probe timeouts of kafka-python calls
+    inbox, outbox = new_topic(partitions=2), new_topic(partitions=1)
+    name = f"pause-{uuid.uuid4().hex[:8]}"
+    lines = produce(broker.bootstrap, inbox)
+    recorder = CommitRecorder(broker.bootstrap, f"ackstream-{name}", inbox)
+    recorder.start()
+    running = start(spark, broker.bootstrap, inbox, outbox, name, str(tmp_path / "checkpoint"))
+    try:
+        wait_for(lambda: output_count(broker.bootstrap, outbox) > 0 or running.exception(),
+                 timeout=90, interval=0.2, what="the first output")
+        time.sleep(0.5)
+        broker.pause()
+        try:
+            time.sleep(pause_s)
+        finally:
+            broker.resume()
+        print(f"\nbroker paused {pause_s:.0f}s; committed after resume: {recorder.latest()}")
+        wait_for(lambda: all_committed(recorder) or running.exception(), timeout=120,
+                 interval=0.5, what="every input offset committed after the pause")
+        assert running.exception() is None, f"a query died: {running.exception()}"
+        assert running.is_active(), "a query stopped: " + ", ".join(
+            f"{q.name} active={q.isActive}" for q in running.queries)
+    finally:
+        running.stop()
+        recorder.stop()
+
+    figures = check_end_state(broker.bootstrap, name, outbox, lines, recorder)
+    print(f"broker pause figures: {figures}")
