@@ -22,6 +22,7 @@ __all__ = [
     "spark_root_id",
     "spark_child_edge",
     "shard_of",
+    "content_id",
 ]
 
 SEED = 42  # Spark's xxhash64 seed
@@ -159,6 +160,17 @@ def child_edges(parent_edges, stage, ordinal) -> np.ndarray:
 def shard_of(roots, ackers: int) -> np.ndarray:
     """The acker shard that owns each root, as Spark's ``pmod(root, ackers)``."""
     return np.mod(np.asarray(roots, dtype=np.int64), ackers)
+
+
+def content_id(*columns, seed=SEED) -> str:
+    """A name for a set of rows: the wrapping sum of their row hashes, as 16 hex digits.
+
+    Order-independent, and unlike XOR a row repeated inside the set still counts, so
+    the same rows written again (a batch re-run after a crash) get the same name and
+    replace the earlier file instead of duplicating it.
+    """
+    rows = hash_longs(*columns, seed=seed).view(np.uint64)
+    return f"{int(rows.sum(dtype=np.uint64)):016x}"
 
 
 # --- the same ids as Spark Columns -------------------------------------------------

@@ -1,5 +1,6 @@
 """One contract, two transports: the local-directory and the Kafka channel."""
 
+import os
 import time
 import uuid
 
@@ -82,3 +83,21 @@ def write_garbage(channel):
     producer.send(channel.acks_topic, _encode(wrong.to_batches()[0]))
     producer.flush()
     producer.close()
+
+
+def test_a_local_batch_written_again_replaces_its_file(tmp_path):
+    from ackstream.sinks.dead_letters import ParquetDeadLetters, read_dead_letters
+    from ackstream.sources.tracking import DeadLetter
+
+    local = LocalChannel(tmp_path / "channel")
+    first = ack_records([fail(1), fail(2)])
+    local.write_acks(first)
+    local.write_acks(first.iloc[::-1])  # the same records, another order: a re-run
+    local.write_acks(ack_records([fail(3)]))
+    assert len([f for f in os.listdir(local.acks_dir) if not f.startswith(".")]) == 2
+
+    letters = ParquetDeadLetters(str(tmp_path / "dead"), "topo")
+    batch = [DeadLetter("in", 0, 7, 3, "failed")]
+    letters.write(batch, {})
+    letters.write(batch, {})  # a restart writing the same letters again
+    assert read_dead_letters(str(tmp_path / "dead")).num_rows == 1

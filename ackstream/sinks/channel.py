@@ -20,12 +20,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import uuid
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ackstream.ids import content_id
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 __all__ = ["LocalChannel", "open_channel"]
@@ -52,7 +52,12 @@ class LocalChannel:
     def write_acks(self, records: pa.Table | pd.DataFrame) -> None:
         """Append ack records (``ACK_RECORD_SCHEMA`` columns); any process may call this."""
         table = as_table(records, ACK_RECORD_SCHEMA)
-        name = f"{uuid.uuid1().hex}.parquet"
+        if not table.num_rows:
+            return
+        # named by content: a re-run batch's records replace its file, so the acker does
+        # not see them twice (a duplicate would cancel the tree and cost a replay)
+        name = content_id(*(table.column(c).to_numpy(zero_copy_only=False)
+                            for c in ("root", "value", "kind"))) + ".parquet"
         hidden = os.path.join(self.acks_dir, "." + name)
         pq.write_table(table, hidden)
         os.replace(hidden, os.path.join(self.acks_dir, name))

@@ -15,10 +15,11 @@ letters are durable (the source then counts those records as done):
 from __future__ import annotations
 
 import os
-import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ackstream.ids import content_id, hash_text
 
 __all__ = ["DEAD_LETTER_SCHEMA", "KafkaDeadLetters", "ParquetDeadLetters", "read_dead_letters"]
 
@@ -56,7 +57,11 @@ class ParquetDeadLetters:
         os.makedirs(self.directory, exist_ok=True)
         table = pa.Table.from_pylist(list(_rows(self.topology, letters, records)),
                                      schema=DEAD_LETTER_SCHEMA)
-        name = f"{uuid.uuid4().hex}.parquet"
+        # named by the records it holds: writing the same letters again after a
+        # restart replaces the file, so each record is dead-lettered once here
+        name = content_id(table.column("partition").to_numpy(zero_copy_only=False),
+                          table.column("offset").to_numpy(zero_copy_only=False),
+                          [hash_text(t) for t in table.column("topic").to_pylist()]) + ".parquet"
         hidden = os.path.join(self.directory, "." + name)
         pq.write_table(table, hidden)
         os.replace(hidden, os.path.join(self.directory, name))
