@@ -17,8 +17,12 @@ from ackstream.records import (
     FAIL,
     FAILED,
     INIT,
+    INVALID,
+    REJECT,
+    REJECTED,
     RESET,
     TIMED_OUT,
+    UNKNOWN,
 )
 from ackstream.session import local_session
 from ackstream.sinks.dead_letters import read_dead_letters
@@ -51,9 +55,13 @@ __all__ = [
     "INIT",
     "FAIL",
     "RESET",
+    "REJECT",
     "ACKED",
     "FAILED",
     "TIMED_OUT",
+    "REJECTED",
+    "UNKNOWN",
+    "INVALID",
     "ACK_RECORD_SCHEMA",
     "COMPLETION_SCHEMA",
 ]

@@ -16,7 +16,8 @@ Storm's bolt would send: each input tuple's anchor pairs (its own edges) plus
 each child's anchor pairs (the children's edges, XORed into the parent's ack).
 The tuple that reaches a sink is acked with its anchor pairs once written. Per
 root these XOR to 0 when every tuple was acked, and a ``FAIL`` record fails a
-root at once. All of it is Spark SQL in the JVM; only pandas bolts call Python.
+root at once (it is replayed), a ``REJECT`` record dead-letters it without a
+replay; both carry the tuple's ``_reason``. All of it is Spark SQL in the JVM; only pandas bolts call Python.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "MapStage",
     "FilterStage",
     "FailWhereStage",
+    "RejectWhereStage",
     "SqlStage",
     "ExplodeStage",
     "AggregateStage",
@@ -52,17 +54,22 @@ __all__ = [
 
 ROOT, EDGE, ANCHORS = "_root", "_edge", "_anchors"
 LINEAGE_COLUMNS = (ROOT, EDGE, ANCHORS)
-_ORDINAL, _FAILED = "_ordinal", "_failed"
+REASON = "_reason"  #: on failed or rejected tuples: why, for the dead letter
+_ORDINAL, _ERROR = "_ordinal", "_error"
+#: Characters of an exception's text kept as a reason.
+REASON_LIMIT = 500
 _ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
 
 
 @dataclass(frozen=True)
 class StageOutput:
-    """What a stage made of a batch: the children that go on, and the tuples it
-    failed (their roots fail at once); either may be empty."""
+    """What a stage made of a batch: the children that go on, the tuples it failed
+    (their roots fail at once and replay) and the tuples it rejected (their roots
+    are dead-lettered without a replay); failed and rejected carry ``_reason``."""
 
     tuples: DataFrame
     failed: DataFrame | None = None
+    rejected: DataFrame | None = None
     cached: tuple = ()  # DataFrames the stage persisted, to unpersist after the batch
 
 
@@ -81,8 +88,15 @@ def anchor_pairs(df: DataFrame) -> DataFrame:
 
 
 def failed_roots(df: DataFrame) -> DataFrame:
-    """``(root)``: every root the given tuples are anchored to."""
-    return anchor_pairs(df).select("root").distinct()
+    """``(root, reason)``: every root the given tuples are anchored to, with a reason
+    one of its tuples gave (``_reason``; null if none)."""
+    reason = (F.col(REASON) if REASON in df.columns else F.lit(None).cast("string"))
+    if is_multi_anchored(df):
+        pairs = df.select(F.inline(ANCHORS), reason.alias("reason"))
+    else:
+        pairs = df.select(F.col(ROOT).alias("root"), reason.alias("reason"))
+    return (pairs.where(F.col("root").isNotNull()).groupBy("root")
+            .agg(F.max("reason").alias("reason")))
 
 
 def _roots_of_row() -> Column:
@@ -187,20 +201,38 @@ class SqlStage(MapStage):
 
 class FailWhereStage(Stage):
     """Fail the tuples where ``condition`` holds (Storm's ``collector.fail``): their
-    roots fail at once and will be replayed; the other rows go on."""
+    roots fail at once and will be replayed; the other rows go on. ``reason`` (a
+    string or a string column) goes to the dead letter if the last attempt fails."""
 
     kind = "fail_where"
 
-    def __init__(self, number: int, condition: Column | str, name=None):
+    def __init__(self, number: int, condition: Column | str, reason=None, name=None):
         super().__init__(number, name)
         self.condition = F.expr(condition) if isinstance(condition, str) else condition
+        reason = f"{self.name}: {condition}" if reason is None else reason
+        self.reason = reason if isinstance(reason, Column) else F.lit(str(reason))
 
     def run(self, df: DataFrame, tracking: bool) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
         kept = df.where(~failing)
         if not tracking:
             return StageOutput(kept)
-        return StageOutput(mint(kept, self.number), failed=df.where(failing))
+        caught = df.where(failing).withColumn(REASON, self.reason.cast("string"))
+        return self._output(mint(kept, self.number), caught)
+
+    def _output(self, kept: DataFrame, caught: DataFrame) -> StageOutput:
+        return StageOutput(kept, failed=caught)
+
+
+class RejectWhereStage(FailWhereStage):
+    """Reject the tuples where ``condition`` holds: the input record itself is at fault
+    (undecodable, null, out of range), so its root is dead-lettered at once with
+    ``reason``, without the replays a fail gets. The other rows go on."""
+
+    kind = "reject_where"
+
+    def _output(self, kept: DataFrame, caught: DataFrame) -> StageOutput:
+        return StageOutput(kept, rejected=caught)
 
 
 class ExplodeStage(Stage):
@@ -279,30 +311,31 @@ class PandasBoltStage(Stage):
 
             return StageOutput(df.mapInPandas(plain, self.schema))
 
-        schema = f"{self.schema}, {ROOT} long, {EDGE} long, {_ORDINAL} long, {_FAILED} boolean"
+        schema = f"{self.schema}, {ROOT} long, {EDGE} long, {_ORDINAL} long, {_ERROR} string"
 
         def tracked(frames):
             for frame in frames:
                 yield _run_bolt(fn, frame.reset_index(drop=True), payload, name)
 
         out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
-        failed = out.where(F.col(_FAILED))
-        good = out.where(~F.col(_FAILED))
-        good = mint(good, self.number, F.col(_ORDINAL)).drop(_ORDINAL, _FAILED)
-        return StageOutput(good, failed=failed.drop(_ORDINAL, _FAILED), cached=(out,))
+        failed = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
+        good = out.where(F.col(_ERROR).isNull())
+        good = mint(good, self.number, F.col(_ORDINAL)).drop(_ORDINAL, _ERROR)
+        return StageOutput(good, failed=failed.drop(_ORDINAL), cached=(out,))
 
 
 def _run_bolt(fn, frame: pd.DataFrame, payload: list[str], name: str) -> pd.DataFrame:
     """Run ``fn`` on ``frame``; isolate failing rows by bisection; attach lineage."""
-    outputs, failed = [], []
+    outputs, failed, errors = [], [], []
 
     def attempt(lo: int, hi: int) -> None:
         chunk = frame.iloc[lo:hi][payload].reset_index(drop=True)
         try:
             out = fn(chunk)
-        except Exception:  # a user bolt's error fails its rows' roots
+        except Exception as error:  # a user bolt's error fails its rows' roots
             if hi - lo == 1:
                 failed.append(lo)
+                errors.append(f"{name}: {type(error).__name__}: {error}"[:REASON_LIMIT])
                 return
             mid = (lo + hi) // 2
             attempt(lo, mid)
@@ -331,11 +364,11 @@ def _run_bolt(fn, frame: pd.DataFrame, payload: list[str], name: str) -> pd.Data
         root, edge = roots[safe].copy(), edges[safe].copy()
         root[~anchored] = pd.NA
         edge[~anchored] = pd.NA
-        pieces.append(out.assign(**{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _FAILED: False}))
+        pieces.append(out.assign(**{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _ERROR: None}))
     if failed:
         rows = np.asarray(failed, dtype=np.int64)
         pieces.append(pd.DataFrame({ROOT: roots[rows], EDGE: edges[rows],
-                                    _ORDINAL: np.zeros(len(rows), np.int64), _FAILED: True}))
+                                    _ORDINAL: np.zeros(len(rows), np.int64), _ERROR: errors}))
     if not pieces:
-        return pd.DataFrame({ROOT: [], EDGE: [], _ORDINAL: [], _FAILED: []})
+        return pd.DataFrame({ROOT: [], EDGE: [], _ORDINAL: [], _ERROR: []})
     return pd.concat(pieces, ignore_index=True)

@@ -23,9 +23,14 @@ __all__ = [
     "FAIL",
     "FAILED",
     "INIT",
+    "INVALID",
+    "KINDS",
+    "REJECT",
+    "REJECTED",
     "RESET",
     "STATUSES",
     "TIMED_OUT",
+    "UNKNOWN",
     "as_table",
 ]
 
@@ -34,12 +39,22 @@ ACK = 0  #: plain XOR contribution
 INIT = 1  #: the spout's record: its value is the XOR of the spout tuples' edge ids
 FAIL = 2  #: fail the root now, whatever its value
 RESET = 4  #: extend the root's deadline by one message timeout (Storm's resetTimeout)
+#: the record itself is at fault (undecodable, too big): dead-letter it now, no replay
+REJECT = 8
+KINDS = INIT | FAIL | RESET | REJECT  #: every known bit; a record with others is invalid
 
 # completion statuses
 ACKED = "acked"
 FAILED = "failed"
 TIMED_OUT = "timed_out"
-STATUSES = (ACKED, FAILED, TIMED_OUT)
+REJECTED = "rejected"  #: a REJECT record: the source dead-letters it at once
+#: the acker never saw this root's init within the message timeout (a stray ack, or a
+#: root of another source): reported, and ignored by every source not tracking it
+UNKNOWN = "unknown"
+#: an ack record the acker could not use (null root or value, unknown kind bits, a
+#: message that is not ack records); ``reason`` says what, ``root`` is set if known
+INVALID = "invalid"
+STATUSES = (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN, INVALID)
 
 # Every field is nullable on the Arrow side because Spark's DDL schemas are, and a
 # Python data source must return exactly its declared schema.
@@ -55,6 +70,7 @@ ACK_RECORD_SCHEMA = pa.schema(
         pa.field("offset", pa.int64()),
         pa.field("attempt", pa.int32()),
         pa.field("ts", pa.int64()),  # ms since epoch, when written
+        pa.field("reason", pa.string()),  # why, on FAIL and REJECT records
     ]
 )
 
@@ -69,22 +85,30 @@ COMPLETION_SCHEMA = pa.schema(
         pa.field("attempt", pa.int32()),
         pa.field("latency_ms", pa.int64()),  # completion time minus the init's ts
         pa.field("completed_ms", pa.int64()),
+        pa.field("reason", pa.string()),  # the fail's, reject's or invalid record's reason
     ]
 )
 
 ACK_RECORD_DDL = (
     "root long, value long, kind byte, topic string, partition int, offset long, "
-    "attempt int, ts long"
+    "attempt int, ts long, reason string"
 )
 COMPLETION_DDL = (
     "root long, status string, topic string, partition int, offset long, attempt int, "
-    "latency_ms long, completed_ms long"
+    "latency_ms long, completed_ms long, reason string"
 )
 
 
+#: Columns a writer may leave out; they are read as null.
+OPTIONAL_COLUMNS = ("reason",)
+
+
 def as_table(records, schema: pa.Schema) -> pa.Table:
-    """``records`` (a pandas frame or an Arrow table with at least ``schema``'s columns)
-    as an Arrow table of exactly ``schema``."""
+    """``records`` (a pandas frame or an Arrow table with at least ``schema``'s columns,
+    optional ones aside) as an Arrow table of exactly ``schema``."""
     if hasattr(records, "to_numpy"):  # pandas
-        return pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
+        records = pa.Table.from_pandas(records, preserve_index=False)
+    for name in OPTIONAL_COLUMNS:
+        if name in schema.names and name not in records.column_names:
+            records = records.append_column(name, pa.nulls(records.num_rows, schema.field(name).type))
     return records.select(schema.names).cast(schema)

@@ -10,8 +10,10 @@ attempt of an upstream record: a replay is a new root, attempt + 1):
 Counts cover everything the channel holds since it was created: root ids are
 hashes of the record's coordinates, so a rerun over the same records in a reused
 channel counts each root once, with its first completion.
-- ``acked``, ``failed``, ``timed_out``: completions, one per root (a completion
-  delivered twice, as the Kafka channel may after a crash, counts once).
+- ``acked``, ``failed``, ``timed_out``, ``rejected``: completions, one per root (a
+  completion delivered twice, as the Kafka channel may after a crash, counts once).
+- ``unknown``: roots the acker saw acks for but never an init (stray records);
+  ``invalid``: ack records the acker could not use. Both are ignored by sources.
 - ``replayed``: failed or timed-out roots whose record was not dead-lettered on
   that attempt, so the source reads it again (or will, after its backoff).
 - ``dead_lettered``: records in the dead-letter Parquet folder, or messages on the
@@ -45,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ackstream.errors import EnvironmentProblem
-from ackstream.records import ACKED, FAILED, INIT, TIMED_OUT
+from ackstream.records import ACKED, FAILED, INIT, INVALID, REJECTED, TIMED_OUT, UNKNOWN
 
 __all__ = ["PERCENTILES", "Status", "kafka_status", "local_status", "summarize"]
 
@@ -66,6 +68,9 @@ class Status:
     failed: int
     timed_out: int
     replayed: int
+    rejected: int
+    unknown: int
+    invalid: int
     dead_lettered: int | None
     latency_ms: dict[str, float] | None  #: {"p50": .., "p90": .., "p99": ..}
 
@@ -83,8 +88,13 @@ class Status:
             ("failed", str(self.failed), ""),
             ("timed out", str(self.timed_out), ""),
             ("replayed", str(self.replayed), "failed or timed out, not dead-lettered"),
+            ("rejected", str(self.rejected), "dead-lettered without a replay"),
             ("dead-lettered", dead, ""),
         ]
+        rows += [(name, str(n), note) for name, n, note in (
+            ("unknown", self.unknown, "acks for a root whose init never came; ignored"),
+            ("invalid", self.invalid, "unusable ack records; ignored, see the acker log"),
+        ) if n]
         out = [f"topology {self.topology}  channel {self.channel}"]
         out += [f"  {name:<14}{value:>8}" + (f"   ({note})" if note else "")
                 for name, value, note in rows]
@@ -104,10 +114,12 @@ def summarize(init_roots: Iterable[int] | np.ndarray, completions: pa.Table,
     unknown). Pure: no I/O."""
     inits = np.unique(np.asarray(list(init_roots) if not isinstance(init_roots, np.ndarray)
                                  else init_roots, dtype=np.int64))
-    done = _first_per_root(completions)
+    invalid = pc.equal(completions.column("status"), INVALID)
+    n_invalid = pc.sum(pc.cast(invalid, pa.int64())).as_py() or 0
+    done = _first_per_root(completions.filter(pc.invert(invalid)))
     done_roots = done.column("root").to_numpy(zero_copy_only=False).astype(np.int64)
     status = done.column("status").to_pylist()
-    counts = {s: status.count(s) for s in (ACKED, FAILED, TIMED_OUT)}
+    counts = {s: status.count(s) for s in (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN)}
 
     dead_keys = set()
     if dead_letters is not None:
@@ -134,6 +146,9 @@ def summarize(init_roots: Iterable[int] | np.ndarray, completions: pa.Table,
         failed=counts[FAILED],
         timed_out=counts[TIMED_OUT],
         replayed=replayed,
+        rejected=counts[REJECTED],
+        unknown=counts[UNKNOWN],
+        invalid=n_invalid,
         dead_lettered=None if dead_letters is None else dead_letters.num_rows,
         latency_ms=percentiles,
     )
@@ -196,7 +211,7 @@ def _kafka_ack_records(channel) -> pa.Table:
         for offset, message in _fetch(channel.bootstrap, channel.acks_topic, partition,
                                       start, end):
             table = _decode(message, ACK_RECORD_SCHEMA, channel.acks_topic, partition, offset)
-            tables += [table] if table is not None else []
+            tables += [table] if isinstance(table, pa.Table) else []
     return pa.concat_tables(tables)
 
 

@@ -16,10 +16,11 @@ import numpy as np
 import pandas as pd
 
 from ackstream import ids
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, RESET
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET
 
 __all__ = [
-    "init", "ack", "fail", "reset", "ack_records", "FakeClock", "TupleGraph", "Tuple", "SpoutAcker",
+    "init", "ack", "fail", "reject", "reset", "ack_records", "FakeClock", "TupleGraph", "Tuple",
+    "SpoutAcker",
     "with_lineage", "tracked_frame", "settle",
 ]
 
@@ -34,8 +35,12 @@ def ack(root: int, value: int, *, ts=0) -> dict:
     return dict(root=root, value=value, kind=ACK, ts=ts)
 
 
-def fail(root: int, *, ts=0) -> dict:
-    return dict(root=root, value=0, kind=FAIL, ts=ts)
+def fail(root: int, *, ts=0, reason=None) -> dict:
+    return dict(root=root, value=0, kind=FAIL, ts=ts, reason=reason)
+
+
+def reject(root: int, *, ts=0, reason=None) -> dict:
+    return dict(root=root, value=0, kind=REJECT, ts=ts, reason=reason)
 
 
 def reset(root: int, *, ts=0) -> dict:

@@ -33,19 +33,22 @@ from pyspark.sql import functions as F
 from ackstream.acker.precombine import precombine
 from ackstream.acker.query import start_acker
 from ackstream.bolts import (
+    REASON,
+    REASON_LIMIT,
     AggregateStage,
     ExplodeStage,
     FailWhereStage,
     FilterStage,
     MapStage,
     PandasBoltStage,
+    RejectWhereStage,
     SqlStage,
     Stage,
     anchor_pairs,
     failed_roots,
 )
 from ackstream.errors import OptionError, StageError
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT
 
 __all__ = ["Topology", "RunningTopology", "TRACKED_COLUMNS"]
 
@@ -101,9 +104,18 @@ class Topology:
 
     where = filter
 
-    def fail_where(self, condition: Column | str, *, name: str | None = None) -> Topology:
-        """Fail the tuples where ``condition`` holds: their roots are replayed."""
-        return self._add(FailWhereStage, condition, name=name)
+    def fail_where(self, condition: Column | str, reason: Column | str | None = None, *,
+                   name: str | None = None) -> Topology:
+        """Fail the tuples where ``condition`` holds: their roots are replayed (after the
+        last retry, dead-lettered with ``reason``; default: the stage and condition)."""
+        return self._add(FailWhereStage, condition, reason, name=name)
+
+    def reject_where(self, condition: Column | str, reason: Column | str | None = None, *,
+                     name: str | None = None) -> Topology:
+        """Dead-letter the records whose tuples match ``condition`` at once, with
+        ``reason``, without replays: for input that can never succeed (undecodable,
+        null, out of range). ``reason`` may be a column, to say what was wrong."""
+        return self._add(RejectWhereStage, condition, reason, name=name)
 
     def explode(self, column: Column | str, alias: str, *, name: str | None = None) -> Topology:
         """One child row per element of the array ``column``, in a new column ``alias``."""
@@ -166,6 +178,8 @@ class Topology:
                               _records(anchor_pairs(children), ACK, now)]
                 if self.tracking and out.failed is not None:
                     parts.append(_records(failed_roots(out.failed), FAIL, now))
+                if self.tracking and out.rejected is not None:
+                    parts.append(_records(failed_roots(out.rejected), REJECT, now))
                 tuples = children
             parts += self._write_sink(tuples, batch_id, now)
             if not self.tracking:
@@ -183,19 +197,22 @@ class Topology:
 
     def _write_sink(self, outputs: DataFrame, batch_id: int, now: int) -> list[DataFrame]:
         """Write the final tuples; return their ack records (and fails for unwritten rows)."""
-        unwritten = None
+        unwritten, reason = None, f"sink {type(self.output).__name__}: not written"
         if self.output is not None:
             try:
                 unwritten = self.output.write(outputs, batch_id)
-            except Exception:  # a failed write fails its roots, Storm-style
+            except Exception as error:  # a failed write fails its roots, Storm-style
                 log.exception("topology %s: sink write of batch %d failed", self.name, batch_id)
                 unwritten = outputs
+                reason = f"sink {type(self.output).__name__}: {type(error).__name__}: {error}"
         if not self.tracking:
             return []
         parts = [_records(anchor_pairs(outputs), ACK, now)] if self.per_stage else []
         if isinstance(unwritten, pa.Table) and unwritten.num_rows:
             unwritten = outputs.sparkSession.createDataFrame(unwritten)
         if isinstance(unwritten, DataFrame):
+            if REASON not in unwritten.columns:
+                unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
             parts.append(_records(failed_roots(unwritten), FAIL, now))
         return parts
 
@@ -279,12 +296,16 @@ def _init_records(tuples: DataFrame, now: int, with_edges: bool = True) -> DataF
         F.col("offset").cast("long").alias("offset"),
         F.col("_attempt").cast("int").alias("attempt"),
         F.lit(now).cast("long").alias("ts"),
+        F.lit(None).cast("string").alias("reason"),
     )
 
 
 def _records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
-    """Ack records from ``(root, value)`` rows (``(root)`` for fails), no coordinates."""
-    value = F.col("value") if kind != FAIL else F.lit(0)
+    """Ack records from ``(root, value)`` rows (``(root, reason)`` for fails and rejects),
+    no coordinates."""
+    acking = kind not in (FAIL, REJECT)
+    value = F.col("value") if acking else F.lit(0)
+    reason = F.lit(None) if acking else F.col("reason")
     return pairs.select(
         F.col("root").cast("long").alias("root"),
         value.cast("long").alias("value"),
@@ -294,6 +315,7 @@ def _records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
         F.lit(None).cast("long").alias("offset"),
         F.lit(None).cast("int").alias("attempt"),
         F.lit(now).cast("long").alias("ts"),
+        reason.cast("string").alias("reason"),
     )
 
 

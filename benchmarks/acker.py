@@ -81,6 +81,7 @@ def generate(n_roots: int, fanout: int = 8, block_roots: int = 10_000, seed: int
             "offset": pa.array(offsets[owner], pa.int64(), mask=no_init),
             "attempt": pa.array(np.zeros(len(order), np.int32), pa.int32(), mask=no_init),
             "ts": np.full(len(order), now, np.int64),
+            "reason": pa.nulls(len(order), pa.string()),
         },
         schema=ACK_RECORD_SCHEMA,
     )
@@ -273,7 +274,8 @@ def bench_spark_per_root(spark, records: pa.Table, n_roots: int, workdir: str, *
     query = (done.withColumn("topic", _null("string")).withColumn("partition", _null("int"))
              .withColumn("offset", _null("long")).withColumn("attempt", _null("int"))
              .withColumn("latency_ms", _null("long")).withColumn("completed_ms", _null("long"))
-             .writeStream.foreachBatch(channel.write_completions)
+             .withColumn("reason", _null("string"))
+             .writeStream.foreachBatch(lambda b, i: channel.write_completions(b.toArrow(), i))
              .option("checkpointLocation", os.path.join(workdir, "root-ckpt"))
              .trigger(processingTime="0 milliseconds").queryName("bench_per_root").start())
     try:

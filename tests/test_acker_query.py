@@ -88,3 +88,46 @@ def test_idle_shards_tick_and_time_out_incomplete_trees(spark, tmp_path):
         query.stop()
     assert [(c["root"], c["offset"]) for c in rows] == [(10, 10)]
     assert sorted(c["root"] for c in completions.rows if c["status"] == ACKED) == list(range(1, 10))
+
+
+def test_unusable_records_and_stray_acks_are_reported_and_never_stop_the_acker(spark, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ackstream.records import ACK_RECORD_SCHEMA, INVALID, UNKNOWN
+    from ackstream.testing import ack, init
+
+    channel = LocalChannel(tmp_path / "channel")
+    first, second = trees(5)
+    channel.write_acks(ack_records(first))
+    # bad records among good ones: null root (a whole batch's ids would turn float64),
+    # null value, unknown kind bits, an init without coordinates; a stray ack
+    bad = pa.Table.from_pylist(
+        [{"root": None, "value": 1, "kind": 0}, {"root": 3, "value": None, "kind": 0},
+         {"root": 3, "value": 1, "kind": 64}, {"root": 77, "value": 1, "kind": 1}, ack(555, 9)],
+        schema=pa.schema([ACK_RECORD_SCHEMA.field(c) for c in ("root", "value", "kind", "ts")]))
+    pq.write_table(bad, tmp_path / "channel" / "acks" / "by-hand.parquet")
+    pq.write_table(pa.table({"foo": [1]}), tmp_path / "channel" / "acks" / "foreign.parquet")
+    (tmp_path / "channel" / "acks" / "junk.parquet").write_bytes(b"not parquet")
+    channel.write_acks(ack_records(second + [init(88, 5, offset=88)]))
+    completions = Completions(channel)
+    query = start_acker(spark, channel, checkpoint=str(tmp_path / "checkpoint"), ackers=2,
+                        message_timeout_ms=2_000, trigger_ms=100)
+    try:
+        wait_for(lambda: {555, 88} <= {c["root"] for c in completions.poll()
+                                       if c["status"] != INVALID},
+                 what="the stray ack and the unfinished init to time out")
+        assert query.isActive
+    finally:
+        query.stop()
+    rows = completions.rows
+    by_status = {}
+    for c in rows:
+        by_status.setdefault(c["status"], []).append(c)
+    assert sorted(c["root"] for c in by_status[ACKED]) == [1, 2, 3, 4, 5]
+    assert [(c["root"], c["offset"]) for c in by_status[TIMED_OUT]] == [(88, 88)]
+    assert [c["root"] for c in by_status[UNKNOWN]] == [555]
+    reasons = sorted((c["reason"], c["root"] or 0) for c in by_status[INVALID])
+    assert reasons == [  # the foreign file's row and the null root; junk is skipped by Spark
+        ("init record without topic, partition or offset", 77), ("kind 64 has unknown bits", 3),
+        ("root is null", 0), ("root is null", 0), ("value is null", 3)]

@@ -19,6 +19,14 @@ pytestmark = pytest.mark.spark
 LINES = ["a b c", "b boom", "", "c c", "d"]
 
 
+def settle_rows(records) -> dict:
+    """Per root, the completion the ledger gives ``records`` (Arrow) at once."""
+    from ackstream.acker.ledger import Pending, step
+
+    _, done = step(Pending.empty(0), records.to_pandas(), 0, 60_000)
+    return {row["root"]: row for row in done.to_dict("records")}
+
+
 def roots_of(spark, values):
     return [r["_root"] for r in tracked_frame(spark, values).orderBy("offset").collect()]
 
@@ -47,6 +55,29 @@ def test_word_count_acks_every_root_and_fails_the_one_with_a_failing_row(spark):
     kinds = dict(zip(records["root"].to_pylist(), records["kind"].to_pylist()))
     assert kinds[roots[1]] == INIT | FAIL
     assert np.count_nonzero([k & FAIL for k in kinds.values()]) == 1
+    reasons = {r: why for r, why in zip(records["root"].to_pylist(), records["reason"].to_pylist())
+               if why}
+    assert list(reasons) == [roots[1]] and reasons[roots[1]].startswith("fail_where#3: ")
+    assert "boom" in reasons[roots[1]]
+
+
+def test_reject_where_rejects_undecodable_and_null_values_with_their_reason(spark):
+    lines = ['{"n": 1}', "{broken", None, '{"n": 4}']
+    sink = MemorySink()
+    topology = (Topology("json", spark, None)
+                .map(lambda df: df.withColumn("doc", F.from_json(F.col("value"), "n int")))
+                .reject_where(F.col("value").isNull(), "value is null")
+                .reject_where(F.col("doc.n").isNull(),
+                              F.concat(F.lit("not JSON with n: "), F.col("value")))
+                .sink(sink))
+    records = topology.run_batch(tracked_frame(spark, lines))
+    roots = roots_of(spark, lines)
+    done = settle_rows(records)
+    assert {r: done[r]["status"] for r in roots} == {
+        roots[0]: "acked", roots[1]: "rejected", roots[2]: "rejected", roots[3]: "acked"}
+    assert done[roots[1]]["reason"] == "not JSON with n: {broken"
+    assert done[roots[2]]["reason"] == "value is null"
+    assert sorted(r["doc"]["n"] for r in sink.rows()) == [1, 4]
 
 
 def test_explode_children_have_distinct_reproducible_edges(spark):
@@ -130,6 +161,7 @@ def test_a_sink_that_raises_fails_the_roots_with_outputs(spark):
     outcome = settle(records)
     assert outcome[roots[2]] == "acked"  # the empty line had no tuple left to write
     assert {outcome[r] for i, r in enumerate(roots) if i != 2} == {"failed"}
+    assert settle_rows(records)[roots[0]]["reason"] == "sink Broken: OSError: disk full"
 
 
 def test_ack_mode_is_checked(spark):
@@ -151,6 +183,7 @@ def test_pandas_bolt_error_fails_only_that_rows_root(spark):
     records = topology.run_batch(tracked_frame(spark, LINES))
     roots = roots_of(spark, LINES)
     assert settle(records) == {r: ("failed" if i == 1 else "acked") for i, r in enumerate(roots)}
+    assert settle_rows(records)[roots[1]]["reason"] == "pandas_bolt#1: ValueError: boom"
     words = sorted(w for w in sink.to_pandas()["word"] if w != "seen")
     assert words == sorted(["a", "b", "c", "", "c", "c", "d"])
     assert "seen" in set(sink.to_pandas()["word"])  # unanchored rows are written too

@@ -102,4 +102,5 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     headers = {k: v.decode() for k, v in letter.headers}
     assert letter.value == lines[poison_at].encode()
     assert headers["ackstream.offset"] == str(poison_at // 2)
-    assert headers["ackstream.reason"] == "failed"
+    # the bolt's error on the last attempt, named with its stage
+    assert headers["ackstream.reason"] == "failed: refuse_poison: ValueError: poison word"

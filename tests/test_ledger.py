@@ -6,7 +6,8 @@ import pytest
 
 from ackstream import ACKED, FAILED, TIMED_OUT, Pending, step
 from ackstream.acker.ledger import PENDING_DTYPE
-from ackstream.testing import FakeClock, TupleGraph, ack, ack_records, fail, init, reset
+from ackstream.records import REJECTED, UNKNOWN
+from ackstream.testing import FakeClock, TupleGraph, ack, ack_records, fail, init, reject, reset
 
 TIMEOUT = 30_000
 ROOT = 99
@@ -81,7 +82,7 @@ def test_completion_carries_coordinates_and_latency():
     _, done = run([[init(ROOT, 3, topic="orders", partition=2, offset=41, attempt=1, ts=4_000),
                     ack(ROOT, 3)]], clock)
     assert done == [dict(root=ROOT, status=ACKED, topic="orders", partition=2, offset=41,
-                         attempt=1, latency_ms=1_000, completed_ms=5_000)]
+                         attempt=1, latency_ms=1_000, completed_ms=5_000, reason=None)]
 
 
 def test_fail_wins_over_acks_in_the_same_batch_and_later():
@@ -98,6 +99,21 @@ def test_fail_before_init_is_reported_when_the_init_arrives():
     assert done == [] and len(pending) == 1
     pending, done = run([[init(ROOT, 5, offset=3)]], clock, pending)
     assert [(c["status"], c["offset"]) for c in done] == [(FAILED, 3)]
+
+
+def test_fail_reason_travels_with_its_completion():
+    done = run([[init(ROOT, 5), fail(ROOT, reason="parse: bad JSON"), init(7, 1), fail(7)]])[1]
+    assert {c["root"]: c["reason"] for c in done} == {ROOT: "parse: bad JSON", 7: None}
+
+
+def test_reject_completes_as_rejected_even_before_the_init_and_with_acks_pending():
+    _, done = run([[init(ROOT, 5), reject(ROOT, reason="value over 1 MB")]])
+    assert [(c["status"], c["reason"]) for c in done] == [(REJECTED, "value over 1 MB")]
+    clock = FakeClock()
+    pending, done = run([[reject(ROOT)]], clock)
+    assert done == []
+    _, done = run([[init(ROOT, 5, offset=9)]], clock, pending)
+    assert [(c["status"], c["offset"]) for c in done] == [(REJECTED, 9)]
 
 
 def test_timeout_after_message_timeout_and_reset_extends_it():
@@ -131,13 +147,16 @@ def test_a_record_delivered_twice_costs_a_timeout_not_a_false_ack():
     assert [c["status"] for c in done] == [TIMED_OUT]
 
 
-def test_orphan_without_init_times_out_without_coordinates():
+def test_root_whose_init_never_came_is_unknown_at_its_deadline():
     clock = FakeClock()
     pending, _ = run([[ack(ROOT, 7)]], clock)
-    clock.advance(TIMEOUT)
+    clock.advance(TIMEOUT - 1)
+    pending, done = run([[]], clock, pending)
+    assert done == []  # the init may still come
+    clock.advance(1)
     _, done = run([[]], clock, pending)
     (orphan,) = done
-    assert orphan["status"] == TIMED_OUT and orphan["topic"] is None
+    assert orphan["status"] == UNKNOWN and orphan["topic"] is None
     assert all(pd.isna(orphan[k]) for k in ("partition", "offset", "attempt", "latency_ms"))
 
 

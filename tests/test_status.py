@@ -7,7 +7,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from ackstream.errors import EnvironmentProblem
-from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, TIMED_OUT
+from ackstream.records import (
+    ACKED,
+    COMPLETION_SCHEMA,
+    FAILED,
+    INVALID,
+    REJECTED,
+    TIMED_OUT,
+    UNKNOWN,
+)
 from ackstream.sinks.channel import LocalChannel
 from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
 from ackstream.sources.tracking import DeadLetter
@@ -70,6 +78,16 @@ def test_a_dead_lettered_attempt_is_not_counted_as_replayed():
     assert (status.failed, status.replayed, status.dead_lettered) == (2, 1, 1)
 
 
+def test_rejected_unknown_and_invalid_are_counted_and_shown_apart():
+    rows = [done(1, REJECTED, 1), done(2, UNKNOWN), done(None, INVALID), done(None, INVALID),
+            done(3, ACKED, 3, latency=4)]
+    status = summarize([1, 3], completions(rows), None)
+    assert (status.rejected, status.unknown, status.invalid, status.replayed) == (1, 1, 2, 0)
+    assert (status.roots, status.acked, status.pending) == (3, 1, 0)
+    text = "\n".join(status.lines())
+    assert "unknown" in text and "invalid" in text
+
+
 def test_summarize_of_nothing():
     status = summarize([], COMPLETION_SCHEMA.empty_table(), None)
     assert (status.roots, status.pending, status.acked, status.latency_ms) == (0, 0, 0, None)
@@ -109,7 +127,7 @@ def test_kafka_status_reads_both_topics(broker, tmp_path):
     try:
         channel.write_acks(ack_records([init(r, r, offset=r, ts=1) for r in (1, 2, 3)]))
         batch = completions([done(1, ACKED, 1, latency=7), done(2, FAILED, 2)])
-        channel.write_completions(type("Batch", (), {"toArrow": lambda self: batch})(), 0)
+        channel.write_completions(batch, 0)
     finally:
         channel.close()
     status = kafka_status(broker.bootstrap, topology)

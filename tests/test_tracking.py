@@ -3,7 +3,7 @@
 import json
 
 from ackstream import ids
-from ackstream.records import ACKED, FAILED, TIMED_OUT
+from ackstream.records import ACKED, FAILED, INVALID, REJECTED, TIMED_OUT
 from ackstream.sources.tracking import METADATA_LIMIT, RetryPolicy, Tracker, ranges
 
 TP = ("events", 0)
@@ -70,6 +70,18 @@ def test_max_retries_lead_to_exactly_one_dead_letter_which_then_counts_as_done()
     assert t.complete(done((root(10, 1), TIMED_OUT)), 10_001) == []
     t.dead_lettered(dead)
     assert t.watermarks() == {TP: 12} and not t.dead and not t.due(99_999)
+
+
+def test_rejected_is_dead_lettered_at_once_with_its_reason_and_invalid_is_ignored():
+    t = tracker(max_retries=5)
+    t.emit_range(TP, 10, 12, 0)
+    t.complete([{"root": root(11), "status": INVALID, "reason": "kind 64 has unknown bits"}], 1)
+    assert t.in_flight == 2  # an unusable ack record says nothing about its root
+    dead = t.complete([{"root": root(10), "status": REJECTED, "reason": "value is not JSON"},
+                       {"root": root(11), "status": FAILED, "reason": "bolt: ValueError"}], 2)
+    assert [(d.offset, d.attempts, d.reason) for d in dead] == \
+        [(10, 1, "rejected: value is not JSON")]
+    assert t.scheduled == {(TP, 11): (1, 102)}  # a fail replays
 
 
 def test_max_pending_bounds_new_roots():

@@ -12,11 +12,14 @@ the init's timestamp (for complete latency) and a deadline. Storm's rules:
 - a root completes as *acked* when its value is 0 and its init arrived an odd
   number of times (a duplicated init cancels itself like any other record);
 - a fail record marks it *failed* at once (fail wins over acks in the same or a
-  later batch); it is reported once its init is known;
+  later batch); it is reported once its init is known, with the fail's reason if
+  it came in the same batch as the completion; a reject record does the same and
+  reports *rejected* (the source dead-letters it without a replay);
 - records that arrive before the init are held (the init may come later);
-- a root still pending at its deadline is *timed_out*; the deadline is one
-  message timeout after the acker first saw the root, and a reset record
-  extends it (Storm's RotatingMap and ``resetTimeout``);
+- a root still pending at its deadline is *timed_out*, or *unknown* if its init
+  never came (a stray ack: reported, and ignored by sources that do not track
+  it); the deadline is one message timeout after the acker first saw the root,
+  and a reset record extends it (Storm's RotatingMap and ``resetTimeout``);
 - XOR makes order and batch splits irrelevant, and a record delivered twice
   cancels itself, so duplicates cost a timeout and a replay, never a false ack.
 """
@@ -28,7 +31,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ackstream.records import ACKED, FAIL, FAILED, INIT, RESET, TIMED_OUT
+from ackstream.records import (
+    ACKED,
+    FAIL,
+    FAILED,
+    INIT,
+    REJECT,
+    REJECTED,
+    RESET,
+    TIMED_OUT,
+    UNKNOWN,
+)
 
 __all__ = ["PENDING_DTYPE", "Pending", "step", "combine", "MAX_TIMEOUT_MS"]
 
@@ -49,6 +62,7 @@ PENDING_DTYPE = np.dtype(
 _INIT_ODD = np.uint8(1)  # the init arrived an odd number of times (a duplicate cancels it)
 _FAILED = np.uint8(2)
 _KNOWN = np.uint8(4)  # the init arrived at least once: coordinates and start time are set
+_REJECTED = np.uint8(8)  # a reject record came (with _FAILED)
 
 #: Relative times are int32 ms; the epoch moves forward long before they overflow.
 _REBASE_AFTER_MS = 1 << 30
@@ -57,6 +71,7 @@ _I32_MIN, _I32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 
 _COMPLETION_COLUMNS = [
     "root", "status", "topic", "partition", "offset", "attempt", "latency_ms", "completed_ms",
+    "reason",
 ]
 
 
@@ -113,6 +128,7 @@ class Combined:
     offset: np.ndarray
     attempt: np.ndarray
     init_ts: np.ndarray
+    reason: np.ndarray  # object array: a fail's or reject's reason, else None
 
 
 def combine(records: pd.DataFrame) -> Combined:
@@ -141,7 +157,14 @@ def combine(records: pd.DataFrame) -> Combined:
         offset[group] = records["offset"].to_numpy()[init_rows]
         attempt[group] = records["attempt"].to_numpy()[init_rows]
         init_ts[group] = records["ts"].to_numpy(np.int64)[init_rows]
-    return Combined(roots, value, kind, init_odd, topic, partition, offset, attempt, init_ts)
+    reason = np.full(n, None, dtype=object)
+    if "reason" in records:
+        why = records["reason"].to_numpy(object)
+        given = np.flatnonzero((kinds & (FAIL | REJECT)) != 0)
+        given = given[pd.notna(why[given])]
+        reason[np.searchsorted(roots, root[given])] = why[given]
+    return Combined(roots, value, kind, init_odd, topic, partition, offset, attempt, init_ts,
+                    reason)
 
 
 def step(
@@ -152,8 +175,10 @@ def step(
     pending = _rebased(pending, now_ms)
     now = now_ms - pending.epoch_ms
     table, topics = pending.table, pending.topics
+    batch = None
     if records is not None and len(records):
-        table, topics = _merge(table, topics, combine(records), now, timeout_ms, pending.epoch_ms)
+        batch = combine(records)
+        table, topics = _merge(table, topics, batch, now, timeout_ms, pending.epoch_ms)
 
     flags = table["flags"]
     failed = (flags & _FAILED) != 0
@@ -162,8 +187,13 @@ def step(
     expired = ~done & (table["deadline"] <= now)
     finished = done | expired
     out = table[finished]
-    status = np.where(acked[finished], ACKED, np.where(done[finished], FAILED, TIMED_OUT))
-    completions = _completions(out, status, topics, pending.epoch_ms, now_ms)
+    known = (out["flags"] & _KNOWN) != 0
+    rejected = (out["flags"] & _REJECTED) != 0
+    status = np.select(
+        [acked[finished], done[finished] & rejected, done[finished], known],
+        [ACKED, REJECTED, FAILED, TIMED_OUT], UNKNOWN).astype(object)
+    reason = _reasons(out["root"], batch)
+    completions = _completions(out, status, reason, topics, pending.epoch_ms, now_ms)
     remaining = table[~finished]
     if not len(remaining):
         topics = ()  # nothing refers to a topic index any more
@@ -214,9 +244,20 @@ def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: 
     return np.insert(table, pos[new], fresh), topics
 
 
+def _reasons(roots: np.ndarray, batch: Combined | None) -> np.ndarray:
+    """The batch's fail or reject reason of each finished root (None if it had none)."""
+    out = np.full(len(roots), None, dtype=object)
+    if batch is not None and len(roots):
+        pos = np.minimum(np.searchsorted(batch.root, roots), len(batch.root) - 1)
+        hit = batch.root[pos] == roots
+        out[hit] = batch.reason[pos[hit]]
+    return out
+
+
 def _flags(kind: np.ndarray, init_odd) -> np.ndarray:
     """Table flags for a batch's kinds; the parity bit is set from ``init_odd``."""
-    flags = np.where(kind & INIT, _KNOWN, 0) | np.where(kind & FAIL, _FAILED, 0)
+    flags = (np.where(kind & INIT, _KNOWN, 0) | np.where(kind & (FAIL | REJECT), _FAILED, 0)
+             | np.where(kind & REJECT, _REJECTED, 0))
     return (flags | np.where(init_odd, _INIT_ODD, 0)).astype(np.uint8)
 
 
@@ -248,7 +289,7 @@ def _rebased(pending: Pending, now_ms: int) -> Pending:
     return Pending(table, int(now_ms), pending.topics)
 
 
-def _completions(out, status, topics, epoch_ms: int, now_ms: int) -> pd.DataFrame:
+def _completions(out, status, reason, topics, epoch_ms: int, now_ms: int) -> pd.DataFrame:
     unknown = (out["flags"] & _KNOWN) == 0  # never saw the init: no coordinates
 
     def nullable(values, dtype):
@@ -266,6 +307,7 @@ def _completions(out, status, topics, epoch_ms: int, now_ms: int) -> pd.DataFram
             "attempt": nullable(out["attempt"], np.int32),
             "latency_ms": nullable(latency, np.int64),
             "completed_ms": np.full(len(out), now_ms, np.int64),
+            "reason": reason,
         },
         columns=_COMPLETION_COLUMNS,
     )

@@ -31,10 +31,11 @@ def precombine(records: DataFrame) -> DataFrame:
         F.max("attempt").alias("attempt"),
         # the init's ts is the start of the complete latency; others only when none
         F.coalesce(F.max(F.when(init_bit != 0, F.col("ts"))), F.max("ts")).alias("ts"),
+        F.max("reason").alias("reason"),  # one of the fails' reasons, the same on a re-run
     )
     return combined.select(
         "root",
         "value",
         F.col("_other").bitwiseOR(F.col("_init")).cast("byte").alias("kind"),
-        "topic", "partition", "offset", "attempt", "ts",
+        "topic", "partition", "offset", "attempt", "ts", "reason",
     )

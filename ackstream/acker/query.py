@@ -9,19 +9,28 @@ the vectorised ledger whole columns.
 
 The shard's processing-time timeout is the tick: a shard that gets no records
 in a batch is still called, and expires its overdue roots by their deadlines.
+
+Any process may write to the ack channel, so the acker trusts nothing: a record
+it cannot use (a null root or value, unknown kind bits, an init without
+coordinates, a message that is not ack records) becomes an ``invalid``
+completion saying why, and a root whose init never comes an ``unknown`` one.
+Both are logged by the acker, counted by ``ackstream status``, and ignored by
+the source; neither stops the query.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from ackstream.acker.ledger import Pending, step
-from ackstream.records import COMPLETION_DDL
+from ackstream.records import COMPLETION_DDL, INIT, INVALID, KINDS, UNKNOWN
 
 __all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
 
@@ -29,6 +38,9 @@ __all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
 STATE_DDL = "epoch_ms long, topics string, pending binary"
 
 SHARD_COLUMN = "_shard"
+_INVALID, _NO_ROOT = "_invalid", "_no_root"
+
+log = logging.getLogger(__name__)
 
 
 def default_tick_ms(message_timeout_ms: int) -> int:
@@ -48,16 +60,65 @@ def shard_function(message_timeout_ms: int, tick_ms: int | None = None):
             chunks = [f for f in frames if len(f)]
             if chunks:
                 records = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+        invalid = None
+        if records is not None and records[_INVALID].notna().any():
+            bad = records[_INVALID].notna()
+            invalid, records = _invalid_completions(records[bad], now_ms), records[~bad]
         pending, done = step(pending, records, now_ms, message_timeout_ms)
         if len(pending):
             state.update(pending.to_state())
             state.setTimeoutDuration(tick_ms)
         else:
             state.remove()
+        if invalid is not None:
+            yield invalid
         if len(done):
             yield done
 
     return run_shard
+
+
+def _invalid_completions(rows: pd.DataFrame, now_ms: int) -> pd.DataFrame:
+    root = pd.array(rows["root"].to_numpy(), dtype="Int64")
+    root[rows[_NO_ROOT].to_numpy(bool)] = pd.NA
+    nulls = pd.array([None] * len(rows), dtype="Int64")
+    return pd.DataFrame({
+        "root": root, "status": INVALID, "topic": None, "partition": nulls,
+        "offset": nulls, "attempt": nulls, "latency_ms": nulls,
+        "completed_ms": now_ms, "reason": rows[_INVALID].to_numpy(object),
+    })
+
+
+def checked(records: DataFrame) -> DataFrame:
+    """``records`` with ``_invalid`` (why the acker cannot use a record; null if it can)
+    and nulls replaced, so that every id column reaches pandas as int64: one null
+    would turn a whole batch's ids into float64 and break them."""
+    root, value, kind, reason = F.col("root"), F.col("value"), F.col("kind"), F.col("reason")
+    no_coords = F.col("topic").isNull() | F.col("partition").isNull() | F.col("offset").isNull()
+    why = (
+        F.when(root.isNull(), F.lit("root is null"))
+        .when(value.isNull(), F.lit("value is null"))
+        .when(kind.isNull(), F.lit("kind is null"))
+        .when((kind < 0) | (kind.bitwiseAND(F.lit(~KINDS & 0x7F)) != 0),
+              F.concat(F.lit("kind "), kind.cast("string"), F.lit(" has unknown bits")))
+        .when((kind.bitwiseAND(F.lit(INIT)) != 0) & no_coords,
+              F.lit("init record without topic, partition or offset"))
+    )
+    now = F.unix_millis(F.current_timestamp())
+    return records.select(
+        F.coalesce(root, F.lit(0).cast("long")).alias("root"),
+        F.coalesce(value, F.lit(0).cast("long")).alias("value"),
+        F.coalesce(kind, F.lit(0).cast("byte")).alias("kind"),
+        "topic",
+        F.coalesce("partition", F.lit(0)).alias("partition"),
+        F.coalesce("offset", F.lit(0).cast("long")).alias("offset"),
+        F.coalesce("attempt", F.lit(0)).alias("attempt"),
+        F.coalesce("ts", now).alias("ts"),
+        reason,
+        F.when(why.isNotNull() & reason.isNotNull(), F.concat(why, F.lit(": "), reason))
+        .otherwise(why).alias(_INVALID),
+        root.isNull().alias(_NO_ROOT),
+    )
 
 
 def completions(
@@ -69,7 +130,8 @@ def completions(
     roots of a shard live under its key.
     """
     return (
-        records.withColumn(SHARD_COLUMN, F.pmod(F.col("root"), F.lit(ackers).cast("long")))
+        checked(records)
+        .withColumn(SHARD_COLUMN, F.pmod(F.col("root"), F.lit(ackers).cast("long")))
         .groupBy(SHARD_COLUMN)
         .applyInPandasWithState(
             shard_function(message_timeout_ms, tick_ms),
@@ -102,11 +164,29 @@ def start_acker(
     done = completions(
         records, ackers=ackers, message_timeout_ms=message_timeout_ms, tick_ms=tick_ms
     )
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        table = batch.toArrow()
+        report(table, batch_id)
+        channel.write_completions(table, batch_id)
+
     writer = (
-        done.writeStream.foreachBatch(channel.write_completions)
+        done.writeStream.foreachBatch(write)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{trigger_ms} milliseconds")
     )
     if query_name:
         writer = writer.queryName(query_name)
     return writer.start()
+
+
+def report(table: pa.Table, batch_id: int) -> None:
+    """Log the ack records the acker could not use and the roots it never saw start."""
+    status = table.column("status").to_pylist()
+    for kind in (INVALID, UNKNOWN):
+        count = status.count(kind)
+        if count:
+            first = status.index(kind)
+            log.warning("ackstream acker batch %d: %d %s record(s) ignored, e.g. root %s: %s",
+                        batch_id, count, kind, table.column("root")[first].as_py(),
+                        table.column("reason")[first].as_py() or "its init never came")

@@ -8,7 +8,7 @@ the driver. In the embedded setup both are folders of Parquet files:
   so Spark's file stream never lists a half-written file. The acker query
   reads it as a file stream.
 - ``<dir>/done/<batch id>.parquet``: the completions of one acker batch,
-  collected in ``foreachBatch`` (one row per finished root, far fewer than ack
+  collected in the acker's ``foreachBatch`` (one row per finished root, far fewer than ack
   records), written under a hidden name and renamed; a re-run of the same batch
   after a crash finds the file and skips it, and batches with no completions
   write nothing. The source reads the folder with pyarrow, no Spark session
@@ -64,7 +64,8 @@ class LocalChannel:
 
     def ack_stream(self, spark, max_files_per_trigger: int | None = None):
         """The ack records as a streaming DataFrame, for the acker query."""
-        # a file some other writer got wrong is skipped (and logged by Spark), not fatal
+        # a file some other writer got wrong is skipped (and logged by Spark), not fatal;
+        # rows with missing columns come as nulls, which the acker reports as invalid
         reader = spark.readStream.schema(ACK_RECORD_DDL).option("ignoreCorruptFiles", "true")
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
@@ -72,12 +73,11 @@ class LocalChannel:
 
     # --- completions ------------------------------------------------------------
 
-    def write_completions(self, batch, batch_id: int) -> None:
-        """Write one acker batch's completions (a Spark DataFrame); idempotent per batch id."""
+    def write_completions(self, table: pa.Table, batch_id: int) -> None:
+        """Write one acker batch's completions; idempotent per batch id."""
         final = os.path.join(self.done_dir, f"{batch_id:012d}.parquet")
         if os.path.exists(final):
             return  # written before a restart; a re-run of a batch yields the same rows
-        table = batch.toArrow()
         if table.num_rows:
             hidden = os.path.join(self.done_dir, f".{batch_id:012d}.parquet")
             pq.write_table(as_table(table, COMPLETION_SCHEMA), hidden)

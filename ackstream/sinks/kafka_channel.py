@@ -78,8 +78,8 @@ class KafkaChannel:
 
     # --- completions ------------------------------------------------------------
 
-    def write_completions(self, batch, batch_id: int) -> None:
-        table = batch.toArrow()
+    def write_completions(self, table: pa.Table, batch_id: int) -> None:
+        """Produce one acker batch's completions (keyed by batch id)."""
         if table.num_rows:
             self._send(self.done_topic, as_table(table, COMPLETION_SCHEMA), key=b"%d" % batch_id)
 
@@ -90,7 +90,7 @@ class KafkaChannel:
         for partition, start, end in _ranges(self.bootstrap, self.done_topic, position):
             for offset, message in _fetch(self.bootstrap, self.done_topic, partition, start, end):
                 table = _decode(message, COMPLETION_SCHEMA, self.done_topic, partition, offset)
-                tables += [table] if table is not None else []
+                tables += [table] if isinstance(table, pa.Table) else []
             position[str(partition)] = end
         table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
         return table, position
@@ -130,16 +130,15 @@ def _encode(batch: pa.RecordBatch) -> bytes:
 
 
 def _decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
-    """The records of one message, or None (logged) when it is not an Arrow IPC stream
-    of ``schema``: a foreign or corrupt message is reported and skipped, never fatal."""
+    """The records of one message, or a reason string when it is not an Arrow IPC
+    stream of ``schema``: a foreign or corrupt message is reported, never fatal."""
     try:
-        table = pa.ipc.open_stream(message).read_all()
-        return table.select(schema.names).cast(schema)
+        return as_table(pa.ipc.open_stream(message).read_all(), schema)
     except (pa.ArrowException, KeyError, TypeError, ValueError) as problem:
-        log.warning("ackstream: skipped message %s-%d@%d, not %s records: %s",
-                    topic, partition, offset, "ack" if "kind" in schema.names else "completion",
-                    problem)
-        return None
+        what = "ack" if "kind" in schema.names else "completion"
+        reason = f"message {topic}[{partition}]@{offset} is not {what} records: {problem}"
+        log.warning("ackstream: skipped %s", reason)
+        return reason
 
 
 
@@ -223,8 +222,9 @@ class _ChannelReader(DataSourceStreamReader):
         for offset, message in _fetch(self.bootstrap, self.topic, partition.partition,
                                       partition.start, partition.end):
             table = _decode(message, ACK_RECORD_SCHEMA, self.topic, partition.partition, offset)
-            if table is not None:
-                yield from table.to_batches()
+            if isinstance(table, str):  # one null record carrying why: the acker reports it
+                table = pa.Table.from_pylist([{"reason": table}], schema=ACK_RECORD_SCHEMA)
+            yield from table.to_batches()
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the acker's checkpoint holds its position."""

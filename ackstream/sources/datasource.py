@@ -295,8 +295,7 @@ class _Driver:
         """Completions in, replays scheduled, dead letters out, acked offsets committed."""
         table, self.position = self.channel.completions_since(self.position)
         if table.num_rows:
-            rows = ({"root": r, "status": s} for r, s in
-                    zip(table.column("root").to_pylist(), table.column("status").to_pylist()))
+            rows = table.select(["root", "status", "reason"]).to_pylist()
             self.tracker.complete(rows, now_ms)
         self.tracker.expire(now_ms)
         if self.tracker.dead:

@@ -6,8 +6,9 @@ No Spark, no Kafka, time passed in. The source's driver-side reader owns one
 - **in flight**: emitted under a root id (attempt n), waiting for its completion;
 - **scheduled**: its last root failed or timed out; it is replayed at attempt n + 1
   once its backoff is over;
-- **dead**: failed on its last allowed attempt, waiting for its dead letter to be
-  written (then it is done);
+- **dead**: failed on its last allowed attempt, or rejected (the record itself is
+  at fault, so no replay), waiting for its dead letter to be written (then it is
+  done);
 - **done**: acked or dead-lettered. Per partition the *watermark* is the lowest
   offset not done: everything below it may be committed to the consumer group,
   nothing above it is (Storm's KafkaSpout commits the same way).
@@ -22,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 
 from ackstream import ids
-from ackstream.records import ACKED, TIMED_OUT
+from ackstream.records import ACKED, INVALID, REJECTED, TIMED_OUT
 
 __all__ = ["METADATA_LIMIT", "DeadLetter", "RetryPolicy", "Tracker", "ranges"]
 
@@ -51,7 +52,9 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A record that failed on its last allowed attempt; ``attempts`` counts every emit."""
+    """A record that failed on its last allowed attempt or was rejected; ``attempts``
+    counts every emit; ``reason`` is the status, then the stage's reason if it gave one
+    (``"failed: parse#2: ValueError: ..."``)."""
 
     topic: str
     partition: int
@@ -149,21 +152,24 @@ class Tracker:
     # --- completions, timeouts, replays ---------------------------------------------
 
     def complete(self, rows, now_ms: int) -> list[DeadLetter]:
-        """Apply completions (dicts with ``root`` and ``status``); return new dead letters.
+        """Apply completions (dicts with ``root``, ``status`` and optionally ``reason``);
+        return new dead letters.
 
         A completion for a root that is not in flight (an earlier attempt, another
-        source, a duplicate) is ignored.
+        source, a duplicate) is ignored, and so is an ``invalid`` one (a bad ack
+        record says nothing about its root).
         """
         new_dead = []
         for row in rows:
             root = self.roots.get(row["root"])
-            if root is None:
+            if root is None or row["status"] == INVALID:
                 continue
             self._forget(root.tp, root.offset)
+            why = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
             if row["status"] == ACKED:
                 self.parts[root.tp].mark_done(root.offset)
             else:
-                new_dead += self._failed(root, row["status"], now_ms)
+                new_dead += self._failed(root, why, now_ms, replay=row["status"] != REJECTED)
         return new_dead
 
     def started(self, now_ms: int) -> None:
@@ -182,9 +188,9 @@ class Tracker:
             new_dead += self._failed(root, TIMED_OUT, now_ms)
         return new_dead
 
-    def _failed(self, root: _Root, reason: str, now_ms: int) -> list[DeadLetter]:
+    def _failed(self, root: _Root, reason: str, now_ms: int, replay=True) -> list[DeadLetter]:
         key = (root.tp, root.offset)
-        if root.attempt >= self.policy.max_retries:
+        if root.attempt >= self.policy.max_retries or not replay:
             letter = DeadLetter(root.tp[0], root.tp[1], root.offset, root.attempt + 1, reason)
             self.dead[key] = letter
             return [letter]
