@@ -38,7 +38,7 @@ _OURS = {
         "ackstream.topology", "ackstream.upstream", "ackstream.channel",
         "ackstream.messageTimeout", "ackstream.sourceTimeout", "ackstream.maxPending",
         "ackstream.retryInitialDelay", "ackstream.retryMaxDelay", "ackstream.maxRetries",
-        "ackstream.deadLetterTopic", "ackstream.tracking",
+        "ackstream.deadLetterTopic", "ackstream.tracking", "ackstream.maxValueBytes",
         "ackstream.generator.count", "ackstream.generator.rate", "ackstream.generator.partitions",
     )
 }
@@ -69,6 +69,9 @@ class SourceConfig:
     retry_max_delay_ms: int = 10_000
     max_retries: int = 5
     dead_letter_topic: str | None = None
+    #: a bigger record value is rejected on read: dead-lettered (without its value) and
+    #: never handed to the bolts, which it could stall or crash
+    max_value_bytes: int = 16 << 20
     generator_count: int | None = None
     generator_rate: float = 0.0  #: records per second over all partitions; 0 = no limit
     generator_partitions: int = 2
@@ -157,6 +160,8 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
                           f"a duration of at least ackstream.retryInitialDelay ({initial} ms)")
 
     kw["max_pending"] = _int("ackstream.maxPending", ours("ackstream.maxPending"), 1)
+    if ours("ackstream.maxValueBytes") is not None:
+        kw["max_value_bytes"] = _int("ackstream.maxValueBytes", ours("ackstream.maxValueBytes"), 1)
     retries = _int("ackstream.maxRetries", ours("ackstream.maxRetries"), 0)
     if retries is not None:
         kw["max_retries"] = retries

@@ -104,6 +104,9 @@ class LocalChannel:
         return max((int(m.group(1)) for m in map(_DONE_FILE.match, os.listdir(self.done_dir))
                     if m), default=-1)
 
+    def close(self) -> None:
+        """Nothing to release (the Kafka channel closes its producer)."""
+
     def clear(self) -> None:
         """Remove every record of this channel (tests and demos only)."""
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -53,9 +53,9 @@ class AckstreamDataSource(DataSource):
         super().__init__(options)
         self.config = parse(options)
         if self.config.upstream == "kafka":
-            from ackstream.sources.kafka import consumer_settings
+            from ackstream.sources.kafka import check_upstream
 
-            consumer_settings(self.config)  # checks the kafka.* pass-through settings
+            check_upstream(self.config)  # brokers up, topics there: say so before the start
 
     @classmethod
     def name(cls) -> str:
@@ -315,6 +315,9 @@ class _Driver:
                 self.letters = ParquetDeadLetters(self.config.dead_letter_dir,
                                                   self.config.topology)
         records = self.upstream.fetch([((lt.topic, lt.partition), lt.offset) for lt in letters])
+        limit = self.config.max_value_bytes  # a rejected huge value stays upstream only
+        records = {k: (key, None if value is not None and len(value) > limit else value, ts)
+                   for k, (key, value, ts) in records.items()}
         self.letters.write(letters, records)
         self.tracker.dead_lettered(letters)
         self._dead_since_snapshot = True

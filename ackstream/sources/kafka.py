@@ -12,20 +12,27 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from ackstream import ids
 from ackstream.config import SourceConfig
-from ackstream.errors import AckstreamError, OptionError
+from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
+from ackstream.records import ACK_RECORD_SCHEMA, INIT, REJECT
 from ackstream.sources.rows import ReadTask, spout_batch
 
-__all__ = ["KafkaUpstream", "consumer_settings", "read_task"]
+__all__ = ["KafkaUpstream", "check_upstream", "consumer_settings", "read_task"]
 
 TP = tuple[str, int]
 
 #: A fetch that makes no progress for this long fails the task (names the partition).
 FETCH_TIMEOUT_S = 60.0
 ROWS_PER_BATCH = 10_000
+#: How long the check before a query starts waits for the brokers to answer.
+CHECK_TIMEOUT_MS = 10_000
+#: Bytes of keys and values per Arrow batch (a binary column holds at most 2 GiB).
+BYTES_PER_BATCH = 64 << 20
 
 
 def consumer_settings(config: SourceConfig) -> dict:
@@ -55,6 +62,33 @@ def _typed(option: str, value: str, default):
         except ValueError:
             raise OptionError(option, value, "a whole number") from None
     return value
+
+
+def check_upstream(config: SourceConfig) -> None:
+    """Fail before the query starts if the brokers do not answer or a subscribed topic
+    does not exist (later, Spark would report it from inside a running query)."""
+    from kafka.errors import KafkaError
+
+    servers = config.bootstrap_servers
+    settings = {"bootstrap_timeout_ms": CHECK_TIMEOUT_MS, **consumer_settings(config)}
+    try:
+        consumer = KafkaConsumer(group_id=None, **settings)
+    except KafkaError:
+        raise EnvironmentProblem(
+            f"no Kafka broker answers at {servers} (option kafka.bootstrap.servers) within "
+            f"{settings['bootstrap_timeout_ms'] / 1000:g} s",
+            "Start the broker, or give the host:port it listens on.") from None
+    try:
+        missing = [t for t in config.topics if not consumer.partitions_for_topic(t)]
+    except KafkaError as problem:
+        raise EnvironmentProblem(f"the Kafka broker at {servers} did not answer: {problem}",
+                                 "Check that it is up and reachable from here.") from None
+    finally:
+        consumer.close(autocommit=False)
+    if missing:
+        raise EnvironmentProblem(
+            f"topic(s) {', '.join(missing)} (option subscribe) do not exist on {servers}",
+            "Create them first, or fix the name.")
 
 
 class KafkaUpstream:
@@ -126,44 +160,104 @@ class KafkaUpstream:
 
 
 def read_task(config: SourceConfig, task: ReadTask) -> Iterator:
-    """Arrow batches of one task: the range at attempt 0, then the replays."""
+    """Arrow batches of one task: the range at attempt 0, then the replays.
+
+    Batches are bounded by rows and bytes (an Arrow binary column holds at most
+    2 GiB). With tracking on, two kinds of offset never reach the bolts and go
+    straight to the ack channel instead: a record whose value is over
+    ``ackstream.maxValueBytes`` is rejected (dead-lettered at once), and an
+    offset with no record (a compacted topic, a transaction marker) is acked, so
+    neither holds its partition's commit back.
+    """
     consumer = KafkaConsumer(group_id=None, **consumer_settings(config))
     tp = (task.topic, task.partition)
+    skipped = _Skipped(config, tp)
     try:
-        wanted = list(range(task.start, task.end))
-        for chunk in range(0, len(wanted), ROWS_PER_BATCH):
-            part = wanted[chunk: chunk + ROWS_PER_BATCH]
-            got = _fetch(consumer, tp, part, config.fail_on_data_loss)
-            yield _batch(config, task, got, [(o, 0) for o in part])
-        if task.replays:
-            offsets = sorted({o for o, _ in task.replays})
-            got = _fetch(consumer, tp, offsets, config.fail_on_data_loss)
-            yield _batch(config, task, got, sorted(task.replays))
+        passes = [(list(range(task.start, task.end)), {}), ([o for o, _ in task.replays],
+                                                            dict(task.replays))]
+        for offsets, attempts in passes:
+            rows, size, seen = [], 0, set()
+            for offset, key, value, ts in _records(consumer, tp, sorted(offsets),
+                                                   config.fail_on_data_loss):
+                seen.add(offset)
+                attempt = attempts.get(offset, 0)
+                if config.tracking and value is not None and len(value) > config.max_value_bytes:
+                    skipped.reject(offset, attempt, len(value))
+                    continue
+                rows.append((offset, attempt, key, value, ts))
+                size += len(value or b"") + len(key or b"")
+                if len(rows) >= ROWS_PER_BATCH or size >= BYTES_PER_BATCH:
+                    yield _batch(config, task, rows)
+                    rows, size = [], 0
+            if rows:
+                yield _batch(config, task, rows)
+            for offset in set(offsets) - seen:
+                skipped.gap(offset, attempts.get(offset, 0))
+        if config.tracking:
+            skipped.write()
     finally:
         consumer.close(autocommit=False)
 
 
-def _batch(config, task, got, pairs):
-    pairs = [(o, a) for o, a in pairs if o in got]
-    return spout_batch(
-        config.topology, task.topic, task.partition, [o for o, _ in pairs],
-        [a for _, a in pairs], [got[o][0] for o, _ in pairs], [got[o][1] for o, _ in pairs],
-        [got[o][2] for o, _ in pairs],
-    )
+class _Skipped:
+    """Offsets of one task that go to the ack channel instead of the bolts."""
+
+    def __init__(self, config: SourceConfig, tp: TP):
+        self.config, self.tp, self.rows = config, tp, []
+
+    def reject(self, offset: int, attempt: int, size: int) -> None:
+        self._add(offset, attempt, INIT | REJECT,
+                  f"value of {size} bytes is over ackstream.maxValueBytes "
+                  f"({self.config.max_value_bytes}); raise that option to process it")
+
+    def gap(self, offset: int, attempt: int) -> None:
+        self._add(offset, attempt, INIT, None)  # value 0: acked, nothing to process
+
+    def _add(self, offset, attempt, kind, reason) -> None:
+        self.rows.append({"value": 0, "kind": kind, "topic": self.tp[0],
+                          "partition": self.tp[1], "offset": offset, "attempt": attempt,
+                          "ts": int(time.time() * 1000), "reason": reason})
+
+    def write(self) -> None:
+        if not self.rows:
+            return
+        from ackstream.sinks.channel import open_channel
+
+        table = pa.Table.from_pylist(self.rows, schema=ACK_RECORD_SCHEMA)
+        roots = ids.root_ids(self.config.topology, self.tp[0], self.tp[1],
+                             table.column("offset").to_numpy(), table.column("attempt").to_numpy())
+        channel = open_channel(self.config)
+        try:
+            channel.write_acks(table.set_column(0, "root", pa.array(roots, pa.int64())))
+        finally:
+            channel.close()
+
+
+def _batch(config, task, rows):
+    offsets, attempts, keys, values, stamps = zip(*rows)
+    return spout_batch(config.topology, task.topic, task.partition, offsets, attempts, keys,
+                       values, stamps)
 
 
 def _fetch(consumer, tp: TP, offsets: list[int], fail_on_data_loss: bool = True) -> dict:
-    """Records at the given sorted offsets of ``tp``: ``{offset: (key, value, ts_ms)}``.
+    """Records at the given sorted offsets of ``tp``: ``{offset: (key, value, ts_ms)}``."""
+    return {off: (key, value, ts) for off, key, value, ts in
+            _records(consumer, tp, offsets, fail_on_data_loss)}
+
+
+def _records(consumer, tp: TP, offsets: list[int], fail_on_data_loss: bool = True):
+    """``(offset, key, value, ts_ms)`` of the records at the given sorted offsets of
+    ``tp``, in order, as they arrive.
 
     Reads each run of consecutive offsets with one seek. Offsets with no record (a
     compacted topic, transaction markers) are simply absent; records deleted by
     retention raise when ``fail_on_data_loss``.
     """
     if not offsets:
-        return {}
+        return
     part = TopicPartition(*tp)
     consumer.assign([part])
-    runs, out = [], {}
+    runs = []
     for off in offsets:
         if runs and runs[-1][1] == off:
             runs[-1][1] = off + 1
@@ -173,23 +267,23 @@ def _fetch(consumer, tp: TP, offsets: list[int], fail_on_data_loss: bool = True)
     for start, end in runs:
         consumer.seek(part, start)
         deadline = time.monotonic() + FETCH_TIMEOUT_S
+        first = None
         while consumer.position(part) < end:
             polled = consumer.poll(timeout_ms=500, max_records=ROWS_PER_BATCH)
             progressed = False
             for rec in polled.get(part, ()):
                 progressed = True
-                if rec.offset in wanted:
-                    out[rec.offset] = (rec.key, rec.value, rec.timestamp)
+                if rec.offset in wanted and start <= rec.offset < end:
+                    first = rec.offset if first is None else first
+                    yield rec.offset, rec.key, rec.value, rec.timestamp
             if progressed:
                 deadline = time.monotonic() + FETCH_TIMEOUT_S
             elif time.monotonic() > deadline:
                 raise AckstreamError(f"no progress reading {tp[0]}[{tp[1]}] offsets "
                                      f"{start}..{end - 1} for {FETCH_TIMEOUT_S:.0f}s; is the "
                                      "broker up and the offset still retained?")
-        first = min((o for o in out if start <= o < end), default=None)
         if fail_on_data_loss and (first is None or first > start) and \
                 consumer.beginning_offsets([part])[part] > start:
             raise AckstreamError(
                 f"{tp[0]}[{tp[1]}] offset {start} was deleted by retention before it was "
                 "read (data loss); set failOnDataLoss=false to skip such records")
-    return out

@@ -1,0 +1,131 @@
+"""Issue 6's bad input on the broker: malformed records end as dead letters with their
+reason, never as a stopped query; an unreachable broker or a missing topic is an
+error before the query starts."""
+
+import json
+import uuid
+
+import pytest
+from conftest import wait_for
+from pyspark.sql import functions as F
+
+from ackstream import MemorySink, Topology
+from ackstream.sinks.kafka_channel import KafkaChannel
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+HUGE = 100_000
+LIMIT = 4096
+
+
+def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_replayed(
+        spark, broker, new_topic, tmp_path):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from test_end_to_end import consume
+
+    inbox, name = new_topic(partitions=1), f"bad-{uuid.uuid4().hex[:8]}"
+    values = [json.dumps({"n": i}).encode() for i in range(12)]
+    bad = {3: None, 5: b"\xff\xfe not utf-8", 7: b"{truncated json", 9: b"x" * HUGE}
+    for offset, value in bad.items():
+        values[offset] = value
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, max_request_size=1 << 20)
+    for i, value in enumerate(values):
+        producer.send(inbox, key=str(i).encode(), value=value, partition=0)
+    producer.flush()
+    producer.close()
+
+    stream = (spark.readStream.format("ackstream")
+              .option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", inbox)
+              .option("startingOffsets", "earliest").option("ackstream.topology", name)
+              .option("ackstream.channel", "kafka").option("ackstream.maxValueBytes", LIMIT)
+              .option("ackstream.messageTimeout", "20s").load())
+    sink = MemorySink()
+    text = F.col("value").cast("string")
+    topology = (
+        Topology(name, spark, KafkaChannel(broker.bootstrap, name))
+        .reject_where(F.col("value").isNull(), "value is null")
+        .reject_where(~F.is_valid_utf8(text), "value is not UTF-8")
+        .map(lambda df: df.withColumn("doc", F.from_json(text, "n int")))
+        .reject_where(F.col("doc.n").isNull(), F.concat(F.lit("not JSON: "), text))
+        .sink(sink))
+    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300,
+                             message_timeout_ms=20_000)
+    group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
+                          enable_auto_commit=False)
+    try:
+        wait_for(lambda: group.committed(TopicPartition(inbox, 0)) == len(values)
+                 or running.exception(), timeout=120, interval=0.5,
+                 what="every offset committed")
+        assert running.exception() is None and running.is_active()
+    finally:
+        running.stop()
+        group.close(autocommit=False)
+
+    assert sorted(r["doc"]["n"] for r in sink.rows()) == sorted(set(range(12)) - set(bad))
+    letters = {}
+    for message in consume(broker.bootstrap, f"{name}.dead"):
+        headers = {k: v.decode() for k, v in message.headers}
+        letters[int(headers["ackstream.offset"])] = (headers, message.value)
+    assert sorted(letters) == sorted(bad)  # each exactly once
+    assert {h["ackstream.attempts"] for h, _ in letters.values()} == {"1"}  # no replays
+    reasons = {offset: h["ackstream.reason"] for offset, (h, _) in letters.items()}
+    assert reasons[3] == "rejected: value is null"
+    assert reasons[5] == "rejected: value is not UTF-8"
+    assert reasons[7] == "rejected: not JSON: {truncated json"
+    assert reasons[9] == (f"rejected: value of {HUGE} bytes is over ackstream.maxValueBytes "
+                          f"({LIMIT}); raise that option to process it")
+    assert letters[7][1] == bad[7]  # the original value travels with its letter...
+    assert letters[9][1] is None  # ...unless it is the reason (it stays in the topic)
+
+
+def test_an_unreachable_broker_is_an_error_at_load(spark):
+    with pytest.raises(Exception) as caught:
+        (spark.readStream.format("ackstream").option("kafka.bootstrap.servers", "127.0.0.1:9")
+         .option("subscribe", "events").load())
+    assert "no Kafka broker answers at 127.0.0.1:9 (option kafka.bootstrap.servers) within" in \
+        str(caught.value)
+
+
+def test_a_missing_topic_is_an_error_at_load(spark, broker):
+    with pytest.raises(Exception) as caught:
+        (spark.readStream.format("ackstream").option("kafka.bootstrap.servers", broker.bootstrap)
+         .option("subscribe", "no-such-topic-here").load())
+    assert "no-such-topic-here (option subscribe) do not exist" in str(caught.value)
+
+
+def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new_topic, tmp_path):
+    """Transaction markers take offsets that carry no record; the source acks them itself
+    (the source timeout is far away here, so only that can let the commit pass them)."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    inbox, name = new_topic(partitions=1), f"gaps-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=name)
+    producer.init_transactions()
+    for batch in ([b"a", b"b"], [b"c"]):  # offsets 0, 1, marker 2, 3, marker 4
+        producer.begin_transaction()
+        for value in batch:
+            producer.send(inbox, value, partition=0)
+        producer.commit_transaction()
+    producer.close()
+
+    stream = (spark.readStream.format("ackstream")
+              .option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", inbox)
+              .option("startingOffsets", "earliest").option("ackstream.topology", name)
+              .option("ackstream.channel", str(tmp_path / "channel"))
+              .option("ackstream.messageTimeout", "5 min").load())
+    sink = MemorySink()
+    from ackstream.sinks.channel import LocalChannel
+
+    running = (Topology(name, spark, LocalChannel(tmp_path / "channel")).sink(sink)
+               .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300,
+                      message_timeout_ms=300_000))
+    group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
+                          enable_auto_commit=False)
+    try:
+        wait_for(lambda: group.committed(TopicPartition(inbox, 0)) == 5 or running.exception(),
+                 timeout=90, interval=0.5, what="the commit past both markers")
+        assert running.exception() is None
+    finally:
+        running.stop()
+        group.close(autocommit=False)
+    assert sorted(r["value"] for r in sink.rows()) == [b"a", b"b", b"c"]
