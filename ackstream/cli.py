@@ -5,6 +5,8 @@
   for its queries, stop them cleanly on Ctrl-C, ``--timeout`` or ``--until-idle``.
 - ``ackstream status``: pending, acked, failed, replayed and dead-lettered roots
   and complete-latency percentiles, read from a topology's channels.
+- ``ackstream acker``: a topology's acker query in a process of its own (the
+  topology started with ``acker=False``), until stopped.
 - ``ackstream bench [acker]``: the benchmark from the source checkout.
 
 Options default to environment variables (shown in ``--help``).
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="Storm's topology.message.timeout, in ms")
     _add_run(commands)
     _add_status(commands)
+    _add_acker(commands)
     _add_bench(commands)
     return parser
 
@@ -124,15 +127,7 @@ def _add_status(commands) -> None:
         formatter_class=_Formatter,
     )
     status.set_defaults(subparser=status)  # errors name the subcommand
-    status.add_argument("--topology", default=os.environ.get("ACKSTREAM_TOPOLOGY", "ackstream"),
-                        help="the topology's name, ackstream.topology (env ACKSTREAM_TOPOLOGY)")
-    status.add_argument("--channel", metavar="DIR", default=os.environ.get("ACKSTREAM_CHANNEL"),
-                        help="the local channel directory, ackstream.channel (env "
-                             "ACKSTREAM_CHANNEL; unset: the topology's default directory)")
-    status.add_argument("--bootstrap", metavar="HOST:PORT",
-                        default=os.environ.get("ACKSTREAM_BOOTSTRAP"),
-                        help="read the Kafka channel (<topology>.acks, <topology>.done) on "
-                             "this broker instead (env ACKSTREAM_BOOTSTRAP)")
+    _add_channel_options(status)
     status.add_argument("--dead-letters", metavar="DIR", default=None,
                         help="dead-letter Parquet folder (unset: <channel>/dead_letters with "
                              "--channel, the dead-letter topic with --bootstrap)")
@@ -140,6 +135,43 @@ def _add_status(commands) -> None:
                         help="with --bootstrap: the ackstream.deadLetterTopic "
                              "(unset: <topology>.dead)")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_channel_options(command) -> None:
+    """--topology, --channel and --bootstrap: which ack and completion channels."""
+    command.add_argument("--topology", default=os.environ.get("ACKSTREAM_TOPOLOGY", "ackstream"),
+                         help="the topology's name, ackstream.topology (env ACKSTREAM_TOPOLOGY)")
+    command.add_argument("--channel", metavar="DIR", default=os.environ.get("ACKSTREAM_CHANNEL"),
+                         help="the local channel directory, ackstream.channel (env "
+                              "ACKSTREAM_CHANNEL; unset: the topology's default directory)")
+    command.add_argument("--bootstrap", metavar="HOST:PORT",
+                         default=os.environ.get("ACKSTREAM_BOOTSTRAP"),
+                         help="use the Kafka channel (<topology>.acks, <topology>.done) on "
+                              "this broker instead (env ACKSTREAM_BOOTSTRAP)")
+
+
+def _add_acker(commands) -> None:
+    acker = commands.add_parser(
+        "acker", help="run a topology's acker query in this process, until stopped",
+        description="Runs the acker query of a topology started elsewhere with acker=False:\n"
+                    "ack records in from the channel, completions out to it. The pending\n"
+                    "roots live in the checkpoint: restarted with the same --checkpoint\n"
+                    "(after a crash, too), it resumes them. Stops on Ctrl-C or --timeout.",
+        formatter_class=_Formatter,
+    )
+    acker.set_defaults(subparser=acker)
+    _add_channel_options(acker)
+    acker.add_argument("--checkpoint", metavar="DIR", required=True,
+                       help="the acker query's checkpoint (keep it across restarts)")
+    acker.add_argument("--ackers", type=int, default=2,
+                       help="shards; fixed for the life of the checkpoint")
+    acker.add_argument("--message-timeout", default="30s", metavar="DURATION",
+                       help="Storm's topology.message.timeout (\"30s\", \"2 min\", ms)")
+    acker.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval")
+    acker.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                       help="stop after this long")
+    acker.add_argument("--cores", type=int, default=_env_int("ACKSTREAM_CORES", 2),
+                       help="local[N] cores (env ACKSTREAM_CORES)")
 
 
 def _add_bench(commands) -> None:
@@ -174,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args.subparser, args)
     if args.command == "status":
         return _status(args.subparser, args)
+    if args.command == "acker":
+        return _acker(args.subparser, args)
     if args.command == "bench":
         return _bench(args, extra)
     return 2
@@ -292,6 +326,45 @@ def _stop(queries) -> None:
             q.stop()
         except Exception as problem:  # noqa: BLE001 - stop the others all the same
             print(f"ackstream: stopping query {q.name} failed: {problem}", file=sys.stderr)
+
+
+def _acker(parser, args) -> int:
+    from ackstream.acker.query import start_acker
+    from ackstream.config import default_channel_dir, parse_duration_ms
+    from ackstream.errors import AckstreamError
+    from ackstream.session import local_session
+
+    if args.channel and args.bootstrap:
+        parser.error("--channel and --bootstrap are both set: give one")
+    if args.ackers < 1 or args.trigger_ms < 1:
+        parser.error("--ackers and --trigger-ms must be positive")
+    try:
+        timeout_ms = parse_duration_ms("--message-timeout", args.message_timeout)
+        spark = local_session(f"ackstream-acker-{args.topology}", cores=args.cores)
+    except AckstreamError as problem:
+        print(f"ackstream: {problem}", file=sys.stderr)
+        return 1
+    if args.bootstrap:
+        from ackstream.sinks.kafka_channel import KafkaChannel
+
+        channel = KafkaChannel(args.bootstrap, args.topology)
+    else:
+        from ackstream.sinks.channel import LocalChannel
+
+        channel = LocalChannel(args.channel or default_channel_dir(args.topology))
+    query = None
+    try:
+        query = start_acker(spark, channel, checkpoint=args.checkpoint, ackers=args.ackers,
+                            message_timeout_ms=timeout_ms, trigger_ms=args.trigger_ms,
+                            query_name=f"{args.topology}.acker")
+        print(f"ackstream acker: {query.name} running, checkpoint {args.checkpoint}", flush=True)
+        return _wait([query], args.timeout, None)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if query is not None:
+            _stop([query])
+        spark.stop()
 
 
 def _status(parser, args) -> int:

@@ -25,7 +25,8 @@ MESSAGE_TIMEOUT, MESSAGE_TIMEOUT_MS = "5s", 5_000
 SOURCE_TIMEOUT = "20s"
 
 
-def build(spark, bootstrap: str, inbox: str, outbox: str, name: str):
+def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
+          message_timeout: str = MESSAGE_TIMEOUT, source_timeout: str = SOURCE_TIMEOUT):
     """The tracked input stream and the topology (the fault tests run it in-process too)."""
 
     def refuse_poison(frame):
@@ -39,8 +40,8 @@ def build(spark, bootstrap: str, inbox: str, outbox: str, name: str):
               .option("kafka.bootstrap.servers", bootstrap).option("subscribe", inbox)
               .option("startingOffsets", "earliest").option("ackstream.topology", name)
               .option("ackstream.channel", "kafka")
-              .option("ackstream.messageTimeout", MESSAGE_TIMEOUT)
-              .option("ackstream.sourceTimeout", SOURCE_TIMEOUT)
+              .option("ackstream.messageTimeout", message_timeout)
+              .option("ackstream.sourceTimeout", source_timeout)
               .option("maxOffsetsPerTrigger", "50")  # spread the input over many batches
               .option("ackstream.retryInitialDelay", "200ms").option("ackstream.maxRetries", "2")
               .load())

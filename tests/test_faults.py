@@ -238,6 +238,64 @@ def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic,
     print(f"driver crash figures: kills survived {kills}, {figures}")
 
 
+def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topic, tmp_path):
+    """The acker in a process of its own (``ackstream acker``), SIGKILLed twice at random
+    points and restarted from its checkpoint while the topology runs on. Its timeouts are
+    longer than an outage, so any replay would mean it lost state or records."""
+    from fault_driver import build
+
+    seed = int(os.environ.get("ACKSTREAM_FAULT_SEED", time.time_ns() % 1_000_000))
+    print(f"\nfault seed: {seed} (rerun with ACKSTREAM_FAULT_SEED={seed})")
+    rng = random.Random(seed)
+    inbox, outbox = new_topic(partitions=2), new_topic(partitions=1)
+    name = f"acker-{uuid.uuid4().hex[:8]}"
+    lines = produce(broker.bootstrap, inbox)
+    recorder = CommitRecorder(broker.bootstrap, f"ackstream-{name}", inbox)
+    recorder.start()
+    log = open(tmp_path / "acker.log", "ab")  # noqa: SIM115 (closed in the finally below)
+    command = [sys.executable, "-m", "ackstream", "acker", "--topology", name,
+               "--bootstrap", broker.bootstrap, "--checkpoint", str(tmp_path / "acker"),
+               "--message-timeout", "60s", "--trigger-ms", "300", "--cores", "1"]
+
+    def spawn() -> subprocess.Popen:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def completions() -> int:
+        return KafkaChannel(broker.bootstrap, name).completions_since(None)[0].num_rows
+
+    stream, topology = build(spark, broker.bootstrap, inbox, outbox, name,
+                             message_timeout="60s", source_timeout="5 min")
+    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300, acker=False)
+    kills, acker = 0, None
+    try:
+        for run in (1, 2):
+            before = completions()
+            acker = spawn()
+            wait_for(lambda proc=acker, n=before: proc.poll() is None and completions() > n,
+                     timeout=180, interval=0.3, what=f"completions of acker run {run}")
+            delay = rng.uniform(0.2, 2.0)
+            time.sleep(delay)
+            kill_group(acker)
+            kills += 1
+            print(f"acker run {run}: SIGKILL {delay:.2f}s after its first completion, "
+                  f"committed then {recorder.latest()}")
+        acker = spawn()
+        wait_for(lambda: all_committed(recorder) or running.exception() or acker.poll(),
+                 timeout=240, interval=0.5, what="every input offset committed")
+        assert running.exception() is None and acker.poll() is None
+    finally:
+        running.stop()
+        if acker is not None and acker.poll() is None:
+            kill_group(acker)
+        recorder.stop()
+        log.close()
+
+    figures = check_end_state(broker.bootstrap, name, outbox, lines, recorder)
+    print(f"acker crash figures: kills survived {kills}, {figures}")
+    assert figures["spurious_replays"] == 0
+
+
 def test_a_stalled_broker_loses_nothing(spark, broker, new_topic, tmp_path):
     from fault_driver import start
 
