@@ -7,10 +7,16 @@ record is dead-lettered after its retries) -> per-batch counts -> Kafka sink, wi
 the ack and completion channels on the same broker. The topology query and the
 acker query both run here, so a SIGKILL of this process group is a crash of the
 driver and of the acker at once; both resume from ``CHECKPOINT_DIR``.
+
+With ``ACKSTREAM_FAULT_KILL_AFTER_SINK=N`` the driver SIGKILLs its own process
+group right after the N-th sink write returns, before that batch's ack records
+are written: the window the topology's ordering guarantee is about.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
@@ -57,8 +63,26 @@ def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
     return stream, topology
 
 
+class KillAfterSink:
+    """A sink that SIGKILLs this process group after its ``n``-th write returned."""
+
+    def __init__(self, sink, n: int):
+        self.sink, self.n, self.writes = sink, n, 0
+
+    def write(self, outputs, batch_id):
+        unwritten = self.sink.write(outputs, batch_id)
+        self.writes += 1
+        if self.writes == self.n:
+            print(f"fault_driver: killing itself after sink write {self.n}", flush=True)
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        return unwritten
+
+
 def start(spark, bootstrap: str, inbox: str, outbox: str, name: str, checkpoint: str):
     stream, topology = build(spark, bootstrap, inbox, outbox, name)
+    kill_after = int(os.environ.get("ACKSTREAM_FAULT_KILL_AFTER_SINK", "0"))
+    if kill_after:
+        topology.output = KillAfterSink(topology.output, kill_after)
     return topology.start(stream, checkpoint, trigger_ms=300, message_timeout_ms=MESSAGE_TIMEOUT_MS)
 
 

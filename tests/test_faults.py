@@ -194,10 +194,11 @@ def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic,
     kills, process = 0, None
     log = open(tmp_path / "driver.log", "ab")  # noqa: SIM115 (closed in the finally below)
 
-    def spawn() -> subprocess.Popen:
+    def spawn(kill_after_sink: int = 0) -> subprocess.Popen:
+        env = {**os.environ, "ACKSTREAM_FAULT_KILL_AFTER_SINK": str(kill_after_sink)}
         return subprocess.Popen(
             [sys.executable, str(DRIVER), broker.bootstrap, inbox, outbox, name, str(checkpoint)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def alive(proc):
         if proc.poll() is not None:
@@ -225,6 +226,13 @@ def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic,
             kills += 1
             print(f"run {run}: SIGKILL {delay:.2f}s after its first {after}, "
                   f"committed then {recorder.latest()}")
+        # run 3 kills itself between a batch's output write and its ack write
+        nth = rng.randint(1, 3)
+        process = spawn(kill_after_sink=nth)
+        process.wait(240)
+        assert process.returncode == -signal.SIGKILL, f"run 3 ended with {process.returncode}"
+        kills += 1
+        print(f"run 3: SIGKILL right after sink write {nth}, committed then {recorder.latest()}")
         process = spawn()
         wait_for(lambda: alive(process) and all_committed(recorder), timeout=240, interval=0.5,
                  what="every input offset committed after the restarts")
