@@ -274,12 +274,17 @@ def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topi
 
     stream, topology = build(spark, broker.bootstrap, inbox, outbox, name,
                              message_timeout="60s", source_timeout="5 min")
-    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300, acker=False)
-    kills, acker = 0, None
+    acker, running = spawn(), None
+    kills = 0
     try:
+        # the topology starts once the acker runs, so that the kills land mid-stream
+        wait_for(lambda: acker.poll() is None and b"running" in (tmp_path / "acker.log")
+                 .read_bytes(), timeout=120, interval=0.3, what="the acker to start")
+        running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300,
+                                 acker=False)
         for run in (1, 2):
             before = completions()
-            acker = spawn()
+            acker = acker if run == 1 else spawn()
             wait_for(lambda proc=acker, n=before: proc.poll() is None and completions() > n,
                      timeout=180, interval=0.3, what=f"completions of acker run {run}")
             delay = rng.uniform(0.2, 2.0)
@@ -293,8 +298,9 @@ def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topi
                  timeout=240, interval=0.5, what="every input offset committed")
         assert running.exception() is None and acker.poll() is None
     finally:
-        running.stop()
-        if acker is not None and acker.poll() is None:
+        if running is not None:
+            running.stop()
+        if acker.poll() is None:
             kill_group(acker)
         recorder.stop()
         log.close()
