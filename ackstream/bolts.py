@@ -81,8 +81,9 @@ def anchor_pairs(df: DataFrame) -> DataFrame:
 
 
 def failed_roots(df: DataFrame) -> DataFrame:
-    """``(root)``: every root the given tuples are anchored to."""
-    return anchor_pairs(df).select("root").distinct()
+    """``(root)``: the roots the given tuples are anchored to, a row per anchor (no
+    ``distinct()``: that would be a shuffle, and pre-combination merges repeats)."""
+    return anchor_pairs(df).select("root")
 
 
 def _roots_of_row() -> Column:
@@ -197,10 +198,11 @@ class FailWhereStage(Stage):
 
     def run(self, df: DataFrame, tracking: bool) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
-        kept = df.where(~failing)
         if not tracking:
-            return StageOutput(kept)
-        return StageOutput(mint(kept, self.number), failed=df.where(failing))
+            return StageOutput(df.where(~failing))
+        df = df.persist()  # kept and failed rows must come from one evaluation of the input
+        return StageOutput(mint(df.where(~failing), self.number), failed=df.where(failing),
+                           cached=(df,))
 
 
 class ExplodeStage(Stage):

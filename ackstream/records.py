@@ -25,8 +25,10 @@ __all__ = [
     "INIT",
     "RESET",
     "STATUSES",
+    "TICK",
     "TIMED_OUT",
     "as_table",
+    "tick",
 ]
 
 # kind bits of an ack record
@@ -34,6 +36,7 @@ ACK = 0  #: plain XOR contribution
 INIT = 1  #: the spout's record: its value is the XOR of the spout tuples' edge ids
 FAIL = 2  #: fail the root now, whatever its value
 RESET = 4  #: extend the root's deadline by one message timeout (Storm's resetTimeout)
+TICK = 8  #: no record at all: its arrival makes the acker run a batch (see :func:`tick`)
 
 # completion statuses
 ACKED = "acked"
@@ -88,3 +91,12 @@ def as_table(records, schema: pa.Schema) -> pa.Table:
     if hasattr(records, "to_numpy"):  # pandas
         return pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
     return records.select(schema.names).cast(schema)
+
+
+def tick(now_ms: int) -> pa.Table:
+    """Storm's tick tuple as an ack record. The acker runs a batch only when records
+    arrive; it drops ticks unread, but the batch expires overdue roots. ``value`` is
+    the time, so that every tick is a new record (the local channel names files by
+    their content)."""
+    return pa.Table.from_pylist([{"root": 0, "value": now_ms, "kind": TICK, "ts": now_ms}],
+                                schema=ACK_RECORD_SCHEMA)
