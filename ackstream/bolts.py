@@ -88,15 +88,15 @@ def anchor_pairs(df: DataFrame) -> DataFrame:
 
 
 def failed_roots(df: DataFrame) -> DataFrame:
-    """``(root, reason)``: every root the given tuples are anchored to, with a reason
-    one of its tuples gave (``_reason``; null if none)."""
+    """``(root, reason)``: the roots the given tuples are anchored to, a row per anchor,
+    with the tuple's reason (``_reason``; null if none). No ``distinct()``: that would
+    be a shuffle, and pre-combination merges repeats."""
     reason = (F.col(REASON) if REASON in df.columns else F.lit(None).cast("string"))
     if is_multi_anchored(df):
         pairs = df.select(F.inline(ANCHORS), reason.alias("reason"))
     else:
         pairs = df.select(F.col(ROOT).alias("root"), reason.alias("reason"))
-    return (pairs.where(F.col("root").isNotNull()).groupBy("root")
-            .agg(F.max("reason").alias("reason")))
+    return pairs.where(F.col("root").isNotNull())
 
 
 def _roots_of_row() -> Column:
@@ -214,14 +214,14 @@ class FailWhereStage(Stage):
 
     def run(self, df: DataFrame, tracking: bool) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
-        kept = df.where(~failing)
         if not tracking:
-            return StageOutput(kept)
+            return StageOutput(df.where(~failing))
+        df = df.persist()  # kept and failed rows must come from one evaluation of the input
         caught = df.where(failing).withColumn(REASON, self.reason.cast("string"))
-        return self._output(mint(kept, self.number), caught)
+        return self._output(mint(df.where(~failing), self.number), caught, cached=(df,))
 
-    def _output(self, kept: DataFrame, caught: DataFrame) -> StageOutput:
-        return StageOutput(kept, failed=caught)
+    def _output(self, kept: DataFrame, caught: DataFrame, cached: tuple) -> StageOutput:
+        return StageOutput(kept, failed=caught, cached=cached)
 
 
 class RejectWhereStage(FailWhereStage):
@@ -231,8 +231,8 @@ class RejectWhereStage(FailWhereStage):
 
     kind = "reject_where"
 
-    def _output(self, kept: DataFrame, caught: DataFrame) -> StageOutput:
-        return StageOutput(kept, rejected=caught)
+    def _output(self, kept: DataFrame, caught: DataFrame, cached: tuple) -> StageOutput:
+        return StageOutput(kept, rejected=caught, cached=cached)
 
 
 class ExplodeStage(Stage):

@@ -29,9 +29,11 @@ __all__ = [
     "REJECTED",
     "RESET",
     "STATUSES",
+    "TICK",
     "TIMED_OUT",
     "UNKNOWN",
     "as_table",
+    "tick",
 ]
 
 # kind bits of an ack record
@@ -41,7 +43,8 @@ FAIL = 2  #: fail the root now, whatever its value
 RESET = 4  #: extend the root's deadline by one message timeout (Storm's resetTimeout)
 #: the record itself is at fault (undecodable, too big): dead-letter it now, no replay
 REJECT = 8
-KINDS = INIT | FAIL | RESET | REJECT  #: every known bit; a record with others is invalid
+TICK = 16  #: no record at all: its arrival makes the acker run a batch (see :func:`tick`)
+KINDS = INIT | FAIL | RESET | REJECT | TICK  #: every known bit; others make a record invalid
 
 # completion statuses
 ACKED = "acked"
@@ -112,3 +115,12 @@ def as_table(records, schema: pa.Schema) -> pa.Table:
         if name in schema.names and name not in records.column_names:
             records = records.append_column(name, pa.nulls(records.num_rows, schema.field(name).type))
     return records.select(schema.names).cast(schema)
+
+
+def tick(now_ms: int) -> pa.Table:
+    """Storm's tick tuple as an ack record. The acker runs a batch only when records
+    arrive; it drops ticks unread, but the batch expires overdue roots. ``value`` is
+    the time, so that every tick is a new record (the local channel names files by
+    their content)."""
+    return pa.Table.from_pylist([{"root": 0, "value": now_ms, "kind": TICK, "ts": now_ms}],
+                                schema=ACK_RECORD_SCHEMA)

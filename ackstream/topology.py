@@ -4,8 +4,8 @@ A topology is Storm's idea in Spark terms: a chain of bolt stages written as
 ordinary DataFrame or SQL code, ending in a sink. Each micro-batch runs the whole
 chain inside ``foreachBatch``; ackstream anchors every output tuple to its
 inputs, acks and fails them, and writes the batch's ack records to the ack
-channel, pre-combined per root (``bit_xor`` of values), so the channel carries
-about one record per root per batch. The acker query (started with the
+channel, pre-combined per root (XOR of values), so the channel carries one
+record per root per batch. The acker query (started with the
 topology) folds them into the XOR ledger and reports completions to the source.
 
 Order within a batch is the guarantee: outputs go to the sink first, ack records
@@ -65,18 +65,25 @@ class Topology:
     ``tracking=False`` runs the same stages and writes no ack records at all (the
     input then needs no lineage columns): the baseline to measure tracking against.
 
-    ``ack_mode="per_stage"`` computes every stage's acks as Storm's bolts would send
-    them and XORs them per root. Inside one batch those acks telescope: what a stage
-    emits, the next stage acks, and what the sink writes, it acks, so per root they
-    sum to the init's value. ``ack_mode="telescoped"`` uses that: it writes each
-    root's init with value 0 plus the fails, skipping the per-stage work. Both give
-    the acker the same outcome for every root (tests hold them to it).
+    ``ack_mode`` says how a batch's acks are computed; both give the acker the same
+    outcome for every root (tests hold them to it):
+
+    - ``"telescoped"`` (the default) writes each root's init with value 0, plus the
+      fails. Inside one batch Storm's acks telescope: what a stage emits, the next
+      stage acks, and what the sink writes, it acks; each root's XOR of them equals
+      its init's value, so only the init (the root was read) and the fails (a stage
+      or the sink failed one of its tuples) carry information. Rows a stage drops,
+      unanchored emits and multi-anchored aggregate rows cancel out alike.
+    - ``"per_stage"`` is Storm-faithful: it computes every stage's acks as Storm's
+      bolts would send them (persisting each stage's output so that both sides of
+      an edge see the same rows) and XORs them per root. It costs a few times the
+      batch time; use it to watch the XOR ledger at work.
     """
 
     ACK_MODES = ("per_stage", "telescoped")
 
     def __init__(self, name: str, spark, channel, *, tracking: bool = True,
-                 ack_mode: str = "per_stage"):
+                 ack_mode: str = "telescoped"):
         if ack_mode not in self.ACK_MODES:
             raise OptionError("ack_mode", ack_mode, " or ".join(self.ACK_MODES))
         self.name, self.spark, self.channel, self.tracking = name, spark, channel, tracking
@@ -165,7 +172,8 @@ class Topology:
             return df
 
         try:
-            tuples = keep(batch)
+            # tracked, the batch is read more than once (sink, init records): read it once
+            tuples = keep(batch) if self.tracking else batch
             parts = [_init_records(tuples, now, self.per_stage)] if self.tracking else []
             for stage in self.stages:
                 out = stage.run(tuples, self.tracking)
@@ -184,7 +192,7 @@ class Topology:
             parts += self._write_sink(tuples, batch_id, now)
             if not self.tracking:
                 return ACK_RECORD_SCHEMA.empty_table()
-            return precombine(_union_all(parts)).toArrow().cast(ACK_RECORD_SCHEMA)
+            return precombine(_union_all(parts).toArrow())
         finally:
             for df in kept:
                 df.unpersist()

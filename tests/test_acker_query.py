@@ -7,6 +7,7 @@ from conftest import wait_for
 
 from ackstream import ACKED, TIMED_OUT
 from ackstream.acker.query import start_acker
+from ackstream.records import tick
 from ackstream.sinks.channel import LocalChannel
 from ackstream.testing import TupleGraph, ack_records
 
@@ -81,9 +82,13 @@ def test_idle_shards_tick_and_time_out_incomplete_trees(spark, tmp_path):
     completions = Completions(channel)
     query = start_acker(spark, channel, checkpoint=str(tmp_path / "checkpoint"), ackers=2,
                         message_timeout_ms=1_500, trigger_ms=100)
+
+    def timed_out():
+        channel.write_acks(tick(int(time.time() * 1000)))  # as the source does, once a second
+        return [c for c in completions.poll() if c["status"] == TIMED_OUT]
+
     try:
-        rows = wait_for(lambda: [c for c in completions.poll() if c["status"] == TIMED_OUT],
-                        what="a timeout without new records")
+        rows = wait_for(timed_out, interval=1.0, what="a timeout without new records")
     finally:
         query.stop()
     assert [(c["root"], c["offset"]) for c in rows] == [(10, 10)]
@@ -113,9 +118,13 @@ def test_unusable_records_and_stray_acks_are_reported_and_never_stop_the_acker(s
     completions = Completions(channel)
     query = start_acker(spark, channel, checkpoint=str(tmp_path / "checkpoint"), ackers=2,
                         message_timeout_ms=2_000, trigger_ms=100)
+
+    def both_timed_out():
+        channel.write_acks(tick(int(time.time() * 1000)))  # wakes the acker, as the source does
+        return {555, 88} <= {c["root"] for c in completions.poll() if c["status"] != INVALID}
+
     try:
-        wait_for(lambda: {555, 88} <= {c["root"] for c in completions.poll()
-                                       if c["status"] != INVALID},
+        wait_for(both_timed_out, interval=1.0,
                  what="the stray ack and the unfinished init to time out")
         assert query.isActive
     finally:

@@ -40,9 +40,13 @@ def word_count(spark, sink, **kw):
             .sink(sink))
 
 
-def test_word_count_acks_every_root_and_fails_the_one_with_a_failing_row(spark):
+MODES = pytest.mark.parametrize("ack_mode", Topology.ACK_MODES)
+
+
+@MODES
+def test_word_count_acks_every_root_and_fails_the_one_with_a_failing_row(spark, ack_mode):
     sink = MemorySink()
-    records = word_count(spark, sink).run_batch(tracked_frame(spark, LINES))
+    records = word_count(spark, sink, ack_mode=ack_mode).run_batch(tracked_frame(spark, LINES))
     roots = roots_of(spark, LINES)
     assert records.schema == ACK_RECORD_SCHEMA
     assert records.num_rows == len(roots)  # pre-combined: one record per root
@@ -141,7 +145,7 @@ class LosingSink(MemorySink):
         return table.filter(mask)
 
 
-@pytest.mark.parametrize("ack_mode", ["per_stage", "telescoped"])
+@MODES
 def test_unwritten_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mode):
     sink = LosingSink(lambda row: row["word"] == "c")
     records = word_count(spark, sink, ack_mode=ack_mode).run_batch(tracked_frame(spark, LINES))
@@ -151,12 +155,25 @@ def test_unwritten_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mode
                                roots[3]: "failed", roots[4]: "acked"}
 
 
-def test_a_sink_that_raises_fails_the_roots_with_outputs(spark):
+@MODES
+def test_failing_an_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mode):
+    topology = (Topology("agg", spark, None, ack_mode=ack_mode)
+                .explode(F.split("value", " "), "word")
+                .aggregate("word", F.count("*").alias("n"))
+                .fail_where(F.col("n") >= 3)  # "c": lines 0 and 3
+                .sink(MemorySink()))
+    roots = roots_of(spark, LINES)
+    outcome = settle(topology.run_batch(tracked_frame(spark, LINES)))
+    assert outcome == {r: ("failed" if i in (0, 3) else "acked") for i, r in enumerate(roots)}
+
+
+@MODES
+def test_a_sink_that_raises_fails_the_roots_with_outputs(spark, ack_mode):
     class Broken:
         def write(self, outputs, batch_id):
             raise OSError("disk full")
 
-    records = word_count(spark, Broken()).run_batch(tracked_frame(spark, LINES))
+    records = word_count(spark, Broken(), ack_mode=ack_mode).run_batch(tracked_frame(spark, LINES))
     roots = roots_of(spark, LINES)
     outcome = settle(records)
     assert outcome[roots[2]] == "acked"  # the empty line had no tuple left to write
@@ -170,7 +187,8 @@ def test_ack_mode_is_checked(spark):
     assert caught.value.option == "ack_mode"
 
 
-def test_pandas_bolt_error_fails_only_that_rows_root(spark):
+@MODES
+def test_pandas_bolt_error_fails_only_that_rows_root(spark, ack_mode):
     def bolt(frame):
         """Words of each line; a line with 'boom' raises; plus one unanchored row (index -1)."""
         if frame["value"].str.contains("boom").any():
@@ -179,7 +197,8 @@ def test_pandas_bolt_error_fails_only_that_rows_root(spark):
         return pd.concat([words, pd.DataFrame({"word": ["seen"]}, index=[-1])])
 
     sink = MemorySink()
-    topology = Topology("pb", spark, None).pandas_bolt(bolt, "word string").sink(sink)
+    topology = (Topology("pb", spark, None, ack_mode=ack_mode)
+                .pandas_bolt(bolt, "word string").sink(sink))
     records = topology.run_batch(tracked_frame(spark, LINES))
     roots = roots_of(spark, LINES)
     assert settle(records) == {r: ("failed" if i == 1 else "acked") for i, r in enumerate(roots)}
@@ -189,9 +208,10 @@ def test_pandas_bolt_error_fails_only_that_rows_root(spark):
     assert "seen" in set(sink.to_pandas()["word"])  # unanchored rows are written too
 
 
-def test_sql_stage_and_lineage_check(spark):
+@MODES
+def test_sql_stage_and_lineage_check(spark, ack_mode):
     sink = MemorySink()
-    topology = (Topology("sql", spark, None)
+    topology = (Topology("sql", spark, None, ack_mode=ack_mode)
                 .sql("SELECT *, upper(value) AS shout FROM tuples WHERE value != ''")
                 .sink(sink))
     records = topology.run_batch(tracked_frame(spark, LINES))

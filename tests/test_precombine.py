@@ -1,13 +1,15 @@
-"""Pre-combining in Spark gives the ledger the same outcome as the raw records."""
-
-import pytest
+"""Pre-combining gives the ledger the same outcome as the raw records."""
 
 from ackstream import ACKED, Pending, step
 from ackstream.acker.precombine import precombine
-from ackstream.records import ACK_RECORD_DDL
+from ackstream.records import ACK_RECORD_SCHEMA, as_table
 from ackstream.testing import TupleGraph, ack_records, fail
 
-pytestmark = pytest.mark.spark
+
+def combined(frame):
+    table = precombine(as_table(frame, ACK_RECORD_SCHEMA))
+    assert table.schema == ACK_RECORD_SCHEMA
+    return table.to_pandas()
 
 
 def outcome(frame):
@@ -15,7 +17,7 @@ def outcome(frame):
     return sorted(zip(done["root"], done["status"])), pending.values()
 
 
-def test_precombined_records_give_the_same_completions(spark):
+def test_precombined_records_give_the_same_completions():
     g, records = TupleGraph(), []
     for root in range(1, 6):
         spout = g.spout(root, topic="t", partition=root % 2, offset=root)
@@ -24,16 +26,36 @@ def test_precombined_records_give_the_same_completions(spark):
     joined = g.emit([g.spout(6, offset=6), g.spout(7, offset=7)])  # not acked: 6, 7 pending
     records = g.init_records() + records + [fail(3)] + [records[0]]  # root 1 duplicated
     raw = ack_records(records)
-    combined = precombine(spark.createDataFrame(raw, ACK_RECORD_DDL)).toPandas()
-    assert len(combined) == 7
-    assert outcome(combined) == outcome(raw)
+    once = combined(raw)
+    assert len(once) == 7
+    assert outcome(once) == outcome(raw)
     assert outcome(raw)[0] == [(2, ACKED), (3, "failed"), (4, ACKED), (5, ACKED)]
     assert joined.anchors.keys() == {6, 7}
 
 
-def test_the_init_timestamp_survives_combination(spark):
+def test_the_init_timestamp_survives_combination():
     from ackstream.testing import ack, init
 
     raw = ack_records([ack(1, 5, ts=900), init(1, 5, ts=100), ack(2, 3, ts=50), ack(2, 3, ts=70)])
-    combined = precombine(spark.createDataFrame(raw, ACK_RECORD_DDL)).toPandas()
-    assert dict(zip(combined["root"], combined["ts"])) == {1: 100, 2: 70}
+    once = combined(raw)
+    assert dict(zip(once["root"], once["ts"])) == {1: 100, 2: 70}
+    assert once.set_index("root")["offset"].isna().tolist() == [False, True]  # no init: null
+
+
+def test_an_init_delivered_twice_cancels_itself():
+    from ackstream.testing import init
+
+    done, pending = outcome(combined(ack_records([init(1, 0), init(1, 0), init(2, 0)])))
+    assert done == [(2, ACKED)] and pending == {1: 0}  # root 1 times out and replays
+
+
+def test_a_fail_reason_and_a_reject_survive_combination():
+    from ackstream.testing import ack, init, reject
+
+    raw = ack_records([init(1, 5), ack(1, 5), fail(1, reason="bolt: ValueError"),
+                       init(2, 0), reject(2, reason="not JSON"), init(3, 0)])
+    once = combined(raw).set_index("root")
+    assert once["reason"].to_dict() == {1: "bolt: ValueError", 2: "not JSON", 3: None}
+    _, done = step(Pending.empty(0), once.reset_index(), 0, 30_000)
+    assert sorted(zip(done["root"], done["status"])) == [(1, "failed"), (2, "rejected"),
+                                                          (3, ACKED)]

@@ -6,7 +6,7 @@ import os
 import pytest
 from conftest import wait_for
 
-from ackstream import FAILED, read_dead_letters
+from ackstream import FAILED, TIMED_OUT, read_dead_letters
 from ackstream.acker.query import start_acker
 from ackstream.sinks.channel import LocalChannel
 from ackstream.sources.generator import sentence
@@ -59,6 +59,39 @@ def test_generator_records_are_tracked_replayed_and_dead_lettered(spark, tmp_pat
     assert sorted((d["partition"], d["offset"]) for d in letters) == sorted(failing)
     assert {(d["attempts"], d["reason"]) for d in letters} == {(2, FAILED)}
     assert letters[0]["value"].decode() == sentence(letters[0]["partition"], letters[0]["offset"])
+
+
+def test_an_idle_acker_is_ticked_by_the_source_and_times_out_a_lost_tree(spark, tmp_path):
+    """The acker runs no idle batches: the source's tick makes it expire the root whose
+    acks were lost, long before the source would give up on it (source timeout)."""
+    channel_dir = str(tmp_path / "channel")
+    channel = LocalChannel(channel_dir)
+    topology = SpoutAcker(channel, lose=lambda f: (f["offset"] == 3) & (f["_attempt"] == 0))
+    acker = start_acker(spark, channel, checkpoint=str(tmp_path / "acker"), ackers=2,
+                        message_timeout_ms=2000, trigger_ms=200)
+    frame = (spark.readStream.format("ackstream")
+             .option("ackstream.upstream", "generator")
+             .option("ackstream.generator.count", "10")
+             .option("ackstream.generator.partitions", "1")
+             .option("ackstream.channel", channel_dir)
+             .option("ackstream.topology", "tick-test")
+             .option("ackstream.messageTimeout", "2s")
+             .option("ackstream.sourceTimeout", "1h")
+             .option("ackstream.retryInitialDelay", "100ms")
+             .load())
+    query = (frame.writeStream.foreachBatch(topology)
+             .option("checkpointLocation", str(tmp_path / "source"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_for(lambda: commits(channel_dir) == {"generator/0": 10}, timeout=120,
+                 what="every offset committed")
+    finally:
+        query.stop()
+        acker.stop()
+    done = channel.completions_since(None)[0].to_pylist()
+    assert [(c["offset"], c["attempt"]) for c in done if c["status"] == TIMED_OUT] == [(3, 0)]
+    assert {(r["offset"], r["_attempt"]) for r in topology.rows} == \
+        {(o, 0) for o in range(10)} | {(3, 1)}
 
 
 def test_tracking_off_commits_what_spark_committed_and_max_offsets_per_trigger(spark, tmp_path):

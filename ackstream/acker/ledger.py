@@ -116,8 +116,8 @@ class Pending:
 
 @dataclass(frozen=True)
 class Combined:
-    """One row per root of a batch: XOR of values, OR of kinds, parity of inits, and
-    the init's coordinates."""
+    """One row per root of a batch: XOR of values, OR of kinds, parity of inits, the
+    init's coordinates, and its timestamp (the latest one when the root had no init)."""
 
     root: np.ndarray
     value: np.ndarray
@@ -127,7 +127,7 @@ class Combined:
     partition: np.ndarray
     offset: np.ndarray
     attempt: np.ndarray
-    init_ts: np.ndarray
+    ts: np.ndarray
     reason: np.ndarray  # object array: a fail's or reject's reason, else None
 
 
@@ -142,13 +142,13 @@ def combine(records: pd.DataFrame) -> Combined:
     value = np.bitwise_xor.reduceat(records["value"].to_numpy(np.int64)[order], starts)
     kind = np.bitwise_or.reduceat(kinds[order], starts)
     init_odd = np.bitwise_xor.reduceat(kinds[order] & INIT, starts) != 0
+    ts = np.maximum.reduceat(records["ts"].to_numpy(np.int64)[order], starts)
 
     n = len(roots)
     topic = np.full(n, None, dtype=object)
     partition = np.zeros(n, np.int64)
     offset = np.zeros(n, np.int64)
     attempt = np.zeros(n, np.int64)
-    init_ts = np.zeros(n, np.int64)
     init_rows = np.flatnonzero(kinds & INIT)
     if len(init_rows):
         group = np.searchsorted(roots, root[init_rows])
@@ -156,15 +156,14 @@ def combine(records: pd.DataFrame) -> Combined:
         partition[group] = records["partition"].to_numpy()[init_rows]
         offset[group] = records["offset"].to_numpy()[init_rows]
         attempt[group] = records["attempt"].to_numpy()[init_rows]
-        init_ts[group] = records["ts"].to_numpy(np.int64)[init_rows]
+        ts[group] = records["ts"].to_numpy(np.int64)[init_rows]
     reason = np.full(n, None, dtype=object)
     if "reason" in records:
         why = records["reason"].to_numpy(object)
         given = np.flatnonzero((kinds & (FAIL | REJECT)) != 0)
         given = given[pd.notna(why[given])]
         reason[np.searchsorted(roots, root[given])] = why[given]
-    return Combined(roots, value, kind, init_odd, topic, partition, offset, attempt, init_ts,
-                    reason)
+    return Combined(roots, value, kind, init_odd, topic, partition, offset, attempt, ts, reason)
 
 
 def step(
@@ -205,7 +204,7 @@ def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: 
     topic_codes, topics = _topic_codes(batch.topic[has_init], topics)
     codes = np.full(len(batch.root), -1, np.int16)
     codes[has_init] = topic_codes
-    started = np.clip(batch.init_ts - epoch_ms, _I32_MIN, _I32_MAX).astype(np.int32)
+    started = np.clip(batch.ts - epoch_ms, _I32_MIN, _I32_MAX).astype(np.int32)
     deadline = np.int32(min(now + timeout_ms, _I32_MAX))
 
     pos = np.searchsorted(table["root"], batch.root)

@@ -1,41 +1,41 @@
-"""Pre-combine ack records per root in the JVM before they leave a batch.
+"""Pre-combine a batch's ack records per root before they go to the ack channel.
 
 XOR is associative, so all records of one root in a batch fold into one: values
-by ``bit_xor``, fail/reset bits by ``bit_or``, and the init bit by parity (XOR),
-so that a record delivered twice still cancels itself after combination. The
-init's coordinates and timestamp survive because they are taken from the init row.
-(An init delivered twice in one batch cancels, and with it the coordinates: that
-root times out, and the source, which knows its roots, replays it.)
+by XOR, fail/reset bits by OR, and the init bit by parity, so that a record
+delivered twice still cancels itself after combination. The init's coordinates
+and timestamp survive because they are taken from the init row. (An init
+delivered twice in one batch cancels: that root times out, and the source, which
+knows its roots, replays it.) It is the ledger's own ``combine``, run on the
+driver: a batch's records are few (one init per root plus fails with the
+default ``ack_mode``), so collecting them costs less than a shuffle in Spark.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+import numpy as np
+import pyarrow as pa
 
-from ackstream.records import INIT
+from ackstream.acker.ledger import combine
+from ackstream.records import ACK_RECORD_SCHEMA, INIT
 
 __all__ = ["precombine"]
 
 
-def precombine(records: DataFrame) -> DataFrame:
-    """One ack record per root of ``records`` (``ACK_RECORD_DDL`` columns, any order)."""
-    init_bit = F.col("kind").bitwiseAND(F.lit(INIT))
-    combined = records.groupBy("root").agg(
-        F.bit_xor("value").alias("value"),
-        F.bit_or(F.col("kind").bitwiseAND(F.lit(~INIT & 0x7F))).alias("_other"),
-        F.bit_xor(init_bit).alias("_init"),
-        F.max("topic").alias("topic"),
-        F.max("partition").alias("partition"),
-        F.max("offset").alias("offset"),
-        F.max("attempt").alias("attempt"),
-        # the init's ts is the start of the complete latency; others only when none
-        F.coalesce(F.max(F.when(init_bit != 0, F.col("ts"))), F.max("ts")).alias("ts"),
-        F.max("reason").alias("reason"),  # one of the fails' reasons, the same on a re-run
-    )
-    return combined.select(
-        "root",
-        "value",
-        F.col("_other").bitwiseOR(F.col("_init")).cast("byte").alias("kind"),
-        "topic", "partition", "offset", "attempt", "ts", "reason",
-    )
+def precombine(records: pa.Table) -> pa.Table:
+    """One ack record per root of ``records`` (``ACK_RECORD_SCHEMA`` columns, any order)."""
+    if not records.num_rows:
+        return ACK_RECORD_SCHEMA.empty_table()
+    c = combine(records.select(ACK_RECORD_SCHEMA.names).to_pandas())
+    known = (c.kind & INIT) != 0  # coordinates come from an init row
+    kind = (c.kind & ~INIT) | np.where(c.init_odd, INIT, 0)
+    return pa.table({
+        "root": c.root,
+        "value": c.value,
+        "kind": kind.astype(np.int8),
+        "topic": pa.array(c.topic, pa.string()),
+        "partition": pa.array(c.partition, pa.int32(), mask=~known),
+        "offset": pa.array(c.offset, pa.int64(), mask=~known),
+        "attempt": pa.array(c.attempt, pa.int32(), mask=~known),
+        "ts": c.ts,
+        "reason": pa.array(c.reason, pa.string()),
+    }, schema=ACK_RECORD_SCHEMA)

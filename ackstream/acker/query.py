@@ -7,8 +7,13 @@ this fast: Spark calls Python once per key per batch (1-2 ms), so per-root keys
 cap the acker at about a thousand roots a second, while a few shard keys hand
 the vectorised ledger whole columns.
 
-The shard's processing-time timeout is the tick: a shard that gets no records
-in a batch is still called, and expires its overdue roots by their deadlines.
+A batch runs only when records arrive (Spark's no-data batches are off for this
+query: for a processing-time timeout Spark would run one every trigger, each
+costing about a whole batch of CPU, which the topology then lacks). In a batch,
+a shard whose processing-time timeout has passed is called even without records,
+and expires its overdue roots by their deadlines. So an idle acker needs a record
+to wake it: the source writes a :func:`~ackstream.records.tick` while one of its
+roots is past the message timeout (Storm's tick tuple), and the acker drops it.
 
 Any process may write to the ack channel, so the acker trusts nothing: a record
 it cannot use (a null root or value, unknown kind bits, an init without
@@ -30,7 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from ackstream.acker.ledger import Pending, step
-from ackstream.records import COMPLETION_DDL, INIT, INVALID, KINDS, UNKNOWN
+from ackstream.records import COMPLETION_DDL, INIT, INVALID, KINDS, TICK, UNKNOWN
 
 __all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
 
@@ -38,6 +43,7 @@ __all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
 STATE_DDL = "epoch_ms long, topics string, pending binary"
 
 SHARD_COLUMN = "_shard"
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 _INVALID, _NO_ROOT = "_invalid", "_no_root"
 
 log = logging.getLogger(__name__)
@@ -131,6 +137,7 @@ def completions(
     """
     return (
         checked(records)
+        .where(F.col(_INVALID).isNotNull() | (F.col("kind").bitwiseAND(F.lit(TICK)) == 0))
         .withColumn(SHARD_COLUMN, F.pmod(F.col("root"), F.lit(ackers).cast("long")))
         .groupBy(SHARD_COLUMN)
         .applyInPandasWithState(
@@ -177,7 +184,16 @@ def start_acker(
     )
     if query_name:
         writer = writer.queryName(query_name)
-    return writer.start()
+    # read when the query starts (see the module doc); the session's value is put back
+    previous = spark.conf.get(NO_DATA_BATCHES, None)
+    spark.conf.set(NO_DATA_BATCHES, "false")
+    try:
+        return writer.start()
+    finally:
+        if previous is None:
+            spark.conf.unset(NO_DATA_BATCHES)
+        else:
+            spark.conf.set(NO_DATA_BATCHES, previous)
 
 
 def report(table: pa.Table, batch_id: int) -> None:

@@ -30,8 +30,10 @@ import time
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from ackstream.acker.query import default_tick_ms
 from ackstream.config import SourceConfig, parse
 from ackstream.errors import AckstreamError
+from ackstream.records import tick
 from ackstream.sources.rows import SOURCE_DDL, ReadTask
 from ackstream.sources.tracking import RetryPolicy, Tracker
 
@@ -221,6 +223,7 @@ class _Driver:
         self.position = offset.get("done", -1)
         self.letters = None
         self._dead_since_snapshot = False
+        self._ticked_ms = 0
         self.committed: dict = {}
         if config.tracking:
             self._merge_group_commits()
@@ -298,9 +301,20 @@ class _Driver:
             rows = table.select(["root", "status", "reason"]).to_pylist()
             self.tracker.complete(rows, now_ms)
         self.tracker.expire(now_ms)
+        self._tick(now_ms)
         if self.tracker.dead:
             self._write_dead_letters()
         self._commit()
+
+    def _tick(self, now_ms: int) -> None:
+        """Wake the acker, at most once per its tick, while a root is past the message
+        timeout: the acker runs only when records arrive, and such a root must time out
+        there (see ``ackstream.acker.query``)."""
+        timeout = self.config.message_timeout_ms
+        if now_ms - self._ticked_ms >= default_tick_ms(timeout) and \
+                self.tracker.overdue(now_ms - timeout):
+            self.channel.write_acks(tick(now_ms))
+            self._ticked_ms = now_ms
 
     def _write_dead_letters(self) -> None:
         letters = list(self.tracker.dead.values())

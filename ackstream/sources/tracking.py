@@ -178,6 +178,11 @@ class Tracker:
             if root.emitted_ms is None:
                 root.emitted_ms = now_ms
 
+    def overdue(self, before_ms: int) -> bool:
+        """Whether a root in flight was emitted at ``before_ms`` or earlier."""
+        return any(r.emitted_ms is not None and r.emitted_ms <= before_ms
+                   for r in self.roots.values())
+
     def expire(self, now_ms: int) -> list[DeadLetter]:
         """Roots in flight for longer than the source timeout count as timed out."""
         overdue = [r for r in self.roots.values() if r.emitted_ms is not None
