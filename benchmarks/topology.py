@@ -1,8 +1,10 @@
 """Topology benchmark (issue 4): the same pipeline with tracking on and off, in one run.
 
 generator upstream -> explode words -> count per word -> memory sink, on the local
-channel. For each mode: wall time from start until every generated offset is
-committed (tracking on: acked; off: processed), as records/s. Then, with tracking
+channel, at most ``--batch`` offsets per micro-batch (so a run is many batches, a
+sustained rate, not one batch end to end). For each mode: wall time from start
+until every generated offset is committed (tracking on: acked; off: processed),
+as records/s. Then, with tracking
 on, a rate-limited run at half the measured tracked rate for complete-latency
 percentiles (from the completion channel). Prints one JSON line and writes it to
 ``benchmarks/results/topology-<date>.json``.
@@ -34,7 +36,8 @@ from ackstream.sinks.channel import LocalChannel  # noqa: E402
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float = 900) -> dict:
+def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float = 900,
+        batch: int | None = None) -> dict:
     """One run to the end; returns records/s and, with tracking, latency percentiles."""
     directory = tempfile.mkdtemp(prefix="ackstream-bench-")
     channel_dir = os.path.join(directory, "channel")
@@ -44,7 +47,8 @@ def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float
               .option("ackstream.generator.rate", rate)
               .option("ackstream.tracking", str(tracking).lower())
               .option("ackstream.topology", name).option("ackstream.channel", channel_dir)
-              .option("ackstream.messageTimeout", "120s").load())
+              .option("ackstream.messageTimeout", "120s")
+              .option("maxOffsetsPerTrigger", batch or records).load())
     topology = (Topology(name, spark, LocalChannel(channel_dir), tracking=tracking)
                 .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
                 .explode(F.split("line", " "), "word")
@@ -73,6 +77,7 @@ def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=2_500, help="max offsets per micro-batch")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
@@ -80,10 +85,11 @@ def main(argv=None) -> dict:
     spark = local_session("ackstream-bench-topology")
     try:
         run(spark, True, 500)  # warm-up, untimed: JIT, Python workers
-        off = run(spark, False, records)
-        on = run(spark, True, records)
+        off = run(spark, False, records, batch=args.batch)
+        on = run(spark, True, records, batch=args.batch)
         rate = on["records_per_s"] / 2
-        paced = run(spark, True, int(rate * (10 if args.quick else 30)), rate=rate)
+        paced = run(spark, True, int(rate * (10 if args.quick else 30)), rate=rate,
+                    batch=args.batch)
     finally:
         spark.stop()
     from acker import machine  # the same machine description as the acker benchmark
@@ -93,7 +99,7 @@ def main(argv=None) -> dict:
         "tracking_off": off, "tracking_on": on,
         "overhead_pct": 100 * (1 - on["records_per_s"] / off["records_per_s"]),
         "half_rate": {"rate_records_per_s": rate, **paced},
-        "trigger_ms": 200, "machine": machine(),
+        "trigger_ms": 200, "max_offsets_per_batch": args.batch, "machine": machine(),
     }
     print(json.dumps(out))
     if not args.no_save:

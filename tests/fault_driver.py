@@ -32,7 +32,8 @@ SOURCE_TIMEOUT = "20s"
 
 
 def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
-          message_timeout: str = MESSAGE_TIMEOUT, source_timeout: str = SOURCE_TIMEOUT):
+          message_timeout: str = MESSAGE_TIMEOUT, source_timeout: str = SOURCE_TIMEOUT,
+          per_batch: int = 50):
     """The tracked input stream and the topology (the fault tests run it in-process too)."""
 
     def refuse_poison(frame):
@@ -48,7 +49,7 @@ def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
               .option("ackstream.channel", "kafka")
               .option("ackstream.messageTimeout", message_timeout)
               .option("ackstream.sourceTimeout", source_timeout)
-              .option("maxOffsetsPerTrigger", "50")  # spread the input over many batches
+              .option("maxOffsetsPerTrigger", per_batch)  # spread the input over many batches
               .option("ackstream.retryInitialDelay", "200ms").option("ackstream.maxRetries", "2")
               .load())
     topology = (

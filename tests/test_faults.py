@@ -273,7 +273,7 @@ def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topi
         return KafkaChannel(broker.bootstrap, name).completions_since(None)[0].num_rows
 
     stream, topology = build(spark, broker.bootstrap, inbox, outbox, name,
-                             message_timeout="60s", source_timeout="5 min")
+                             message_timeout="60s", source_timeout="5 min", per_batch=10)
     acker, running = spawn(), None
     kills = 0
     try:
