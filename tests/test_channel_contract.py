@@ -110,3 +110,22 @@ def test_a_local_batch_written_again_replaces_its_file(tmp_path):
     letters.write(batch, {})
     letters.write(batch, {})  # a restart writing the same letters again
     assert read_dead_letters(str(tmp_path / "dead")).num_rows == 1
+
+
+@pytest.mark.broker
+def test_every_message_of_one_record_batch_is_seen(broker):
+    """Tansu reports the end of a partition as the last record batch's base offset + 1,
+    which hid the later messages of a batch until another one came."""
+    from kafka import KafkaProducer
+
+    from ackstream.sinks.kafka_channel import KafkaChannel, _ranges
+
+    channel = KafkaChannel(broker.bootstrap, f"batch-{uuid.uuid4().hex[:8]}")
+    channel.prepare()
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=200)
+    for n in range(3):  # small messages within the linger: one record batch
+        producer.send(channel.acks_topic, value=b"message %d" % n, partition=0)
+    producer.flush()
+    producer.close()
+    assert [(p, end - start) for p, start, end in _ranges(broker.bootstrap, channel.acks_topic,
+                                                           {})] == [(0, 3)]

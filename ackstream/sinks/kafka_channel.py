@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from ackstream.kafka_offsets import end_offsets
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 __all__ = ["ChannelSource", "KafkaChannel"]
@@ -149,7 +150,7 @@ def _ranges(bootstrap: str, topic: str, position: dict):
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        ends = consumer.end_offsets(partitions) if partitions else {}
+        ends = end_offsets(consumer, partitions) if partitions else {}
         starts = consumer.beginning_offsets(partitions) if partitions else {}
     finally:
         consumer.close()

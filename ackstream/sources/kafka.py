@@ -19,6 +19,7 @@ from kafka.structs import OffsetAndMetadata
 from ackstream import ids
 from ackstream.config import SourceConfig
 from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
+from ackstream.kafka_offsets import end_offsets
 from ackstream.records import ACK_RECORD_SCHEMA, INIT, REJECT
 from ackstream.sources.rows import ReadTask, spout_batch
 
@@ -113,22 +114,9 @@ class KafkaUpstream:
         return {(k.topic, k.partition): v for k, v in got.items()}
 
     def latest(self, tps: list[TP]) -> dict[TP, int]:
-        """The next offset to be written per partition.
-
-        Some brokers (Tansu, seen here) answer ListOffsets with the base offset of the
-        last record batch + 1, not the last offset + 1; so the last batch is fetched
-        and its true end taken (on Kafka this confirms the answer).
-        """
-        got = self._consumer.end_offsets([TopicPartition(*tp) for tp in tps])
-        out = {}
-        for part, end in got.items():
-            if end > 0:
-                self._consumer.assign([part])
-                self._consumer.seek(part, end - 1)
-                records = self._consumer.poll(timeout_ms=1000, max_records=ROWS_PER_BATCH)
-                end = max([end] + [r.offset + 1 for r in records.get(part, ())])
-            out[(part.topic, part.partition)] = end
-        return out
+        """The next offset to be written per partition (see ``ackstream.kafka_offsets``)."""
+        got = end_offsets(self._consumer, [TopicPartition(*tp) for tp in tps])
+        return {(part.topic, part.partition): end for part, end in got.items()}
 
     def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
         """The group's committed offset and metadata per partition (absent: no commit)."""
