@@ -109,11 +109,14 @@ OPTIONAL_COLUMNS = ("reason",)
 def as_table(records, schema: pa.Schema) -> pa.Table:
     """``records`` (a pandas frame or an Arrow table with at least ``schema``'s columns,
     optional ones aside) as an Arrow table of exactly ``schema``."""
-    if hasattr(records, "to_numpy"):  # pandas
-        records = pa.Table.from_pandas(records, preserve_index=False)
+    if hasattr(records, "to_numpy"):  # pandas: typed by the schema, ids never pass via float
+        fields = [field for field in schema if field.name in records.columns]
+        records = pa.Table.from_pandas(records[[f.name for f in fields]],
+                                       schema=pa.schema(fields), preserve_index=False)
     for name in OPTIONAL_COLUMNS:
         if name in schema.names and name not in records.column_names:
-            records = records.append_column(name, pa.nulls(records.num_rows, schema.field(name).type))
+            field = schema.field(name)
+            records = records.append_column(field, pa.nulls(records.num_rows, field.type))
     return records.select(schema.names).cast(schema)
 
 

@@ -121,6 +121,18 @@ def _write_files(channel, records: pa.Table, files: int) -> None:
         channel.write_acks(records.slice(i, rows))
 
 
+def _measure(channel, query, rows: int, n_roots: int, limit_s: float, what: str) -> dict:
+    """Run ``query`` until every root completed, stop it, check the counts: the rates."""
+    try:
+        acked, other, seconds = _wait_completions(channel, query, n_roots, limit_s)
+        progress = _progress(_drained(query, rows, limit_s))
+    finally:
+        query.stop()
+    _check(acked, other, n_roots, what)
+    return {"records_per_s": rows / seconds, "roots_per_s": n_roots / seconds,
+            "seconds": seconds, **progress}
+
+
 def _wait_completions(channel, query, n_roots: int, limit_s: float) -> tuple[int, int, float]:
     """Poll the completion channel until ``n_roots`` roots completed; (acked, other, s)."""
     import pyarrow.compute as pc
@@ -175,15 +187,9 @@ def bench_spark_shard(spark, records: pa.Table, n_roots: int, workdir: str, *, a
     query = start_acker(spark, channel, checkpoint=os.path.join(workdir, f"{name}-ckpt"),
                         ackers=ackers, message_timeout_ms=TIMEOUT_MS, trigger_ms=0,
                         max_files_per_trigger=max_files_per_trigger, query_name=f"bench_{name}")
-    try:
-        acked, other, seconds = _wait_completions(channel, query, n_roots, limit_s)
-        progress = _progress(_drained(query, records.num_rows, limit_s))
-    finally:
-        query.stop()
-    _check(acked, other, n_roots, "spark_shard")
-    return {"records_per_s": records.num_rows / seconds, "roots_per_s": n_roots / seconds,
-            "seconds": seconds, "ackers": ackers, "files": files,
-            "max_files_per_trigger": max_files_per_trigger, "before": extra, **progress}
+    return {**_measure(channel, query, records.num_rows, n_roots, limit_s, "spark_shard"),
+            "ackers": ackers, "files": files, "max_files_per_trigger": max_files_per_trigger,
+            "before": extra}
 
 
 def breakdown(spark, acks_dir: str, rows: int, workdir: str, *, ackers: int = 2,
@@ -278,14 +284,8 @@ def bench_spark_per_root(spark, records: pa.Table, n_roots: int, workdir: str, *
              .writeStream.foreachBatch(lambda b, i: channel.write_completions(b.toArrow(), i))
              .option("checkpointLocation", os.path.join(workdir, "root-ckpt"))
              .trigger(processingTime="0 milliseconds").queryName("bench_per_root").start())
-    try:
-        acked, other, seconds = _wait_completions(channel, query, n_roots, limit_s)
-        progress = _progress(_drained(query, records.num_rows, limit_s))
-    finally:
-        query.stop()
-    _check(acked, other, n_roots, "spark_per_root")
-    return {"records_per_s": records.num_rows / seconds, "roots_per_s": n_roots / seconds,
-            "seconds": seconds, "files": files, **progress}
+    return {**_measure(channel, query, records.num_rows, n_roots, limit_s, "spark_per_root"),
+            "files": files}
 
 
 def _null(kind: str):

@@ -181,6 +181,13 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait(30)
 
 
+def kill_after(process: subprocess.Popen, progressed, what: str, delay: float) -> None:
+    """Once ``progressed()`` holds (polled), wait ``delay`` s, then SIGKILL ``process``."""
+    wait_for(progressed, timeout=180, interval=0.2, what=what)
+    time.sleep(delay)
+    kill_group(process)
+
+
 def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic, tmp_path):
     seed = int(os.environ.get("ACKSTREAM_FAULT_SEED", time.time_ns() % 1_000_000))
     print(f"\nfault seed: {seed} (rerun with ACKSTREAM_FAULT_SEED={seed})")
@@ -213,16 +220,13 @@ def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic,
             committed = sum(recorder.latest().values())
             process = spawn()
             if after == "output":
-                wait_for(lambda proc=process, n=before:
-                         alive(proc) and output_count(broker.bootstrap, outbox) > n,
-                         timeout=180, interval=0.2, what=f"output of driver run {run}")
+                def progressed(proc=process, n=before):
+                    return alive(proc) and output_count(broker.bootstrap, outbox) > n
             else:
-                wait_for(lambda proc=process, n=committed:
-                         alive(proc) and sum(recorder.latest().values()) > n,
-                         timeout=180, interval=0.2, what=f"a commit of driver run {run}")
+                def progressed(proc=process, n=committed):
+                    return alive(proc) and sum(recorder.latest().values()) > n
             delay = rng.uniform(1.0, 4.0)
-            time.sleep(delay)
-            kill_group(process)
+            kill_after(process, progressed, f"the first {after} of driver run {run}", delay)
             kills += 1
             print(f"run {run}: SIGKILL {delay:.2f}s after its first {after}, "
                   f"committed then {recorder.latest()}")
@@ -285,11 +289,9 @@ def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topi
         for run in (1, 2):
             before = completions()
             acker = acker if run == 1 else spawn()
-            wait_for(lambda proc=acker, n=before: proc.poll() is None and completions() > n,
-                     timeout=180, interval=0.3, what=f"completions of acker run {run}")
             delay = rng.uniform(0.2, 2.0)
-            time.sleep(delay)
-            kill_group(acker)
+            kill_after(acker, lambda proc=acker, n=before: proc.poll() is None
+                       and completions() > n, f"completions of acker run {run}", delay)
             kills += 1
             print(f"acker run {run}: SIGKILL {delay:.2f}s after its first completion, "
                   f"committed then {recorder.latest()}")

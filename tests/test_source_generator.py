@@ -23,28 +23,34 @@ def commits(channel_dir):
         return {}
 
 
+def generator_stream(spark, channel_dir, **options):
+    """The ``ackstream`` source over the generator, ``options`` as ``ackstream.<name>``."""
+    reader = (spark.readStream.format("ackstream").option("ackstream.upstream", "generator")
+              .option("ackstream.channel", channel_dir))
+    for name, value in options.items():
+        reader = reader.option(f"ackstream.{name}", value)
+    return reader.load()
+
+
+def run_into(frame, topology, checkpoint):
+    return (frame.writeStream.foreachBatch(topology).option("checkpointLocation", checkpoint)
+            .trigger(processingTime="200 milliseconds").start())
+
+
 def test_generator_records_are_tracked_replayed_and_dead_lettered(spark, tmp_path):
     channel_dir = str(tmp_path / "channel")
     channel = LocalChannel(channel_dir)
     topology = SpoutAcker(channel, fail=lambda f: f["offset"] % 10 == 3)
     acker = start_acker(spark, channel, checkpoint=str(tmp_path / "acker"), ackers=2,
                         message_timeout_ms=3000, trigger_ms=200)
-    frame = (spark.readStream.format("ackstream")
-             .option("ackstream.upstream", "generator")
-             .option("ackstream.generator.count", "40")
-             .option("ackstream.generator.partitions", "2")
-             .option("ackstream.channel", channel_dir)
-             .option("ackstream.topology", "gen-test")
-             .option("ackstream.messageTimeout", "3s")
-             .option("ackstream.sourceTimeout", "30s")  # a cold acker may take longer
-             .option("ackstream.retryInitialDelay", "100ms")
-             .option("ackstream.maxRetries", "1")
-             .load())
+    frame = generator_stream(
+        spark, channel_dir, **{"generator.count": 40, "generator.partitions": 2},
+        topology="gen-test", messageTimeout="3s",
+        sourceTimeout="30s",  # a cold acker may take longer
+        retryInitialDelay="100ms", maxRetries=1)
     assert frame.columns == ["key", "value", "topic", "partition", "offset", "timestamp",
                              "_root", "_edge", "_attempt"]
-    query = (frame.writeStream.foreachBatch(topology)
-             .option("checkpointLocation", str(tmp_path / "source"))
-             .trigger(processingTime="200 milliseconds").start())
+    query = run_into(frame, topology, str(tmp_path / "source"))
     try:
         wait_for(lambda: commits(channel_dir) == {"generator/0": 20, "generator/1": 20},
                  timeout=90, what="every offset committed")
@@ -69,19 +75,11 @@ def test_an_idle_acker_is_ticked_by_the_source_and_times_out_a_lost_tree(spark, 
     topology = SpoutAcker(channel, lose=lambda f: (f["offset"] == 3) & (f["_attempt"] == 0))
     acker = start_acker(spark, channel, checkpoint=str(tmp_path / "acker"), ackers=2,
                         message_timeout_ms=2000, trigger_ms=200)
-    frame = (spark.readStream.format("ackstream")
-             .option("ackstream.upstream", "generator")
-             .option("ackstream.generator.count", "10")
-             .option("ackstream.generator.partitions", "1")
-             .option("ackstream.channel", channel_dir)
-             .option("ackstream.topology", "tick-test")
-             .option("ackstream.messageTimeout", "2s")
-             .option("ackstream.sourceTimeout", "1h")
-             .option("ackstream.retryInitialDelay", "100ms")
-             .load())
-    query = (frame.writeStream.foreachBatch(topology)
-             .option("checkpointLocation", str(tmp_path / "source"))
-             .trigger(processingTime="200 milliseconds").start())
+    frame = generator_stream(
+        spark, channel_dir, **{"generator.count": 10, "generator.partitions": 1},
+        topology="tick-test", messageTimeout="2s", sourceTimeout="1h",
+        retryInitialDelay="100ms")
+    query = run_into(frame, topology, str(tmp_path / "source"))
     try:
         wait_for(lambda: commits(channel_dir) == {"generator/0": 10}, timeout=120,
                  what="every offset committed")
