@@ -129,3 +129,28 @@ def test_every_message_of_one_record_batch_is_seen(broker):
     producer.close()
     assert [(p, end - start) for p, start, end in _ranges(broker.bootstrap, channel.acks_topic,
                                                            {})] == [(0, 3)]
+
+
+def test_local_completions_from_several_writers_are_all_read_once(tmp_path):
+    """The acker query and topology batches write completions with batch ids of their
+    own (and a new checkpoint starts them at 0 again): a reader misses none of them."""
+    import pyarrow as pa
+
+    from ackstream.records import COMPLETION_SCHEMA
+
+    def rows(*roots):
+        return pa.Table.from_pylist([{"root": r, "status": ACKED, "completed_ms": r}
+                                     for r in roots], schema=COMPLETION_SCHEMA)
+
+    local = LocalChannel(tmp_path / "channel")
+    local.write_completions(rows(1, 2), 0)  # the acker's batch 0
+    local.write_completions(rows(3), 0)  # a topology's batch 0
+    first, position = local.completions_since(None)
+    local.write_completions(rows(1, 2), 0)  # the acker's batch 0 re-run after a crash
+    local.write_completions(rows(4), 7)
+    local.write_completions(rows(5), 0)  # a topology on a new checkpoint
+    later, position = local.completions_since(position)
+    assert sorted(first.column("root").to_pylist()) == [1, 2, 3]
+    assert sorted(later.column("root").to_pylist()) == [4, 5]
+    assert local.completions_since(position)[0].num_rows == 0
+    assert LocalChannel(tmp_path / "channel").end_position() == position

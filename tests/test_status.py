@@ -3,7 +3,6 @@
 import os
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from ackstream.errors import EnvironmentProblem
@@ -54,7 +53,7 @@ def fill_channel(directory) -> LocalChannel:
         3: [done(11, FAILED, 6, attempt=1), done(1, ACKED, 1, latency=10)],
     }
     for batch, rows in batches.items():
-        pq.write_table(completions(rows), os.path.join(channel.done_dir, f"{batch:012d}.parquet"))
+        channel.write_completions(completions(rows), batch)
     ParquetDeadLetters(os.path.join(channel.directory, "dead_letters"), "words").write(
         [DeadLetter("t", 0, 6, 2, FAILED)], {})
     return channel

@@ -1,18 +1,23 @@
 """The ack channel and the completion channel, local-directory transport.
 
 Ack records flow from tuple processors (the topology query, or any process) to
-the acker query; completions flow from the acker query to the source reader on
-the driver. In the embedded setup both are folders of Parquet files:
+the acker query; completions flow from the acker query, and from topology
+batches that settle their own trees, to the source reader on the driver. In
+the embedded setup both are folders of Parquet files:
 
 - ``<dir>/acks/``: one file per write, written under a hidden name and renamed,
   so Spark's file stream never lists a half-written file. The acker query
   reads it as a file stream.
-- ``<dir>/done/<batch id>.parquet``: the completions of one acker batch,
-  collected in the acker's ``foreachBatch`` (one row per finished root, far fewer than ack
-  records), written under a hidden name and renamed; a re-run of the same batch
-  after a crash finds the file and skips it, and batches with no completions
-  write nothing. The source reads the folder with pyarrow, no Spark session
-  needed, resuming after the last batch id it saw.
+- ``<dir>/done/<n>-<content id>.parquet``: completions, numbered in the order
+  the files appear. Writers are the acker query (one file per batch with
+  completions) and the topology's batches (the trees they settle themselves).
+  A writer writes under a hidden name, then hard-links the file to the next
+  free number, which fails if another writer took it first (then it tries the
+  next): number n + 1 never exists before n, so a reader that resumes after the
+  last number it read misses nothing, whatever the writers' batch ids. The same
+  rows written again (an acker batch re-run after a crash) are found by their
+  content id and skipped. The source reads the folder with pyarrow, no Spark
+  session needed.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHE
 
 __all__ = ["LocalChannel", "open_channel"]
 
-_DONE_FILE = re.compile(r"^(\d{12})\.parquet$")
+_DONE_FILE = re.compile(r"^(\d{12})-([0-9a-f]{16})\.parquet$")
 
 
 class LocalChannel:
@@ -73,36 +78,47 @@ class LocalChannel:
 
     # --- completions ------------------------------------------------------------
 
-    def write_completions(self, table: pa.Table, batch_id: int) -> None:
-        """Write one acker batch's completions; idempotent per batch id."""
-        final = os.path.join(self.done_dir, f"{batch_id:012d}.parquet")
-        if os.path.exists(final):
-            return  # written before a restart; a re-run of a batch yields the same rows
-        if table.num_rows:
-            hidden = os.path.join(self.done_dir, f".{batch_id:012d}.parquet")
-            pq.write_table(as_table(table, COMPLETION_SCHEMA), hidden)
-            os.replace(hidden, final)
+    def write_completions(self, table: pa.Table, batch_id: int | None = None) -> None:
+        """Append completions; any writer may call this (``batch_id`` is not needed here).
+        Rows written before, as a whole, are not written again (see the module doc)."""
+        if not table.num_rows:
+            return
+        table = as_table(table, COMPLETION_SCHEMA)
+        tag = content_id(*(table.column(c).to_numpy(zero_copy_only=False)
+                           for c in ("root", "completed_ms")))
+        numbers = self._done_files()
+        if tag in numbers.values():
+            return  # written before a restart; a re-run of an acker batch yields the same rows
+        hidden = os.path.join(self.done_dir, f".{tag}.parquet")
+        pq.write_table(table, hidden)
+        number = max(numbers, default=-1) + 1
+        while True:
+            try:
+                os.link(hidden, os.path.join(self.done_dir, f"{number:012d}-{tag}.parquet"))
+                break
+            except FileExistsError:  # another writer took it: the next one is free
+                number += 1
+        os.remove(hidden)
 
-    def completions_since(self, after_batch: int | None = None) -> tuple[pa.Table, int]:
-        """Completions of acker batches after ``after_batch`` (None: from the first), and
-        the last batch id read: the position to pass next time."""
-        after_batch = -1 if after_batch is None else after_batch
-        batch_ids = sorted(
-            int(m.group(1)) for m in map(_DONE_FILE.match, os.listdir(self.done_dir)) if m
-        )
-        newer = [b for b in batch_ids if b > after_batch]
-        tables = [
-            pq.read_table(os.path.join(self.done_dir, f"{b:012d}.parquet"), schema=COMPLETION_SCHEMA)
-            for b in newer
-        ]
+    def completions_since(self, after: int | None = None) -> tuple[pa.Table, int]:
+        """Completions in files numbered after ``after`` (None: from the first), and the
+        last number read: the position to pass next time."""
+        after = -1 if after is None else after
+        files = sorted((n, tag) for n, tag in self._done_files().items() if n > after)
+        tables = [pq.read_table(os.path.join(self.done_dir, f"{n:012d}-{tag}.parquet"),
+                                schema=COMPLETION_SCHEMA) for n, tag in files]
         table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
-        return table, (newer[-1] if newer else after_batch)
+        return table, (files[-1][0] if files else after)
 
     def end_position(self) -> int:
         """The position after every completion written so far: a new reader starts
         here, because old completions in a reused folder carry the same root ids."""
-        return max((int(m.group(1)) for m in map(_DONE_FILE.match, os.listdir(self.done_dir))
-                    if m), default=-1)
+        return max(self._done_files(), default=-1)
+
+    def _done_files(self) -> dict[int, str]:
+        """{number: content id} of the completion files there now."""
+        return {int(m.group(1)): m.group(2)
+                for m in map(_DONE_FILE.match, os.listdir(self.done_dir)) if m}
 
     def close(self) -> None:
         """Nothing to release (the Kafka channel closes its producer)."""
