@@ -17,7 +17,12 @@ each child's anchor pairs (the children's edges, XORed into the parent's ack).
 The tuple that reaches a sink is acked with its anchor pairs once written. Per
 root these XOR to 0 when every tuple was acked, and a ``FAIL`` record fails a
 root at once (it is replayed), a ``REJECT`` record dead-letters it without a
-replay; both carry the tuple's ``_reason``. All of it is Spark SQL in the JVM; only pandas bolts call Python.
+replay; both carry the tuple's ``_reason``. All of it is Spark SQL in the JVM;
+only pandas bolts call Python.
+
+With ``edges=False`` (the telescoped topology, which never sends an edge's ack)
+stages mint no edge ids: children inherit ``_root``, and an aggregation's
+``_anchors`` keeps each root once (edge 0), which is all a fail needs.
 """
 
 from __future__ import annotations
@@ -120,10 +125,13 @@ def _child_edge(stage: int, ordinal: Column | int = 0) -> Column:
     return F.xxhash64(F.col(EDGE).cast("long"), F.lit(stage).cast("long"), ordinal.cast("long"))
 
 
-def mint(df: DataFrame, stage: int, ordinal: Column | int = 0) -> DataFrame:
+def mint(df: DataFrame, stage: int, ordinal: Column | int = 0, edges: bool = True) -> DataFrame:
     """Give each row of ``df`` (still carrying its parent's lineage) a fresh edge id
     ``xxhash64(parent edge, stage, ordinal)``; a multi-anchored child is anchored to
-    each of its parent's roots with that edge."""
+    each of its parent's roots with that edge. ``edges=False``: ``df`` as it is (the
+    telescoped topology needs only the roots, which children inherit)."""
+    if not edges:
+        return df
     edge = _child_edge(stage, ordinal)
     if is_multi_anchored(df):
         df = df.withColumn(EDGE, edge)
@@ -150,7 +158,10 @@ class Stage:
         self.number = number
         self.name = name or f"{self.kind}#{number}"
 
-    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
+        """The stage's output for ``df``. ``tracking=False``: no lineage at all;
+        ``edges=False``: lineage by roots only, no fresh edge ids (enough to fail
+        roots; the telescoped topology never sends an edge's ack)."""
         raise NotImplementedError
 
 
@@ -167,12 +178,12 @@ class MapStage(Stage):
     def apply(self, df: DataFrame) -> DataFrame:
         return self.fn(df)
 
-    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
         out = self.apply(df)
         if not tracking:
             return StageOutput(out)
         check_lineage(self, df, out)
-        return StageOutput(mint(out, self.number))
+        return StageOutput(mint(out, self.number, edges=edges))
 
 
 class FilterStage(MapStage):
@@ -212,13 +223,14 @@ class FailWhereStage(Stage):
         reason = f"{self.name}: {condition}" if reason is None else reason
         self.reason = reason if isinstance(reason, Column) else F.lit(str(reason))
 
-    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
         if not tracking:
             return StageOutput(df.where(~failing))
         df = df.persist()  # kept and failed rows must come from one evaluation of the input
         caught = df.where(failing).withColumn(REASON, self.reason.cast("string"))
-        return self._output(mint(df.where(~failing), self.number), caught, cached=(df,))
+        return self._output(mint(df.where(~failing), self.number, edges=edges), caught,
+                            cached=(df,))
 
     def _output(self, kept: DataFrame, caught: DataFrame, cached: tuple) -> StageOutput:
         return StageOutput(kept, failed=caught, cached=cached)
@@ -248,11 +260,11 @@ class ExplodeStage(Stage):
         self.column = F.col(column) if isinstance(column, str) else column
         self.alias = alias
 
-    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
         out = df.select("*", F.posexplode(self.column).alias(_ORDINAL, self.alias))
         if not tracking:
             return StageOutput(out.drop(_ORDINAL))
-        return StageOutput(mint(out, self.number, F.col(_ORDINAL)).drop(_ORDINAL))
+        return StageOutput(mint(out, self.number, F.col(_ORDINAL), edges).drop(_ORDINAL))
 
 
 class AggregateStage(Stage):
@@ -270,16 +282,21 @@ class AggregateStage(Stage):
         if not self.aggs:
             raise StageError(self.name, "needs at least one aggregate expression")
 
-    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
         grouped = df.groupBy(*self.keys)
         if not tracking:
             return StageOutput(grouped.agg(*self.aggs))
-        pair = _child_edge(self.number)
-        out = grouped.agg(
-            *self.aggs,
-            F.flatten(F.collect_list(_anchor_list(df, pair))).alias(ANCHORS),
-            F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long")).alias(EDGE),
-        )
+        if edges:
+            pair = _child_edge(self.number)
+            anchors = F.flatten(F.collect_list(_anchor_list(df, pair)))
+            edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
+        else:  # each root once (a fail needs the roots, not the pairs); SQL text is one
+            # call to the JVM where Column objects take dozens, on every batch
+            roots = (f"array_distinct(flatten(collect_list(transform({ANCHORS}, a -> a.root))))"
+                     if is_multi_anchored(df) else f"collect_set({ROOT})")
+            anchors = F.expr(f"transform({roots}, r -> named_struct('root', r, 'edge', 0L))")
+            edge = F.lit(None).cast("long")
+        out = grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE))
         return StageOutput(out.withColumn(ROOT, F.lit(None).cast("long")))
 
 
@@ -299,7 +316,7 @@ class PandasBoltStage(Stage):
         super().__init__(number, name)
         self.fn, self.schema = fn, schema
 
-    def run(self, df: DataFrame, tracking: bool) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
         if is_multi_anchored(df):
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
@@ -320,7 +337,7 @@ class PandasBoltStage(Stage):
         out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
         failed = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
         good = out.where(F.col(_ERROR).isNull())
-        good = mint(good, self.number, F.col(_ORDINAL)).drop(_ORDINAL, _ERROR)
+        good = mint(good, self.number, F.col(_ORDINAL), edges).drop(_ORDINAL, _ERROR)
         return StageOutput(good, failed=failed.drop(_ORDINAL), cached=(out,))
 
 

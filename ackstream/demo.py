@@ -2,9 +2,9 @@
 
 A local Spark session reads the built-in generator upstream (deterministic
 sentences) with tracking on; a word-split topology counts words into a memory
-sink, its ack records go through a local-directory channel to the acker query,
-and completions come back to the source, which commits, replays or
-dead-letters. A few tuples fail on their first attempt (they are replayed and
+sink, each batch settles the tuple trees it closed (the acker query beside it
+gets only trees left open), and completions go through a local-directory
+channel to the source, which commits, replays or dead-letters. A few tuples fail on their first attempt (they are replayed and
 then acked) and every ``poison_every``-th record always fails (it is
 dead-lettered after ``max_retries`` replays). The summary accounts for every
 generated record: acked or dead-lettered, never both, never neither.

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ackstream import ids
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
 
 __all__ = [
     "init", "ack", "fail", "reject", "reset", "ack_records", "FakeClock", "TupleGraph", "Tuple",
@@ -193,16 +193,14 @@ def tracked_frame(spark, values, *, keys=None, topic="t", partition=0, source="t
     return with_lineage(df, source)
 
 
-def settle(records, timeout_ms: int = 60_000, now_ms: int = 1_000_000) -> dict[int, str]:
-    """Feed ack records (Arrow or pandas) to a fresh ledger; per root: ``acked``,
-    ``failed``, or ``pending`` for a root whose tree is not complete."""
-    from ackstream.acker.ledger import Pending, step
+def settle(records, now_ms: int = 1_000_000) -> dict[int, str]:
+    """What a topology batch settles of these ack records (Arrow, pandas or a list of
+    dicts): per root ``acked``, ``failed``, ``rejected``, or ``pending`` for a root
+    whose tree the batch leaves open (it would go to the acker)."""
+    from ackstream.acker.precombine import precombine, settle
 
-    if isinstance(records, list):
-        frame = ack_records(records)
-    else:
-        frame = records.to_pandas() if hasattr(records, "to_pandas") else records
-    pending, done = step(Pending.empty(now_ms), frame, now_ms, timeout_ms)
-    outcome = dict(zip(done["root"].tolist(), done["status"].tolist()))
-    outcome.update({root: "pending" for root in pending.values()})
+    frame = ack_records(records) if isinstance(records, list) else records
+    done, still_open = settle(precombine(as_table(frame, ACK_RECORD_SCHEMA)), now_ms)
+    outcome = dict(zip(done.column("root").to_pylist(), done.column("status").to_pylist()))
+    outcome.update({root: "pending" for root in still_open.column("root").to_pylist()})
     return outcome

@@ -3,13 +3,17 @@
 A topology is Storm's idea in Spark terms: a chain of bolt stages written as
 ordinary DataFrame or SQL code, ending in a sink. Each micro-batch runs the whole
 chain inside ``foreachBatch``; ackstream anchors every output tuple to its
-inputs, acks and fails them, and writes the batch's ack records to the ack
-channel, pre-combined per root (XOR of values), so the channel carries one
-record per root per batch. The acker query (started with the
-topology) folds them into the XOR ledger and reports completions to the source.
+inputs, acks and fails them, and pre-combines the batch's ack records per root
+(XOR of values). Then it runs the XOR ledger over them: a tree the batch closed
+(value 0 with its init, or failed) is reported straight to the completion
+channel, and only the records of trees left open go to the ack channel, where
+the acker query (started with the topology) waits for the rest. So the acker
+query is off the path of every tree that lives within one batch: its batches
+cost as much as a topology batch and would double the latency.
 
-Order within a batch is the guarantee: outputs go to the sink first, ack records
-after. A crash in between replays the batch's roots; nothing is acked unwritten.
+Order within a batch is the guarantee: outputs go to the sink first, completions
+and ack records after. A crash in between replays the batch's roots; nothing is
+acked unwritten.
 
 >>> topology = (Topology("words", spark, channel)                    # doctest: +SKIP
 ...     .explode(F.split("value", " "), "word")
@@ -30,7 +34,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.acker.precombine import precombine
+from ackstream.acker.precombine import precombine, settle
 from ackstream.acker.query import start_acker
 from ackstream.bolts import (
     REASON,
@@ -65,19 +69,21 @@ class Topology:
     ``tracking=False`` runs the same stages and writes no ack records at all (the
     input then needs no lineage columns): the baseline to measure tracking against.
 
-    ``ack_mode`` says how a batch's acks are computed; both give the acker the same
-    outcome for every root (tests hold them to it):
+    ``ack_mode`` says how a batch's acks are computed; both give the same outcome
+    for every root (tests hold them to it):
 
-    - ``"telescoped"`` (the default) writes each root's init with value 0, plus the
+    - ``"telescoped"`` (the default) makes each root's init with value 0, plus the
       fails. Inside one batch Storm's acks telescope: what a stage emits, the next
       stage acks, and what the sink writes, it acks; each root's XOR of them equals
       its init's value, so only the init (the root was read) and the fails (a stage
       or the sink failed one of its tuples) carry information. Rows a stage drops,
-      unanchored emits and multi-anchored aggregate rows cancel out alike.
+      unanchored emits and multi-anchored aggregate rows cancel out alike. Stages
+      then carry roots only, no edge ids, and the batch settles its own trees.
     - ``"per_stage"`` is Storm-faithful: it computes every stage's acks as Storm's
       bolts would send them (persisting each stage's output so that both sides of
-      an edge see the same rows) and XORs them per root. It costs a few times the
-      batch time; use it to watch the XOR ledger at work.
+      an edge see the same rows), XORs them per root and sends them all to the
+      acker query. It costs a few times the batch time; use it to watch the XOR
+      ledger at work.
     """
 
     ACK_MODES = ("per_stage", "telescoped")
@@ -176,7 +182,7 @@ class Topology:
             tuples = keep(batch) if self.tracking else batch
             parts = [_init_records(tuples, now, self.per_stage)] if self.tracking else []
             for stage in self.stages:
-                out = stage.run(tuples, self.tracking)
+                out = stage.run(tuples, self.tracking, edges=self.per_stage)
                 kept.extend(out.cached)
                 children = keep(out.tuples) if self.per_stage else out.tuples
                 if self.tracking and self.per_stage:
@@ -225,10 +231,19 @@ class Topology:
         return parts
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """The ``foreachBatch`` function: run the batch, then write its ack records."""
+        """The ``foreachBatch`` function: run the batch, then report what became of its
+        roots. Telescoped, the batch settles the trees it closed itself (their
+        completions go straight to the completion channel) and sends only the open
+        ones to the acker; per stage, every record goes to the acker query, as in Storm."""
         records = self.run_batch(batch, batch_id)
-        if records.num_rows:
-            self.channel.write_acks(records)
+        if self.per_stage:
+            still_open = records
+        else:
+            done, still_open = settle(records, int(time.time() * 1000))
+            if done.num_rows:
+                self.channel.write_completions(done, batch_id)
+        if still_open.num_rows:
+            self.channel.write_acks(still_open)
 
     def start(self, tuples: DataFrame, checkpoint: str, *, trigger_ms: int = 500,
               ackers: int = 2, message_timeout_ms: int = 30_000, acker: bool = True,
@@ -295,36 +310,25 @@ class RunningTopology:
 def _init_records(tuples: DataFrame, now: int, with_edges: bool = True) -> DataFrame:
     """The spout's init record per input tuple: value = its edge id (0 when the acks
     of the whole batch were telescoped into it), with the source coordinates."""
-    return tuples.where(F.col("_root").isNotNull()).select(
-        F.col("_root").cast("long").alias("root"),
-        (F.col("_edge") if with_edges else F.lit(0)).cast("long").alias("value"),
-        F.lit(INIT).cast("byte").alias("kind"),
-        F.col("topic").cast("string").alias("topic"),
-        F.col("partition").cast("int").alias("partition"),
-        F.col("offset").cast("long").alias("offset"),
-        F.col("_attempt").cast("int").alias("attempt"),
-        F.lit(now).cast("long").alias("ts"),
-        F.lit(None).cast("string").alias("reason"),
-    )
+    value = "_edge" if with_edges else "0"
+    return tuples.where("_root IS NOT NULL").selectExpr(
+        "CAST(_root AS long) AS root", f"CAST({value} AS long) AS value",
+        f"CAST({INIT} AS byte) AS kind", "CAST(topic AS string) AS topic",
+        "CAST(partition AS int) AS partition", "CAST(offset AS long) AS offset",
+        "CAST(_attempt AS int) AS attempt", f"CAST({now} AS long) AS ts",
+        "CAST(NULL AS string) AS reason")
 
 
 def _records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
     """Ack records from ``(root, value)`` rows (``(root, reason)`` for fails and rejects),
-    no coordinates."""
+    no coordinates. (SQL text: one call to the JVM, where Column objects take dozens.)"""
     acking = kind not in (FAIL, REJECT)
-    value = F.col("value") if acking else F.lit(0)
-    reason = F.lit(None) if acking else F.col("reason")
-    return pairs.select(
-        F.col("root").cast("long").alias("root"),
-        value.cast("long").alias("value"),
-        F.lit(kind).cast("byte").alias("kind"),
-        F.lit(None).cast("string").alias("topic"),
-        F.lit(None).cast("int").alias("partition"),
-        F.lit(None).cast("long").alias("offset"),
-        F.lit(None).cast("int").alias("attempt"),
-        F.lit(now).cast("long").alias("ts"),
-        reason.cast("string").alias("reason"),
-    )
+    return pairs.selectExpr(
+        "CAST(root AS long) AS root", f"CAST({'value' if acking else 0} AS long) AS value",
+        f"CAST({kind} AS byte) AS kind", "CAST(NULL AS string) AS topic",
+        "CAST(NULL AS int) AS partition", "CAST(NULL AS long) AS offset",
+        "CAST(NULL AS int) AS attempt", f"CAST({now} AS long) AS ts",
+        f"CAST({'NULL' if acking else 'reason'} AS string) AS reason")
 
 
 def _union_all(parts: list[DataFrame]) -> DataFrame:

@@ -8,8 +8,8 @@ replayed, then acked) and some on every attempt (their records end as dead
 letters). It returns once every generated record is acked or dead-lettered.
 
 Timings come from the records themselves, not from polling: each root's start
-is its init record's ``ts`` (seen as the topology writes it to the ack channel),
-its end is its completion's ``completed_ms``. The same clock is used by both.
+is its init's ``ts`` and its end is its completion's ``completed_ms``; a
+completion carries both (``latency_ms`` is the difference), on one clock.
 
 >>> result = run_quickstart(spark, records=200)                    # doctest: +SKIP
 >>> result.figures()["acked"] + result.figures()["dead_lettered"]  # doctest: +SKIP
@@ -21,17 +21,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import time
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 from pyspark.sql import functions as F
 
-from ackstream.records import ACKED, COMPLETION_SCHEMA, INIT
+from ackstream.records import ACKED, COMPLETION_SCHEMA
 from ackstream.sinks.channel import LocalChannel
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sinks.memory import MemorySink
@@ -69,34 +67,6 @@ def flaky_word_bolt(fail_rate: float, poison_rate: float):
     return bolt
 
 
-class _ObservedChannel:
-    """A channel that remembers the init records written through it (one per root
-    emitted to the topology) and hands everything else to the real channel."""
-
-    def __init__(self, inner):
-        self._inner = inner
-        self._inits: list[pa.Table] = []
-        self._lock = threading.Lock()
-
-    def write_acks(self, records) -> None:
-        table = records if isinstance(records, pa.Table) else pa.Table.from_pandas(records)
-        kind = table.column("kind").to_numpy(zero_copy_only=False)
-        inits = table.filter(pa.array((kind & INIT) != 0))
-        with self._lock:
-            self._inits.append(inits.select(["root", "partition", "offset", "attempt", "ts"]))
-        self._inner.write_acks(records)
-
-    def inits(self) -> pd.DataFrame:
-        with self._lock:
-            tables = list(self._inits)
-        if not tables:
-            return pd.DataFrame(columns=["root", "partition", "offset", "attempt", "ts"])
-        return pa.concat_tables(tables).to_pandas()
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
 @dataclass
 class QuickstartResult:
     """What one quickstart run saw. Times are ms since the epoch; ``t0_ms`` is when the
@@ -105,8 +75,8 @@ class QuickstartResult:
     records: int  #: generated records
     t0_ms: int
     elapsed_s: float  #: from starting the queries to every record accounted for
-    #: one row per root handed to the topology (its init record): root, partition,
-    #: offset, attempt, ts
+    #: one row per root handed to the topology: root, partition, offset, attempt, ts
+    #: (when its init was made: completed_ms - latency_ms)
     roots: pd.DataFrame
     completions: pd.DataFrame  #: one row per finished root (the completion channel)
     dead_letters: pd.DataFrame  #: one row per dead-lettered record
@@ -193,6 +163,18 @@ def _wait_idle(running, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def _roots(completions: pd.DataFrame) -> pd.DataFrame:
+    """One row per finished root with its coordinates and the time of its init."""
+    known = completions[completions["latency_ms"].notna()].drop_duplicates("root")
+    return pd.DataFrame({
+        "root": known["root"].to_numpy(np.int64),
+        "partition": known["partition"].to_numpy(np.int64),
+        "offset": known["offset"].to_numpy(np.int64),
+        "attempt": known["attempt"].to_numpy(np.int64),
+        "ts": (known["completed_ms"] - known["latency_ms"]).to_numpy(np.int64),
+    })
+
+
 def _expected(records: int, partitions: int) -> set:
     per, extra = divmod(records, partitions)
     return {(p, o) for p in range(partitions) for o in range(per + (1 if p < extra else 0))}
@@ -218,7 +200,7 @@ def run_quickstart(spark, *, records: int = 1000, partitions: int = 2, rate: flo
     own_dir = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="ackstream-quickstart-")
     channel_dir = os.path.join(workdir, "channel")
-    channel = _ObservedChannel(LocalChannel(channel_dir))
+    channel = LocalChannel(channel_dir)
     stream = (spark.readStream.format("ackstream")
               .option("ackstream.upstream", "generator")
               .option("ackstream.generator.count", str(records))
@@ -273,8 +255,7 @@ def run_quickstart(spark, *, records: int = 1000, partitions: int = 2, rate: flo
         _wait_idle(running)
     finally:
         running.stop()
-    roots = channel.inits()
-    roots = roots[roots["partition"].notna()].reset_index(drop=True)
+    roots = _roots(done)
     t0_ms = int(roots["ts"].min()) if len(roots) else start_ms
     result = QuickstartResult(records=records, t0_ms=t0_ms, elapsed_s=elapsed_s,
                               roots=roots, completions=done.reset_index(drop=True),

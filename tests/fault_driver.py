@@ -6,10 +6,11 @@ Sentences -> words -> a pandas bolt that always fails the word "poison" (so one
 record is dead-lettered after its retries) -> per-batch counts -> Kafka sink, with
 the ack and completion channels on the same broker. The topology query and the
 acker query both run here, so a SIGKILL of this process group is a crash of the
-driver and of the acker at once; both resume from ``CHECKPOINT_DIR``.
+driver and of the acker at once; both resume from ``CHECKPOINT_DIR``. (Telescoped,
+the topology settles its trees itself; the acker query then gets only ticks.)
 
 With ``ACKSTREAM_FAULT_KILL_AFTER_SINK=N`` the driver SIGKILLs its own process
-group right after the N-th sink write returns, before that batch's ack records
+group right after the N-th sink write returns, before that batch's completions
 are written: the window the topology's ordering guarantee is about.
 """
 
@@ -33,8 +34,9 @@ SOURCE_TIMEOUT = "20s"
 
 def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
           message_timeout: str = MESSAGE_TIMEOUT, source_timeout: str = SOURCE_TIMEOUT,
-          per_batch: int = 50):
-    """The tracked input stream and the topology (the fault tests run it in-process too)."""
+          per_batch: int = 10, ack_mode: str = "telescoped"):
+    """The tracked input stream and the topology (the fault tests run it in-process too).
+    ``ack_mode="per_stage"`` puts every tree on the acker query's path."""
 
     def refuse_poison(frame):
         """A pandas bolt that always fails on the poison word (defined here, so that it is
@@ -53,7 +55,7 @@ def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
               .option("ackstream.retryInitialDelay", "200ms").option("ackstream.maxRetries", "2")
               .load())
     topology = (
-        Topology(name, spark, KafkaChannel(bootstrap, name))
+        Topology(name, spark, KafkaChannel(bootstrap, name), ack_mode=ack_mode)
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         .explode(F.split("line", " "), "word")
         .pandas_bolt(refuse_poison, "word string", name="refuse_poison")

@@ -168,6 +168,19 @@ def test_failing_an_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mod
 
 
 @MODES
+def test_an_aggregate_of_an_aggregate_keeps_every_root(spark, ack_mode):
+    topology = (Topology("agg2", spark, None, ack_mode=ack_mode)
+                .explode(F.split("value", " "), "word")
+                .aggregate("word", F.count("*").alias("n"))
+                .aggregate("n", F.count("*").alias("words"))  # n=1: a, b, boom, d, ""; n=3: c
+                .fail_where(F.col("n") == 3)  # "c": lines 0 and 3
+                .sink(MemorySink()))
+    roots = roots_of(spark, LINES)
+    outcome = settle(topology.run_batch(tracked_frame(spark, LINES)))
+    assert outcome == {r: ("failed" if i in (0, 3) else "acked") for i, r in enumerate(roots)}
+
+
+@MODES
 def test_a_sink_that_raises_fails_the_roots_with_outputs(spark, ack_mode):
     class Broken:
         def write(self, outputs, batch_id):

@@ -8,7 +8,7 @@ and then check the end state with :func:`check_end_state`:
 - every input offset is acked (any attempt) or dead-lettered (exactly the poison),
   never both;
 - every word of every record reaches the output topic at least once;
-- no commit ran ahead of the acker: every committed watermark (and every done range
+- no commit ran ahead of a completion: every committed watermark (and every done range
   in the commit metadata) seen by a background poller at time t covers only offsets
   with an acked completion (or, for the poison, a dead letter) from before t.
 
@@ -253,7 +253,9 @@ def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic,
 def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topic, tmp_path):
     """The acker in a process of its own (``ackstream acker``), SIGKILLed twice at random
     points and restarted from its checkpoint while the topology runs on. Its timeouts are
-    longer than an outage, so any replay would mean it lost state or records."""
+    longer than an outage, so any replay would mean it lost state or records. The
+    topology acks per stage, so that every tree goes through the acker (telescoped, a
+    batch settles its own trees and the acker would have nothing to lose)."""
     from fault_driver import build
 
     seed = int(os.environ.get("ACKSTREAM_FAULT_SEED", time.time_ns() % 1_000_000))
@@ -277,7 +279,8 @@ def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topi
         return KafkaChannel(broker.bootstrap, name).completions_since(None)[0].num_rows
 
     stream, topology = build(spark, broker.bootstrap, inbox, outbox, name,
-                             message_timeout="60s", source_timeout="5 min", per_batch=10)
+                             message_timeout="60s", source_timeout="5 min", per_batch=20,
+                             ack_mode="per_stage")
     acker, running = spawn(), None
     kills = 0
     try:

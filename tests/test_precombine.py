@@ -59,3 +59,34 @@ def test_a_fail_reason_and_a_reject_survive_combination():
     _, done = step(Pending.empty(0), once.reset_index(), 0, 30_000)
     assert sorted(zip(done["root"], done["status"])) == [(1, "failed"), (2, "rejected"),
                                                           (3, ACKED)]
+
+
+def test_a_batch_settles_the_trees_it_closes_and_leaves_the_rest_to_the_acker():
+    from ackstream.acker.precombine import settle
+    from ackstream.testing import init, reject
+
+    g, records = TupleGraph(), []
+    closed = g.spout(1, offset=1)
+    child = g.emit([closed])
+    records += g.ack(closed) + g.ack(child)
+    spout = g.spout(2, offset=2)
+    handed_off = g.emit([spout])  # a tuple another process will ack
+    records += g.ack(spout)
+    raw = g.init_records(ts=100) + records + [init(3, 0, offset=3, ts=100), fail(3, reason="x"),
+                                              init(4, 0, offset=4), reject(4, reason="bad"),
+                                              init(5, 0, offset=5), init(5, 0, offset=5)]
+    done, still_open = settle(precombine(as_table(ack_records(raw), ACK_RECORD_SCHEMA)), 350)
+    status = dict(zip(done.column("root").to_pylist(), done.column("status").to_pylist()))
+    assert status == {1: ACKED, 3: "failed", 4: "rejected"}
+    assert done.column("latency_ms").to_pylist()[0] == 250  # the init's ts to now
+    assert dict(zip(done.column("root").to_pylist(), done.column("reason").to_pylist()))[4] \
+        == "bad"
+    assert sorted(still_open.column("root").to_pylist()) == [2, 5]  # open tree, init twice
+    # the acker finishes the open tree from the records left to it, and only then
+    later = still_open.to_pandas()
+    _, acker_done = step(Pending.empty(400), later, 400, 30_000)
+    assert len(acker_done) == 0
+    pending, acker_done = step(Pending.empty(400), ack_records(
+        later.to_dict("records") + g.ack(handed_off)), 400, 30_000)
+    assert acker_done["root"].tolist() == [2] and acker_done["status"].tolist() == [ACKED]
+    assert pending.values() == {5: 0}  # a duplicated init times out and replays

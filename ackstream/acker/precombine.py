@@ -1,4 +1,4 @@
-"""Pre-combine a batch's ack records per root before they go to the ack channel.
+"""Pre-combine a batch's ack records per root, and settle the trees the batch closed.
 
 XOR is associative, so all records of one root in a batch fold into one: values
 by XOR, fail/reset bits by OR, and the init bit by parity, so that a record
@@ -8,17 +8,25 @@ delivered twice in one batch cancels: that root times out, and the source, which
 knows its roots, replays it.) It is the ledger's own ``combine``, run on the
 driver: a batch's records are few (one init per root plus fails with the
 default ``ack_mode``), so collecting them costs less than a shuffle in Spark.
+
+:func:`settle` then runs the ledger's ``step`` over the combined records, from an
+empty table: a tree whose init and every ack are in the batch is finished right
+there (acked at value 0, or failed, or rejected), and the topology reports it
+itself. Only what stays open goes to the acker query: a tree with an edge that
+another process acks, or a root whose init came twice. Nothing else can reach
+those roots: in Storm only the holder of a tuple of a tree can ack or fail it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from ackstream.acker.ledger import combine
-from ackstream.records import ACK_RECORD_SCHEMA, INIT
+from ackstream.acker.ledger import MAX_TIMEOUT_MS, Pending, combine, step
+from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, INIT, as_table
 
-__all__ = ["precombine"]
+__all__ = ["precombine", "settle"]
 
 
 def precombine(records: pa.Table) -> pa.Table:
@@ -39,3 +47,15 @@ def precombine(records: pa.Table) -> pa.Table:
         "ts": c.ts,
         "reason": pa.array(c.reason, pa.string()),
     }, schema=ACK_RECORD_SCHEMA)
+
+
+def settle(records: pa.Table, now_ms: int) -> tuple[pa.Table, pa.Table]:
+    """Split pre-combined ack records into the completions of the trees they close
+    (``COMPLETION_SCHEMA``, latency up to ``now_ms``) and the records of the trees
+    they leave open, for the acker. Nothing times out here: the acker owns timeouts."""
+    if not records.num_rows:
+        return COMPLETION_SCHEMA.empty_table(), records
+    _, done = step(Pending.empty(now_ms), records.to_pandas(), now_ms, MAX_TIMEOUT_MS)
+    done = as_table(done, COMPLETION_SCHEMA)
+    still_open = records.filter(pc.invert(pc.is_in(records.column("root"), done.column("root"))))
+    return done, still_open

@@ -7,15 +7,17 @@ and any process with kafka-python and pyarrow can write ack records.
 
 The acker query reads the acks topic through a small Python data source,
 ``ackstream-channel``, registered on first use. Completions are produced from
-the acker's ``foreachBatch`` on the driver, keyed by batch id; a batch re-run
-after a crash may produce its completions twice, which the source ignores
-(a root it no longer tracks is not acted on).
+the acker's ``foreachBatch`` and from topology batches (the trees they settle
+themselves), on the driver, keyed by batch id; a batch re-run after a crash may
+produce its completions twice, which the source ignores (a root it no longer
+tracks is not acted on).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import threading
 
 import pandas as pd
 import pyarrow as pa
@@ -28,6 +30,8 @@ __all__ = ["ChannelSource", "KafkaChannel"]
 
 log = logging.getLogger(__name__)
 
+#: A topology's batches and its acker's write through one channel from two threads.
+_PRODUCER_LOCK = threading.Lock()
 #: Records per Kafka message: stays well under the broker's 1 MB default message size.
 ROWS_PER_MESSAGE = 10_000
 
@@ -106,11 +110,12 @@ class KafkaChannel:
     # --- plumbing ---------------------------------------------------------------
 
     def _send(self, topic: str, table: pa.Table, key: bytes | None) -> None:
-        if self._producer is None:
-            from kafka import KafkaProducer
+        with _PRODUCER_LOCK:
+            if self._producer is None:
+                from kafka import KafkaProducer
 
-            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all",
-                                           linger_ms=5, max_request_size=8 << 20)
+                self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all",
+                                               linger_ms=5, max_request_size=8 << 20)
         futures = [self._producer.send(topic, key=key, value=_encode(piece))
                    for piece in table.to_batches(max_chunksize=ROWS_PER_MESSAGE)]
         self._producer.flush()
