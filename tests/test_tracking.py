@@ -143,3 +143,24 @@ def test_source_timeout_starts_when_the_batch_has_run():
     assert t.in_flight == 2
     t.expire(105_000)
     assert t.in_flight == 0
+
+
+def test_timeouts_follow_emission_order_across_batches_and_replays():
+    """Roots are kept oldest first; a batch not started yet neither times out nor hides
+    an older one, and a replay's clock starts when its batch has run."""
+    t = tracker(timeout=5000)
+    t.clock_on_commit = True
+    t.emit_range(TP, 10, 12, 0)
+    t.started(1000)  # 10, 11 from 1000
+    t.complete(done((root(10), FAILED)), 1500)
+    t.emit_range(TP, 12, 13, 1600)
+    t.due(1600)  # 10 again at attempt 1; 12 and it start at 3000
+    assert not t.overdue(999) and t.overdue(1000)
+    t.started(3000)
+    t.emit_range(TP, 13, 14, 3100)  # planned, not started
+    t.expire(5999)
+    assert sorted(r.offset for r in t.roots.values()) == [10, 11, 12, 13]
+    t.expire(6000)  # 11 only
+    assert sorted(r.offset for r in t.roots.values()) == [10, 12, 13]
+    t.expire(8000)  # 10 (attempt 1) and 12; 13 never started
+    assert [(r.offset, r.emitted_ms) for r in t.roots.values()] == [(13, None)]

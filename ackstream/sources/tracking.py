@@ -94,7 +94,9 @@ class Tracker:
         self.source, self.policy = source, policy
         self.source_timeout_ms, self.max_pending = source_timeout_ms, max_pending
         self.parts: dict[TP, _Partition] = {}
-        self.roots: dict[int, _Root] = {}  # in flight, by root id
+        #: in flight, by root id, in emission order: ``emitted_ms`` never decreases along
+        #: it and roots not started yet come last, so timeouts look only at its ends
+        self.roots: dict[int, _Root] = {}
         self._by_coord: dict[tuple[TP, int], int] = {}  # in flight: (tp, offset) -> root
         self.scheduled: dict[tuple[TP, int], tuple[int, int]] = {}  # -> (attempt, due_ms)
         self.dead: dict[tuple[TP, int], DeadLetter] = {}
@@ -145,6 +147,7 @@ class Tracker:
         roots = ids.root_ids(self.source, tp[0], tp[1], offsets, attempts).tolist()
         emitted = None if self.clock_on_commit and not started else now_ms
         for root, off, att in zip(roots, offsets, attempts):
+            self.roots.pop(root, None)  # a root added again moves to the end
             self.roots[root] = _Root(tp, off, att, emitted)
             self._by_coord[(tp, off)] = root
         return roots
@@ -165,28 +168,33 @@ class Tracker:
             if root is None or row["status"] == INVALID:
                 continue
             self._forget(root.tp, root.offset)
-            why = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
             if row["status"] == ACKED:
                 self.parts[root.tp].mark_done(root.offset)
-            else:
-                new_dead += self._failed(root, why, now_ms, replay=row["status"] != REJECTED)
+                continue
+            why = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
+            new_dead += self._failed(root, why, now_ms, replay=row["status"] != REJECTED)
         return new_dead
 
     def started(self, now_ms: int) -> None:
         """Spark ran every batch planned so far: start their roots' source timeout."""
-        for root in self.roots.values():
-            if root.emitted_ms is None:
-                root.emitted_ms = now_ms
+        for root in reversed(self.roots.values()):  # the roots not started are the newest
+            if root.emitted_ms is not None:
+                break
+            root.emitted_ms = now_ms
 
     def overdue(self, before_ms: int) -> bool:
         """Whether a root in flight was emitted at ``before_ms`` or earlier."""
-        return any(r.emitted_ms is not None and r.emitted_ms <= before_ms
-                   for r in self.roots.values())
+        oldest = next(iter(self.roots.values()), None)
+        return oldest is not None and oldest.emitted_ms is not None \
+            and oldest.emitted_ms <= before_ms
 
     def expire(self, now_ms: int) -> list[DeadLetter]:
         """Roots in flight for longer than the source timeout count as timed out."""
-        overdue = [r for r in self.roots.values() if r.emitted_ms is not None
-                   and now_ms - r.emitted_ms >= self.source_timeout_ms]
+        overdue = []
+        for root in self.roots.values():  # oldest first
+            if root.emitted_ms is None or now_ms - root.emitted_ms < self.source_timeout_ms:
+                break
+            overdue.append(root)
         new_dead = []
         for root in overdue:
             self._forget(root.tp, root.offset)
