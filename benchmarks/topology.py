@@ -4,12 +4,13 @@ generator upstream -> explode words -> count per word -> memory sink, on the loc
 channel, at most ``--batch`` offsets per micro-batch (so a run is many batches, a
 sustained rate, not one batch end to end). For each mode: wall time from start
 until every generated offset is committed (tracking on: acked; off: processed),
-as records/s. Then, with tracking
+as records/s; ``--repeat`` off/on pairs run alternately and the median runs are
+compared. Then, with tracking
 on, a rate-limited run at half the measured tracked rate for complete-latency
 percentiles (from the completion channel). Prints one JSON line and writes it to
-``benchmarks/results/topology-<date>.json``.
+``benchmarks/results/topology-<date>.json`` (``-batch<N>`` added for another ``--batch``).
 
-    .venv/bin/python benchmarks/topology.py [--quick] [--records N]
+    .venv/bin/python benchmarks/topology.py [--quick] [--records N] [--batch N]
 """
 
 from __future__ import annotations
@@ -74,19 +75,29 @@ def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float
     return result
 
 
+def _median(runs: list[dict]) -> dict:
+    """The run with the median records/s (the machine's noise is the spread)."""
+    return sorted(runs, key=lambda r: r["records_per_s"])[len(runs) // 2]
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=2_500, help="max offsets per micro-batch")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="off/on pairs, run alternately; the medians are compared")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
     records = 2_000 if args.quick else args.records
     spark = local_session("ackstream-bench-topology")
     try:
         run(spark, True, 500)  # warm-up, untimed: JIT, Python workers
-        off = run(spark, False, records, batch=args.batch)
-        on = run(spark, True, records, batch=args.batch)
+        pairs = [(run(spark, False, records, batch=args.batch),
+                  run(spark, True, records, batch=args.batch))
+                 for _ in range(1 if args.quick else args.repeat)]
+        off = _median([p[0] for p in pairs])
+        on = _median([p[1] for p in pairs])
         rate = on["records_per_s"] / 2
         paced = run(spark, True, int(rate * (10 if args.quick else 30)), rate=rate,
                     batch=args.batch)
@@ -97,6 +108,7 @@ def main(argv=None) -> dict:
     out = {
         "benchmark": "topology", "date": dt.datetime.now(dt.timezone.utc).isoformat(),
         "tracking_off": off, "tracking_on": on,
+        "runs_records_per_s": [[p[0]["records_per_s"], p[1]["records_per_s"]] for p in pairs],
         "overhead_pct": 100 * (1 - on["records_per_s"] / off["records_per_s"]),
         "half_rate": {"rate_records_per_s": rate, **paced},
         "trigger_ms": 200, "max_offsets_per_batch": args.batch, "machine": machine(),
@@ -104,7 +116,8 @@ def main(argv=None) -> dict:
     print(json.dumps(out))
     if not args.no_save:
         os.makedirs(RESULTS, exist_ok=True)
-        with open(os.path.join(RESULTS, f"topology-{dt.date.today()}.json"), "w") as f:
+        suffix = "" if args.batch == 2_500 else f"-batch{args.batch}"
+        with open(os.path.join(RESULTS, f"topology-{dt.date.today()}{suffix}.json"), "w") as f:
             f.write(json.dumps(out) + "\n")
     return out
 
