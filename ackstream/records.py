@@ -1,8 +1,9 @@
 """The two record kinds that cross process boundaries: ack records and completions.
 
 Ack records go from whoever processes tuples (the topology query, or any other
-process) to the acker; completions go from the acker to the source. The schemas
-here are the contract for both channel transports and for the acker query.
+process) to the acker; completions go from the acker, and from topology batches
+that settle their own trees, to the source. The schemas here are the contract
+for both channel transports and for the acker query.
 
 ``kind`` is a bit mask, not an enum, so that every record of one root in a batch
 can be pre-combined into one (``bit_xor`` of values, ``bit_or`` of kinds) without

@@ -6,6 +6,8 @@ attempt of an upstream record: a replay is a new root, attempt + 1):
 - ``pending``: an init record is in the ack channel and no completion yet (the
   acker still holds the root, or has not read its init). Roots the source gave up
   waiting for (``ackstream.sourceTimeout``) stay here until the acker times them out.
+  A tree a topology batch settles itself never reaches the ack channel: it goes
+  from its batch straight to a completion, so it is never counted as pending.
 
 Counts cover everything the channel holds since it was created: root ids are
 hashes of the record's coordinates, so a rerun over the same records in a reused
