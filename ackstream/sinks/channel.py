@@ -28,6 +28,7 @@ import shutil
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ackstream.ids import content_id
@@ -84,7 +85,7 @@ class LocalChannel:
         if not table.num_rows:
             return
         table = as_table(table, COMPLETION_SCHEMA)
-        tag = content_id(*(table.column(c).to_numpy(zero_copy_only=False)
+        tag = content_id(*(pc.fill_null(table.column(c), 0).to_numpy()  # invalid: no root
                            for c in ("root", "completed_ms")))
         numbers = self._done_files()
         if tag in numbers.values():
