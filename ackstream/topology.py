@@ -52,7 +52,8 @@ from ackstream.bolts import (
     failed_roots,
 )
 from ackstream.errors import OptionError, StageError
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
+from ackstream.sources.offsets import logged_offsets, planned_inits
 
 __all__ = ["Topology", "RunningTopology", "TRACKED_COLUMNS"]
 
@@ -96,6 +97,7 @@ class Topology:
         self.per_stage = ack_mode == "per_stage"
         self.stages: list[Stage] = []
         self.output = None
+        self._offset_log: str | None = None  # the topology query's checkpoint, once started
 
     # --- declaring stages -----------------------------------------------------------
 
@@ -163,10 +165,15 @@ class Topology:
 
     # --- running ----------------------------------------------------------------------
 
-    def run_batch(self, batch: DataFrame, batch_id: int = 0) -> pa.Table:
+    def run_batch(self, batch: DataFrame, batch_id: int = 0,
+                  inits: pa.Table | None = None) -> pa.Table:
         """Run every stage on ``batch`` (a static DataFrame), write the sink, and return
         the batch's ack records, pre-combined per root, without writing them. This is
         the body of the topology's ``foreachBatch``; tests and notebooks call it directly.
+
+        ``inits``: the batch's telescoped init records, when they are known without
+        reading the batch (from the source's offset, see :meth:`process_batch`); else
+        they are read from the rows, which then costs a cache and a second Spark job.
         """
         self._check_input(batch)
         now = int(time.time() * 1000)
@@ -178,9 +185,10 @@ class Topology:
             return df
 
         try:
-            # tracked, the batch is read more than once (sink, init records): read it once
-            tuples = keep(batch) if self.tracking else batch
-            parts = [_init_records(tuples, now, self.per_stage)] if self.tracking else []
+            read_inits = self.tracking and (inits is None or self.per_stage)
+            # then the batch is read more than once (sink, init records): read it once
+            tuples = keep(batch) if read_inits else batch
+            parts = [_init_records(tuples, now, self.per_stage)] if read_inits else []
             for stage in self.stages:
                 out = stage.run(tuples, self.tracking, edges=self.per_stage)
                 kept.extend(out.cached)
@@ -198,7 +206,10 @@ class Topology:
             parts += self._write_sink(tuples, batch_id, now)
             if not self.tracking:
                 return ACK_RECORD_SCHEMA.empty_table()
-            return precombine(_union_all(parts).toArrow())
+            tables = [] if read_inits else [inits]
+            if parts:
+                tables.append(as_table(_union_all(parts).toArrow(), ACK_RECORD_SCHEMA))
+            return precombine(pa.concat_tables(tables))
         finally:
             for df in kept:
                 df.unpersist()
@@ -234,8 +245,13 @@ class Topology:
         """The ``foreachBatch`` function: run the batch, then report what became of its
         roots. Telescoped, the batch settles the trees it closed itself (their
         completions go straight to the completion channel) and sends only the open
-        ones to the acker; per stage, every record goes to the acker query, as in Storm."""
-        records = self.run_batch(batch, batch_id)
+        ones to the acker; per stage, every record goes to the acker query, as in Storm.
+
+        Telescoped, the batch's roots come from the source's offset for this batch in
+        the query's offset log, so the input is read once, by the stages: a root the
+        stages drop, or a record the source never hands them, is acked like a filtered
+        tuple (a rejection by the source still wins, see ``Tracker.complete``)."""
+        records = self.run_batch(batch, batch_id, self._planned_inits(batch_id))
         if self.per_stage:
             still_open = records
         else:
@@ -245,6 +261,25 @@ class Topology:
         if still_open.num_rows:
             self.channel.write_acks(still_open)
 
+    def _planned_inits(self, batch_id: int) -> pa.Table | None:
+        """The init records of every root of batch ``batch_id``, from the offsets Spark
+        logged for it; None when they must be read from the rows (per-stage acks, a run
+        not started by :meth:`start`, an offset written before it named its records)."""
+        if self.per_stage or not self.tracking or self._offset_log is None:
+            return None
+        try:
+            offsets = logged_offsets(self.spark, self._offset_log, batch_id)
+        except Exception:  # a Spark whose offset log looks otherwise: slower, still right
+            log.warning("topology %s: no offset log for batch %d under %s; reading the "
+                        "batch's roots from its rows", self.name, batch_id, self._offset_log,
+                        exc_info=True)
+            return None
+        now = int(time.time() * 1000)
+        tables = [planned_inits(offset, now) for offset in offsets]
+        if not tables or any(t is None for t in tables):
+            return None
+        return pa.concat_tables(tables)
+
     def start(self, tuples: DataFrame, checkpoint: str, *, trigger_ms: int = 500,
               ackers: int = 2, message_timeout_ms: int = 30_000, acker: bool = True,
               acker_trigger_ms: int | None = None) -> RunningTopology:
@@ -252,6 +287,7 @@ class Topology:
         ``acker=False`` (an acker runs elsewhere) or tracking is off, the acker query.
         Checkpoints go to ``<checkpoint>/topology`` and ``<checkpoint>/acker``."""
         self._check_input(tuples)
+        self._offset_log = os.path.join(checkpoint, "topology")
         acker_query = None
         if acker and self.tracking:
             acker_query = start_acker(

@@ -76,3 +76,35 @@ def test_tracking_off_writes_no_ack_records(spark, tmp_path):
         running.stop()
     assert {r["word"] for r in sink.rows()} == {"the", "quick", "fox", "jumps", "over", "dog"}
     assert os.listdir(channel.acks_dir) == []
+
+
+def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereading(
+        spark, tmp_path):
+    """The roots come from the source's logged offset, not from the rows: a record the
+    stream drops before the stages is acked like a filtered tuple, and fails still fail.
+    (Read from the rows, the dropped ones would wait for the 10-minute source timeout.)"""
+    from test_source_generator import commits, generator_stream
+
+    channel_dir = str(tmp_path / "channel")
+    channel = LocalChannel(channel_dir)
+    stream = generator_stream(spark, channel_dir, topology="planned", messageTimeout="5 min",
+                              retryInitialDelay="50ms", **{"generator.count": 40})
+    sink = MemorySink()
+    topology = (Topology("planned", spark, channel)
+                .fail_where((F.col("offset") == 4) & (F.col("_attempt") == 0))
+                .sink(sink))
+    running = topology.start(stream.where("offset % 2 = 0"), str(tmp_path / "ckpt"),
+                             trigger_ms=200, message_timeout_ms=300_000)
+    try:
+        wait_for(lambda: commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
+                 or running.exception(), timeout=90, what="every offset committed")
+        assert running.exception() is None
+    finally:
+        running.stop()
+    done = channel.completions_since(None)[0].to_pylist()
+    assert {(c["partition"], c["offset"]) for c in done if c["status"] == ACKED} == \
+        {(p, o) for p in (0, 1) for o in range(20)}
+    assert sorted((c["partition"], c["offset"], c["attempt"]) for c in done
+                  if c["status"] == FAILED) == [(0, 4, 0), (1, 4, 0)]
+    assert sorted((r["partition"], r["offset"]) for r in sink.rows()) == \
+        sorted((p, o) for p in (0, 1) for o in range(0, 20, 2))

@@ -39,8 +39,21 @@ def test_unknown_and_duplicate_completions_are_ignored():
     t = tracker()
     t.emit_range(TP, 10, 12, 0)
     t.complete(done((root(10, attempt=3), ACKED), (12345, ACKED)), 1)
-    t.complete(done((root(10), ACKED), (root(10), FAILED)), 1)
+    t.complete(done((root(10), ACKED)), 1)
+    t.complete(done((root(10), FAILED), (root(10), ACKED)), 2)
     assert t.watermarks() == {TP: 11} and not t.scheduled
+
+
+def test_of_two_outcomes_read_together_a_rejection_wins_over_an_ack():
+    """A read task rejects an oversize record; the topology acks its batch's roots from
+    the offset. Read in one poll, in either order, the record must be dead-lettered."""
+    t = tracker(max_retries=5)
+    t.emit_range(TP, 10, 12, 0)
+    dead = t.complete([{"root": root(10), "status": ACKED},
+                       {"root": root(11), "status": ACKED},
+                       {"root": root(10), "status": REJECTED, "reason": "too big"}], 1)
+    assert [(d.offset, d.reason) for d in dead] == [(10, "rejected: too big")]
+    assert t.watermarks() == {TP: 10} and not t.roots
 
 
 def test_backoff_doubles_up_to_the_maximum():

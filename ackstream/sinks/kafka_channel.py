@@ -83,10 +83,11 @@ class KafkaChannel:
 
     # --- completions ------------------------------------------------------------
 
-    def write_completions(self, table: pa.Table, batch_id: int) -> None:
-        """Produce one acker batch's completions (keyed by batch id)."""
+    def write_completions(self, table: pa.Table, batch_id: int | None = None) -> None:
+        """Produce completions; a query's batch keys them by its batch id."""
         if table.num_rows:
-            self._send(self.done_topic, as_table(table, COMPLETION_SCHEMA), key=b"%d" % batch_id)
+            key = None if batch_id is None else b"%d" % batch_id
+            self._send(self.done_topic, as_table(table, COMPLETION_SCHEMA), key=key)
 
     def completions_since(self, position: dict | None = None) -> tuple[pa.Table, dict]:
         """Completions after ``position`` ({partition: next offset}) and the new position."""

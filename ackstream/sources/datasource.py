@@ -7,11 +7,10 @@ planning methods run in one long-lived driver-side Python process, which owns a
 ``read()`` runs in executor workers on a fresh, pickled reader and gets
 everything it needs from its :class:`~ackstream.sources.rows.ReadTask`.
 
-An offset is ``{"v": 1, "parts": <Tracker.snapshot()>, "replays": [[topic,
-partition, offset, attempt], ...], "done": <last completion batch read>}``: the
-replays of a batch and the whole tracking state travel inside the offset Spark
-writes to its offset log before it asks for partitions, so a restart re-reads
-the same batch and resumes the same in-flight table.
+An offset (see :mod:`ackstream.sources.offsets`) carries the whole tracking
+state and names every record of its batch, new offsets and replays, so a
+restart re-reads the same batch and resumes the same in-flight table, and a
+topology knows a batch's roots from the offset Spark logged for it.
 
 Guarantees: a group commit never covers an offset that is not acked or
 dead-lettered. A dead letter is written once, then its record is done; writing
@@ -34,14 +33,11 @@ from ackstream.acker.query import default_tick_ms
 from ackstream.config import SourceConfig, parse
 from ackstream.errors import AckstreamError
 from ackstream.records import tick
+from ackstream.sources.offsets import read_tasks
 from ackstream.sources.rows import SOURCE_DDL, ReadTask
 from ackstream.sources.tracking import RetryPolicy, Tracker
 
 __all__ = ["AckstreamDataSource", "AckstreamStreamReader", "register"]
-
-#: At most this many offsets of one partition per Spark task.
-ROWS_PER_TASK = 100_000
-
 
 def register(spark) -> None:
     """Make ``spark.readStream.format("ackstream")`` available in this session."""
@@ -124,18 +120,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict):
         if self.config.tracking:
             self._driver_for(end)  # a restart re-running its last batch starts here
-        tasks = []
-        for topic, parts in end["parts"].items():
-            for p, entry in parts.items():
-                first = start["parts"].get(topic, {}).get(p, entry)["end"]
-                for lo in range(first, entry["end"], ROWS_PER_TASK):
-                    hi = min(lo + ROWS_PER_TASK, entry["end"])
-                    tasks.append(ReadTask(topic, int(p), lo, hi))
-        replays: dict = {}
-        for topic, p, off, att in end.get("replays", ()):
-            replays.setdefault((topic, p), []).append((off, att))
-        for (topic, p), pairs in sorted(replays.items()):
-            tasks.append(ReadTask(topic, p, replays=tuple(sorted(pairs))))
+        tasks = read_tasks(start, end)
         return [_Part(t) for t in tasks]
 
     def commit(self, end: dict) -> None:
@@ -267,6 +252,7 @@ class _Driver:
             else self.upstream.latest(tps)
         lags = {tp: max(0, latest[tp] - positions[tp]) for tp in tps}
         shares = _share(budget, lags)
+        read: dict = {}
         for tp, n in shares.items():
             if n:
                 if self.config.tracking:
@@ -274,13 +260,17 @@ class _Driver:
                 else:
                     part = tracker.parts[tp]
                     part.end = part.watermark = positions[tp] + n
-        if not replays and not any(shares.values()) and not self._dead_since_snapshot:
+                read.setdefault(tp[0], {})[str(tp[1])] = [positions[tp], positions[tp] + n]
+        if not replays and not read and not self._dead_since_snapshot:
             return None
         # a new offset persists the snapshot, dead letters written included: a restart
         # then does not write them again (see the report in the module doc)
         self._dead_since_snapshot = False
-        return {"v": 1, "parts": tracker.snapshot(), "replays": [list(r) for r in replays],
-                "done": self.position}
+        offset = {"v": 1, "parts": tracker.snapshot(), "read": read,
+                  "replays": [list(r) for r in replays], "done": self.position}
+        if self.config.tracking:
+            offset["source"] = self.config.topology  # the batch's roots are waited for
+        return offset
 
     def _check_retention(self, tps) -> None:
         earliest = self.upstream.earliest(tps)

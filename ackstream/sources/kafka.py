@@ -20,7 +20,7 @@ from ackstream import ids
 from ackstream.config import SourceConfig
 from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
 from ackstream.kafka_offsets import end_offsets
-from ackstream.records import ACK_RECORD_SCHEMA, INIT, REJECT
+from ackstream.records import ACKED, COMPLETION_SCHEMA, REJECTED
 from ackstream.sources.rows import ReadTask, spout_batch
 
 __all__ = ["KafkaUpstream", "check_upstream", "consumer_settings", "read_task"]
@@ -151,11 +151,13 @@ def read_task(config: SourceConfig, task: ReadTask) -> Iterator:
     """Arrow batches of one task: the range at attempt 0, then the replays.
 
     Batches are bounded by rows and bytes (an Arrow binary column holds at most
-    2 GiB). With tracking on, two kinds of offset never reach the bolts and go
-    straight to the ack channel instead: a record whose value is over
-    ``ackstream.maxValueBytes`` is rejected (dead-lettered at once), and an
-    offset with no record (a compacted topic, a transaction marker) is acked, so
-    neither holds its partition's commit back.
+    2 GiB). With tracking on, two kinds of offset never reach the bolts, and the
+    task reports their outcome itself to the completion channel: a record whose
+    value is over ``ackstream.maxValueBytes`` is rejected (dead-lettered at once),
+    and an offset with no record (a compacted topic, a transaction marker) is
+    acked, so neither holds its partition's commit back. A topology that settles
+    the batch's roots from its offset reports those roots acked later; the source
+    lets a rejection win over an ack (see ``Tracker.complete``).
     """
     consumer = KafkaConsumer(group_id=None, **consumer_settings(config))
     tp = (task.topic, task.partition)
@@ -188,35 +190,35 @@ def read_task(config: SourceConfig, task: ReadTask) -> Iterator:
 
 
 class _Skipped:
-    """Offsets of one task that go to the ack channel instead of the bolts."""
+    """Offsets of one task that never reach the bolts, and their completions."""
 
     def __init__(self, config: SourceConfig, tp: TP):
         self.config, self.tp, self.rows = config, tp, []
 
     def reject(self, offset: int, attempt: int, size: int) -> None:
-        self._add(offset, attempt, INIT | REJECT,
+        self._add(offset, attempt, REJECTED,
                   f"value of {size} bytes is over ackstream.maxValueBytes "
                   f"({self.config.max_value_bytes}); raise that option to process it")
 
     def gap(self, offset: int, attempt: int) -> None:
-        self._add(offset, attempt, INIT, None)  # value 0: acked, nothing to process
+        self._add(offset, attempt, ACKED, None)  # nothing to process
 
-    def _add(self, offset, attempt, kind, reason) -> None:
-        self.rows.append({"value": 0, "kind": kind, "topic": self.tp[0],
-                          "partition": self.tp[1], "offset": offset, "attempt": attempt,
-                          "ts": int(time.time() * 1000), "reason": reason})
+    def _add(self, offset, attempt, status, reason) -> None:
+        self.rows.append({"status": status, "topic": self.tp[0], "partition": self.tp[1],
+                          "offset": offset, "attempt": attempt, "latency_ms": 0,
+                          "completed_ms": int(time.time() * 1000), "reason": reason})
 
     def write(self) -> None:
         if not self.rows:
             return
         from ackstream.sinks.channel import open_channel
 
-        table = pa.Table.from_pylist(self.rows, schema=ACK_RECORD_SCHEMA)
+        table = pa.Table.from_pylist(self.rows, schema=COMPLETION_SCHEMA)
         roots = ids.root_ids(self.config.topology, self.tp[0], self.tp[1],
                              table.column("offset").to_numpy(), table.column("attempt").to_numpy())
         channel = open_channel(self.config)
         try:
-            channel.write_acks(table.set_column(0, "root", pa.array(roots, pa.int64())))
+            channel.write_completions(table.set_column(0, "root", pa.array(roots, pa.int64())))
         finally:
             channel.close()
 

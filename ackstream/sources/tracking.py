@@ -160,10 +160,13 @@ class Tracker:
 
         A completion for a root that is not in flight (an earlier attempt, another
         source, a duplicate) is ignored, and so is an ``invalid`` one (a bad ack
-        record says nothing about its root).
+        record says nothing about its root). Of several completions of one root in
+        ``rows``, any other outcome applies before an ack: two writers can report one
+        root (a read task rejects a record of a batch that a topology acks whole), and
+        a wrong ack loses a record where a wrong fail only replays it.
         """
         new_dead = []
-        for row in rows:
+        for row in sorted(rows, key=lambda row: row["status"] == ACKED):  # stable: acks last
             root = self.roots.get(row["root"])
             if root is None or row["status"] == INVALID:
                 continue

@@ -1,0 +1,133 @@
+"""The source's offsets: what one micro-batch reads, known from its offset alone.
+
+An offset is the JSON the driver-side reader returns from ``latestOffset`` and
+Spark writes to the query's offset log before the batch runs::
+
+    {"v": 1,
+     "source": "<topology>",             # only with tracking on: the id namespace
+     "parts": <Tracker.snapshot()>,      # the whole tracking state, for a restart
+     "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch
+     "replays": [[topic, partition, offset, attempt], ...],  # replays of this batch
+     "done": <position in the completion channel>}
+
+``read`` and ``replays`` name every record of the batch, so its read tasks
+(:func:`read_tasks`) and its roots (:func:`planned_inits`) come from the offset
+without touching the data. That is what lets a topology batch report its trees
+without reading its input a second time: the topology finds the offset in
+Spark's offset log (:func:`logged_offsets`) under its batch id. Offsets written
+before ``read`` existed give ``None`` there, and the topology reads the roots
+from the rows instead.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+
+from ackstream import ids
+from ackstream.records import ACK_RECORD_SCHEMA, INIT
+from ackstream.sources.rows import ReadTask
+
+__all__ = ["ROWS_PER_TASK", "logged_offsets", "planned_inits", "read_tasks"]
+
+#: At most this many offsets of one partition per Spark task.
+ROWS_PER_TASK = 100_000
+
+
+def read_tasks(start: dict, end: dict) -> list[ReadTask]:
+    """The Spark tasks of the batch that ends at ``end``: ranges of at most
+    :data:`ROWS_PER_TASK` offsets, then one task per partition for its replays."""
+    tasks = []
+    for topic, p, lo, hi in _ranges(start, end):
+        for first in range(lo, hi, ROWS_PER_TASK):
+            tasks.append(ReadTask(topic, p, first, min(first + ROWS_PER_TASK, hi)))
+    replays: dict = {}
+    for topic, p, off, att in end.get("replays", ()):
+        replays.setdefault((topic, p), []).append((off, att))
+    for (topic, p), pairs in sorted(replays.items()):
+        tasks.append(ReadTask(topic, p, replays=tuple(sorted(pairs))))
+    return tasks
+
+
+def _ranges(start: dict, end: dict):
+    """(topic, partition, from, to) of each partition that advanced in the batch."""
+    if "read" in end:
+        for topic, parts in end["read"].items():
+            for p, (lo, hi) in parts.items():
+                if hi > lo:
+                    yield topic, int(p), lo, hi
+        return
+    for topic, parts in end["parts"].items():  # an offset written before "read" existed
+        for p, entry in parts.items():
+            lo = start["parts"].get(topic, {}).get(p, entry)["end"]
+            if entry["end"] > lo:
+                yield topic, int(p), lo, entry["end"]
+
+
+def planned_inits(end: dict, now_ms: int) -> pa.Table | None:
+    """The init record (value 0, with coordinates) of every root of the batch that
+    ends at ``end``, or None when the offset does not say (written before ``read``
+    existed). With tracking off the source waits for no root: no records."""
+    if "read" not in end:
+        return None
+    if "source" not in end:
+        return ACK_RECORD_SCHEMA.empty_table()
+    columns: dict[str, list] = {"topic": [], "partition": [], "offset": [], "attempt": []}
+
+    def add(topic, p, offsets, attempts):
+        columns["topic"].append(np.full(len(offsets), topic, dtype=object))
+        columns["partition"].append(np.full(len(offsets), p, dtype=np.int32))
+        columns["offset"].append(np.asarray(offsets, dtype=np.int64))
+        columns["attempt"].append(np.asarray(attempts, dtype=np.int32))
+
+    for topic, p, lo, hi in _ranges({}, end):
+        add(topic, p, np.arange(lo, hi), np.zeros(hi - lo))
+    for topic, p, off, att in end.get("replays", ()):
+        add(topic, p, [off], [att])
+    if not columns["offset"]:
+        return ACK_RECORD_SCHEMA.empty_table()
+    flat = {name: np.concatenate(parts) for name, parts in columns.items()}
+    n = len(flat["offset"])
+    roots = ids.root_ids(end["source"], flat["topic"], flat["partition"], flat["offset"],
+                         flat["attempt"])
+    return pa.table({
+        "root": roots, "value": np.zeros(n, np.int64), "kind": np.full(n, INIT, np.int8),
+        "topic": pa.array(flat["topic"], pa.string()), "partition": flat["partition"],
+        "offset": flat["offset"], "attempt": flat["attempt"],
+        "ts": np.full(n, now_ms, np.int64), "reason": pa.nulls(n, pa.string()),
+    }, schema=ACK_RECORD_SCHEMA)
+
+
+def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
+    """The ``ackstream`` offsets Spark logged for ``batch_id`` of the query whose
+    checkpoint is ``checkpoint`` (one per ackstream source of the query).
+
+    Spark writes ``<checkpoint>/offsets/<batch id>`` before the batch runs: a version
+    line, a metadata line, then one line per source (``-`` for a source with none).
+    A plain path is read directly; a URL (``file:``, ``hdfs:``, ``s3a:``...) through
+    Spark's Hadoop file system, which costs about ten times as much (calls into the JVM)."""
+    path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
+    if not urlparse(path).scheme:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    else:
+        jvm = spark.sparkContext._jvm
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+        stream = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()) \
+            .open(hadoop_path)
+        try:
+            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+    out = []
+    for line in text.splitlines()[2:]:
+        try:
+            offset = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(offset, dict) and offset.get("v") == 1 and "parts" in offset:
+            out.append(offset)
+    return out

@@ -1,0 +1,94 @@
+"""A batch's records from its offset alone: the read tasks, the roots a topology settles
+without reading the batch, and the offsets read back from Spark's offset log."""
+
+import os
+
+import numpy as np
+import pytest
+from conftest import wait_for
+
+from ackstream.config import parse
+from ackstream.records import INIT
+from ackstream.sources import offsets
+from ackstream.sources.datasource import AckstreamStreamReader
+
+GENERATOR = {"ackstream.upstream": "generator", "ackstream.topology": "plans",
+             "ackstream.generator.partitions": "2", "ackstream.generator.count": "40"}
+
+
+def rows_read(reader, start, end):
+    """``(root, topic, partition, offset, attempt)`` of every row ``read()`` yields."""
+    out = set()
+    for part in reader.partitions(start, end):
+        for batch in reader.read(part):
+            cols = batch.to_pydict()
+            out |= set(zip(cols["_root"], cols["topic"], cols["partition"], cols["offset"],
+                           cols["_attempt"]))
+    return out
+
+
+def test_the_planned_roots_are_the_roots_the_batch_reads(tmp_path, monkeypatch):
+    """Replays included, and over several tasks: what the topology acks from the offset
+    is exactly what read() hands the stages."""
+    monkeypatch.setattr(offsets, "ROWS_PER_TASK", 7)
+    config = parse({**GENERATOR, "ackstream.channel": str(tmp_path)})
+    reader = AckstreamStreamReader(config)
+    start = reader.initialOffset()
+    end = dict(reader.latestOffset(start, None), replays=[["generator", 1, 3, 2]])
+    assert len(reader.partitions(start, end)) == 3 + 3 + 1
+    inits = offsets.planned_inits(end, now_ms=1234)
+    planned = set(zip(*(inits.column(c).to_pylist()
+                        for c in ("root", "topic", "partition", "offset", "attempt"))))
+    assert planned == rows_read(reader, start, end)
+    assert len(planned) == 40 + 1
+    assert set(inits.column("kind").to_pylist()) == {INIT}
+    assert set(inits.column("value").to_pylist()) == {0}  # telescoped: the batch acks it all
+    assert set(inits.column("ts").to_pylist()) == {1234}
+
+
+def test_an_offset_without_its_records_named_is_read_from_the_rows():
+    """Offsets logged before ``read`` existed: tasks from start to end, no planned roots."""
+    start = {"v": 1, "parts": {"t": {"0": {"end": 5, "wm": 0}}}, "replays": [], "done": -1}
+    end = {"v": 1, "parts": {"t": {"0": {"end": 9, "wm": 0}}}, "replays": [], "done": -1}
+    assert [(t.start, t.end) for t in offsets.read_tasks(start, end)] == [(5, 9)]
+    assert offsets.planned_inits(end, 0) is None
+
+
+def test_with_tracking_off_no_root_is_planned(tmp_path):
+    config = parse({**GENERATOR, "ackstream.channel": str(tmp_path),
+                    "ackstream.tracking": "false"})
+    reader = AckstreamStreamReader(config)
+    end = reader.latestOffset(reader.initialOffset(), None)
+    assert end["read"] and offsets.planned_inits(end, 0).num_rows == 0
+
+
+@pytest.mark.spark
+def test_the_offset_logged_under_a_batch_id_names_that_batch_s_rows(spark, tmp_path):
+    """Spark's offset log, read back under foreachBatch's batch id (directly and through
+    the JVM), plans exactly the rows of that batch, batch after batch."""
+    checkpoint = str(tmp_path / "checkpoint")
+    stream = (spark.readStream.format("ackstream")
+              .options(**{**GENERATOR, "ackstream.generator.count": "60",
+                          "ackstream.channel": str(tmp_path / "channel"),
+                          "maxOffsetsPerTrigger": "20"}).load())
+    compared = []
+
+    def check(batch, batch_id):
+        rows = {r["_root"] for r in batch.select("_root").collect()}
+        logged = offsets.logged_offsets(spark, checkpoint, batch_id)
+        through_jvm = offsets.logged_offsets(spark, "file://" + os.path.abspath(checkpoint),
+                                             batch_id)  # a URL: read by Hadoop in the JVM
+        planned = offsets.planned_inits(logged[0], 0).column("root").to_numpy()
+        compared.append((batch_id, rows == set(planned.tolist()), logged == through_jvm,
+                         len(rows)))
+
+    query = (stream.writeStream.foreachBatch(check).option("checkpointLocation", checkpoint)
+             .trigger(processingTime="100 milliseconds").start())
+    try:
+        wait_for(lambda: sum(n for *_, n in compared) >= 60 or query.exception(), timeout=120,
+                 what="every generated record in a batch")
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert [c[:3] for c in compared] == [(i, True, True) for i in range(len(compared))]
+    assert len(compared) >= 3 and np.sum([n for *_, n in compared]) == 60
