@@ -296,8 +296,9 @@ class AggregateStage(Stage):
                      if is_multi_anchored(df) else f"collect_set({ROOT})")
             anchors = F.expr(f"transform({roots}, r -> named_struct('root', r, 'edge', 0L))")
             edge = F.lit(None).cast("long")
-        out = grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE))
-        return StageOutput(out.withColumn(ROOT, F.lit(None).cast("long")))
+        # the null root in the same call: each further DataFrame call is another analysis
+        return StageOutput(grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE),
+                                       F.lit(None).cast("long").alias(ROOT)))
 
 
 class PandasBoltStage(Stage):

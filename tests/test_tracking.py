@@ -2,8 +2,10 @@
 
 import json
 
+import pyarrow as pa
+
 from ackstream import ids
-from ackstream.records import ACKED, FAILED, INVALID, REJECTED, TIMED_OUT
+from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, INVALID, REJECTED, TIMED_OUT
 from ackstream.sources.tracking import METADATA_LIMIT, RetryPolicy, Tracker, ranges
 
 TP = ("events", 0)
@@ -20,7 +22,13 @@ def root(offset, attempt=0, tp=TP):
 
 
 def done(*pairs):
-    return [{"root": r, "status": s} for r, s in pairs]
+    return completions(*({"root": r, "status": s} for r, s in pairs))
+
+
+def completions(*rows):
+    """Completions as the channel gives them: a table, reason null unless a row has one."""
+    return pa.Table.from_pylist([{"reason": None, **row} for row in rows],
+                                schema=COMPLETION_SCHEMA)
 
 
 def test_watermark_advances_only_over_contiguous_acks():
@@ -49,9 +57,9 @@ def test_of_two_outcomes_read_together_a_rejection_wins_over_an_ack():
     the offset. Read in one poll, in either order, the record must be dead-lettered."""
     t = tracker(max_retries=5)
     t.emit_range(TP, 10, 12, 0)
-    dead = t.complete([{"root": root(10), "status": ACKED},
-                       {"root": root(11), "status": ACKED},
-                       {"root": root(10), "status": REJECTED, "reason": "too big"}], 1)
+    dead = t.complete(completions({"root": root(10), "status": ACKED},
+                                  {"root": root(11), "status": ACKED},
+                                  {"root": root(10), "status": REJECTED, "reason": "too big"}), 1)
     assert [(d.offset, d.reason) for d in dead] == [(10, "rejected: too big")]
     assert t.watermarks() == {TP: 10} and not t.roots
 
@@ -88,10 +96,12 @@ def test_max_retries_lead_to_exactly_one_dead_letter_which_then_counts_as_done()
 def test_rejected_is_dead_lettered_at_once_with_its_reason_and_invalid_is_ignored():
     t = tracker(max_retries=5)
     t.emit_range(TP, 10, 12, 0)
-    t.complete([{"root": root(11), "status": INVALID, "reason": "kind 64 has unknown bits"}], 1)
+    t.complete(completions({"root": root(11), "status": INVALID,
+                            "reason": "kind 64 has unknown bits"}), 1)
     assert t.in_flight == 2  # an unusable ack record says nothing about its root
-    dead = t.complete([{"root": root(10), "status": REJECTED, "reason": "value is not JSON"},
-                       {"root": root(11), "status": FAILED, "reason": "bolt: ValueError"}], 2)
+    dead = t.complete(completions(
+        {"root": root(10), "status": REJECTED, "reason": "value is not JSON"},
+        {"root": root(11), "status": FAILED, "reason": "bolt: ValueError"}), 2)
     assert [(d.offset, d.attempts, d.reason) for d in dead] == \
         [(10, 1, "rejected: value is not JSON")]
     assert t.scheduled == {(TP, 11): (1, 102)}  # a fail replays

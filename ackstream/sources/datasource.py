@@ -288,8 +288,7 @@ class _Driver:
         """Completions in, replays scheduled, dead letters out, acked offsets committed."""
         table, self.position = self.channel.completions_since(self.position)
         if table.num_rows:
-            rows = table.select(["root", "status", "reason"]).to_pylist()
-            self.tracker.complete(rows, now_ms)
+            self.tracker.complete(table, now_ms)
         self.tracker.expire(now_ms)
         self._tick(now_ms)
         if self.tracker.dead:

@@ -22,6 +22,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ackstream import ids
 from ackstream.records import ACKED, INVALID, REJECTED, TIMED_OUT
 
@@ -63,7 +66,7 @@ class DeadLetter:
     reason: str
 
 
-@dataclass
+@dataclass(slots=True)
 class _Root:
     tp: TP
     offset: int
@@ -77,10 +80,9 @@ class _Partition:
     end: int  # next offset to read from upstream
     done: set[int] = field(default_factory=set)  # done offsets above the watermark
 
-    def mark_done(self, offset: int) -> None:
-        if offset < self.watermark:
-            return
-        self.done.add(offset)
+    def mark_done(self, *offsets: int) -> None:
+        below = self.watermark
+        self.done.update(o for o in offsets if o >= below)
         while self.watermark in self.done:
             self.done.remove(self.watermark)
             self.watermark += 1
@@ -127,7 +129,7 @@ class Tracker:
         part = self.parts[tp]
         if start != part.end:
             raise ValueError(f"{tp}: emit from {start} but the next offset to read is {part.end}")
-        self._add_roots(tp, range(start, end), [0] * (end - start), now_ms)
+        self._add_roots(tp, range(start, end), [0] * (end - start), now_ms, fresh=True)
         part.end = end
 
     def skip_to(self, tp: TP, offset: int) -> None:
@@ -140,42 +142,57 @@ class Tracker:
         part.done = {o for o in part.done if o >= part.watermark}
         part.end = max(part.end, offset)
 
-    def _add_roots(self, tp: TP, offsets, attempts, now_ms: int, started=False) -> list[int]:
+    def _add_roots(self, tp: TP, offsets, attempts, now_ms: int, started=False,
+                   fresh=False) -> list[int]:
+        """Put roots in flight; ``fresh``: offsets never emitted before (no root to move)."""
         offsets, attempts = list(offsets), list(attempts)
         if not offsets:
             return []
         roots = ids.root_ids(self.source, tp[0], tp[1], offsets, attempts).tolist()
         emitted = None if self.clock_on_commit and not started else now_ms
-        for root, off, att in zip(roots, offsets, attempts):
-            self.roots.pop(root, None)  # a root added again moves to the end
-            self.roots[root] = _Root(tp, off, att, emitted)
-            self._by_coord[(tp, off)] = root
+        if not fresh:
+            for root in roots:
+                self.roots.pop(root, None)  # a root added again moves to the end
+        self.roots.update(zip(roots, [_Root(tp, off, att, emitted)
+                                      for off, att in zip(offsets, attempts)]))
+        self._by_coord.update(zip([(tp, off) for off in offsets], roots))
         return roots
 
     # --- completions, timeouts, replays ---------------------------------------------
 
-    def complete(self, rows, now_ms: int) -> list[DeadLetter]:
-        """Apply completions (dicts with ``root``, ``status`` and optionally ``reason``);
-        return new dead letters.
+    def complete(self, completions: pa.Table, now_ms: int) -> list[DeadLetter]:
+        """Apply completions (a table with ``root``, ``status`` and optionally ``reason``
+        columns, as the completion channel gives them); return new dead letters.
 
         A completion for a root that is not in flight (an earlier attempt, another
         source, a duplicate) is ignored, and so is an ``invalid`` one (a bad ack
         record says nothing about its root). Of several completions of one root in
-        ``rows``, any other outcome applies before an ack: two writers can report one
-        root (a read task rejects a record of a batch that a topology acks whole), and
-        a wrong ack loses a record where a wrong fail only replays it.
+        ``completions``, any other outcome applies before an ack: two writers can
+        report one root (a read task rejects a record of a batch that a topology acks
+        whole), and a wrong ack loses a record where a wrong fail only replays it.
         """
+        status = completions.column("status")
+        acked = pc.fill_null(pc.equal(status, ACKED), False)
+        others = completions.filter(pc.invert(acked))
+        reasons = (others.column("reason").to_pylist() if "reason" in others.column_names
+                   else [None] * others.num_rows)
         new_dead = []
-        for row in sorted(rows, key=lambda row: row["status"] == ACKED):  # stable: acks last
-            root = self.roots.get(row["root"])
-            if root is None or row["status"] == INVALID:
+        for root_id, outcome, reason in zip(others.column("root").to_pylist(),
+                                            others.column("status").to_pylist(), reasons):
+            root = self.roots.get(root_id)
+            if root is None or outcome == INVALID:
                 continue
             self._forget(root.tp, root.offset)
-            if row["status"] == ACKED:
-                self.parts[root.tp].mark_done(root.offset)
-                continue
-            why = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
-            new_dead += self._failed(root, why, now_ms, replay=row["status"] != REJECTED)
+            why = outcome + (f": {reason}" if reason else "")
+            new_dead += self._failed(root, why, now_ms, replay=outcome != REJECTED)
+        done: dict[TP, list[int]] = {}
+        for root_id in completions.filter(acked).column("root").to_pylist():
+            root = self.roots.pop(root_id, None)  # in flight: neither scheduled nor dead,
+            if root is not None:  # so forgetting it takes two deletions
+                del self._by_coord[(root.tp, root.offset)]
+                done.setdefault(root.tp, []).append(root.offset)
+        for tp, offsets in done.items():
+            self.parts[tp].mark_done(*offsets)
         return new_dead
 
     def started(self, now_ms: int) -> None:
