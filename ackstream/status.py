@@ -13,7 +13,8 @@ Counts cover everything the channel holds since it was created: root ids are
 hashes of the record's coordinates, so a rerun over the same records in a reused
 channel counts each root once, with its first completion.
 - ``acked``, ``failed``, ``timed_out``, ``rejected``: completions, one per root (a
-  completion delivered twice, as the Kafka channel may after a crash, counts once).
+  completion delivered twice, as the Kafka channel may after a crash, counts once;
+  of two outcomes of one root, the one that is not an ack, as the source decides).
 - ``unknown``: roots the acker saw acks for but never an init (stray records);
   ``invalid``: ack records the acker could not use. Both are ignored by sources.
 - ``replayed``: failed or timed-out roots whose record was not dead-lettered on
@@ -240,7 +241,10 @@ def _local_init_roots(acks_dir: str) -> np.ndarray:
 
 
 def _first_per_root(completions: pa.Table) -> pa.Table:
-    """One completion per root: the first one read."""
-    roots = completions.column("root").to_numpy(zero_copy_only=False)
+    """One completion per root: the first one read, any other outcome before an ack,
+    as the source decides (a read task's rejection wins over its batch's ack)."""
+    acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
+    order = np.argsort(acked.to_numpy(zero_copy_only=False), kind="stable")
+    roots = completions.column("root").to_numpy(zero_copy_only=False)[order]
     _, first = np.unique(roots, return_index=True)
-    return completions.take(pa.array(np.sort(first)))
+    return completions.take(pa.array(np.sort(order[first])))

@@ -69,6 +69,14 @@ def test_summarize_counts_each_root_once_by_outcome():
     assert status.latency_ms == {"p50": 5.0, "p90": 5.0, "p99": 5.0}
 
 
+def test_a_rejection_counts_over_an_ack_of_the_same_root_as_the_source_decides():
+    """A read task rejects an oversize record; its topology batch acks every root it
+    planned. On the Kafka channel the two may be read in either order."""
+    rows = [done(7, ACKED, 7, latency=3), done(8, ACKED, 8, latency=3), done(7, REJECTED, 7)]
+    status = summarize([], completions(rows), None)
+    assert (status.roots, status.acked, status.rejected) == (2, 1, 1)
+
+
 def test_a_dead_lettered_attempt_is_not_counted_as_replayed():
     letters = pa.Table.from_pylist([{"topic": "t", "partition": 0, "offset": 2, "attempts": 2}],
                                    schema=DEAD_LETTER_SCHEMA)
