@@ -175,6 +175,10 @@ class Topology:
         reading the batch (from the source's offset, see :meth:`process_batch`); else
         they are read from the rows, which then costs a cache and a second Spark job.
         """
+        return precombine(self._run(batch, batch_id, inits))
+
+    def _run(self, batch: DataFrame, batch_id: int, inits: pa.Table | None) -> pa.Table:
+        """:meth:`run_batch` without the pre-combination (the ledger combines anyway)."""
         self._check_input(batch)
         now = int(time.time() * 1000)
         kept: list[DataFrame] = []
@@ -209,7 +213,7 @@ class Topology:
             tables = [] if read_inits else [inits]
             if parts:
                 tables.append(as_table(_union_all(parts).toArrow(), ACK_RECORD_SCHEMA))
-            return precombine(pa.concat_tables(tables))
+            return pa.concat_tables(tables)
         finally:
             for df in kept:
                 df.unpersist()
@@ -251,15 +255,13 @@ class Topology:
         the query's offset log, so the input is read once, by the stages: a root the
         stages drop, or a record the source never hands them, is acked like a filtered
         tuple (a rejection by the source still wins, see ``Tracker.complete``)."""
-        records = self.run_batch(batch, batch_id, self._planned_inits(batch_id))
-        if self.per_stage:
-            still_open = records
-        else:
-            done, still_open = settle(records, int(time.time() * 1000))
+        records = self._run(batch, batch_id, self._planned_inits(batch_id))
+        if not self.per_stage:
+            done, records = settle(records, int(time.time() * 1000))
             if done.num_rows:
                 self.channel.write_completions(done, batch_id)
-        if still_open.num_rows:
-            self.channel.write_acks(still_open)
+        if records.num_rows:  # open trees: one record per root for the acker
+            self.channel.write_acks(precombine(records))
 
     def _planned_inits(self, batch_id: int) -> pa.Table | None:
         """The init records of every root of batch ``batch_id``, from the offsets Spark

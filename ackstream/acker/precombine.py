@@ -9,7 +9,7 @@ knows its roots, replays it.) It is the ledger's own ``combine``, run on the
 driver: a batch's records are few (one init per root plus fails with the
 default ``ack_mode``), so collecting them costs less than a shuffle in Spark.
 
-:func:`settle` then runs the ledger's ``step`` over the combined records, from an
+:func:`settle` then runs the ledger's ``step`` over a batch's records, from an
 empty table: a tree whose init and every ack are in the batch is finished right
 there (acked at value 0, or failed, or rejected), and the topology reports it
 itself. Only what stays open goes to the acker query: a tree with an edge that
@@ -50,9 +50,10 @@ def precombine(records: pa.Table) -> pa.Table:
 
 
 def settle(records: pa.Table, now_ms: int) -> tuple[pa.Table, pa.Table]:
-    """Split pre-combined ack records into the completions of the trees they close
-    (``COMPLETION_SCHEMA``, latency up to ``now_ms``) and the records of the trees
-    they leave open, for the acker. Nothing times out here: the acker owns timeouts."""
+    """Split a batch's ack records (pre-combined or not: the ledger combines them)
+    into the completions of the trees they close (``COMPLETION_SCHEMA``, latency up
+    to ``now_ms``) and the records of the trees they leave open, for the acker.
+    Nothing times out here: the acker owns timeouts."""
     if not records.num_rows:
         return COMPLETION_SCHEMA.empty_table(), records
     _, done = step(Pending.empty(now_ms), records.to_pandas(), now_ms, MAX_TIMEOUT_MS)
