@@ -39,6 +39,7 @@ from ackstream.sources.tracking import RetryPolicy, Tracker
 
 __all__ = ["AckstreamDataSource", "AckstreamStreamReader", "register"]
 
+
 def register(spark) -> None:
     """Make ``spark.readStream.format("ackstream")`` available in this session."""
     spark.dataSource.register(AckstreamDataSource)

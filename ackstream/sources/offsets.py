@@ -75,28 +75,19 @@ def planned_inits(end: dict, now_ms: int) -> pa.Table | None:
         return None
     if "source" not in end:
         return ACK_RECORD_SCHEMA.empty_table()
-    columns: dict[str, list] = {"topic": [], "partition": [], "offset": [], "attempt": []}
-
-    def add(topic, p, offsets, attempts):
-        columns["topic"].append(np.full(len(offsets), topic, dtype=object))
-        columns["partition"].append(np.full(len(offsets), p, dtype=np.int32))
-        columns["offset"].append(np.asarray(offsets, dtype=np.int64))
-        columns["attempt"].append(np.asarray(attempts, dtype=np.int32))
-
-    for topic, p, lo, hi in _ranges({}, end):
-        add(topic, p, np.arange(lo, hi), np.zeros(hi - lo))
-    for topic, p, off, att in end.get("replays", ()):
-        add(topic, p, [off], [att])
-    if not columns["offset"]:
-        return ACK_RECORD_SCHEMA.empty_table()
-    flat = {name: np.concatenate(parts) for name, parts in columns.items()}
-    n = len(flat["offset"])
-    roots = ids.root_ids(end["source"], flat["topic"], flat["partition"], flat["offset"],
-                         flat["attempt"])
+    pieces = [(topic, p, np.arange(lo, hi), 0) for topic, p, lo, hi in _ranges({}, end)]
+    pieces += [(topic, p, np.array([off]), att) for topic, p, off, att in end.get("replays", ())]
+    sizes = [len(offsets) for _, _, offsets, _ in pieces]
+    topic = np.repeat(np.array([t for t, *_ in pieces], dtype=object), sizes)
+    partition = np.repeat(np.array([p for _, p, *_ in pieces], dtype=np.int32), sizes)
+    offset = np.concatenate([o for *_, o, _ in pieces] or [np.empty(0, np.int64)])
+    attempt = np.repeat(np.array([a for *_, a in pieces], dtype=np.int32), sizes)
+    n = len(offset)
+    roots = ids.root_ids(end["source"], topic, partition, offset, attempt)
     return pa.table({
         "root": roots, "value": np.zeros(n, np.int64), "kind": np.full(n, INIT, np.int8),
-        "topic": pa.array(flat["topic"], pa.string()), "partition": flat["partition"],
-        "offset": flat["offset"], "attempt": flat["attempt"],
+        "topic": pa.array(topic, pa.string()), "partition": partition,
+        "offset": offset.astype(np.int64), "attempt": attempt,
         "ts": np.full(n, now_ms, np.int64), "reason": pa.nulls(n, pa.string()),
     }, schema=ACK_RECORD_SCHEMA)
 

@@ -161,8 +161,8 @@ class Tracker:
     # --- completions, timeouts, replays ---------------------------------------------
 
     def complete(self, completions: pa.Table, now_ms: int) -> list[DeadLetter]:
-        """Apply completions (a table with ``root``, ``status`` and optionally ``reason``
-        columns, as the completion channel gives them); return new dead letters.
+        """Apply completions (``root``, ``status`` and ``reason`` columns, as the
+        completion channel gives them); return new dead letters.
 
         A completion for a root that is not in flight (an earlier attempt, another
         source, a duplicate) is ignored, and so is an ``invalid`` one (a bad ack
@@ -171,14 +171,11 @@ class Tracker:
         report one root (a read task rejects a record of a batch that a topology acks
         whole), and a wrong ack loses a record where a wrong fail only replays it.
         """
-        status = completions.column("status")
-        acked = pc.fill_null(pc.equal(status, ACKED), False)
+        acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
         others = completions.filter(pc.invert(acked))
-        reasons = (others.column("reason").to_pylist() if "reason" in others.column_names
-                   else [None] * others.num_rows)
         new_dead = []
-        for root_id, outcome, reason in zip(others.column("root").to_pylist(),
-                                            others.column("status").to_pylist(), reasons):
+        for root_id, outcome, reason in zip(*(others.column(c).to_pylist()
+                                              for c in ("root", "status", "reason"))):
             root = self.roots.get(root_id)
             if root is None or outcome == INVALID:
                 continue
