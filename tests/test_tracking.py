@@ -6,6 +6,7 @@ import pyarrow as pa
 
 from ackstream import ids
 from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, INVALID, REJECTED, TIMED_OUT
+from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 from ackstream.sources.tracking import METADATA_LIMIT, RetryPolicy, Tracker, ranges
 
 TP = ("events", 0)
@@ -29,6 +30,10 @@ def completions(*rows):
     """Completions as the channel gives them: a table, reason null unless a row has one."""
     return pa.Table.from_pylist([{"reason": None, **row} for row in rows],
                                 schema=COMPLETION_SCHEMA)
+
+
+def in_flight_offsets(t):
+    return sorted(t.flights.rows.offset.tolist())
 
 
 def test_watermark_advances_only_over_contiguous_acks():
@@ -61,7 +66,7 @@ def test_of_two_outcomes_read_together_a_rejection_wins_over_an_ack():
                                   {"root": root(11), "status": ACKED},
                                   {"root": root(10), "status": REJECTED, "reason": "too big"}), 1)
     assert [(d.offset, d.reason) for d in dead] == [(10, "rejected: too big")]
-    assert t.watermarks() == {TP: 10} and not t.roots
+    assert t.watermarks() == {TP: 10} and not t.in_flight
 
 
 def test_backoff_doubles_up_to_the_maximum():
@@ -75,7 +80,7 @@ def test_failed_offset_comes_back_with_attempt_plus_one_after_the_backoff():
     t.complete(done((root(10), FAILED)), now_ms=1000)
     assert t.due(1099) == []
     assert t.due(1100) == [("events", 0, 10, 1)]
-    assert root(10, 1) in t.roots and t.in_flight == 1
+    assert root(10, 1) in t.flights and t.in_flight == 1
     t.complete(done((root(10, 1), TIMED_OUT)), now_ms=2000)
     assert t.due(2199) == [] and t.due(2200) == [("events", 0, 10, 2)]
 
@@ -139,7 +144,8 @@ def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
     r = tracker()
     r.restore(snap, now_ms=1000)
     assert r.watermarks() == {TP: 11}
-    assert sorted((x.offset, x.attempt) for x in r.roots.values()) == [(11, 0), (13, 1), (15, 0)]
+    assert sorted(zip(r.flights.rows.offset.tolist(), r.flights.rows.attempt.tolist())) == \
+        [(11, 0), (13, 1), (15, 0)]
     assert r.scheduled == {(TP, 14): (2, 400)}
     r.complete(done((root(11), ACKED), (root(13, 1), ACKED), (root(15), ACKED)), 1000)
     assert r.due(1000) == [("events", 0, 14, 2)]
@@ -182,8 +188,20 @@ def test_timeouts_follow_emission_order_across_batches_and_replays():
     t.started(3000)
     t.emit_range(TP, 13, 14, 3100)  # planned, not started
     t.expire(5999)
-    assert sorted(r.offset for r in t.roots.values()) == [10, 11, 12, 13]
+    assert in_flight_offsets(t) == [10, 11, 12, 13]
     t.expire(6000)  # 11 only
-    assert sorted(r.offset for r in t.roots.values()) == [10, 12, 13]
+    assert in_flight_offsets(t) == [10, 12, 13]
     t.expire(8000)  # 10 (attempt 1) and 12; 13 never started
-    assert [(r.offset, r.emitted_ms) for r in t.roots.values()] == [(13, None)]
+    assert in_flight_offsets(t) == [13] and t.flights.rows.emitted_ms.tolist() == [NOT_STARTED]
+
+
+def test_in_flight_table_finds_takes_and_replaces_roots_by_id():
+    table = InFlight()
+    table.add(Roots.of([30, -5, 12], 0, [3, 1, 2], 0, 100))
+    table.add(Roots.of([7, 12], 1, [9, 8], 1, 200))  # 12 again: the new row replaces it
+    assert table.rows.root.tolist() == [-5, 7, 12, 30] and 12 in table and 13 not in table
+    assert table.rows.part.tolist() == [0, 1, 1, 0]
+    taken = table.take([12, 99, -5])
+    assert sorted(zip(taken.root.tolist(), taken.offset.tolist())) == [(-5, 1), (12, 8)]
+    assert table.take_offsets(0, [3, 9]).root.tolist() == [30]  # 9 is of partition 1
+    assert table.rows.root.tolist() == [7] and not table.take([]).root.size

@@ -22,11 +22,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream import ids
 from ackstream.records import ACKED, INVALID, REJECTED, TIMED_OUT
+from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 
 __all__ = ["METADATA_LIMIT", "DeadLetter", "RetryPolicy", "Tracker", "ranges"]
 
@@ -66,23 +68,23 @@ class DeadLetter:
     reason: str
 
 
-@dataclass(slots=True)
-class _Root:
-    tp: TP
-    offset: int
-    attempt: int
-    emitted_ms: int | None  # None: planned, its batch has not run yet
-
-
 @dataclass
 class _Partition:
     watermark: int  # lowest offset not done
     end: int  # next offset to read from upstream
     done: set[int] = field(default_factory=set)  # done offsets above the watermark
 
-    def mark_done(self, *offsets: int) -> None:
-        below = self.watermark
-        self.done.update(o for o in offsets if o >= below)
+    def mark_done(self, offsets) -> None:
+        """These offsets are done; the watermark moves over any run of done ones."""
+        offsets = np.sort(np.asarray(offsets, np.int64))
+        offsets = offsets[offsets >= self.watermark]
+        offsets = offsets[np.diff(offsets, prepend=offsets[:1] - 1) != 0]  # unique, faster
+        if not self.done and len(offsets):  # the usual case: a run from the watermark
+            run = offsets - self.watermark == np.arange(len(offsets))
+            ahead = len(offsets) if run.all() else int(np.argmin(run))
+            self.watermark += ahead
+            offsets = offsets[ahead:]
+        self.done.update(offsets.tolist())
         while self.watermark in self.done:
             self.done.remove(self.watermark)
             self.watermark += 1
@@ -96,10 +98,9 @@ class Tracker:
         self.source, self.policy = source, policy
         self.source_timeout_ms, self.max_pending = source_timeout_ms, max_pending
         self.parts: dict[TP, _Partition] = {}
-        #: in flight, by root id, in emission order: ``emitted_ms`` never decreases along
-        #: it and roots not started yet come last, so timeouts look only at its ends
-        self.roots: dict[int, _Root] = {}
-        self._by_coord: dict[tuple[TP, int], int] = {}  # in flight: (tp, offset) -> root
+        self._tps: list[TP] = []  # the partition of each index in ``flights.rows.part``
+        self._index: dict[TP, int] = {}
+        self.flights = InFlight()
         self.scheduled: dict[tuple[TP, int], tuple[int, int]] = {}  # -> (attempt, due_ms)
         self.dead: dict[tuple[TP, int], DeadLetter] = {}
         #: True: a root's source timeout starts at :meth:`started` (when Spark has run
@@ -112,14 +113,22 @@ class Tracker:
         """Start tracking ``tp`` at ``offset`` (a no-op for a known partition)."""
         if tp not in self.parts:
             self.parts[tp] = _Partition(offset, offset)
+            self._number(tp)
+
+    def _number(self, tp: TP) -> int:
+        """The index of ``tp`` in the in-flight table's ``part`` column."""
+        if tp not in self._index:
+            self._index[tp] = len(self._tps)
+            self._tps.append(tp)
+        return self._index[tp]
 
     @property
     def in_flight(self) -> int:
-        return len(self.roots)
+        return len(self.flights)
 
     def budget(self, limit: int | None = None) -> int | None:
         """How many new roots may be emitted now: max pending minus in flight, and ``limit``."""
-        room = None if self.max_pending is None else max(0, self.max_pending - len(self.roots))
+        room = None if self.max_pending is None else max(0, self.max_pending - len(self.flights))
         if limit is None:
             return room
         return limit if room is None else min(room, limit)
@@ -129,34 +138,34 @@ class Tracker:
         part = self.parts[tp]
         if start != part.end:
             raise ValueError(f"{tp}: emit from {start} but the next offset to read is {part.end}")
-        self._add_roots(tp, range(start, end), [0] * (end - start), now_ms, fresh=True)
+        self._add_roots(self._index[tp], np.arange(start, end), 0, now_ms)
         part.end = end
 
     def skip_to(self, tp: TP, offset: int) -> None:
         """Offsets below ``offset`` no longer exist upstream (retention): count them as done."""
         part = self.parts[tp]
-        for off in range(part.watermark, min(offset, part.end)):
-            self._forget(tp, off)
-            part.mark_done(off)
+        gone = np.arange(part.watermark, min(offset, part.end))
+        self._forget(tp, gone)
+        part.mark_done(gone)
         part.watermark = max(part.watermark, offset)
         part.done = {o for o in part.done if o >= part.watermark}
         part.end = max(part.end, offset)
 
-    def _add_roots(self, tp: TP, offsets, attempts, now_ms: int, started=False,
-                   fresh=False) -> list[int]:
-        """Put roots in flight; ``fresh``: offsets never emitted before (no root to move)."""
-        offsets, attempts = list(offsets), list(attempts)
-        if not offsets:
-            return []
-        roots = ids.root_ids(self.source, tp[0], tp[1], offsets, attempts).tolist()
-        emitted = None if self.clock_on_commit and not started else now_ms
-        if not fresh:
-            for root in roots:
-                self.roots.pop(root, None)  # a root added again moves to the end
-        self.roots.update(zip(roots, [_Root(tp, off, att, emitted)
-                                      for off, att in zip(offsets, attempts)]))
-        self._by_coord.update(zip([(tp, off) for off in offsets], roots))
-        return roots
+    def _add_roots(self, part, offsets, attempts, now_ms: int, started=False) -> None:
+        """Put records in flight under their root ids (``part`` indexes the partitions).
+        Their timeout starts now if ``started`` or the clock does not wait for Spark."""
+        offsets = np.asarray(offsets, np.int64)
+        if not len(offsets):
+            return
+        part = np.broadcast_to(np.asarray(part, np.int64), offsets.shape)
+        if (part == part[0]).all():  # one partition: its topic is hashed once
+            topic, partition = self._tps[part[0]]
+        else:
+            topic = np.array([self._tps[i][0] for i in part.tolist()], dtype=object)
+            partition = np.array([self._tps[i][1] for i in part.tolist()])
+        roots = ids.root_ids(self.source, topic, partition, offsets, attempts)
+        emitted = now_ms if started or not self.clock_on_commit else NOT_STARTED
+        self.flights.add(Roots.of(roots, part, offsets, attempts, emitted))
 
     # --- completions, timeouts, replays ---------------------------------------------
 
@@ -173,67 +182,59 @@ class Tracker:
         """
         acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
         others = completions.filter(pc.invert(acked))
+        outcomes: dict[int, tuple[str, str | None]] = {}
+        for root, outcome, reason in zip(*(others.column(c).to_pylist()
+                                           for c in ("root", "status", "reason"))):
+            if outcome != INVALID:
+                outcomes.setdefault(root, (outcome, reason))
         new_dead = []
-        for root_id, outcome, reason in zip(*(others.column(c).to_pylist()
-                                              for c in ("root", "status", "reason"))):
-            root = self.roots.get(root_id)
-            if root is None or outcome == INVALID:
-                continue
-            self._forget(root.tp, root.offset)
+        failed = self.flights.take(list(outcomes)).sorted_by("part", "offset")
+        for root, part, offset, attempt in zip(*(col.tolist() for col in failed[:4])):
+            outcome, reason = outcomes[root]
             why = outcome + (f": {reason}" if reason else "")
-            new_dead += self._failed(root, why, now_ms, replay=outcome != REJECTED)
-        done: dict[TP, list[int]] = {}
-        for root_id in completions.filter(acked).column("root").to_pylist():
-            root = self.roots.pop(root_id, None)  # in flight: neither scheduled nor dead,
-            if root is not None:  # so forgetting it takes two deletions
-                del self._by_coord[(root.tp, root.offset)]
-                done.setdefault(root.tp, []).append(root.offset)
-        for tp, offsets in done.items():
-            self.parts[tp].mark_done(*offsets)
+            new_dead += self._failed(self._tps[part], offset, attempt, why, now_ms,
+                                     replay=outcome != REJECTED)
+        done = self.flights.take(completions.filter(acked).column("root").to_numpy())
+        for part in np.flatnonzero(np.bincount(done.part)).tolist():
+            self.parts[self._tps[part]].mark_done(done.offset[done.part == part])
         return new_dead
 
     def started(self, now_ms: int) -> None:
         """Spark ran every batch planned so far: start their roots' source timeout."""
-        for root in reversed(self.roots.values()):  # the roots not started are the newest
-            if root.emitted_ms is not None:
-                break
-            root.emitted_ms = now_ms
+        self.flights.start(now_ms)
 
     def overdue(self, before_ms: int) -> bool:
         """Whether a root in flight was emitted at ``before_ms`` or earlier."""
-        oldest = next(iter(self.roots.values()), None)
-        return oldest is not None and oldest.emitted_ms is not None \
-            and oldest.emitted_ms <= before_ms
+        return bool(self.flights.started_at_or_before(before_ms).any())
 
     def expire(self, now_ms: int) -> list[DeadLetter]:
         """Roots in flight for longer than the source timeout count as timed out."""
-        overdue = []
-        for root in self.roots.values():  # oldest first
-            if root.emitted_ms is None or now_ms - root.emitted_ms < self.source_timeout_ms:
-                break
-            overdue.append(root)
+        overdue = self.flights.take_where(
+            self.flights.started_at_or_before(now_ms - self.source_timeout_ms))
+        overdue = overdue.sorted_by("emitted_ms", "part", "offset")
         new_dead = []
-        for root in overdue:
-            self._forget(root.tp, root.offset)
-            new_dead += self._failed(root, TIMED_OUT, now_ms)
+        for part, offset, attempt in zip(*(col.tolist() for col in overdue[1:4])):
+            new_dead += self._failed(self._tps[part], offset, attempt, TIMED_OUT, now_ms)
         return new_dead
 
-    def _failed(self, root: _Root, reason: str, now_ms: int, replay=True) -> list[DeadLetter]:
-        key = (root.tp, root.offset)
-        if root.attempt >= self.policy.max_retries or not replay:
-            letter = DeadLetter(root.tp[0], root.tp[1], root.offset, root.attempt + 1, reason)
-            self.dead[key] = letter
+    def _failed(self, tp: TP, offset: int, attempt: int, reason: str, now_ms: int,
+                replay=True) -> list[DeadLetter]:
+        """A root not in flight any more failed: schedule its replay or dead-letter it."""
+        if attempt >= self.policy.max_retries or not replay:
+            letter = DeadLetter(tp[0], tp[1], offset, attempt + 1, reason)
+            self.dead[(tp, offset)] = letter
             return [letter]
-        attempt = root.attempt + 1
-        self.scheduled[key] = (attempt, now_ms + self.policy.delay_ms(attempt))
+        self.scheduled[(tp, offset)] = (attempt + 1, now_ms + self.policy.delay_ms(attempt + 1))
         return []
 
-    def _forget(self, tp: TP, offset: int) -> None:
-        root = self._by_coord.pop((tp, offset), None)
-        if root is not None:
-            del self.roots[root]
-        self.scheduled.pop((tp, offset), None)
-        self.dead.pop((tp, offset), None)
+    def _forget(self, tp: TP, offsets) -> None:
+        """The records at ``offsets`` of ``tp`` leave every state (in flight, scheduled, dead)."""
+        offsets = np.asarray(offsets, np.int64)
+        self.flights.take_offsets(self._index[tp], offsets)
+        if self.scheduled or self.dead:
+            for off in offsets.tolist():
+                self.scheduled.pop((tp, off), None)
+                self.dead.pop((tp, off), None)
 
     def due(self, now_ms: int, budget: int | None = None) -> list[tuple[str, int, int, int]]:
         """Replays whose backoff is over, earliest first, at most ``budget``; they are in
@@ -242,27 +243,27 @@ class Tracker:
                        if due <= now_ms)
         if budget is not None:
             ready = ready[:budget]
-        out = []
-        for _, (tp, off), att in ready:
-            del self.scheduled[(tp, off)]
-            self._add_roots(tp, [off], [att], now_ms)
-            out.append((tp[0], tp[1], off, att))
-        return out
+        for _, key, _ in ready:
+            del self.scheduled[key]
+        self._add_roots([self._index[tp] for _, (tp, _), _ in ready],
+                        [off for _, (_, off), _ in ready], [att for _, _, att in ready], now_ms)
+        return [(tp[0], tp[1], off, att) for _, (tp, off), att in ready]
 
     def dead_lettered(self, letters) -> None:
         """The dead letters were written: their records are done."""
+        by_tp: dict[TP, list[int]] = {}
         for letter in letters:
-            tp = (letter.topic, letter.partition)
-            self._forget(tp, letter.offset)
-            self.parts[tp].mark_done(letter.offset)
+            by_tp.setdefault((letter.topic, letter.partition), []).append(letter.offset)
+        for tp, offsets in by_tp.items():
+            self._forget(tp, offsets)
+            self.parts[tp].mark_done(offsets)
 
     def mark_done(self, tp: TP, offsets) -> None:
         """Offsets known to be done from elsewhere (the consumer group's commit)."""
-        part = self.parts[tp]
-        for off in offsets:
-            if off < part.end:
-                self._forget(tp, off)
-                part.mark_done(off)
+        offsets = np.asarray(offsets, np.int64)
+        offsets = offsets[offsets < self.parts[tp].end]
+        self._forget(tp, offsets)
+        self.parts[tp].mark_done(offsets)
 
     # --- commits and snapshots ------------------------------------------------------
 
@@ -283,9 +284,10 @@ class Tracker:
         ranges, and the records on a retry (in flight at attempt > 0, or scheduled)."""
         out: dict = {}
         retry: dict[TP, list] = {}
-        for root in self.roots.values():
-            if root.attempt:
-                retry.setdefault(root.tp, []).append([root.offset, root.attempt, -1])
+        rows = self.flights.rows
+        again = rows.attempt > 0
+        for part, off, att in zip(*(col[again].tolist() for col in rows[1:4])):
+            retry.setdefault(self._tps[part], []).append([off, att, -1])
         for (tp, off), (att, due) in self.scheduled.items():
             retry.setdefault(tp, []).append([off, att, due])
         for (tp, off), letter in self.dead.items():
@@ -307,6 +309,7 @@ class Tracker:
             for p, entry in parts.items():
                 tp = (topic, int(p))
                 part = self.parts[tp] = _Partition(entry["wm"], entry["end"])
+                index = self._number(tp)
                 for a, b in entry.get("done", ()):
                     part.done.update(range(a, b))
                 attempts = {}
@@ -315,10 +318,12 @@ class Tracker:
                         self.scheduled[(tp, off)] = (att, due)
                     else:
                         attempts[off] = att
-                live = [o for o in range(part.watermark, part.end)
-                        if o not in part.done and (tp, o) not in self.scheduled]
-                self._add_roots(tp, live, [attempts.get(o, 0) for o in live], now_ms,
-                                started=True)
+                live = np.arange(part.watermark, part.end)
+                if part.done or self.scheduled:
+                    live = np.array([o for o in live.tolist() if o not in part.done
+                                     and (tp, o) not in self.scheduled], np.int64)
+                self._add_roots(index, live, [attempts.get(o, 0) for o in live.tolist()],
+                                now_ms, started=True)
 
 
 def ranges(offsets) -> list[list[int]]:
