@@ -113,7 +113,8 @@ def as_table(records, schema: pa.Schema) -> pa.Table:
     if hasattr(records, "to_numpy"):  # pandas: typed by the schema, ids never pass via float
         fields = [field for field in schema if field.name in records.columns]
         records = pa.Table.from_pandas(records[[f.name for f in fields]],
-                                       schema=pa.schema(fields), preserve_index=False)
+                                       schema=pa.schema(fields), preserve_index=False,
+                                       nthreads=1)
     for name in OPTIONAL_COLUMNS:
         if name in schema.names and name not in records.column_names:
             field = schema.field(name)

@@ -6,10 +6,14 @@ sustained rate, not one batch end to end). For each mode, records/s until every
 generated offset is committed (tracking on: acked; off: processed), counted two
 ways: *sustained*, from the start of the first batch (the throughput), and *from
 start*, from ``start()`` (which adds the queries' start-up: with tracking, the
-acker query's too). ``--repeat`` off/on pairs run alternately; the overhead is
-the median of the pairs' overheads (the machine drifts by more than the effect
-between runs, much less within a pair), and the median runs are kept too. Then, with tracking on, a rate-limited run at half the measured
-tracked rate for complete-latency percentiles (from the completion channel).
+acker query's too). A third figure is the median time of a batch with input
+(Spark's ``triggerExecution``: planning, with the source's polling, the batch and
+its commit): a burst of the host's noise moves the median batch much less than
+the run's total. ``--repeat`` off/on pairs run alternately; each overhead is the
+median of the pairs' overheads (the machine drifts by more than the effect
+between runs, much less within a pair), and the median runs are kept too. Then,
+with tracking on, a rate-limited run at half the measured tracked rate for
+complete-latency percentiles (from the completion channel).
 Prints one JSON line and writes it to ``benchmarks/results/topology-<date>.json``
 (``-batch<N>`` added for another ``--batch``).
 
@@ -69,14 +73,17 @@ def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float
             first_batch = first_batch or _batch_start(running.query.lastProgress)
             time.sleep(0.02)
         ended = time.time()
-        first_batch = first_batch or next(
-            filter(None, map(_batch_start, running.query.recentProgress)))
+        progress = running.query.recentProgress
+        first_batch = first_batch or next(filter(None, map(_batch_start, progress)))
+        batch_ms = [p["durationMs"]["triggerExecution"] for p in progress
+                    if p.get("numInputRows")]
     finally:
         running.stop()
     result = {"records": records, "seconds": ended - started,
               "records_per_s": records / (ended - first_batch),
               "records_per_s_from_start": records / (ended - started),
-              "startup_s": first_batch - started}
+              "startup_s": first_batch - started,
+              "batch_ms_median": float(np.median(batch_ms)), "batches": len(batch_ms)}
     if tracking:
         done = LocalChannel(channel_dir).completions_since(None)[0].to_pylist()
         latency = np.array([c["latency_ms"] for c in done if c["status"] == ACKED], float)
@@ -94,6 +101,8 @@ def _batch_start(progress) -> float | None:
 
 
 def _overhead(off: dict, on: dict, rate: str) -> float:
+    if rate == "batch_ms_median":  # time per batch: the throughput is its inverse
+        return 100 * (1 - off[rate] / on[rate])
     return 100 * (1 - on[rate] / off[rate])
 
 
@@ -139,8 +148,11 @@ def main(argv=None) -> dict:
         "runs_records_per_s": [[p[0]["records_per_s"], p[1]["records_per_s"]] for p in pairs],
         "overhead_pct": _median_overhead(pairs, "records_per_s"),
         "overhead_pct_from_start": _median_overhead(pairs, "records_per_s_from_start"),
+        "overhead_pct_batch_median": _median_overhead(pairs, "batch_ms_median"),
         "pair_overheads_pct": [round(_overhead(off_run, on_run, "records_per_s"), 1)
                                for off_run, on_run in pairs],
+        "pair_batch_overheads_pct": [round(_overhead(off_run, on_run, "batch_ms_median"), 1)
+                                     for off_run, on_run in pairs],
         "half_rate": {"rate_records_per_s": rate, **paced},
         "trigger_ms": 200, "max_offsets_per_batch": args.batch, "machine": machine(),
     }

@@ -51,3 +51,4 @@ def test_topology_benchmark_run_accounts_for_every_record(spark):
     on = bench_topology.run(spark, True, 200)
     assert off["records"] == on["records"] == on["acked"] == 200
     assert on["p99_ms"] >= on["p50_ms"] >= 0
+    assert off["batches"] >= 1 and on["batches"] >= 1 and on["batch_ms_median"] > 0

@@ -69,6 +69,7 @@ _REBASE_AFTER_MS = 1 << 30
 MAX_TIMEOUT_MS = 1 << 29
 _I32_MIN, _I32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 
+_STATUSES = np.array([ACKED, REJECTED, FAILED, TIMED_OUT, UNKNOWN], dtype=object)
 _COMPLETION_COLUMNS = [
     "root", "status", "topic", "partition", "offset", "attempt", "latency_ms", "completed_ms",
     "reason",
@@ -188,9 +189,8 @@ def step(
     out = table[finished]
     known = (out["flags"] & _KNOWN) != 0
     rejected = (out["flags"] & _REJECTED) != 0
-    status = np.select(
-        [acked[finished], done[finished] & rejected, done[finished], known],
-        [ACKED, REJECTED, FAILED, TIMED_OUT], UNKNOWN).astype(object)
+    status = _STATUSES[np.select(
+        [acked[finished], done[finished] & rejected, done[finished], known], [0, 1, 2, 3], 4)]
     reason = _reasons(out["root"], batch)
     completions = _completions(out, status, reason, topics, pending.epoch_ms, now_ms)
     remaining = table[~finished]
@@ -264,15 +264,16 @@ def _topic_codes(names: np.ndarray, topics: tuple[str, ...]):
     """Index of each topic name in ``topics``, appending names not seen before."""
     if not len(names):
         return np.empty(0, np.int16), topics
-    distinct, inverse = np.unique(names.astype(str), return_inverse=True)
+    inverse, uniques = pd.factorize(names, use_na_sentinel=False)  # np.unique sorts: slower
+    uniques = [str(t) for t in uniques]  # a null topic reads "None", as it always did
     known = {t: i for i, t in enumerate(topics)}
-    added = [t for t in distinct.tolist() if t not in known]
+    added = [t for t in dict.fromkeys(uniques) if t not in known]
     topics = topics + tuple(added)
     if len(topics) > np.iinfo(np.int16).max:
         raise ValueError(f"an acker shard tracks more than {np.iinfo(np.int16).max} topics")
     known.update({t: len(topics) - len(added) + i for i, t in enumerate(added)})
-    lookup = np.array([known[t] for t in distinct.tolist()], dtype=np.int16)
-    return lookup[inverse.reshape(-1)], topics
+    lookup = np.array([known[t] for t in uniques], dtype=np.int16)
+    return lookup[inverse], topics
 
 
 def _rebased(pending: Pending, now_ms: int) -> Pending:
@@ -299,7 +300,7 @@ def _completions(out, status, reason, topics, epoch_ms: int, now_ms: int) -> pd.
     return pd.DataFrame(
         {
             "root": out["root"],
-            "status": status.astype(object),
+            "status": status,
             "topic": names[np.where(unknown, -1, out["topic"])],
             "partition": nullable(out["partition"], np.int32),
             "offset": nullable(out["offset"], np.int64),
