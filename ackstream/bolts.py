@@ -279,6 +279,7 @@ class AggregateStage(Stage):
     def __init__(self, number: int, keys, aggs, name=None):
         super().__init__(number, name)
         self.keys, self.aggs = list(keys), list(aggs)
+        self._lineage: dict[bool, tuple[Column, Column]] = {}
         if not self.aggs:
             raise StageError(self.name, "needs at least one aggregate expression")
 
@@ -286,19 +287,28 @@ class AggregateStage(Stage):
         grouped = df.groupBy(*self.keys)
         if not tracking:
             return StageOutput(grouped.agg(*self.aggs))
+        roots, null = self._roots_and_null(is_multi_anchored(df))
         if edges:
             pair = _child_edge(self.number)
             anchors = F.flatten(F.collect_list(_anchor_list(df, pair)))
             edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
-        else:  # each root once (a fail needs the roots, not the pairs); SQL text is one
-            # call to the JVM where Column objects take dozens, on every batch
-            roots = (f"array_distinct(flatten(collect_list(transform({ANCHORS}, a -> a.root))))"
-                     if is_multi_anchored(df) else f"collect_set({ROOT})")
-            anchors = F.expr(f"transform({roots}, r -> named_struct('root', r, 'edge', 0L))")
-            edge = F.lit(None).cast("long")
+        else:  # each root once: a fail needs the roots, not the pairs
+            anchors, edge = roots, null
         # the null root in the same call: each further DataFrame call is another analysis
         return StageOutput(grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE),
-                                       F.lit(None).cast("long").alias(ROOT)))
+                                       null.alias(ROOT)))
+
+    def _roots_and_null(self, multi_anchored: bool) -> tuple[Column, Column]:
+        """The anchor list with each root of the group once (edge 0), and a null long.
+        Built once per stage: every Column is a few JVM calls, which on every batch
+        cost about as much as the aggregation's own analysis."""
+        if multi_anchored not in self._lineage:
+            roots = (f"array_distinct(flatten(collect_list(transform({ANCHORS}, a -> a.root))))"
+                     if multi_anchored else f"collect_set({ROOT})")
+            self._lineage[multi_anchored] = (
+                F.expr(f"transform({roots}, r -> named_struct('root', r, 'edge', 0L))"),
+                F.lit(None).cast("long"))
+        return self._lineage[multi_anchored]
 
 
 class PandasBoltStage(Stage):

@@ -90,3 +90,21 @@ def test_a_batch_settles_the_trees_it_closes_and_leaves_the_rest_to_the_acker():
         later.to_dict("records") + g.ack(handed_off)), 400, 30_000)
     assert acker_done["root"].tolist() == [2] and acker_done["status"].tolist() == [ACKED]
     assert pending.values() == {5: 0}  # a duplicated init times out and replays
+
+
+def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
+    """A telescoped batch in which nothing failed is only inits: settle takes a short
+    cut past the ledger, and must give what the ledger gives."""
+    from ackstream.acker.ledger import MAX_TIMEOUT_MS
+    from ackstream.acker.precombine import settle
+    from ackstream.records import COMPLETION_SCHEMA
+    from ackstream.sources.offsets import planned_inits
+
+    end = {"source": "topo", "read": {"a": {"0": [5, 9], "3": [0, 2]}, "b": {"1": [7, 8]}},
+           "replays": [["a", 0, 2, 1], ["b", 1, 3, 300]]}
+    inits = planned_inits(end, now_ms=1_000)
+    done, still_open = settle(inits, 1_250)
+    _, by_ledger = step(Pending.empty(1_250), inits.to_pandas(), 1_250, MAX_TIMEOUT_MS)
+    assert done.num_rows == 9 and still_open.num_rows == 0
+    assert done.equals(as_table(by_ledger, COMPLETION_SCHEMA))
+    assert set(done.column("latency_ms").to_pylist()) == {250}
