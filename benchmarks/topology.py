@@ -110,6 +110,12 @@ def _median_overhead(pairs, rate: str) -> float:
     return float(np.median([_overhead(off, on, rate) for off, on in pairs]))
 
 
+def _quartiles(pairs, rate: str) -> list[float]:
+    """First and third quartile of the pairs' overheads: the spread the median sits in."""
+    q1, q3 = np.percentile([_overhead(off, on, rate) for off, on in pairs], [25, 75])
+    return [round(float(q1), 1), round(float(q3), 1)]
+
+
 def _median(runs: list[dict]) -> dict:
     """The run with the median records/s (the machine's noise is the spread)."""
     return sorted(runs, key=lambda r: r["records_per_s"])[len(runs) // 2]
@@ -120,16 +126,17 @@ def main(argv=None) -> dict:
     parser.add_argument("--records", type=int, default=40_000)
     parser.add_argument("--batch", type=int, default=2_500, help="max offsets per micro-batch")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
-    parser.add_argument("--repeat", type=int, default=5,
+    parser.add_argument("--repeat", type=int, default=7,
                         help="off/on pairs, run alternately; reports the median pair overhead")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
     records = 2_000 if args.quick else args.records
     spark = local_session("ackstream-bench-topology")
     try:
-        warm = min(4 * args.batch, records)  # batches of both modes, untimed: JIT, workers
-        run(spark, False, warm, batch=args.batch)
-        run(spark, True, warm, batch=args.batch)
+        # a full pair, untimed: the JVM's JIT and the Python workers warm up over the
+        # first runs (a first timed pair used to come out 10-180 % in favour of tracking)
+        run(spark, False, records, batch=args.batch)
+        run(spark, True, records, batch=args.batch)
         pairs = [(run(spark, False, records, batch=args.batch),
                   run(spark, True, records, batch=args.batch))
                  for _ in range(1 if args.quick else args.repeat)]
@@ -153,6 +160,8 @@ def main(argv=None) -> dict:
                                for off_run, on_run in pairs],
         "pair_batch_overheads_pct": [round(_overhead(off_run, on_run, "batch_ms_median"), 1)
                                      for off_run, on_run in pairs],
+        "pair_overheads_quartiles_pct": _quartiles(pairs, "records_per_s"),
+        "pair_batch_overheads_quartiles_pct": _quartiles(pairs, "batch_ms_median"),
         "half_rate": {"rate_records_per_s": rate, **paced},
         "trigger_ms": 200, "max_offsets_per_batch": args.batch, "machine": machine(),
     }
