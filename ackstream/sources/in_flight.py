@@ -54,10 +54,6 @@ class InFlight:
     def __len__(self) -> int:
         return len(self.rows.root)
 
-    def __contains__(self, root: int) -> bool:
-        i = np.searchsorted(self.rows.root, root)
-        return bool(i < len(self) and self.rows.root[i] == root)
-
     def add(self, new: Roots) -> None:
         """Put ``new`` in flight; a root that is already in flight is replaced."""
         rows = Roots(*(np.concatenate(pair) for pair in zip(self.rows, new)))

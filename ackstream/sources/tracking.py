@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import compress
 
 import numpy as np
 import pyarrow as pa
@@ -231,10 +232,11 @@ class Tracker:
         """The records at ``offsets`` of ``tp`` leave every state (in flight, scheduled, dead)."""
         offsets = np.asarray(offsets, np.int64)
         self.flights.take_offsets(self._index[tp], offsets)
-        if self.scheduled or self.dead:
-            for off in offsets.tolist():
-                self.scheduled.pop((tp, off), None)
-                self.dead.pop((tp, off), None)
+        for state in (self.scheduled, self.dead):  # both small: look up their keys
+            keys = [key for key in state if key[0] == tp]
+            if keys:
+                for key in compress(keys, np.isin([off for _, off in keys], offsets)):
+                    del state[key]
 
     def due(self, now_ms: int, budget: int | None = None) -> list[tuple[str, int, int, int]]:
         """Replays whose backoff is over, earliest first, at most ``budget``; they are in
