@@ -1,67 +1,51 @@
 """ackstream: Storm's guaranteed message processing for Spark Structured Streaming.
 
-Every record read with tracking on ends acked (its tuple tree completed, then its
-offset is committed), replayed from its offset after a fail or timeout, or
-dead-lettered with its reason.
+At least once, per record: every record read with tracking on ends acked (its
+tuple tree completed, then its offset is committed), replayed from its offset
+after a fail or timeout, or dead-lettered with its reason.
+
+The names here are the ones a user types; everything else lives in its module
+(the ledger in :mod:`ackstream.acker.ledger`, record kinds and schemas in
+:mod:`ackstream.records`, options in :mod:`ackstream.config`). They are imported
+on first use, so ``import ackstream`` (and ``ackstream --help``) stays light.
 """
 
-from ackstream.acker.ledger import Pending, step
-from ackstream.acker.query import completions
-from ackstream.config import SourceConfig
-from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError, StageError
-from ackstream.records import (
-    ACK,
-    ACK_RECORD_SCHEMA,
-    ACKED,
-    COMPLETION_SCHEMA,
-    FAIL,
-    FAILED,
-    INIT,
-    INVALID,
-    REJECT,
-    REJECTED,
-    RESET,
-    TIMED_OUT,
-    UNKNOWN,
-)
-from ackstream.session import local_session
-from ackstream.sinks.dead_letters import read_dead_letters
-from ackstream.sinks.kafka import KafkaSink
-from ackstream.sinks.memory import ConsoleSink, MemorySink
-from ackstream.sources.datasource import register
-from ackstream.topology import RunningTopology, Topology
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "__version__",
-    "AckstreamError",
-    "OptionError",
-    "EnvironmentProblem",
-    "StageError",
-    "Topology",
-    "RunningTopology",
-    "MemorySink",
-    "ConsoleSink",
-    "KafkaSink",
-    "Pending",
-    "step",
-    "completions",
-    "local_session",
-    "register",
-    "SourceConfig",
-    "read_dead_letters",
-    "ACK",
-    "INIT",
-    "FAIL",
-    "RESET",
-    "REJECT",
-    "ACKED",
-    "FAILED",
-    "TIMED_OUT",
-    "REJECTED",
-    "UNKNOWN",
-    "INVALID",
-    "ACK_RECORD_SCHEMA",
-    "COMPLETION_SCHEMA",
-]
+#: public name -> the module that defines it
+_EXPORTS = {
+    "Topology": "ackstream.topology",
+    "RunningTopology": "ackstream.topology",
+    "MemorySink": "ackstream.sinks.memory",
+    "ConsoleSink": "ackstream.sinks.memory",
+    "KafkaSink": "ackstream.sinks.kafka",
+    "LocalChannel": "ackstream.channels.local",
+    "KafkaChannel": "ackstream.channels.kafka",
+    "local_session": "ackstream.session",
+    "register": "ackstream.sources.datasource",
+    "read_dead_letters": "ackstream.sinks.dead_letters",
+    "AckstreamError": "ackstream.errors",
+    "OptionError": "ackstream.errors",
+    "EnvironmentProblem": "ackstream.errors",
+    "StageError": "ackstream.errors",
+}
+
+__all__ = ["__version__", "testing", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name == "testing":
+        return importlib.import_module("ackstream.testing")
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ackstream' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,5 +1,8 @@
+"""``python -m ackstream``: the ``ackstream`` command."""
+
 import sys
 
 from ackstream.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

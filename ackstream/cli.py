@@ -85,17 +85,13 @@ first). With --until-idle, choose a time longer than the retry backoff
 A topology file, e.g. words.py:
 
     from pyspark.sql import functions as F
-    from ackstream import MemorySink, Topology
-    from ackstream.sinks.channel import LocalChannel
+    from ackstream import LocalChannel, MemorySink, Topology
 
-    channel = LocalChannel("/tmp/words/channel")
-    frame = (spark.readStream.format("ackstream")
-             .option("ackstream.upstream", "generator")
-             .option("ackstream.channel", "/tmp/words/channel").load())
-    (Topology("words", spark, channel)
-     .explode(F.split(F.col("value").cast("string"), " "), "word")
-     .sink(MemorySink())
-     .start(frame, "/tmp/words/checkpoint"))
+    topology = (Topology("words", spark, LocalChannel("/tmp/words/channel"))
+                .explode(F.split(F.col("value").cast("string"), " "), "word")
+                .sink(MemorySink()))
+    frame = topology.read_stream({"ackstream.upstream": "generator"})
+    topology.start(frame, "/tmp/words/checkpoint")
 """
 
 
@@ -345,11 +341,11 @@ def _acker(parser, args) -> int:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1
     if args.bootstrap:
-        from ackstream.sinks.kafka_channel import KafkaChannel
+        from ackstream.channels.kafka import KafkaChannel
 
         channel = KafkaChannel(args.bootstrap, args.topology)
     else:
-        from ackstream.sinks.channel import LocalChannel
+        from ackstream.channels.local import LocalChannel
 
         channel = LocalChannel(args.channel or default_channel_dir(args.topology))
     query = None

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 from ackstream.errors import OptionError
 
-__all__ = ["SourceConfig", "default_channel_dir", "parse", "parse_duration_ms"]
+__all__ = [
+    "SourceConfig", "default_channel_dir", "default_tick_ms", "parse", "parse_duration_ms",
+]
 
 _UNITS_MS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000, "secs": 1000,
              "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
@@ -92,6 +94,18 @@ class SourceConfig:
 def default_channel_dir(topology: str) -> str:
     """Where the local completion channel lives when ``ackstream.channel`` is not set."""
     return os.path.join(tempfile.gettempdir(), "ackstream", topology, "channel")
+
+
+def default_tick_ms(message_timeout_ms: int) -> int:
+    """How often an idle acker shard wakes to expire roots: a quarter of the message
+    timeout, at least 10 ms and at most 1 s. So a tree that never completes times out
+    between ``message_timeout`` and ``message_timeout + tick`` after its init, and the
+    source wakes the acker (a tick record) at most once per tick.
+
+    >>> default_tick_ms(30_000), default_tick_ms(2_000)
+    (1000, 500)
+    """
+    return max(10, min(1000, message_timeout_ms // 4))
 
 
 def parse_duration_ms(option: str, value: str) -> int:

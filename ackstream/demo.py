@@ -22,7 +22,7 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from ackstream.records import ACKED
-from ackstream.sinks.channel import LocalChannel
+from ackstream.channels.local import LocalChannel
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sinks.memory import MemorySink
 from ackstream.topology import Topology
@@ -65,23 +65,10 @@ def run_demo(
     directory = directory or tempfile.mkdtemp(prefix="ackstream-demo-")
     channel_dir = os.path.join(directory, "channel")
     channel = LocalChannel(channel_dir)
-    stream = (
-        spark.readStream.format("ackstream")
-        .option("ackstream.upstream", "generator")
-        .option("ackstream.generator.count", records)
-        .option("ackstream.generator.partitions", partitions)
-        .option("ackstream.topology", "demo")
-        .option("ackstream.channel", channel_dir)
-        .option("ackstream.messageTimeout", f"{message_timeout_ms}ms")
-        .option("ackstream.sourceTimeout", f"{max(3 * message_timeout_ms, 60_000)}ms")
-        .option("ackstream.retryInitialDelay", "200ms")
-        .option("ackstream.maxRetries", max_retries)
-        .load()
-    )
     flaky = (F.col("_attempt") == 0) & (
         F.pmod(F.xxhash64("word", "offset"), F.lit(100)) < fail_percent)
     topology = (
-        Topology("demo", spark, channel)
+        Topology("demo", spark, channel, message_timeout_ms=message_timeout_ms)
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         .explode(F.split("line", " "), "word")
         .fail_where(flaky, name="flaky_first_attempt")
@@ -89,9 +76,16 @@ def run_demo(
         .aggregate("word", F.count("*").alias("n"))
         .sink(MemorySink())
     )
+    stream = topology.read_stream({
+        "ackstream.upstream": "generator",
+        "ackstream.generator.count": records,
+        "ackstream.generator.partitions": partitions,
+        "ackstream.sourceTimeout": f"{max(3 * message_timeout_ms, 60_000)}ms",
+        "ackstream.retryInitialDelay": "200ms",
+        "ackstream.maxRetries": max_retries,
+    })
     started = time.monotonic()
-    running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=500,
-                             message_timeout_ms=message_timeout_ms)
+    running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=500)
     seen, position = [], None
     try:
         while time.monotonic() - started < timeout_s:

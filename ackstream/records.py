@@ -12,7 +12,9 @@ losing an init, a fail or a timeout reset.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = [
     "ACK",
@@ -34,6 +36,8 @@ __all__ = [
     "TIMED_OUT",
     "UNKNOWN",
     "as_table",
+    "completion_table",
+    "one_outcome_per_root",
     "tick",
 ]
 
@@ -129,3 +133,43 @@ def tick(now_ms: int) -> pa.Table:
     their content)."""
     return pa.Table.from_pylist([{"root": 0, "value": now_ms, "kind": TICK, "ts": now_ms}],
                                 schema=ACK_RECORD_SCHEMA)
+
+
+def completion_table(root, status, *, topic=None, partition=None, offset=None, attempt=None,
+                     latency_ms=None, completed_ms=None, reason=None) -> pa.Table:
+    """Completions as an Arrow table of ``COMPLETION_SCHEMA``. Each field is a column
+    (array-like), a scalar repeated to the length of ``root``, or None (all null)."""
+    n = len(root)
+    columns = dict(root=root, status=status, topic=topic, partition=partition, offset=offset,
+                   attempt=attempt, latency_ms=latency_ms, completed_ms=completed_ms,
+                   reason=reason)
+    arrays = []
+    for field in COMPLETION_SCHEMA:
+        value = columns[field.name]
+        if value is None:
+            arrays.append(pa.nulls(n, field.type))
+        elif isinstance(value, str | int | np.integer):
+            arrays.append(pa.repeat(pa.scalar(value, field.type), n))
+        else:
+            arrays.append(pa.array(value, field.type) if not isinstance(value, pa.Array | pa.ChunkedArray)
+                          else value.cast(field.type))
+    return pa.Table.from_arrays(arrays, schema=COMPLETION_SCHEMA)
+
+
+def one_outcome_per_root(completions: pa.Table) -> pa.Table:
+    """One completion per root: of several, any outcome but an ack before an ack, else
+    the first read. Two writers may report one root (a read task rejects a record of a
+    batch that its topology acks whole), and a wrong ack loses a record where a wrong
+    fail only replays it. Rows keep the order they had.
+
+    >>> done = completion_table([7, 8, 7], ["acked", "acked", "rejected"])
+    >>> one_outcome_per_root(done).column("status").to_pylist()
+    ['acked', 'rejected']
+    """
+    if not completions.num_rows:
+        return completions
+    acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
+    order = np.argsort(acked.to_numpy(zero_copy_only=False), kind="stable")
+    roots = pc.fill_null(completions.column("root"), 0).to_numpy()[order]
+    _, first = np.unique(roots, return_index=True)
+    return completions.take(pa.array(np.sort(order[first])))

@@ -39,7 +39,6 @@ Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -47,14 +46,20 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ackstream.errors import EnvironmentProblem
-from ackstream.records import ACKED, FAILED, INIT, INVALID, REJECTED, TIMED_OUT, UNKNOWN
+from ackstream.records import (
+    ACKED,
+    FAILED,
+    INIT,
+    INVALID,
+    REJECTED,
+    TIMED_OUT,
+    UNKNOWN,
+    one_outcome_per_root,
+)
 
 __all__ = ["PERCENTILES", "Status", "kafka_status", "local_status", "summarize"]
-
-log = logging.getLogger(__name__)
 
 PERCENTILES = (50, 90, 99)
 
@@ -119,7 +124,7 @@ def summarize(init_roots: Iterable[int] | np.ndarray, completions: pa.Table,
                                  else init_roots, dtype=np.int64))
     invalid = pc.equal(completions.column("status"), INVALID)
     n_invalid = pc.sum(pc.cast(invalid, pa.int64())).as_py() or 0
-    done = _first_per_root(completions.filter(pc.invert(invalid)))
+    done = one_outcome_per_root(completions.filter(pc.invert(invalid)))
     done_roots = done.column("root").to_numpy(zero_copy_only=False).astype(np.int64)
     status = done.column("status").to_pylist()
     counts = {s: status.count(s) for s in (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN)}
@@ -161,7 +166,7 @@ def local_status(directory: str, topology: str = "ackstream",
                  dead_letter_dir: str | None = None) -> Status:
     """The status of the local channel in ``directory`` (dead letters default to
     ``<directory>/dead_letters``, the source's folder when no dead-letter topic is set)."""
-    from ackstream.sinks.channel import LocalChannel
+    from ackstream.channels.local import LocalChannel
     from ackstream.sinks.dead_letters import read_dead_letters
 
     if not os.path.isdir(directory):
@@ -170,7 +175,7 @@ def local_status(directory: str, topology: str = "ackstream",
     channel = LocalChannel(directory)
     completions, _ = channel.completions_since(None)
     letters = read_dead_letters(dead_letter_dir or os.path.join(directory, "dead_letters"))
-    return summarize(_local_init_roots(channel.acks_dir), completions, letters,
+    return summarize(_init_roots(channel.ack_records()), completions, letters,
                      topology=topology, channel=directory)
 
 
@@ -184,67 +189,23 @@ def kafka_status(bootstrap: str, topology: str, dead_letter_dir: str | None = No
     ``ackstream.channel=kafka``) by counting its messages: a letter written twice
     after a crash counts twice there, and ``replayed`` is then failed + timed out
     minus that count, as the messages' keys are not read."""
+    from ackstream.channels.kafka import KafkaChannel, message_ranges
     from ackstream.sinks.dead_letters import read_dead_letters
-    from ackstream.sinks.kafka_channel import KafkaChannel, _ranges
 
     channel = KafkaChannel(bootstrap, topology)
     completions, _ = channel.completions_since(None)
-    records = _kafka_ack_records(channel)
     letters = read_dead_letters(dead_letter_dir) if dead_letter_dir else None
-    status = summarize(_init_roots(records), completions, letters, topology=topology,
+    status = summarize(_init_roots(channel.ack_records()), completions, letters,
+                       topology=topology,
                        channel=f"kafka {bootstrap} {channel.acks_topic}, {channel.done_topic}")
     if letters is None:
         topic = dead_letter_topic or f"{topology}.dead"
-        count = sum(end - start for _, start, end in _ranges(bootstrap, topic, {}))
+        count = sum(end - start for _, start, end in message_ranges(bootstrap, topic, {}))
         status = replace(status, dead_lettered=count, replayed=max(0, status.replayed - count))
     return status
-
-
-def _kafka_ack_records(channel) -> pa.Table:
-    """Every ack record on the channel's acks topic (foreign messages skipped).
-
-    Uses the Kafka channel's own fetch and decode helpers, so kafka-python stays
-    imported only by the channel module; a public ``KafkaChannel.acks_since`` would
-    be the cleaner home for this."""
-    from ackstream.records import ACK_RECORD_SCHEMA
-    from ackstream.sinks.kafka_channel import _decode, _fetch, _ranges
-
-    tables = [ACK_RECORD_SCHEMA.empty_table()]
-    for partition, start, end in _ranges(channel.bootstrap, channel.acks_topic, {}):
-        for offset, message in _fetch(channel.bootstrap, channel.acks_topic, partition,
-                                      start, end):
-            table = _decode(message, ACK_RECORD_SCHEMA, channel.acks_topic, partition, offset)
-            tables += [table] if isinstance(table, pa.Table) else []
-    return pa.concat_tables(tables)
 
 
 def _init_roots(records: pa.Table) -> np.ndarray:
     is_init = pc.not_equal(pc.bit_wise_and(records.column("kind"), pa.scalar(INIT, pa.int8())), 0)
     roots = records.column("root").filter(pc.fill_null(is_init, False))
     return np.unique(roots.to_numpy(zero_copy_only=False).astype(np.int64))
-
-
-def _local_init_roots(acks_dir: str) -> np.ndarray:
-    """Roots of every init record in the ack files; a file that cannot be read is
-    logged and skipped, as the acker query does (``ignoreCorruptFiles``)."""
-    found = [np.empty(0, np.int64)]
-    for name in sorted(os.listdir(acks_dir)):
-        if name.startswith(".") or not name.endswith(".parquet"):
-            continue  # hidden: still being written
-        try:
-            table = pq.read_table(os.path.join(acks_dir, name), columns=["root", "kind"])
-        except (pa.ArrowException, OSError, KeyError) as problem:
-            log.warning("ackstream status: skipped unreadable ack file %s: %s", name, problem)
-            continue
-        found.append(_init_roots(table))
-    return np.unique(np.concatenate(found))
-
-
-def _first_per_root(completions: pa.Table) -> pa.Table:
-    """One completion per root: the first one read, any other outcome before an ack,
-    as the source decides (a read task's rejection wins over its batch's ack)."""
-    acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
-    order = np.argsort(acked.to_numpy(zero_copy_only=False), kind="stable")
-    roots = completions.column("root").to_numpy(zero_copy_only=False)[order]
-    _, first = np.unique(roots, return_index=True)
-    return completions.take(pa.array(np.sort(order[first])))

@@ -55,7 +55,7 @@ def ack_records(rows) -> pd.DataFrame:
 
 
 class FakeClock:
-    """Milliseconds that only move when told to."""
+    """A :data:`ackstream.clock.Clock` whose milliseconds move only when told to."""
 
     def __init__(self, start_ms: int = 1_000_000):
         self.now_ms = start_ms

@@ -30,7 +30,7 @@ import pandas as pd
 from pyspark.sql import functions as F
 
 from ackstream.records import ACKED, COMPLETION_SCHEMA
-from ackstream.sinks.channel import LocalChannel
+from ackstream.channels.local import LocalChannel
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sinks.memory import MemorySink
 from ackstream.topology import Topology
@@ -201,24 +201,8 @@ def run_quickstart(spark, *, records: int = 1000, partitions: int = 2, rate: flo
     workdir = workdir or tempfile.mkdtemp(prefix="ackstream-quickstart-")
     channel_dir = os.path.join(workdir, "channel")
     channel = LocalChannel(channel_dir)
-    stream = (spark.readStream.format("ackstream")
-              .option("ackstream.upstream", "generator")
-              .option("ackstream.generator.count", str(records))
-              .option("ackstream.generator.partitions", str(partitions))
-              .option("ackstream.generator.rate", str(rate))
-              .option("ackstream.channel", channel_dir)
-              .option("ackstream.topology", name)
-              .option("ackstream.messageTimeout", f"{message_timeout_ms}ms")
-              # a cold first batch on a busy machine can take tens of seconds: replaying
-              # records whose completion is merely late would only add duplicates
-              .option("ackstream.sourceTimeout", f"{max(6 * message_timeout_ms, 120_000)}ms")
-              .option("ackstream.retryInitialDelay", f"{retry_initial_delay_ms}ms")
-              .option("ackstream.maxRetries", str(max_retries)))
-    if max_per_batch:
-        stream = stream.option("maxOffsetsPerTrigger", str(max_per_batch))
-    stream = stream.load()
     sink = MemorySink()
-    topology = (Topology(name, spark, channel)
+    topology = (Topology(name, spark, channel, message_timeout_ms=message_timeout_ms)
                 .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
                 .explode(F.split("line", " "), "word")
                 .pandas_bolt(flaky_word_bolt(fail_rate, poison_rate), "word string, length int")
@@ -226,8 +210,17 @@ def run_quickstart(spark, *, records: int = 1000, partitions: int = 2, rate: flo
                 .sink(sink))
     expected = _expected(records, partitions)
     start_ms = int(time.time() * 1000)
-    running = topology.start(stream, os.path.join(workdir, "checkpoint"), trigger_ms=trigger_ms,
-                             message_timeout_ms=message_timeout_ms)
+    options = {"ackstream.upstream": "generator", "ackstream.generator.count": records,
+               "ackstream.generator.partitions": partitions, "ackstream.generator.rate": rate,
+               # a cold first batch on a busy machine can take tens of seconds: replaying
+               # records whose completion is merely late would only add duplicates
+               "ackstream.sourceTimeout": f"{max(6 * message_timeout_ms, 120_000)}ms",
+               "ackstream.retryInitialDelay": f"{retry_initial_delay_ms}ms",
+               "ackstream.maxRetries": max_retries}
+    if max_per_batch:
+        options["maxOffsetsPerTrigger"] = max_per_batch
+    running = topology.start(topology.read_stream(options), os.path.join(workdir, "checkpoint"),
+                             trigger_ms=trigger_ms)
     done = COMPLETION_SCHEMA.empty_table().to_pandas()
     position, parts = None, []
     try:

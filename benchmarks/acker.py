@@ -179,7 +179,7 @@ def bench_spark_shard(spark, records: pa.Table, n_roots: int, workdir: str, *, a
     """Records/s of the real acker query, from its start to the last root's completion.
     ``before(acks_dir)`` runs once the files are written, before the query starts."""
     from ackstream.acker.query import start_acker
-    from ackstream.sinks.channel import LocalChannel
+    from ackstream.channels.local import LocalChannel
 
     channel = LocalChannel(os.path.join(workdir, f"{name}-channel"))
     _write_files(channel, records, files)
@@ -268,7 +268,7 @@ def bench_spark_per_root(spark, records: pa.Table, n_roots: int, workdir: str, *
     """Records/s of ``groupBy(root).applyInPandasWithState`` with a per-root state."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    from ackstream.sinks.channel import LocalChannel
+    from ackstream.channels.local import LocalChannel
 
     channel = LocalChannel(os.path.join(workdir, "root-channel"))
     _write_files(channel, records, files)

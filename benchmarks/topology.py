@@ -39,7 +39,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from ackstream import MemorySink, Topology, local_session  # noqa: E402
 from ackstream.demo import _committed  # noqa: E402
 from ackstream.records import ACKED  # noqa: E402
-from ackstream.sinks.channel import LocalChannel  # noqa: E402
+from ackstream.channels.local import LocalChannel  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -50,21 +50,18 @@ def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float
     directory = tempfile.mkdtemp(prefix="ackstream-bench-")
     channel_dir = os.path.join(directory, "channel")
     name = f"bench{'on' if tracking else 'off'}{int(time.time() * 1000) % 100000}"
-    stream = (spark.readStream.format("ackstream").option("ackstream.upstream", "generator")
-              .option("ackstream.generator.count", records)
-              .option("ackstream.generator.rate", rate)
-              .option("ackstream.tracking", str(tracking).lower())
-              .option("ackstream.topology", name).option("ackstream.channel", channel_dir)
-              .option("ackstream.messageTimeout", "120s")
-              .option("maxOffsetsPerTrigger", batch or records).load())
-    topology = (Topology(name, spark, LocalChannel(channel_dir), tracking=tracking)
+    topology = (Topology(name, spark, LocalChannel(channel_dir), tracking=tracking,
+                         message_timeout_ms=120_000)
                 .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
                 .explode(F.split("line", " "), "word")
                 .aggregate("word", F.count("*").alias("n"))
                 .sink(MemorySink()))
+    stream = topology.read_stream({
+        "ackstream.upstream": "generator", "ackstream.generator.count": records,
+        "ackstream.generator.rate": rate, "ackstream.tracking": str(tracking).lower(),
+        "maxOffsetsPerTrigger": batch or records})
     started = time.time()
-    running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=200,
-                             message_timeout_ms=120_000)
+    running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=200)
     first_batch = None  # when the first batch with input started (its trigger time)
     try:
         while _committed(channel_dir) < records:

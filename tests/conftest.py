@@ -18,18 +18,6 @@ def spark():
     session.stop()
 
 
-def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
-    """Poll ``condition()`` until it returns a truthy value; fail the test after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 @pytest.fixture(scope="session")
 def broker():
     """A Kafka-protocol broker for the whole test session (see tests/broker.py)."""

@@ -25,15 +25,15 @@ from pyspark.sql import functions as F
 
 import ackstream
 from ackstream import KafkaSink, Topology
-from ackstream.sinks.kafka_channel import KafkaChannel
+from ackstream.channels.kafka import KafkaChannel
 
 #: Timeouts kept short so that a killed run's lost roots replay within seconds.
-MESSAGE_TIMEOUT, MESSAGE_TIMEOUT_MS = "5s", 5_000
+MESSAGE_TIMEOUT_MS = 5_000
 SOURCE_TIMEOUT = "20s"
 
 
 def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
-          message_timeout: str = MESSAGE_TIMEOUT, source_timeout: str = SOURCE_TIMEOUT,
+          message_timeout_ms: int = MESSAGE_TIMEOUT_MS, source_timeout: str = SOURCE_TIMEOUT,
           per_batch: int = 10, ack_mode: str = "telescoped"):
     """The tracked input stream and the topology (the fault tests run it in-process too).
     ``ack_mode="per_stage"`` puts every tree on the acker query's path."""
@@ -45,17 +45,9 @@ def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
             raise ValueError("poison word")
         return frame[["word"]]
 
-    stream = (spark.readStream.format("ackstream")
-              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", inbox)
-              .option("startingOffsets", "earliest").option("ackstream.topology", name)
-              .option("ackstream.channel", "kafka")
-              .option("ackstream.messageTimeout", message_timeout)
-              .option("ackstream.sourceTimeout", source_timeout)
-              .option("maxOffsetsPerTrigger", per_batch)  # spread the input over many batches
-              .option("ackstream.retryInitialDelay", "200ms").option("ackstream.maxRetries", "2")
-              .load())
     topology = (
-        Topology(name, spark, KafkaChannel(bootstrap, name), ack_mode=ack_mode)
+        Topology(name, spark, KafkaChannel(bootstrap, name), ack_mode=ack_mode,
+                 message_timeout_ms=message_timeout_ms)
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         .explode(F.split("line", " "), "word")
         .pandas_bolt(refuse_poison, "word string", name="refuse_poison")
@@ -63,6 +55,11 @@ def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
         .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
         .sink(KafkaSink(bootstrap, outbox))
     )
+    stream = topology.read_stream({
+        "kafka.bootstrap.servers": bootstrap, "subscribe": inbox,
+        "startingOffsets": "earliest", "ackstream.sourceTimeout": source_timeout,
+        "maxOffsetsPerTrigger": per_batch,  # spread the input over many batches
+        "ackstream.retryInitialDelay": "200ms", "ackstream.maxRetries": "2"})
     return stream, topology
 
 
@@ -86,7 +83,7 @@ def start(spark, bootstrap: str, inbox: str, outbox: str, name: str, checkpoint:
     kill_after = int(os.environ.get("ACKSTREAM_FAULT_KILL_AFTER_SINK", "0"))
     if kill_after:
         topology.output = KillAfterSink(topology.output, kill_after)
-    return topology.start(stream, checkpoint, trigger_ms=300, message_timeout_ms=MESSAGE_TIMEOUT_MS)
+    return topology.start(stream, checkpoint, trigger_ms=300)
 
 
 def main(bootstrap: str, inbox: str, outbox: str, name: str, checkpoint: str) -> None:

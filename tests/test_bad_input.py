@@ -6,11 +6,11 @@ import json
 import uuid
 
 import pytest
-from conftest import wait_for
+from helpers import wait_for
 from pyspark.sql import functions as F
 
 from ackstream import MemorySink, Topology
-from ackstream.sinks.kafka_channel import KafkaChannel
+from ackstream.channels.kafka import KafkaChannel
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -21,7 +21,7 @@ LIMIT = 4096
 def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_replayed(
         spark, broker, new_topic, tmp_path):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-    from test_end_to_end import consume
+    from helpers import consume
 
     inbox, name = new_topic(partitions=1), f"bad-{uuid.uuid4().hex[:8]}"
     values = [json.dumps({"n": i}).encode() for i in range(12)]
@@ -42,14 +42,13 @@ def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_re
     sink = MemorySink()
     text = F.col("value").cast("string")
     topology = (
-        Topology(name, spark, KafkaChannel(broker.bootstrap, name))
+        Topology(name, spark, KafkaChannel(broker.bootstrap, name), message_timeout_ms=20_000)
         .reject_where(F.col("value").isNull(), "value is null")
         .reject_where(~F.is_valid_utf8(text), "value is not UTF-8")
         .map(lambda df: df.withColumn("doc", F.from_json(text, "n int")))
         .reject_where(F.col("doc.n").isNull(), F.concat(F.lit("not JSON: "), text))
         .sink(sink))
-    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300,
-                             message_timeout_ms=20_000)
+    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
     group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
                           enable_auto_commit=False)
     try:
@@ -114,11 +113,11 @@ def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new
               .option("ackstream.channel", str(tmp_path / "channel"))
               .option("ackstream.messageTimeout", "5 min").load())
     sink = MemorySink()
-    from ackstream.sinks.channel import LocalChannel
+    from ackstream.channels.local import LocalChannel
 
-    running = (Topology(name, spark, LocalChannel(tmp_path / "channel")).sink(sink)
-               .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300,
-                      message_timeout_ms=300_000))
+    running = (Topology(name, spark, LocalChannel(tmp_path / "channel"),
+                        message_timeout_ms=300_000).sink(sink)
+               .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300))
     group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
                           enable_auto_commit=False)
     try:

@@ -155,22 +155,16 @@ def test_bench_runs_the_script_with_the_options_passed_on(capsys, tmp_path):
 TOPOLOGY_FILE = '''
 from pyspark.sql import functions as F
 
-from ackstream import MemorySink, Topology
-from ackstream.sinks.channel import LocalChannel
+from ackstream import LocalChannel, MemorySink, Topology
 
 assert __name__ == "__main__"
-channel = LocalChannel({channel!r})
-frame = (spark.readStream.format("ackstream")
-         .option("ackstream.upstream", "generator")
-         .option("ackstream.generator.count", "20")
-         .option("ackstream.generator.partitions", "2")
-         .option("ackstream.topology", "run-test")
-         .option("ackstream.channel", {channel!r})
-         .load())
-(Topology("run-test", spark, channel)
- .explode(F.split(F.col("value").cast("string"), " "), "word")
- .sink(MemorySink())
- .start(frame, {checkpoint!r}, trigger_ms=200, message_timeout_ms=30_000))
+topology = (Topology("run-test", spark, LocalChannel({channel!r}), message_timeout_ms=30_000)
+            .explode(F.split(F.col("value").cast("string"), " "), "word")
+            .sink(MemorySink()))
+frame = topology.read_stream({{"ackstream.upstream": "generator",
+                              "ackstream.generator.count": "20",
+                              "ackstream.generator.partitions": "2"}})
+topology.start(frame, {checkpoint!r}, trigger_ms=200)
 '''
 
 

@@ -4,32 +4,13 @@ with the ack and completion channels on Kafka too."""
 import uuid
 
 import pytest
-from conftest import wait_for
+from helpers import consume, sentences, wait_for
 from pyspark.sql import functions as F
 
 from ackstream import KafkaSink, Topology
-from ackstream.sinks.kafka_channel import KafkaChannel
+from ackstream.channels.kafka import KafkaChannel
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-
-WORDS = "storm spark acker tuple bolt spout anchor ledger replay offset".split()
-
-
-def sentences(n):
-    return [" ".join(WORDS[(i * 7 + k) % len(WORDS)] + str(i % 4) for k in range(3 + i % 4))
-            for i in range(n)]
-
-
-def consume(bootstrap, topic):
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=1500, enable_auto_commit=False)
-    try:
-        return list(consumer)
-    finally:
-        consumer.close()
-
 
 def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dead_lettered(
     spark, broker, new_topic, tmp_path
@@ -53,15 +34,8 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
             raise ValueError("poison word")
         return frame[["word"]]
 
-    stream = (spark.readStream.format("ackstream")
-              .option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", inbox)
-              .option("startingOffsets", "earliest").option("ackstream.topology", name)
-              .option("ackstream.channel", "kafka").option("ackstream.messageTimeout", "10s")
-              .option("ackstream.sourceTimeout", "90s")
-              .option("ackstream.retryInitialDelay", "200ms").option("ackstream.maxRetries", "2")
-              .load())
     topology = (
-        Topology(name, spark, KafkaChannel(broker.bootstrap, name))
+        Topology(name, spark, KafkaChannel(broker.bootstrap, name), message_timeout_ms=10_000)
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         .explode(F.split("line", " "), "word")
         .fail_where((F.col("_attempt") == 0) & (F.rand(seed=7) < 0.05), name="flaky")
@@ -70,8 +44,11 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
         .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
         .sink(KafkaSink(broker.bootstrap, outbox))
     )
-    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300,
-                             message_timeout_ms=10_000)
+    stream = topology.read_stream({
+        "kafka.bootstrap.servers": broker.bootstrap, "subscribe": inbox,
+        "startingOffsets": "earliest", "ackstream.sourceTimeout": "90s",
+        "ackstream.retryInitialDelay": "200ms", "ackstream.maxRetries": "2"})
+    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
     group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
                           enable_auto_commit=False)
     partitions = [TopicPartition(inbox, p) for p in (0, 1)]

@@ -31,10 +31,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
-from test_end_to_end import consume, sentences
+from helpers import consume, sentences, wait_for
 
-from ackstream.sinks.kafka_channel import KafkaChannel
+from ackstream.channels.kafka import KafkaChannel
 
 pytestmark = [pytest.mark.fault, pytest.mark.broker]
 
@@ -279,7 +278,7 @@ def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topi
         return KafkaChannel(broker.bootstrap, name).completions_since(None)[0].num_rows
 
     stream, topology = build(spark, broker.bootstrap, inbox, outbox, name,
-                             message_timeout="60s", source_timeout="5 min", per_batch=20,
+                             message_timeout_ms=60_000, source_timeout="5 min", per_batch=20,
                              ack_mode="per_stage")
     acker, running = spawn(), None
     kills = 0

@@ -15,7 +15,7 @@ from ackstream.records import (
     TIMED_OUT,
     UNKNOWN,
 )
-from ackstream.sinks.channel import LocalChannel
+from ackstream.channels.local import LocalChannel
 from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
 from ackstream.sources.tracking import DeadLetter
 from ackstream.status import local_status, summarize
@@ -125,7 +125,7 @@ def test_local_status_of_a_missing_directory_says_what_to_give(tmp_path):
 
 @pytest.mark.broker
 def test_kafka_status_reads_both_topics(broker, tmp_path):
-    from ackstream.sinks.kafka_channel import KafkaChannel
+    from ackstream.channels.kafka import KafkaChannel
     from ackstream.status import kafka_status
 
     topology = f"status-{os.urandom(4).hex()}"

@@ -24,7 +24,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream.acker.ledger import MAX_TIMEOUT_MS, Pending, combine, step
-from ackstream.records import ACK_RECORD_SCHEMA, ACKED, COMPLETION_SCHEMA, INIT, as_table
+from ackstream.records import (
+    ACK_RECORD_SCHEMA,
+    ACKED,
+    COMPLETION_SCHEMA,
+    INIT,
+    as_table,
+    completion_table,
+)
 
 __all__ = ["precombine", "settle"]
 
@@ -80,12 +87,8 @@ def _all_acked(records: pa.Table, now_ms: int) -> pa.Table | None:
     root = inits.column("root").to_numpy()
     if (root[1:] == root[:-1]).any():  # an init twice cancels itself: the ledger's case
         return None
-    n = len(root)
-    return pa.table({
-        "root": root, "status": pa.repeat(pa.scalar(ACKED, pa.string()), n),
-        "topic": inits.column("topic"), "partition": inits.column("partition"),
-        "offset": inits.column("offset"),
-        "attempt": pc.min_element_wise(inits.column("attempt"), 255),  # the ledger's cap
-        "latency_ms": pc.subtract(now_ms, inits.column("ts")),
-        "completed_ms": np.full(n, now_ms, np.int64), "reason": pa.nulls(n, pa.string()),
-    }, schema=COMPLETION_SCHEMA)
+    return completion_table(
+        root, ACKED, topic=inits.column("topic"), partition=inits.column("partition"),
+        offset=inits.column("offset"),
+        attempt=pc.min_element_wise(inits.column("attempt"), 255),  # the ledger's cap
+        latency_ms=pc.subtract(now_ms, inits.column("ts")), completed_ms=now_ms)

@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from ackstream.acker.ledger import Pending, step
+from ackstream.config import default_tick_ms
 from ackstream.records import COMPLETION_DDL, INIT, INVALID, KINDS, TICK, UNKNOWN
 
 __all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
@@ -47,11 +48,6 @@ NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 _INVALID, _NO_ROOT = "_invalid", "_no_root"
 
 log = logging.getLogger(__name__)
-
-
-def default_tick_ms(message_timeout_ms: int) -> int:
-    """How often an idle shard wakes up to expire roots: a quarter of the timeout, at most 1 s."""
-    return max(10, min(1000, message_timeout_ms // 4))
 
 
 def shard_function(message_timeout_ms: int, tick_ms: int | None = None):

@@ -1,1 +1,9 @@
-"""Where records leave a query: the ack/completion channels, output sinks, dead letters."""
+"""User outputs behind the :class:`~ackstream.sinks.base.Sink` protocol, and dead letters."""
+
+from __future__ import annotations
+
+from ackstream.sinks.base import Sink
+from ackstream.sinks.kafka import KafkaSink
+from ackstream.sinks.memory import ConsoleSink, MemorySink
+
+__all__ = ["ConsoleSink", "KafkaSink", "MemorySink", "Sink"]

@@ -19,6 +19,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ackstream.files import write_atomically
 from ackstream.ids import content_id, hash_text
 
 __all__ = ["DEAD_LETTER_SCHEMA", "KafkaDeadLetters", "ParquetDeadLetters", "read_dead_letters"]
@@ -62,9 +63,8 @@ class ParquetDeadLetters:
         name = content_id(table.column("partition").to_numpy(zero_copy_only=False),
                           table.column("offset").to_numpy(zero_copy_only=False),
                           [hash_text(t) for t in table.column("topic").to_pylist()]) + ".parquet"
-        hidden = os.path.join(self.directory, "." + name)
-        pq.write_table(table, hidden)
-        os.replace(hidden, os.path.join(self.directory, name))
+        write_atomically(os.path.join(self.directory, name),
+                         lambda path: pq.write_table(table, path))
 
     def close(self) -> None:
         pass

@@ -14,11 +14,11 @@ import logging
 import numpy as np
 import pyarrow as pa
 
+from ackstream.lineage import LINEAGE_COLUMNS
+
 __all__ = ["KafkaSink"]
 
 log = logging.getLogger(__name__)
-
-_LINEAGE = ("_root", "_edge", "_anchors")
 
 
 class KafkaSink:
@@ -47,7 +47,7 @@ class KafkaSink:
         return self._producer
 
     def write(self, outputs, batch_id: int):
-        lineage = [c for c in _LINEAGE if c in outputs.columns]
+        lineage = [c for c in LINEAGE_COLUMNS if c in outputs.columns]
         key = self.key if self.key and self.key in outputs.columns else None
         table = outputs.select(*([key] if key else []), self.value, *lineage).toArrow()
         if not table.num_rows:

@@ -1,9 +1,6 @@
 """Output sinks for tests, notebooks and the demo: keep rows in memory, or print them.
 
-A sink's ``write(outputs, batch_id)`` runs in the topology's ``foreachBatch`` on the
-driver. It returns ``None`` when every row was written, or the rows that were not
-(at least their lineage columns, as an Arrow table): ackstream fails their roots
-and acks the rest only after ``write`` returned.
+Both follow :class:`~ackstream.sinks.base.Sink`.
 """
 
 from __future__ import annotations
@@ -11,6 +8,8 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
+
+from ackstream.lineage import LINEAGE_COLUMNS
 
 __all__ = ["MemorySink", "ConsoleSink"]
 
@@ -26,7 +25,7 @@ class MemorySink:
 
     def write(self, outputs, batch_id: int):
         if not self.lineage:
-            outputs = outputs.drop("_root", "_edge", "_anchors")
+            outputs = outputs.drop(*LINEAGE_COLUMNS)
         table = outputs.toArrow()
         if table.num_rows:
             with self._lock:
@@ -48,6 +47,9 @@ class MemorySink:
         with self._lock:
             self._tables.clear()
 
+    def close(self) -> None:
+        """Nothing to release: the rows stay readable."""
+
 
 class ConsoleSink:
     """Prints each batch's outputs (``DataFrame.show``), as Spark's console sink does."""
@@ -57,6 +59,9 @@ class ConsoleSink:
 
     def write(self, outputs, batch_id: int):
         if not self.lineage:
-            outputs = outputs.drop("_root", "_edge", "_anchors")
+            outputs = outputs.drop(*LINEAGE_COLUMNS)
         print(f"-------- batch {batch_id} --------")
         outputs.show(self.rows, truncate=self.truncate)
+
+    def close(self) -> None:
+        """Nothing to release."""

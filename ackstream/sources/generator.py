@@ -20,9 +20,10 @@ import numpy as np
 
 from ackstream import ids
 from ackstream.config import SourceConfig
+from ackstream.files import write_atomically
 from ackstream.sources.rows import ReadTask, spout_batch
 
-__all__ = ["TOPIC", "WORDS", "GeneratorUpstream", "read_task", "sentence"]
+__all__ = ["TOPIC", "WORDS", "GeneratorUpstream", "sentence"]
 
 TOPIC = "generator"
 #: Timestamp of offset 0; offset o is ``EPOCH_MS + o`` so that re-reads agree.
@@ -51,13 +52,16 @@ def _count(config: SourceConfig, partition: int) -> int | None:
 
 
 class GeneratorUpstream:
-    """Driver side: partitions, how far each may be read now, and the commit file."""
+    """Partitions, how far each may be read now, the commit file, and the records."""
 
     def __init__(self, config: SourceConfig):
         self.config = config
         self._t0 = time.monotonic()
         self._base: dict = {}
         self._commits = os.path.join(config.channel, "generator-commits.json")
+
+    def check(self) -> None:
+        """Nothing can be missing: the records are computed."""
 
     def partitions(self) -> list[tuple[str, int]]:
         return [(TOPIC, p) for p in range(self.config.generator_partitions)]
@@ -93,16 +97,27 @@ class GeneratorUpstream:
         saved = self.committed(self.partitions())
         saved.update(offsets)
         os.makedirs(self.config.channel, exist_ok=True)
-        hidden = self._commits + ".tmp"
-        with open(hidden, "w") as f:
-            json.dump({f"{t}/{p}": list(v) for (t, p), v in saved.items()}, f)
-        os.replace(hidden, self._commits)
+        text = json.dumps({f"{t}/{p}": list(v) for (t, p), v in saved.items()})
+        write_atomically(self._commits, lambda path: _write_text(path, text))
 
     def fetch(self, coords):
         out = {}
         for tp, off in coords:
             out[(tp, off)] = (_key(tp[1], off), sentence(tp[1], off).encode(), EPOCH_MS + off)
         return out
+
+    def read(self, task: ReadTask):
+        """Arrow batches of one task, generated (no I/O)."""
+        pairs = [(o, 0) for o in range(task.start, task.end)] + sorted(task.replays)
+        step = 10_000
+        for i in range(0, len(pairs), step):
+            chunk = pairs[i: i + step]
+            offsets = np.array([o for o, _ in chunk], dtype=np.int64)
+            yield spout_batch(
+                self.config.topology, task.topic, task.partition, offsets,
+                [a for _, a in chunk], [_key(task.partition, int(o)) for o in offsets],
+                [s.encode() for s in _sentences(task.partition, offsets)], EPOCH_MS + offsets,
+            )
 
     def close(self) -> None:
         pass
@@ -112,15 +127,6 @@ def _key(partition: int, offset: int) -> bytes:
     return f"{partition}-{offset}".encode()
 
 
-def read_task(config: SourceConfig, task: ReadTask):
-    """Arrow batches of one task, generated (no I/O)."""
-    pairs = [(o, 0) for o in range(task.start, task.end)] + sorted(task.replays)
-    step = 10_000
-    for i in range(0, len(pairs), step):
-        chunk = pairs[i: i + step]
-        offsets = np.array([o for o, _ in chunk], dtype=np.int64)
-        yield spout_batch(
-            config.topology, task.topic, task.partition, offsets, [a for _, a in chunk],
-            [_key(task.partition, int(o)) for o in offsets],
-            [s.encode() for s in _sentences(task.partition, offsets)], EPOCH_MS + offsets,
-        )
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -4,7 +4,9 @@ An offset is the JSON the driver-side reader returns from ``latestOffset`` and
 Spark writes to the query's offset log before the batch runs::
 
     {"v": 1,
-     "source": "<topology>",             # only with tracking on: the id namespace
+     "source": "<topology>",             # only with tracking on: the id namespace,
+     "channel": "<ackstream.channel>",   #   the channel and the message timeout, which
+     "timeout": <message timeout ms>,    #   the topology reading it checks against its own
      "parts": <Tracker.snapshot()>,      # the whole tracking state, for a restart
      "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch
      "replays": [[topic, partition, offset, attempt], ...],  # replays of this batch
@@ -14,15 +16,12 @@ Spark writes to the query's offset log before the batch runs::
 (:func:`read_tasks`) and its roots (:func:`planned_inits`) come from the offset
 without touching the data. That is what lets a topology batch report its trees
 without reading its input a second time: the topology finds the offset in
-Spark's offset log (:func:`logged_offsets`) under its batch id. Offsets written
+Spark's offset log (:mod:`ackstream.topology.offset_log`) under its batch id. Offsets written
 before ``read`` existed give ``None`` there, and the topology reads the roots
 from the rows instead.
 """
 
 from __future__ import annotations
-
-import json
-from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +30,7 @@ from ackstream import ids
 from ackstream.records import ACK_RECORD_SCHEMA, INIT
 from ackstream.sources.rows import ReadTask
 
-__all__ = ["ROWS_PER_TASK", "logged_offsets", "planned_inits", "read_tasks"]
+__all__ = ["ROWS_PER_TASK", "planned_inits", "read_tasks"]
 
 #: At most this many offsets of one partition per Spark task.
 ROWS_PER_TASK = 100_000
@@ -90,35 +89,3 @@ def planned_inits(end: dict, now_ms: int) -> pa.Table | None:
         "offset": offset.astype(np.int64), "attempt": attempt,
         "ts": np.full(n, now_ms, np.int64), "reason": pa.nulls(n, pa.string()),
     }, schema=ACK_RECORD_SCHEMA)
-
-
-def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
-    """The ``ackstream`` offsets Spark logged for ``batch_id`` of the query whose
-    checkpoint is ``checkpoint`` (one per ackstream source of the query).
-
-    Spark writes ``<checkpoint>/offsets/<batch id>`` before the batch runs: a version
-    line, a metadata line, then one line per source (``-`` for a source with none).
-    A plain path is read directly; a URL (``file:``, ``hdfs:``, ``s3a:``...) through
-    Spark's Hadoop file system, which costs about ten times as much (calls into the JVM)."""
-    path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
-    if not urlparse(path).scheme:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    else:
-        jvm = spark.sparkContext._jvm
-        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-        stream = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()) \
-            .open(hadoop_path)
-        try:
-            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-        finally:
-            stream.close()
-    out = []
-    for line in text.splitlines()[2:]:
-        try:
-            offset = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(offset, dict) and offset.get("v") == 1 and "parts" in offset:
-            out.append(offset)
-    return out

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream import ids
-from ackstream.records import ACKED, INVALID, REJECTED, TIMED_OUT
+from ackstream.records import ACKED, INVALID, REJECTED, TIMED_OUT, one_outcome_per_root
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 
 __all__ = ["METADATA_LIMIT", "DeadLetter", "RetryPolicy", "Tracker", "ranges"]
@@ -176,18 +176,16 @@ class Tracker:
 
         A completion for a root that is not in flight (an earlier attempt, another
         source, a duplicate) is ignored, and so is an ``invalid`` one (a bad ack
-        record says nothing about its root). Of several completions of one root in
-        ``completions``, any other outcome applies before an ack: two writers can
-        report one root (a read task rejects a record of a batch that a topology acks
-        whole), and a wrong ack loses a record where a wrong fail only replays it.
+        record says nothing about its root). Of several completions of one root,
+        any other outcome applies before an ack (``records.one_outcome_per_root``).
         """
+        valid = pc.fill_null(pc.not_equal(completions.column("status"), INVALID), True)
+        completions = one_outcome_per_root(completions.filter(valid))
         acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
         others = completions.filter(pc.invert(acked))
-        outcomes: dict[int, tuple[str, str | None]] = {}
-        for root, outcome, reason in zip(*(others.column(c).to_pylist()
-                                           for c in ("root", "status", "reason"))):
-            if outcome != INVALID:
-                outcomes.setdefault(root, (outcome, reason))
+        outcomes: dict[int, tuple[str, str | None]] = {
+            root: (outcome, reason) for root, outcome, reason in
+            zip(*(others.column(c).to_pylist() for c in ("root", "status", "reason")))}
         new_dead = []
         failed = self.flights.take(list(outcomes)).sorted_by("part", "offset")
         for root, part, offset, attempt in zip(*(col.tolist() for col in failed[:4])):
@@ -329,7 +327,11 @@ class Tracker:
 
 
 def ranges(offsets) -> list[list[int]]:
-    """Sorted offsets as half-open ``[start, end)`` runs: {1, 2, 3, 7} -> [[1, 4], [7, 8]]."""
+    """Sorted offsets as half-open ``[start, end)`` runs.
+
+    >>> ranges({1, 2, 3, 7})
+    [[1, 4], [7, 8]]
+    """
     out: list[list[int]] = []
     for off in sorted(offsets):
         if out and out[-1][1] == off:

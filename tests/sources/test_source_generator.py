@@ -4,32 +4,16 @@ import json
 import os
 
 import pytest
-from conftest import wait_for
+from helpers import commits, generator_stream, wait_for
 
-from ackstream import FAILED, TIMED_OUT, read_dead_letters
+from ackstream import read_dead_letters
+from ackstream.records import FAILED, TIMED_OUT
 from ackstream.acker.query import start_acker
-from ackstream.sinks.channel import LocalChannel
+from ackstream.channels.local import LocalChannel
 from ackstream.sources.generator import sentence
 from ackstream.testing import SpoutAcker
 
 pytestmark = pytest.mark.spark
-
-
-def commits(channel_dir):
-    try:
-        with open(os.path.join(channel_dir, "generator-commits.json")) as f:
-            return {k: v[0] for k, v in json.load(f).items()}
-    except FileNotFoundError:
-        return {}
-
-
-def generator_stream(spark, channel_dir, **options):
-    """The ``ackstream`` source over the generator, ``options`` as ``ackstream.<name>``."""
-    reader = (spark.readStream.format("ackstream").option("ackstream.upstream", "generator")
-              .option("ackstream.channel", channel_dir))
-    for name, value in options.items():
-        reader = reader.option(f"ackstream.{name}", value)
-    return reader.load()
 
 
 def run_into(frame, topology, checkpoint):

@@ -5,12 +5,12 @@ import time
 import uuid
 
 import pytest
-from conftest import wait_for
+from helpers import wait_for
 
-from ackstream import ACKED, FAILED
+from ackstream.records import ACKED, FAILED
 from ackstream.acker.query import start_acker
 from ackstream.records import INVALID
-from ackstream.sinks.channel import LocalChannel
+from ackstream.channels.local import LocalChannel
 from ackstream.testing import TupleGraph, ack_records, fail
 
 pytestmark = pytest.mark.spark
@@ -21,7 +21,7 @@ def channel(request, tmp_path):
     if request.param == "local":
         yield LocalChannel(tmp_path / "channel")
         return
-    from ackstream.sinks.kafka_channel import KafkaChannel
+    from ackstream.channels.kafka import KafkaChannel
 
     broker = request.getfixturevalue("broker")
     kafka = KafkaChannel(broker.bootstrap, f"topo-{uuid.uuid4().hex[:8]}")
@@ -85,11 +85,11 @@ def write_garbage(channel):
         return
     from kafka import KafkaProducer
 
-    from ackstream.sinks.kafka_channel import _encode
+    from ackstream.channels.kafka import encode
 
     producer = KafkaProducer(bootstrap_servers=channel.bootstrap)
     producer.send(channel.acks_topic, b"nope")
-    producer.send(channel.acks_topic, _encode(wrong.to_batches()[0]))
+    producer.send(channel.acks_topic, encode(wrong.to_batches()[0]))
     producer.flush()
     producer.close()
 
@@ -118,7 +118,7 @@ def test_every_message_of_one_record_batch_is_seen(broker):
     which hid the later messages of a batch until another one came."""
     from kafka import KafkaProducer
 
-    from ackstream.sinks.kafka_channel import KafkaChannel, _ranges
+    from ackstream.channels.kafka import KafkaChannel, message_ranges
 
     channel = KafkaChannel(broker.bootstrap, f"batch-{uuid.uuid4().hex[:8]}")
     channel.prepare()
@@ -127,7 +127,7 @@ def test_every_message_of_one_record_batch_is_seen(broker):
         producer.send(channel.acks_topic, value=b"message %d" % n, partition=0)
     producer.flush()
     producer.close()
-    assert [(p, end - start) for p, start, end in _ranges(broker.bootstrap, channel.acks_topic,
+    assert [(p, end - start) for p, start, end in message_ranges(broker.bootstrap, channel.acks_topic,
                                                            {})] == [(0, 3)]
 
 

@@ -1,5 +1,7 @@
 """Bolt stages on static DataFrames: anchoring and acking checked against the ledger."""
 
+import functools
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -7,12 +9,14 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream import ids
-from ackstream.bolts import AggregateStage, ExplodeStage, anchor_pairs
+from ackstream.topology.bolts import AggregateStage, ExplodeStage, anchor_pairs
 from ackstream.errors import OptionError, StageError
 from ackstream.records import ACK_RECORD_SCHEMA, FAIL, INIT
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import TupleGraph, settle, tracked_frame
-from ackstream.topology import Topology, _init_records, _records, _union_all
+from ackstream.topology import Topology
+from ackstream.topology.batch import ACK_MODES, init_records
+from ackstream.topology.batch import ack_records as records_of
 
 pytestmark = pytest.mark.spark
 
@@ -40,7 +44,7 @@ def word_count(spark, sink, **kw):
             .sink(sink))
 
 
-MODES = pytest.mark.parametrize("ack_mode", Topology.ACK_MODES)
+MODES = pytest.mark.parametrize("ack_mode", sorted(ACK_MODES))
 
 
 @MODES
@@ -98,6 +102,10 @@ def test_explode_children_have_distinct_reproducible_edges(spark):
     assert {r["_edge"] for r in first} == expected  # xxhash64(parent edge, stage, position)
 
 
+def union_all(frames):
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
 def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark):
     """Storm's multi-anchoring: before the output rows are acked, each root's value is
     the XOR of the (parent, child) edges of its parents, as in TupleGraph."""
@@ -105,8 +113,8 @@ def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark)
     stage = AggregateStage(1, ["k"], [F.count("*").alias("n")])
     out = stage.run(df, tracking=True).tuples
     now = 0
-    partial = _union_all([_init_records(df, now), _records(anchor_pairs(df), 0, now),
-                          _records(anchor_pairs(out), 0, now)]).toPandas()
+    partial = union_all([init_records(df, now), records_of(anchor_pairs(df), 0, now),
+                          records_of(anchor_pairs(out), 0, now)]).toPandas()
     outcome = settle(partial)
     assert set(outcome.values()) == {"pending"}
     rows = out.collect()
@@ -122,12 +130,12 @@ def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark)
     model += [rec for c in children for rec in g.ack(c)]
     assert set(settle(model).values()) == {"acked"}
 
-    stage_and_sink = [_init_records(df, now), _records(anchor_pairs(df), 0, now),
-                      _records(anchor_pairs(out), 0, now), _records(anchor_pairs(out), 0, now)]
-    assert set(settle(_union_all(stage_and_sink).toPandas()).values()) == {"acked"}
+    stage_and_sink = [init_records(df, now), records_of(anchor_pairs(df), 0, now),
+                      records_of(anchor_pairs(out), 0, now), records_of(anchor_pairs(out), 0, now)]
+    assert set(settle(union_all(stage_and_sink).toPandas()).values()) == {"acked"}
     # an output row acked twice cancels its own ack: its roots stay pending, never acked
-    twice = stage_and_sink + [_records(anchor_pairs(out.where("k = 'k1'")), 0, now)]
-    outcome = settle(_union_all(twice).toPandas())
+    twice = stage_and_sink + [records_of(anchor_pairs(out.where("k = 'k1'")), 0, now)]
+    outcome = settle(union_all(twice).toPandas())
     assert sorted(outcome.values()) == ["acked", "acked", "pending", "pending"]
 
 

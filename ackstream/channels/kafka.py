@@ -1,12 +1,12 @@
-"""The ack channel and the completion channel, Kafka transport.
+"""The channel as two Kafka topics: a topology on a cluster.
 
 Two topics per topology, ``<topology>.acks`` and ``<topology>.done``. Each Kafka
 message carries a slice of records as one Arrow IPC stream (ack records or
 completions), so a batch of a hundred thousand roots is a handful of messages,
 and any process with kafka-python and pyarrow can write ack records.
 
-The acker query reads the acks topic through a small Python data source,
-``ackstream-channel``, registered on first use. Completions are produced from
+The acker query reads the acks topic through a small Python data source
+(:mod:`ackstream.channels.ack_source`), registered on first use. Completions are produced from
 the acker's ``foreachBatch`` and from topology batches (the trees they settle
 themselves), on the driver, keyed by batch id; a batch re-run after a crash may
 produce its completions twice, which the source ignores (a root it no longer
@@ -21,12 +21,11 @@ import threading
 
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from ackstream.kafka_offsets import end_offsets
-from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
+from ackstream.kafka.reading import read_ranges, topic_ranges
+from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
-__all__ = ["ChannelSource", "KafkaChannel"]
+__all__ = ["KafkaChannel", "decode", "encode", "fetch_messages", "message_ranges"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +45,9 @@ class KafkaChannel:
 
     def __getstate__(self):
         return {**self.__dict__, "_producer": None}
+
+    def source_option(self) -> str:
+        return "kafka"
 
     def prepare(self) -> None:
         """Create both topics if they do not exist yet."""
@@ -73,6 +75,8 @@ class KafkaChannel:
 
     def ack_stream(self, spark, max_files_per_trigger: int | None = None):
         """The ack records as a streaming DataFrame, for the acker query."""
+        from ackstream.channels.ack_source import ChannelSource
+
         spark.dataSource.register(ChannelSource)
         return (
             spark.readStream.format(ChannelSource.name())
@@ -80,6 +84,10 @@ class KafkaChannel:
             .option("topic", self.acks_topic)
             .load()
         )
+
+    def ack_records(self) -> pa.Table:
+        """Every ack record on the acks topic; foreign messages are logged and skipped."""
+        return self._read(self.acks_topic, ACK_RECORD_SCHEMA, {})[0]
 
     # --- completions ------------------------------------------------------------
 
@@ -91,22 +99,20 @@ class KafkaChannel:
 
     def completions_since(self, position: dict | None = None) -> tuple[pa.Table, dict]:
         """Completions after ``position`` ({partition: next offset}) and the new position."""
-        position = dict(position or {})
-        tables = []
-        for partition, start, end in _ranges(self.bootstrap, self.done_topic, position):
-            for offset, message in _fetch(self.bootstrap, self.done_topic, partition, start, end):
-                table = _decode(message, COMPLETION_SCHEMA, self.done_topic, partition, offset)
-                tables += [table] if isinstance(table, pa.Table) else []
-            position[str(partition)] = end
-        table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
-        return table, position
+        return self._read(self.done_topic, COMPLETION_SCHEMA, dict(position or {}))
 
     def end_position(self) -> dict:
         """The position after every completion written so far (see LocalChannel)."""
-        position: dict = {}
-        for partition, _, end in _ranges(self.bootstrap, self.done_topic, {}):
+        return {str(p): end for p, _, end in message_ranges(self.bootstrap, self.done_topic, {})}
+
+    def _read(self, topic: str, schema: pa.Schema, position: dict) -> tuple[pa.Table, dict]:
+        tables = [schema.empty_table()]
+        for partition, start, end in message_ranges(self.bootstrap, topic, position):
+            for offset, message in fetch_messages(self.bootstrap, topic, partition, start, end):
+                table = decode(message, schema, topic, partition, offset)
+                tables += [table] if isinstance(table, pa.Table) else []
             position[str(partition)] = end
-        return position
+        return pa.concat_tables(tables), position
 
     # --- plumbing ---------------------------------------------------------------
 
@@ -117,7 +123,7 @@ class KafkaChannel:
 
                 self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all",
                                                linger_ms=5, max_request_size=8 << 20)
-        futures = [self._producer.send(topic, key=key, value=_encode(piece))
+        futures = [self._producer.send(topic, key=key, value=encode(piece))
                    for piece in table.to_batches(max_chunksize=ROWS_PER_MESSAGE)]
         self._producer.flush()
         for future in futures:
@@ -129,14 +135,14 @@ class KafkaChannel:
             self._producer = None
 
 
-def _encode(batch: pa.RecordBatch) -> bytes:
+def encode(batch: pa.RecordBatch) -> bytes:
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
     return sink.getvalue()
 
 
-def _decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
+def decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
     """The records of one message, or a reason string when it is not an Arrow IPC
     stream of ``schema``: a foreign or corrupt message is reported, never fatal."""
     try:
@@ -148,90 +154,27 @@ def _decode(message, schema: pa.Schema, topic: str, partition: int, offset: int)
         return reason
 
 
-
-def _ranges(bootstrap: str, topic: str, position: dict):
+def message_ranges(bootstrap: str, topic: str, position: dict) -> list[tuple[int, int, int]]:
     """(partition, start, end) for each partition of ``topic`` with messages past ``position``."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        ends = end_offsets(consumer, partitions) if partitions else {}
-        starts = consumer.beginning_offsets(partitions) if partitions else {}
+        return topic_ranges(consumer, topic, position)
     finally:
         consumer.close()
-    for tp in sorted(partitions, key=lambda tp: tp.partition):
-        start = max(int(position.get(str(tp.partition), 0)), starts[tp])
-        if ends[tp] > start:
-            yield tp.partition, start, ends[tp]
 
 
-def _fetch(bootstrap: str, topic: str, partition: int, start: int, end: int):
-    """The values of messages ``start`` (inclusive) to ``end`` (exclusive) of one partition.
+def fetch_messages(bootstrap: str, topic: str, partition: int, start: int, end: int):
+    """``(offset, value)`` of the messages ``start`` (inclusive) to ``end`` (exclusive) of
+    one partition; the caller decodes them, the offset names a bad one."""
+    from kafka import KafkaConsumer
 
-    Messages are decoded by the caller; ``(offset, value)`` pairs keep the offset
-    for error reports."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    tp = TopicPartition(topic, partition)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                              max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
-    values: list[tuple[int, bytes]] = []
     try:
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        while consumer.position(tp) < end:
-            for record in consumer.poll(timeout_ms=1000).get(tp, ()):
-                if record.offset < end:
-                    values.append((record.offset, record.value))
+        return [(offset, value) for offset, _, value, _ in
+                read_ranges(consumer, (topic, partition), [(start, end)],
+                            fail_on_data_loss=False)]
     finally:
         consumer.close()
-    return values
-
-
-class _Range(InputPartition):
-    def __init__(self, partition: int, start: int, end: int):
-        self.partition, self.start, self.end = partition, start, end
-
-
-class ChannelSource(DataSource):
-    """Streams ack records from a channel topic (options: kafka.bootstrap.servers, topic)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "ackstream-channel"
-
-    def schema(self) -> str:
-        return ACK_RECORD_DDL
-
-    def streamReader(self, schema):
-        return _ChannelReader(self.options["kafka.bootstrap.servers"], self.options["topic"])
-
-
-class _ChannelReader(DataSourceStreamReader):
-    def __init__(self, bootstrap: str, topic: str):
-        self.bootstrap, self.topic = bootstrap, topic
-
-    def initialOffset(self) -> dict:
-        return {}
-
-    def latestOffset(self, start: dict, limit) -> dict:
-        ends = dict(start)
-        for partition, _, end in _ranges(self.bootstrap, self.topic, start):
-            ends[str(partition)] = end
-        return ends
-
-    def partitions(self, start: dict, end: dict):
-        return [_Range(int(p), int(start.get(p, 0)), int(e)) for p, e in sorted(end.items())
-                if int(e) > int(start.get(p, 0))]
-
-    def read(self, partition: _Range):
-        for offset, message in _fetch(self.bootstrap, self.topic, partition.partition,
-                                      partition.start, partition.end):
-            table = _decode(message, ACK_RECORD_SCHEMA, self.topic, partition.partition, offset)
-            if isinstance(table, str):  # one null record carrying why: the acker reports it
-                table = pa.Table.from_pylist([{"reason": table}], schema=ACK_RECORD_SCHEMA)
-            yield from table.to_batches()
-
-    def commit(self, end: dict) -> None:
-        """Nothing to do: the acker's checkpoint holds its position."""

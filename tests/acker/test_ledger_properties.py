@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream import ACKED, FAILED, TIMED_OUT, Pending, step
+from ackstream.acker.ledger import Pending, step
+from ackstream.records import ACKED, FAILED, TIMED_OUT
 from ackstream.records import INIT, UNKNOWN
 from ackstream.testing import FakeClock, TupleGraph, ack_records, fail
 

@@ -4,11 +4,11 @@ import time
 import uuid
 
 import pytest
-from conftest import wait_for
+from helpers import wait_for
 
-from ackstream import ACKED, FAILED
+from ackstream.records import ACKED, FAILED
 from ackstream.acker.query import start_acker
-from ackstream.sinks.channel import LocalChannel
+from ackstream.channels.local import LocalChannel
 from ackstream.testing import SpoutAcker, ack_records
 from ackstream.testing import ack as ack_record
 

@@ -36,12 +36,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
+from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, REASON, ROOT
 
 __all__ = [
-    "ROOT",
-    "EDGE",
-    "ANCHORS",
-    "LINEAGE_COLUMNS",
+    "REASON_LIMIT",
     "StageOutput",
     "Stage",
     "MapStage",
@@ -57,9 +55,6 @@ __all__ = [
     "is_multi_anchored",
 ]
 
-ROOT, EDGE, ANCHORS = "_root", "_edge", "_anchors"
-LINEAGE_COLUMNS = (ROOT, EDGE, ANCHORS)
-REASON = "_reason"  #: on failed or rejected tuples: why, for the dead letter
 _ORDINAL, _ERROR = "_ordinal", "_error"
 #: Characters of an exception's text kept as a reason.
 REASON_LIMIT = 500

@@ -4,7 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ackstream import ACKED, FAILED, TIMED_OUT, Pending, step
+from ackstream.acker.ledger import Pending, step
+from ackstream.records import ACKED, FAILED, TIMED_OUT
 from ackstream.acker.ledger import PENDING_DTYPE
 from ackstream.records import REJECTED, UNKNOWN
 from ackstream.testing import FakeClock, TupleGraph, ack, ack_records, fail, init, reject, reset

@@ -4,8 +4,8 @@ import numpy as np
 
 from ackstream import ids
 from ackstream.config import parse
-from ackstream.sources.datasource import _share
-from ackstream.sources.generator import GeneratorUpstream, read_task, sentence
+from ackstream.sources.generator import GeneratorUpstream, sentence
+from ackstream.sources.spout import share_by_lag
 from ackstream.sources.rows import SOURCE_SCHEMA, ReadTask
 
 GEN = {"ackstream.upstream": "generator", "ackstream.topology": "t"}
@@ -14,7 +14,7 @@ GEN = {"ackstream.upstream": "generator", "ackstream.topology": "t"}
 def test_generator_read_is_deterministic_and_ids_are_by_hash(tmp_path):
     cfg = parse({**GEN, "ackstream.channel": str(tmp_path)})
     task = ReadTask("generator", 1, 5, 9, replays=((2, 3),))
-    first, again = list(read_task(cfg, task)), list(read_task(cfg, task))
+    first, again = list(GeneratorUpstream(cfg).read(task)), list(GeneratorUpstream(cfg).read(task))
     assert first == again and first[0].schema == SOURCE_SCHEMA
     rows = first[0].to_pylist()
     assert [(r["offset"], r["_attempt"]) for r in rows] == [(5, 0), (6, 0), (7, 0), (8, 0), (2, 3)]
@@ -38,8 +38,8 @@ def test_generator_count_and_rate(tmp_path):
 
 def test_max_offsets_per_trigger_is_shared_by_lag():
     lags = {("a", 0): 90, ("a", 1): 10, ("a", 2): 0}
-    assert _share(None, lags) == lags
-    assert _share(10, lags) == {("a", 0): 9, ("a", 1): 1, ("a", 2): 0}
-    shares = _share(7, {("a", 0): 5, ("a", 1): 5})
+    assert share_by_lag(None, lags) == lags
+    assert share_by_lag(10, lags) == {("a", 0): 9, ("a", 1): 1, ("a", 2): 0}
+    shares = share_by_lag(7, {("a", 0): 5, ("a", 1): 5})
     assert sum(shares.values()) == 7 and max(shares.values()) == 4
-    assert np.all(np.array(list(_share(3, lags).values())) <= np.array(list(lags.values())))
+    assert np.all(np.array(list(share_by_lag(3, lags).values())) <= np.array(list(lags.values())))

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import wait_for
+from helpers import wait_for
 
 from ackstream.config import parse
 from ackstream.records import INIT

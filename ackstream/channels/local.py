@@ -1,4 +1,4 @@
-"""The ack channel and the completion channel, local-directory transport.
+"""The channel as a local folder: embedded mode, one host.
 
 Ack records flow from tuple processors (the topology query, or any process) to
 the acker query; completions flow from the acker query, and from topology
@@ -22,6 +22,7 @@ the embedded setup both are folders of Parquet files:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -31,10 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ackstream.files import hidden_path, write_atomically
 from ackstream.ids import content_id
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
-__all__ = ["LocalChannel", "open_channel"]
+__all__ = ["LocalChannel"]
+
+log = logging.getLogger(__name__)
 
 _DONE_FILE = re.compile(r"^(\d{12})-([0-9a-f]{16})\.parquet$")
 
@@ -53,6 +57,9 @@ class LocalChannel:
         os.makedirs(self.acks_dir, exist_ok=True)
         os.makedirs(self.done_dir, exist_ok=True)
 
+    def source_option(self) -> str:
+        return os.path.abspath(self.directory)
+
     # --- ack records ------------------------------------------------------------
 
     def write_acks(self, records: pa.Table | pd.DataFrame) -> None:
@@ -64,9 +71,8 @@ class LocalChannel:
         # not see them twice (a duplicate would cancel the tree and cost a replay)
         name = content_id(*(table.column(c).to_numpy(zero_copy_only=False)
                             for c in ("root", "value", "kind"))) + ".parquet"
-        hidden = os.path.join(self.acks_dir, "." + name)
-        pq.write_table(table, hidden)
-        os.replace(hidden, os.path.join(self.acks_dir, name))
+        write_atomically(os.path.join(self.acks_dir, name),
+                         lambda path: pq.write_table(table, path))
 
     def ack_stream(self, spark, max_files_per_trigger: int | None = None):
         """The ack records as a streaming DataFrame, for the acker query."""
@@ -76,6 +82,20 @@ class LocalChannel:
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
         return reader.parquet(self.acks_dir)
+
+    def ack_records(self) -> pa.Table:
+        """Every ack record in the folder; a file that cannot be read is logged and
+        skipped, as the acker query does (``ignoreCorruptFiles``)."""
+        tables = [ACK_RECORD_SCHEMA.empty_table()]
+        for name in sorted(os.listdir(self.acks_dir)):
+            if name.startswith(".") or not name.endswith(".parquet"):
+                continue  # hidden: still being written
+            try:
+                tables.append(as_table(pq.read_table(os.path.join(self.acks_dir, name)),
+                                       ACK_RECORD_SCHEMA))
+            except (pa.ArrowException, OSError, KeyError) as problem:
+                log.warning("ackstream: skipped unreadable ack file %s: %s", name, problem)
+        return pa.concat_tables(tables)
 
     # --- completions ------------------------------------------------------------
 
@@ -90,7 +110,7 @@ class LocalChannel:
         numbers = self._done_files()
         if tag in numbers.values():
             return  # written before a restart; a re-run of an acker batch yields the same rows
-        hidden = os.path.join(self.done_dir, f".{tag}.parquet")
+        hidden = hidden_path(os.path.join(self.done_dir, f"{tag}.parquet"))
         pq.write_table(table, hidden)
         number = max(numbers, default=-1) + 1
         while True:
@@ -128,16 +148,4 @@ class LocalChannel:
         """Remove every record of this channel (tests and demos only)."""
         shutil.rmtree(self.directory, ignore_errors=True)
         self.__init__(self.directory)
-
-
-def open_channel(config):
-    """The channel a source's ``SourceConfig`` names: a local folder, or "kafka" for the
-    topics ``<topology>.acks``/``.done`` on the upstream's brokers."""
-    if config.channel == "kafka":
-        from ackstream.sinks.kafka_channel import KafkaChannel
-
-        channel = KafkaChannel(config.bootstrap_servers, config.topology)
-        channel.prepare()
-        return channel
-    return LocalChannel(config.channel)
 

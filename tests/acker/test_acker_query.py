@@ -3,12 +3,12 @@
 import time
 
 import pytest
-from conftest import wait_for
+from helpers import wait_for
 
-from ackstream import ACKED, TIMED_OUT
+from ackstream.records import ACKED, TIMED_OUT
 from ackstream.acker.query import start_acker
 from ackstream.records import tick
-from ackstream.sinks.channel import LocalChannel
+from ackstream.channels.local import LocalChannel
 from ackstream.testing import TupleGraph, ack_records
 
 pytestmark = pytest.mark.spark

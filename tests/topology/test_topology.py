@@ -4,11 +4,11 @@ import json
 import os
 
 import pytest
-from conftest import wait_for
+from helpers import wait_for
 from pyspark.sql import functions as F
 
-from ackstream import ACKED, FAILED
-from ackstream.sinks.channel import LocalChannel
+from ackstream.records import ACKED, FAILED
+from ackstream.channels.local import LocalChannel
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import with_lineage
 from ackstream.topology import Topology
@@ -30,8 +30,9 @@ def line_stream(spark, directory, lines, tracked=True):
     return with_lineage(stream, source="test") if tracked else stream
 
 
-def word_count(spark, channel, sink, tracking=True):
-    return (Topology("wordcount", spark, channel, tracking=tracking)
+def word_count(spark, channel, sink, tracking=True, message_timeout_ms=30_000):
+    return (Topology("wordcount", spark, channel, tracking=tracking,
+                     message_timeout_ms=message_timeout_ms)
             .explode(F.split("value", " "), "word")
             .where(F.col("word") != "")
             .fail_where(F.col("word") == "boom")
@@ -42,9 +43,9 @@ def word_count(spark, channel, sink, tracking=True):
 def test_stream_acks_every_root_and_fails_the_injected_one(spark, tmp_path):
     channel = LocalChannel(tmp_path / "channel")
     sink = MemorySink()
-    topology = word_count(spark, channel, sink)
+    topology = word_count(spark, channel, sink, message_timeout_ms=120_000)
     running = topology.start(line_stream(spark, tmp_path / "in", LINES), str(tmp_path / "ckpt"),
-                             trigger_ms=200, message_timeout_ms=120_000)
+                             trigger_ms=200)
     seen, position = [], -1
     try:
         def all_done():
@@ -83,18 +84,18 @@ def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereadi
     """The roots come from the source's logged offset, not from the rows: a record the
     stream drops before the stages is acked like a filtered tuple, and fails still fail.
     (Read from the rows, the dropped ones would wait for the 10-minute source timeout.)"""
-    from test_source_generator import commits, generator_stream
+    from helpers import commits, generator_stream
 
     channel_dir = str(tmp_path / "channel")
     channel = LocalChannel(channel_dir)
     stream = generator_stream(spark, channel_dir, topology="planned", messageTimeout="5 min",
                               retryInitialDelay="50ms", **{"generator.count": 40})
     sink = MemorySink()
-    topology = (Topology("planned", spark, channel)
+    topology = (Topology("planned", spark, channel, message_timeout_ms=300_000)
                 .fail_where((F.col("offset") == 4) & (F.col("_attempt") == 0))
                 .sink(sink))
     running = topology.start(stream.where("offset % 2 = 0"), str(tmp_path / "ckpt"),
-                             trigger_ms=200, message_timeout_ms=300_000)
+                             trigger_ms=200)
     try:
         wait_for(lambda: commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
                  or running.exception(), timeout=90, what="every offset committed")

@@ -1,0 +1,70 @@
+"""``ackstream-channel``: the acks topic of a Kafka channel as a Spark stream, for the acker.
+
+Planning runs beside the driver, ``read()`` on executors; both read through
+:mod:`ackstream.channels.kafka`'s helpers. A message that is not ack records
+becomes one null record carrying why, which the acker reports as ``invalid``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from ackstream.channels.kafka import decode, fetch_messages, message_ranges
+from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
+
+__all__ = ["ChannelSource"]
+
+
+@dataclass
+class MessageRange(InputPartition):
+    """Messages ``[start, end)`` of one partition of the acks topic."""
+
+    partition: int
+    start: int
+    end: int
+
+
+class ChannelSource(DataSource):
+    """Streams ack records from a channel topic (options: kafka.bootstrap.servers, topic)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "ackstream-channel"
+
+    def schema(self) -> str:
+        return ACK_RECORD_DDL
+
+    def streamReader(self, schema):
+        return _ChannelReader(self.options["kafka.bootstrap.servers"], self.options["topic"])
+
+
+class _ChannelReader(DataSourceStreamReader):
+    def __init__(self, bootstrap: str, topic: str):
+        self.bootstrap, self.topic = bootstrap, topic
+
+    def initialOffset(self) -> dict:
+        return {}
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        ends = dict(start)
+        for partition, _, end in message_ranges(self.bootstrap, self.topic, start):
+            ends[str(partition)] = end
+        return ends
+
+    def partitions(self, start: dict, end: dict):
+        return [MessageRange(int(p), int(start.get(p, 0)), int(e))
+                for p, e in sorted(end.items()) if int(e) > int(start.get(p, 0))]
+
+    def read(self, partition: MessageRange):
+        for offset, message in fetch_messages(self.bootstrap, self.topic, partition.partition,
+                                              partition.start, partition.end):
+            table = decode(message, ACK_RECORD_SCHEMA, self.topic, partition.partition, offset)
+            if isinstance(table, str):  # one null record carrying why: the acker reports it
+                table = pa.Table.from_pylist([{"reason": table}], schema=ACK_RECORD_SCHEMA)
+            yield from table.to_batches()
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the acker's checkpoint holds its position."""

@@ -1,0 +1,59 @@
+"""The channel: the hub between whoever processes tuples, the acker and the source.
+
+Ack records (``records.ACK_RECORD_SCHEMA``) flow in from the topology's batches,
+the source (ticks) and any other process; the acker query reads them as a stream.
+Completions (``records.COMPLETION_SCHEMA``) flow in from the acker query, the
+topology's batches (trees they settled themselves) and the source's read tasks
+(rejected records, offsets with no record); the source reads them on the driver,
+and so does ``ackstream status``. Every transport keeps the same records and
+passes one contract suite (``tests/channels/test_channel_contract.py``).
+
+A *position* is whatever the transport needs to resume reading completions (a
+file number, a ``{partition: offset}`` map): opaque to callers, JSON-able,
+because the source keeps it in its Spark offset.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+__all__ = ["Channel", "Position"]
+
+Position = Any  #: JSON-able; None means "from the first completion"
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """Ack and completion channels of one topology."""
+
+    def prepare(self) -> None:
+        """Create what the channel needs (folders, topics); idempotent."""
+
+    def source_option(self) -> str:
+        """The ``ackstream.channel`` option value of a source that reads this channel."""
+
+    def write_acks(self, records) -> None:
+        """Append ack records (a pandas frame or Arrow table of ``ACK_RECORD_SCHEMA``
+        columns, ``reason`` optional); durable when it returns. Any process may call it."""
+
+    def ack_stream(self, spark, max_files_per_trigger: int | None = None):
+        """The ack records as a streaming DataFrame (``ACK_RECORD_DDL``), for the acker."""
+
+    def ack_records(self) -> pa.Table:
+        """Every ack record written so far; unreadable pieces are logged and skipped."""
+
+    def write_completions(self, table: pa.Table, batch_id: int | None = None) -> None:
+        """Append completions; durable when it returns. A query's batch passes its id."""
+
+    def completions_since(self, position: Position = None) -> tuple[pa.Table, Position]:
+        """Completions written after ``position`` (None: from the first) and the position
+        after them, to pass next time. Nothing written after a position is ever missed."""
+
+    def end_position(self) -> Position:
+        """The position after every completion written so far (where a new reader
+        starts: old completions in a reused channel carry the same root ids)."""
+
+    def close(self) -> None:
+        """Release clients; the channel may be used again afterwards."""

@@ -1,0 +1,78 @@
+"""Read offset ranges of a partition, and find the ranges of a topic past a position."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from ackstream.errors import AckstreamError
+from ackstream.kafka.offsets import end_offsets
+
+__all__ = ["FETCH_TIMEOUT_S", "MAX_RECORDS", "read_ranges", "topic_ranges"]
+
+#: A fetch that makes no progress for this long raises (naming the partition).
+FETCH_TIMEOUT_S = 60.0
+#: Records one poll may return.
+MAX_RECORDS = 10_000
+
+TP = tuple[str, int]
+
+
+def read_ranges(consumer, tp: TP, spans, *, fail_on_data_loss: bool = True,
+                stall_timeout_s: float = FETCH_TIMEOUT_S) -> Iterator[tuple]:
+    """``(offset, key, value, timestamp_ms)`` of every record in the half-open
+    ``[start, end)`` spans of partition ``tp``, in order, as they arrive; one seek per span.
+
+    Offsets with no record (a compacted topic, transaction markers) are simply
+    absent. Records deleted by retention raise when ``fail_on_data_loss``; so does
+    a span that makes no progress for ``stall_timeout_s``. ``consumer`` is left
+    assigned to ``tp`` alone.
+    """
+    from kafka import TopicPartition
+
+    part = TopicPartition(*tp)
+    consumer.assign([part])
+    for start, end in spans:
+        if end <= start:
+            continue
+        consumer.seek(part, start)
+        deadline = time.monotonic() + stall_timeout_s
+        first = None
+        while consumer.position(part) < end:
+            polled = consumer.poll(timeout_ms=500, max_records=MAX_RECORDS)
+            progressed = False
+            for rec in polled.get(part, ()):
+                progressed = True
+                if start <= rec.offset < end:
+                    first = rec.offset if first is None else first
+                    yield rec.offset, rec.key, rec.value, rec.timestamp
+            if progressed:
+                deadline = time.monotonic() + stall_timeout_s
+            elif time.monotonic() > deadline:
+                raise AckstreamError(f"no progress reading {tp[0]}[{tp[1]}] offsets "
+                                     f"{start}..{end - 1} for {stall_timeout_s:.0f}s; is the "
+                                     "broker up and the offset still retained?")
+        if fail_on_data_loss and (first is None or first > start) and \
+                consumer.beginning_offsets([part])[part] > start:
+            raise AckstreamError(
+                f"{tp[0]}[{tp[1]}] offset {start} was deleted by retention before it was "
+                "read (data loss); set failOnDataLoss=false to skip such records")
+
+
+def topic_ranges(consumer, topic: str, position: dict) -> list[tuple[int, int, int]]:
+    """``(partition, start, end)`` for each partition of ``topic`` with records past
+    ``position`` (``{"<partition>": next offset}``), by partition; none if the topic
+    does not exist."""
+    from kafka import TopicPartition
+
+    partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    if not partitions:
+        return []
+    ends = end_offsets(consumer, partitions)
+    starts = consumer.beginning_offsets(partitions)
+    out = []
+    for tp in sorted(partitions, key=lambda tp: tp.partition):
+        start = max(int(position.get(str(tp.partition), 0)), starts[tp])
+        if ends[tp] > start:
+            out.append((tp.partition, start, ends[tp]))
+    return out

@@ -1,0 +1,32 @@
+"""The lineage columns a tracked row carries, named once.
+
+A tracked row is a Storm tuple. The ``ackstream`` source emits each record with
+``_root`` (the id of its tuple tree), ``_edge`` (the tuple's own 64-bit id) and
+``_attempt``; a row anchored to several parents (an aggregate's output) carries
+``_anchors`` instead of a single root; a failed or rejected row carries
+``_reason`` for its dead letter. Sinks drop these columns before they show rows
+to users; stages keep them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ANCHORS",
+    "ATTEMPT",
+    "EDGE",
+    "LINEAGE_COLUMNS",
+    "REASON",
+    "ROOT",
+    "TRACKED_COLUMNS",
+]
+
+ROOT = "_root"  #: the root id of the tuple tree a row belongs to (null: see ANCHORS)
+EDGE = "_edge"  #: the row's own edge id, from which its children's ids derive
+ATTEMPT = "_attempt"  #: how often the row's upstream record was emitted before
+ANCHORS = "_anchors"  #: ``array<struct<root, edge>>`` of a multi-anchored row
+REASON = "_reason"  #: on failed or rejected rows: why, for the dead letter
+
+#: Columns a stage keeps and a sink drops.
+LINEAGE_COLUMNS = (ROOT, EDGE, ANCHORS)
+#: Columns a tracked input stream must have (the ``ackstream`` source's own).
+TRACKED_COLUMNS = (ROOT, EDGE, ATTEMPT, "topic", "partition", "offset")

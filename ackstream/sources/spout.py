@@ -1,0 +1,262 @@
+"""The spout: the driver-side logic of one ``ackstream`` source, with no Spark import.
+
+Built from (config, upstream, channel, clock), as Storm's KafkaSpout is from its
+consumer factory, so it runs and is tested without a query. The Spark reader
+(:mod:`ackstream.sources.datasource`) only adapts it: ``latestOffset`` asks it for
+the next offset, ``commit`` tells it a batch has run.
+
+On each call it applies the completions that arrived (acked offsets move the
+commit watermark; failures are scheduled for replay with backoff or
+dead-lettered), wakes the acker while a root is overdue, then plans the next
+batch: due replays first, then new offsets, within ``maxPending`` and the read
+limit, split over partitions by lag. The whole tracking state goes into the
+offset it returns (see :mod:`ackstream.sources.offsets`).
+
+Guarantees: a group commit never covers an offset that is not acked or
+dead-lettered. A dead letter is written once, then its record is done; writing
+it makes the next offset differ (an empty batch if nothing else is new), so the
+fact is in Spark's offset log a few milliseconds later, and in the group commit
+when it is contiguous (or in the commit metadata, on brokers that keep it). Only
+a driver crash inside that window writes the dead letter again on restart: the
+headers' (topic, partition, offset) then identify the duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ackstream.channels.base import Channel
+from ackstream.clock import Clock, now_ms
+from ackstream.config import SourceConfig, default_tick_ms
+from ackstream.errors import AckstreamError
+from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
+from ackstream.records import tick
+from ackstream.sources.tracking import RetryPolicy, Tracker
+from ackstream.sources.upstream import Upstream
+
+__all__ = ["Spout", "initial_offset", "share_by_lag"]
+
+
+def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -> dict:
+    """The offset a new query starts from: every partition at its starting position,
+    and the completion channel read from its end."""
+    tps = upstream.partitions()
+    starts = _starting_positions(config, upstream, tps)
+    tracker = _new_tracker(config)
+    for tp in tps:
+        tracker.add_partition(tp, starts[tp])
+    return {"v": 1, "parts": tracker.snapshot(), "replays": [], "done": channel.end_position()}
+
+
+def _new_tracker(config: SourceConfig) -> Tracker:
+    policy = RetryPolicy(config.retry_initial_delay_ms, config.retry_max_delay_ms,
+                         config.max_retries)
+    return Tracker(config.topology, policy, config.source_timeout_ms, config.max_pending)
+
+
+def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
+    earliest, latest = upstream.earliest(tps), upstream.latest(tps, {})
+    explicit = config.starting_map()
+    if explicit is not None:
+        out = {}
+        for tp in tps:
+            off = explicit.get(tp[0], {}).get(tp[1], -1)
+            out[tp] = earliest[tp] if off == -2 else latest[tp] if off == -1 else off
+        return out
+    if config.starting_offsets == "earliest":
+        return earliest
+    if config.starting_offsets == "latest":
+        return latest
+    committed = upstream.committed(tps)  # "committed": the group's offset, else earliest
+    return {tp: committed[tp][0] if tp in committed else earliest[tp] for tp in tps}
+
+
+def share_by_lag(budget: int | None, lags: dict) -> dict:
+    """Split ``budget`` offsets over partitions in proportion to their lag (as Spark's
+    Kafka source does for maxOffsetsPerTrigger)."""
+    total = sum(lags.values())
+    if budget is None or total <= budget:
+        return dict(lags)
+    out = {tp: budget * lag // total for tp, lag in lags.items()}
+    left = budget - sum(out.values())
+    for tp in sorted(lags, key=lambda t: -lags[t]):
+        if left <= 0:
+            break
+        if out[tp] < lags[tp]:
+            out[tp] += 1
+            left -= 1
+    return out
+
+
+class Spout:
+    """Driver-side state of one running source: tracking, upstream, channel, dead letters.
+
+    ``offset`` is where it resumes (the initial offset, or the last one Spark logged);
+    ``clock`` gives the time in ms for every decision.
+    """
+
+    def __init__(self, config: SourceConfig, upstream: Upstream, channel: Channel,
+                 offset: dict, clock: Clock = now_ms):
+        self.config, self.upstream, self.channel, self.clock = config, upstream, channel, clock
+        self.tracker = _new_tracker(config)
+        self.tracker.restore(offset["parts"], clock())
+        self.tracker.clock_on_commit = True
+        self.position = offset.get("done", -1)
+        self.letters = None
+        self._dead_since_snapshot = False
+        self._ticked_ms = 0
+        self.committed: dict = {}
+        if config.tracking:
+            self._merge_group_commits()
+
+    def _merge_group_commits(self) -> None:
+        """Offsets the group's commit says are done (it may be newer than the offset log:
+        acks and dead letters after the last batch was planned) are done here too."""
+        tps = list(self.tracker.parts)
+        for tp, (off, meta) in self.upstream.committed(tps).items():
+            part = self.tracker.parts[tp]
+            done = list(range(part.watermark, min(off, part.end)))
+            try:
+                spans = json.loads(meta).get("done", []) if meta else []
+            except (ValueError, AttributeError):
+                spans = []
+            for a, b in spans:
+                done += range(a, b)
+            self.tracker.mark_done(tp, done)
+            self.committed[tp] = (off, meta)
+
+    def next_offset(self, max_rows: int | None = None) -> dict | None:
+        """Apply completions, then plan the next batch of at most ``max_rows`` new roots;
+        None when there is nothing to read."""
+        now = self.clock()
+        tracker = self.tracker
+        # Spark plans a batch only after the previous one ran (and it calls commit() for
+        # that one only when the next batch starts): everything planned so far has run.
+        if self.config.tracking:
+            tracker.started(now)
+            self._poll(now)
+        else:
+            self._commit_positions()
+        budget = tracker.budget(max_rows) if self.config.tracking else max_rows
+        replays = tracker.due(now, budget) if self.config.tracking else []
+        if budget is not None:
+            budget -= len(replays)
+        tps = list(tracker.parts)
+        self._check_retention(tps)
+        positions = {tp: tracker.parts[tp].end for tp in tps}
+        latest = self.upstream.latest(tps, positions)
+        lags = {tp: max(0, latest[tp] - positions[tp]) for tp in tps}
+        shares = share_by_lag(budget, lags)
+        read: dict = {}
+        for tp, n in shares.items():
+            if n:
+                if self.config.tracking:
+                    tracker.emit_range(tp, positions[tp], positions[tp] + n, now)
+                else:
+                    part = tracker.parts[tp]
+                    part.end = part.watermark = positions[tp] + n
+                read.setdefault(tp[0], {})[str(tp[1])] = [positions[tp], positions[tp] + n]
+        if not replays and not read and not self._dead_since_snapshot:
+            return None
+        # a new offset persists the snapshot, dead letters written included: a restart
+        # then does not write them again (see the report in the module doc)
+        self._dead_since_snapshot = False
+        offset = {"v": 1, "parts": tracker.snapshot(), "read": read,
+                  "replays": [list(r) for r in replays], "done": self.position}
+        if self.config.tracking:  # the batch's roots are waited for, on these terms
+            offset.update(source=self.config.topology, channel=self.config.channel,
+                          timeout=self.config.message_timeout_ms)
+        return offset
+
+    def _check_retention(self, tps) -> None:
+        earliest = self.upstream.earliest(tps)
+        for tp in tps:
+            part = self.tracker.parts[tp]
+            if earliest[tp] > part.end:
+                if self.config.fail_on_data_loss:
+                    raise AckstreamError(
+                        f"{tp[0]}[{tp[1]}] offsets {part.end}..{earliest[tp] - 1} were deleted "
+                        "by retention before they were read (data loss); set "
+                        "failOnDataLoss=false to skip them")
+                self.tracker.skip_to(tp, earliest[tp])
+
+    def _poll(self, now: int) -> None:
+        """Completions in, replays scheduled, dead letters out, acked offsets committed."""
+        table, self.position = self.channel.completions_since(self.position)
+        if table.num_rows:
+            self.tracker.complete(table, now)
+        self.tracker.expire(now)
+        self._tick(now)
+        if self.tracker.dead:
+            self._write_dead_letters()
+        self._commit()
+
+    def _tick(self, now: int) -> None:
+        """Wake the acker, at most once per its tick, while a root is past the message
+        timeout: the acker runs only when records arrive, and such a root must time out
+        there (see ``ackstream.acker.query``)."""
+        timeout = self.config.message_timeout_ms
+        if now - self._ticked_ms >= default_tick_ms(timeout) and \
+                self.tracker.overdue(now - timeout):
+            self.channel.write_acks(tick(now))
+            self._ticked_ms = now
+
+    def _write_dead_letters(self) -> None:
+        letters = list(self.tracker.dead.values())
+        if self.letters is None:
+            if self.config.dead_letter_topic:
+                self.letters = KafkaDeadLetters(self.config.bootstrap_servers,
+                                                self.config.dead_letter_topic,
+                                                self.config.topology)
+            else:
+                self.letters = ParquetDeadLetters(self.config.dead_letter_dir,
+                                                  self.config.topology)
+        records = self.upstream.fetch([((lt.topic, lt.partition), lt.offset) for lt in letters])
+        limit = self.config.max_value_bytes  # a rejected huge value stays upstream only
+        records = {k: (key, None if value is not None and len(value) > limit else value, ts)
+                   for k, (key, value, ts) in records.items()}
+        self.letters.write(letters, records)
+        self.tracker.dead_lettered(letters)
+        self._dead_since_snapshot = True
+
+    def _commit(self) -> None:
+        """Commit each partition's watermark (and done offsets above it) if it moved."""
+        changed = {}
+        for tp, wm in self.tracker.watermarks().items():
+            entry = (wm, self.tracker.commit_metadata(tp))
+            if self.committed.get(tp) != entry:
+                changed[tp] = entry
+        if changed:
+            self.upstream.commit(changed)
+            self.committed.update(changed)
+
+    def on_spark_commit(self, end: dict) -> None:
+        """Spark finished a batch. Tracking off: commit its end (Spark's at-least-once);
+        tracking on: commits follow acks, so only take the chance to apply completions."""
+        if self.config.tracking:
+            now = self.clock()
+            self.tracker.started(now)
+            self._poll(now)
+        else:
+            self._commit_positions({(t, int(p)): e["end"] for t, parts in end["parts"].items()
+                                    for p, e in parts.items()})
+
+    def _commit_positions(self, positions: dict | None = None) -> None:
+        """Tracking off: commit the read positions of batches Spark has run. Called from
+        latestOffset (before the next batch is planned, so the driver's positions are
+        those of the batch that just ran) or with the end Spark committed."""
+        if positions is None:
+            positions = {tp: part.end for tp, part in self.tracker.parts.items()}
+        changed = {}
+        for tp, end in positions.items():
+            if end > self.committed.get(tp, (-1, ""))[0]:  # never move backwards
+                changed[tp] = (end, "")
+        if changed:
+            self.upstream.commit(changed)
+            self.committed.update(changed)
+
+    def close(self) -> None:
+        self.upstream.close()
+        self.channel.close()
+        if self.letters is not None:
+            self.letters.close()

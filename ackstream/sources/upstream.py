@@ -1,0 +1,66 @@
+"""The upstream: where the spout's records come from (a Kafka topic, or the generator).
+
+The spout (:mod:`ackstream.sources.spout`) plans batches against this protocol on
+the driver; Spark's executors call :meth:`Upstream.read` on a copy made from the
+same config. Both implementations pass one contract suite
+(``tests/sources/test_upstream_contract.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from ackstream.config import SourceConfig
+from ackstream.sources.rows import ReadTask
+
+__all__ = ["TP", "Upstream", "open_upstream"]
+
+TP = tuple[str, int]  #: (topic, partition)
+
+
+@runtime_checkable
+class Upstream(Protocol):
+    """Partitions with offsets, a consumer group's commits, and the records themselves."""
+
+    def check(self) -> None:
+        """Raise :class:`~ackstream.errors.EnvironmentProblem` now, naming the option, if
+        the upstream cannot be read (no broker, no topic), rather than inside a query."""
+
+    def partitions(self) -> list[TP]:
+        """Every partition to read, in a stable order."""
+
+    def earliest(self, tps: list[TP]) -> dict[TP, int]:
+        """The first offset still held per partition (retention moves it up)."""
+
+    def latest(self, tps: list[TP], positions: dict[TP, int]) -> dict[TP, int]:
+        """The offset after the last record that may be read now, per partition;
+        ``positions`` are the reader's (a rate-limited upstream releases from there)."""
+
+    def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
+        """The group's committed offset and metadata per partition (absent: none)."""
+
+    def commit(self, offsets: dict[TP, tuple[int, str]]) -> None:
+        """Commit ``{tp: (offset, metadata)}`` for the group."""
+
+    def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
+        """``{(tp, offset): (key, value, timestamp_ms)}`` of single records (dead letters)."""
+
+    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
+        """The source rows of one Spark task (``rows.SOURCE_SCHEMA``); runs on executors."""
+
+    def close(self) -> None:
+        """Release clients."""
+
+
+def open_upstream(config: SourceConfig) -> Upstream:
+    """The upstream ``config`` names (``ackstream.upstream``); nothing is opened yet."""
+    if config.upstream == "generator":
+        from ackstream.sources.generator import GeneratorUpstream
+
+        return GeneratorUpstream(config)
+    from ackstream.sources.kafka import KafkaUpstream
+
+    return KafkaUpstream(config)

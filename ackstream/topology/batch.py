@@ -1,0 +1,199 @@
+"""One micro-batch of a topology: run the stages and the sink, then report the trees.
+
+Order within a batch is the guarantee: outputs go to the sink first, completions
+and ack records after. A crash in between replays the batch's roots; nothing is
+acked unwritten.
+
+How the batch's acks are computed is its :class:`AckMode`; both modes give the
+same outcome for every root (tests hold them to it):
+
+- :class:`Telescoped` (the default) makes each root's init with value 0, plus the
+  fails. Inside one batch Storm's acks telescope: what a stage emits, the next
+  stage acks, and what the sink writes, it acks; each root's XOR of them equals
+  its init's value, so only the init (the root was read) and the fails (a stage
+  or the sink failed one of its tuples) carry information. Rows a stage drops,
+  unanchored emits and multi-anchored aggregate rows cancel out alike. Stages
+  then carry roots only, no edge ids, and the batch settles its own trees: a tree
+  it closed goes straight to the completion channel, and only trees left open go
+  to the acker query.
+- :class:`PerStage` is Storm-faithful: it computes every stage's acks as Storm's
+  bolts would send them (persisting each stage's output so that both sides of an
+  edge see the same rows), and sends them all to the acker query. It costs a few
+  times the batch time; use it to watch the XOR ledger at work.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ackstream.acker.precombine import precombine, settle
+from ackstream.clock import now_ms
+from ackstream.errors import OptionError
+from ackstream.lineage import ATTEMPT, EDGE, REASON, ROOT
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
+from ackstream.topology.bolts import REASON_LIMIT, anchor_pairs, failed_roots
+
+__all__ = ["ACK_MODES", "AckMode", "PerStage", "Telescoped", "ack_mode", "run_batch"]
+
+log = logging.getLogger(__name__)
+
+
+class AckMode:
+    """How a batch computes and reports its acks (see the module doc)."""
+
+    name: str
+    #: stages mint an edge id per child (else children inherit their roots only)
+    edges: bool
+    #: the batch's inits may come from the source's logged offset, not from its rows
+    plans_inits: bool
+
+    def stage_acks(self, inputs: DataFrame, children: DataFrame, now: int) -> list[DataFrame]:
+        """The ack records a stage sends for its inputs, given the children it emitted."""
+        return []
+
+    def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
+        """The ack records of the tuples the sink wrote."""
+        return []
+
+    def report(self, records: pa.Table, channel, batch_id: int) -> None:
+        """Send the batch's ack records where they belong."""
+        raise NotImplementedError
+
+
+class Telescoped(AckMode):
+    name, edges, plans_inits = "telescoped", False, True
+
+    def report(self, records: pa.Table, channel, batch_id: int) -> None:
+        done, still_open = settle(records, now_ms())
+        if done.num_rows:
+            channel.write_completions(done, batch_id)
+        if still_open.num_rows:  # open trees: one record per root for the acker
+            channel.write_acks(precombine(still_open))
+
+
+class PerStage(AckMode):
+    name, edges, plans_inits = "per_stage", True, False
+
+    def stage_acks(self, inputs: DataFrame, children: DataFrame, now: int) -> list[DataFrame]:
+        # Storm's ack of every input tuple: its own anchor pairs, XOR the edges of the
+        # children it emitted (the children's anchor pairs)
+        return [ack_records(anchor_pairs(inputs), ACK, now),
+                ack_records(anchor_pairs(children), ACK, now)]
+
+    def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
+        return [ack_records(anchor_pairs(outputs), ACK, now)]
+
+    def report(self, records: pa.Table, channel, batch_id: int) -> None:
+        if records.num_rows:
+            channel.write_acks(precombine(records))
+
+
+ACK_MODES = {mode.name: mode for mode in (Telescoped(), PerStage())}
+
+
+def ack_mode(name: str) -> AckMode:
+    """The ack mode called ``name``, or an :class:`OptionError` naming the choices."""
+    if name not in ACK_MODES:
+        raise OptionError("ack_mode", name, " or ".join(repr(n) for n in ACK_MODES))
+    return ACK_MODES[name]
+
+
+def run_batch(topology, batch: DataFrame, batch_id: int,
+              inits: pa.Table | None) -> pa.Table:
+    """Run every stage of ``topology`` on ``batch`` (a static DataFrame), write the
+    sink, and return the batch's ack records (not pre-combined: the ledger combines
+    them). ``inits``: the batch's init records when they are known without reading
+    the batch (from the source's offset); else they are read from the rows, which
+    then costs a cache and a second Spark job."""
+    mode, tracking = topology.mode, topology.tracking
+    now = now_ms()
+    kept: list[DataFrame] = []
+
+    def keep(df: DataFrame) -> DataFrame:
+        df = df.persist()
+        kept.append(df)
+        return df
+
+    try:
+        read_inits = tracking and (inits is None or not mode.plans_inits)
+        # then the batch is read more than once (sink, init records): read it once
+        tuples = keep(batch) if read_inits else batch
+        parts = [init_records(tuples, now, mode.edges)] if read_inits else []
+        for stage in topology.stages:
+            out = stage.run(tuples, tracking, edges=mode.edges)
+            kept.extend(out.cached)
+            children = keep(out.tuples) if tracking and mode.edges else out.tuples
+            if tracking:
+                parts += mode.stage_acks(tuples, children, now)
+                if out.failed is not None:
+                    parts.append(ack_records(failed_roots(out.failed), FAIL, now))
+                if out.rejected is not None:
+                    parts.append(ack_records(failed_roots(out.rejected), REJECT, now))
+            tuples = children
+        parts += _write_sink(topology, tuples, batch_id, now)
+        if not tracking:
+            return ACK_RECORD_SCHEMA.empty_table()
+        tables = [] if read_inits else [inits]
+        if parts:
+            tables.append(as_table(_union_all(parts).toArrow(), ACK_RECORD_SCHEMA))
+        return pa.concat_tables(tables)
+    finally:
+        for df in kept:
+            df.unpersist()
+
+
+def _write_sink(topology, outputs: DataFrame, batch_id: int, now: int) -> list[DataFrame]:
+    """Write the final tuples; return their ack records (and fails for unwritten rows)."""
+    sink = topology.output
+    unwritten, reason = None, f"sink {type(sink).__name__}: not written"
+    if sink is not None:
+        try:
+            unwritten = sink.write(outputs, batch_id)
+        except Exception as error:  # a failed write fails its roots, Storm-style
+            log.exception("topology %s: sink write of batch %d failed", topology.name, batch_id)
+            unwritten = outputs
+            reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"
+    if not topology.tracking:
+        return []
+    parts = topology.mode.sink_acks(outputs, now)
+    if isinstance(unwritten, pa.Table) and unwritten.num_rows:
+        unwritten = outputs.sparkSession.createDataFrame(unwritten)
+    if isinstance(unwritten, DataFrame):
+        if REASON not in unwritten.columns:
+            unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
+        parts.append(ack_records(failed_roots(unwritten), FAIL, now))
+    return parts
+
+
+def init_records(tuples: DataFrame, now: int, with_edges: bool = True) -> DataFrame:
+    """The spout's init record per input tuple: value = its edge id (0 when the acks
+    of the whole batch were telescoped into it), with the source coordinates."""
+    value = EDGE if with_edges else "0L"
+    return tuples.where(f"{ROOT} IS NOT NULL").selectExpr(
+        f"{ROOT} AS root", f"{value} AS value", f"CAST({INIT} AS byte) AS kind", "topic",
+        "partition", "offset", f"{ATTEMPT} AS attempt", f"{now}L AS ts",
+        "CAST(NULL AS string) AS reason")
+
+
+def ack_records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
+    """Ack records from ``(root, value)`` rows (``(root, reason)`` for fails and rejects),
+    no coordinates. SQL text, and no casts but of constants: each Column object is a
+    call to the JVM, and a cast of a column costs the collecting job (up to a third at
+    10,000 rows); the union widens the types and pre-combination fixes them."""
+    acking = kind not in (FAIL, REJECT)
+    return pairs.selectExpr(
+        "root", f"{'value' if acking else '0L'} AS value", f"CAST({kind} AS byte) AS kind",
+        "CAST(NULL AS string) AS topic", "CAST(NULL AS int) AS partition",
+        "CAST(NULL AS long) AS offset", "CAST(NULL AS long) AS attempt", f"{now}L AS ts",
+        f"{'CAST(NULL AS string)' if acking else 'reason'} AS reason")
+
+
+def _union_all(parts: list[DataFrame]) -> DataFrame:
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out

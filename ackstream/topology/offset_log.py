@@ -1,0 +1,53 @@
+"""The one reader of Spark's offset log: which records a topology batch holds.
+
+Spark writes ``<checkpoint>/offsets/<batch id>`` before it runs a batch: a
+version line, a metadata line, then one line per source of the query (``-`` for
+a source with none). An ``ackstream`` source's offset names every record of its
+batch (see :mod:`ackstream.sources.offsets`), so a topology knows the batch's
+roots without reading its rows a second time, and which topology, channel and
+message timeout the source was given.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlparse
+
+__all__ = ["logged_offsets"]
+
+
+def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
+    """The ``ackstream`` offsets Spark logged for ``batch_id`` of the query whose
+    checkpoint is ``checkpoint`` (one per ackstream source of the query).
+
+    A plain path is read directly; a URL (``file:``, ``hdfs:``, ``s3a:``...) through
+    Spark's Hadoop file system, which costs about ten times as much (calls into the JVM)."""
+    path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
+    text = _read_local(path) if not urlparse(path).scheme else _read_hadoop(spark, path)
+    out = []
+    for line in text.splitlines()[2:]:
+        try:
+            offset = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(offset, dict) and offset.get("v") == 1 and "parts" in offset:
+            out.append(offset)
+    return out
+
+
+def _read_local(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _read_hadoop(spark, path: str) -> str:
+    """Through the JVM: only a classic (not Connect) session can read such a path here."""
+    context = spark.sparkContext
+    jvm = context._jvm  # noqa: SLF001 - Spark has no Python API for Hadoop file systems
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    conf = context._jsc.hadoopConfiguration()  # noqa: SLF001 - as above
+    stream = hadoop_path.getFileSystem(conf).open(hadoop_path)
+    try:
+        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()

@@ -1,0 +1,159 @@
+"""A started topology: its ``foreachBatch`` function, and its two streaming queries.
+
+The topology query runs :class:`BatchFunction` on each micro-batch; the acker
+query (:mod:`ackstream.acker.query`) waits for the trees a batch leaves open.
+The batch function takes its roots from the offset the ``ackstream`` source
+logged for the batch, and holds the source to the topology's own name, channel
+and message timeout: a source that waits for other completions than the
+topology reports would never commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from ackstream.acker.query import start_acker
+from ackstream.clock import now_ms
+from ackstream.config import parse_duration_ms
+from ackstream.errors import OptionError
+from ackstream.sources.offsets import planned_inits
+from ackstream.topology.batch import run_batch
+from ackstream.topology.offset_log import logged_offsets
+
+__all__ = [
+    "BatchFunction", "RunningTopology", "check_source_terms", "same_term", "start_topology",
+]
+
+log = logging.getLogger(__name__)
+
+
+def check_source_terms(topology, offset: dict) -> None:
+    """Raise an :class:`OptionError` naming both values if the ``ackstream`` source that
+    wrote ``offset`` was given another topology name, channel or message timeout than
+    ``topology`` (an offset written with tracking off, or by an older source, says none)."""
+    if "source" not in offset:
+        return
+    terms = (("ackstream.topology", offset["source"], topology.name),
+             ("ackstream.channel", offset.get("channel"), topology.channel.source_option()),
+             ("ackstream.messageTimeout", offset.get("timeout"), topology.message_timeout_ms))
+    for option, given, wanted in terms:
+        if given is not None and not same_term(option, given, wanted):
+            raise OptionError(option, given, f"{wanted!r}, the value of topology "
+                              f"{topology.name!r}: read the stream with "
+                              "topology.read_stream(...) so that both agree")
+
+
+def same_term(option: str, given, wanted) -> bool:
+    """Whether a source's value of ``option`` says the same as its topology's."""
+    if option == "ackstream.messageTimeout":
+        try:
+            return parse_duration_ms(option, str(given)) == parse_duration_ms(option, str(wanted))
+        except OptionError:
+            return False
+    if option == "ackstream.channel":
+        given, wanted = str(given), str(wanted)
+        if "kafka" in (given.lower(), wanted.lower()):
+            return given.lower() == wanted.lower()
+        return os.path.abspath(given) == os.path.abspath(wanted)
+    return given == wanted
+
+
+class BatchFunction:
+    """The topology query's ``foreachBatch`` function: run the batch, then report what
+    became of its roots (see :mod:`ackstream.topology.batch`)."""
+
+    def __init__(self, topology, offset_log: str):
+        self.topology, self.offset_log = topology, offset_log
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        topology = self.topology
+        inits = self._planned_inits(batch, batch_id) if topology.tracking else None
+        records = run_batch(topology, batch, batch_id, inits)
+        if topology.tracking:
+            topology.mode.report(records, topology.channel, batch_id)
+
+    def _planned_inits(self, batch: DataFrame, batch_id: int) -> pa.Table | None:
+        """The init records of every root of batch ``batch_id``, from the offsets Spark
+        logged for it; None when they must be read from the rows (per-stage acks, an
+        offset written before it named its records). Checks the sources' terms first."""
+        try:
+            offsets = logged_offsets(batch.sparkSession, self.offset_log, batch_id)
+        except Exception:  # a Spark whose offset log looks otherwise: slower, still right
+            log.warning("topology %s: no offset log for batch %d under %s; reading the "
+                        "batch's roots from its rows", self.topology.name, batch_id,
+                        self.offset_log, exc_info=True)
+            return None
+        for offset in offsets:
+            check_source_terms(self.topology, offset)
+        if not self.topology.mode.plans_inits:
+            return None
+        now = now_ms()
+        tables = [planned_inits(offset, now) for offset in offsets]
+        if not tables or any(t is None for t in tables):
+            return None
+        return pa.concat_tables(tables)
+
+
+def start_topology(topology, tuples: DataFrame, checkpoint: str, *, trigger_ms: int,
+                   ackers: int, acker: bool, acker_trigger_ms: int | None) -> RunningTopology:
+    """Start the topology query over ``tuples`` and, unless ``acker=False`` or tracking
+    is off, the acker query; checkpoints under ``<checkpoint>/topology`` and ``/acker``."""
+    offset_log = os.path.join(checkpoint, "topology")
+    acker_query = None
+    if acker and topology.tracking:
+        acker_query = start_acker(
+            topology.spark, topology.channel, checkpoint=os.path.join(checkpoint, "acker"),
+            ackers=ackers, message_timeout_ms=topology.message_timeout_ms,
+            trigger_ms=acker_trigger_ms or trigger_ms, query_name=f"{topology.name}.acker")
+    try:
+        query = (
+            tuples.writeStream.foreachBatch(BatchFunction(topology, offset_log))
+            .option("checkpointLocation", offset_log)
+            .trigger(processingTime=f"{trigger_ms} milliseconds")
+            .queryName(topology.name)
+            .start()
+        )
+    except Exception:
+        if acker_query is not None:
+            acker_query.stop()
+        raise
+    return RunningTopology(query, acker_query)
+
+
+@dataclass
+class RunningTopology:
+    """The two streaming queries of a started topology."""
+
+    query: object  # StreamingQuery running the stages
+    acker: object | None  # StreamingQuery running the acker, None when not started here
+
+    @property
+    def queries(self) -> list:
+        return [q for q in (self.query, self.acker) if q is not None]
+
+    def is_active(self) -> bool:
+        return all(q.isActive for q in self.queries)
+
+    def exception(self):
+        """The first query's error, if one stopped with an error."""
+        return next((e for e in (q.exception() for q in self.queries) if e), None)
+
+    def process_all_available(self) -> None:
+        """Block until the topology query has processed every input available now."""
+        self.query.processAllAvailable()
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        return self.query.awaitTermination(timeout_s)
+
+    def stop(self) -> None:
+        """Stop the topology query, then the acker (so it sees the last ack records)."""
+        for q in self.queries:
+            try:
+                q.stop()
+            except Exception:  # stop the other query all the same
+                log.exception("stopping query %s failed", q.name)

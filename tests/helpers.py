@@ -1,0 +1,56 @@
+"""Helpers shared by test modules: polling, the generator source, Kafka reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+WORDS = "storm spark acker tuple bolt spout anchor ledger replay offset".split()
+
+
+def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+    """Poll ``condition()`` until it returns a truthy value; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def commits(channel_dir):
+    try:
+        with open(os.path.join(channel_dir, "generator-commits.json")) as f:
+            return {k: v[0] for k, v in json.load(f).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def generator_stream(spark, channel_dir, **options):
+    """The ``ackstream`` source over the generator, ``options`` as ``ackstream.<name>``."""
+    reader = (spark.readStream.format("ackstream").option("ackstream.upstream", "generator")
+              .option("ackstream.channel", channel_dir))
+    for name, value in options.items():
+        reader = reader.option(f"ackstream.{name}", value)
+    return reader.load()
+
+
+def sentences(n):
+    return [" ".join(WORDS[(i * 7 + k) % len(WORDS)] + str(i % 4) for k in range(3 + i % 4))
+            for i in range(n)]
+
+
+def consume(bootstrap, topic):
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=1500, enable_auto_commit=False)
+    try:
+        return list(consumer)
+    finally:
+        consumer.close()

@@ -1,0 +1,96 @@
+"""The spout on its own: generator upstream, local channel, a hand-moved clock; no Spark."""
+
+import numpy as np
+import pytest
+
+from ackstream import ids
+from ackstream.channels.local import LocalChannel
+from ackstream.config import parse
+from ackstream.records import ACKED, FAILED, TICK, completion_table
+from ackstream.sinks.dead_letters import read_dead_letters
+from ackstream.sources.spout import Spout, initial_offset
+from ackstream.sources.upstream import open_upstream
+from ackstream.testing import FakeClock
+
+TOPIC = "generator"
+
+
+@pytest.fixture
+def make_spout(tmp_path):
+    """``make_spout(**options) -> (spout, channel, clock)``; options as ``ackstream.<name>``."""
+    made = []
+
+    def make(**options):
+        config = parse({"ackstream.upstream": "generator", "ackstream.topology": "spout",
+                        "ackstream.channel": str(tmp_path / "channel"),
+                        "ackstream.generator.count": "10", "ackstream.messageTimeout": "10s",
+                        **{f"ackstream.{k}": str(v) for k, v in options.items()}})
+        channel, clock = LocalChannel(config.channel), FakeClock()
+        upstream = open_upstream(config)
+        spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel), clock)
+        made.append(spout)
+        return spout, channel, clock
+
+    yield make
+    for spout in made:
+        spout.close()
+
+
+def report(channel, status, partition, offsets, attempt=0, reason=None):
+    offsets = np.asarray(offsets, np.int64)
+    roots = ids.root_ids("spout", TOPIC, partition, offsets, attempt)
+    channel.write_completions(completion_table(
+        roots, status, topic=TOPIC, partition=partition, offset=offsets, attempt=attempt,
+        reason=reason))
+
+
+def test_a_new_spout_plans_every_record_and_names_its_terms_in_the_offset(make_spout):
+    spout, _, _ = make_spout()
+    offset = spout.next_offset()
+    assert offset["read"] == {TOPIC: {"0": [0, 5], "1": [0, 5]}}
+    assert offset["replays"] == []
+    assert (offset["source"], offset["timeout"]) == ("spout", 10_000)
+    assert spout.next_offset() is None  # nothing new, nothing due
+
+
+def test_the_read_limit_is_shared_by_lag(make_spout):
+    spout, _, _ = make_spout()
+    assert spout.next_offset(max_rows=4)["read"] == {TOPIC: {"0": [0, 2], "1": [0, 2]}}
+
+
+def test_acked_offsets_are_committed_up_to_the_first_gap(make_spout):
+    spout, channel, _ = make_spout()
+    spout.next_offset()
+    report(channel, ACKED, 0, [0, 1, 3])
+    spout.on_spark_commit({})
+    committed = spout.upstream.committed(spout.upstream.partitions())
+    assert committed[(TOPIC, 0)][0] == 2
+    assert '"done":[[3,4]]' in committed[(TOPIC, 0)][1]  # acked above the watermark
+
+
+def test_a_failed_record_is_replayed_after_its_backoff_then_dead_lettered(make_spout):
+    spout, channel, clock = make_spout(maxRetries=1, retryInitialDelay="1s")
+    spout.next_offset()
+    report(channel, FAILED, 1, [2], reason="boom")
+    assert spout.next_offset() is None  # the backoff is not over
+    clock.advance(1_000)
+    assert spout.next_offset()["replays"] == [[TOPIC, 1, 2, 1]]
+    report(channel, FAILED, 1, [2], attempt=1, reason="boom again")
+    assert spout.next_offset() is not None  # a dead letter written makes a new offset
+    (letter,) = read_dead_letters(spout.config.dead_letter_dir).to_pylist()
+    assert (letter["partition"], letter["offset"], letter["attempts"]) == (1, 2, 2)
+    assert letter["reason"] == "failed: boom again"
+
+
+def test_a_root_past_the_message_timeout_wakes_the_acker_then_times_out(make_spout):
+    spout, channel, clock = make_spout(sourceTimeout="30s")
+    spout.next_offset()
+    spout.on_spark_commit({})  # the batch ran: the roots' timeouts start
+    clock.advance(10_000)
+    spout.next_offset()
+    assert TICK in set(channel.ack_records().column("kind").to_pylist())
+    clock.advance(20_000)  # past the source timeout: every root failed, replays scheduled
+    assert spout.next_offset() is None
+    clock.advance(500)  # the first backoff
+    replays = spout.next_offset()["replays"]
+    assert sorted(replays) == sorted([TOPIC, p, o, 1] for p in (0, 1) for o in range(5))
