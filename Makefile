@@ -1,18 +1,29 @@
 # Two entry points for a fresh machine (see README Quickstart):
 #   make demo   creates .venv, installs ackstream, runs the main job on the embedded default
 #   make test   creates .venv, installs ackstream with its test extra, runs the test suite
+#   make lint   ruff check and ruff format --check (CI runs it before the tests)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench java clean
+LINTED := ackstream tests benchmarks
+
+.PHONY: demo test lint format bench java clean
 
 demo: $(VENV)/.installed java
 	$(PY) -m ackstream demo
 
 test: $(VENV)/.installed java
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff check --fix $(LINTED)
+	$(VENV)/bin/ruff format $(LINTED)
 
 bench: $(VENV)/.installed java
 	$(PY) benchmarks/acker.py

@@ -34,7 +34,7 @@ _EXPORTS = {
     "StageError": "ackstream.errors",
 }
 
-__all__ = ["__version__", "testing", *_EXPORTS]
+__all__ = ["__version__", "testing", *_EXPORTS]  # noqa: F822 - provided by __getattr__
 
 
 def __getattr__(name: str):

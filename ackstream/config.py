@@ -179,7 +179,8 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
     retries = _int("ackstream.maxRetries", ours("ackstream.maxRetries"), 0)
     if retries is not None:
         kw["max_retries"] = retries
-    kw["max_offsets_per_trigger"] = _int("maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), 1)
+    kw["max_offsets_per_trigger"] = _int("maxOffsetsPerTrigger",
+                                         opts.get("maxoffsetspertrigger"), 1)
     kw["fail_on_data_loss"] = _bool("failOnDataLoss", opts.get("failondataloss"), True)
     kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or (
         f"{topology}.dead" if channel == "kafka" else None)

@@ -150,9 +150,10 @@ def completion_table(root, status, *, topic=None, partition=None, offset=None, a
             arrays.append(pa.nulls(n, field.type))
         elif isinstance(value, str | int | np.integer):
             arrays.append(pa.repeat(pa.scalar(value, field.type), n))
+        elif isinstance(value, pa.Array | pa.ChunkedArray):
+            arrays.append(value.cast(field.type))
         else:
-            arrays.append(pa.array(value, field.type) if not isinstance(value, pa.Array | pa.ChunkedArray)
-                          else value.cast(field.type))
+            arrays.append(pa.array(value, field.type))
     return pa.Table.from_arrays(arrays, schema=COMPLETION_SCHEMA)
 
 

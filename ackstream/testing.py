@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from ackstream import ids
+from ackstream.clock import now_ms
+from ackstream.lineage import ATTEMPT, EDGE, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
 
 __all__ = [
@@ -140,7 +142,7 @@ class SpoutAcker:
     ``fail`` and ``lose`` get a pandas frame with ``topic, partition, offset, _attempt``.
     """
 
-    COLUMNS = ("topic", "partition", "offset", "_root", "_edge", "_attempt")
+    COLUMNS = ("topic", "partition", "offset", ROOT, EDGE, ATTEMPT)
 
     def __init__(self, channel, fail=None, lose=None):
         self.channel, self.fail, self.lose = channel, fail, lose
@@ -151,18 +153,18 @@ class SpoutAcker:
         if not len(frame):
             return
         self.rows += frame.to_dict("records")
-        now = int(pd.Timestamp.now("UTC").value // 1_000_000)
+        now = now_ms()
         failing = self.fail(frame) if self.fail else np.zeros(len(frame), bool)
         losing = self.lose(frame) if self.lose else np.zeros(len(frame), bool)
         failing, losing = np.asarray(failing, bool), np.asarray(losing, bool) & ~failing
         inits = pd.DataFrame({
-            "root": frame["_root"], "value": frame["_edge"], "kind": INIT,
+            "root": frame[ROOT], "value": frame[EDGE], "kind": INIT,
             "topic": frame["topic"], "partition": frame["partition"],
-            "offset": frame["offset"], "attempt": frame["_attempt"], "ts": now,
+            "offset": frame["offset"], "attempt": frame[ATTEMPT], "ts": now,
         })
         done = frame[~losing]
         ends = pd.DataFrame({
-            "root": done["_root"], "value": np.where(failing[~losing], 0, done["_edge"]),
+            "root": done[ROOT], "value": np.where(failing[~losing], 0, done[EDGE]),
             "kind": np.where(failing[~losing], FAIL, ACK), "ts": now,
         })
         self.channel.write_acks(ack_records(inits.to_dict("records") + ends.to_dict("records")))
@@ -178,9 +180,9 @@ def with_lineage(df, source: str = "test", attempt: int = 0):
     from pyspark.sql import functions as F
 
     return (
-        df.withColumn("_attempt", F.lit(attempt).cast("long"))
-        .withColumn("_root", ids.spark_root_id(source, attempt="_attempt"))
-        .withColumn("_edge", ids.spark_child_edge("_root", ids.SPOUT_STAGE, 0))
+        df.withColumn(ATTEMPT, F.lit(attempt).cast("long"))
+        .withColumn(ROOT, ids.spark_root_id(source, attempt=ATTEMPT))
+        .withColumn(EDGE, ids.spark_child_edge(ROOT, ids.SPOUT_STAGE, 0))
     )
 
 

@@ -432,9 +432,10 @@ def run(spark, *, roots: int, per_root_roots: int, fanout: int = 8, ackers: int 
         bench_spark_shard(spark, generate(warm_roots, fanout, seed=2), warm_roots, tmp,
                           ackers=ackers, files=4, max_files_per_trigger=2, name="warmup")
         # the breakdown's cut-down queries read the same files just before the real one
-        cut_down = lambda acks_dir: breakdown(
-            spark, acks_dir, records.num_rows, tmp, ackers=ackers,
-            max_files_per_trigger=max_files_per_trigger)
+        def cut_down(acks_dir):
+            return breakdown(spark, acks_dir, records.num_rows, tmp, ackers=ackers,
+                             max_files_per_trigger=max_files_per_trigger)
+
         shard = bench_spark_shard(spark, records, roots, tmp, ackers=ackers, files=files,
                                   max_files_per_trigger=max_files_per_trigger,
                                   before=cut_down if with_breakdown else None)
@@ -443,7 +444,9 @@ def run(spark, *, roots: int, per_root_roots: int, fanout: int = 8, ackers: int 
     if where:  # raw seconds: on a noisy 2-core box differences of runs are not shares
         where.update({"full_trigger_s": shard["duration_ms"].get("triggerExecution", 0) / 1000,
                       "ledger_step_s_same_records": ledger["seconds"]})
-    rate = lambda d: d["records_per_s"]
+    def rate(figures):
+        return figures["records_per_s"]
+
     return {
         "benchmark": "acker",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

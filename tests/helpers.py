@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-WORDS = "storm spark acker tuple bolt spout anchor ledger replay offset".split()
+WORDS = ["storm", "spark", "acker", "tuple", "bolt", "spout", "anchor", "ledger", "replay",
+         "offset"]
 
 
 def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):

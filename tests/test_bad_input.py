@@ -6,11 +6,12 @@ import json
 import uuid
 
 import pytest
-from helpers import wait_for
 from pyspark.sql import functions as F
 
 from ackstream import MemorySink, Topology
 from ackstream.channels.kafka import KafkaChannel
+
+from helpers import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -21,6 +22,7 @@ LIMIT = 4096
 def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_replayed(
         spark, broker, new_topic, tmp_path):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
     from helpers import consume
 
     inbox, name = new_topic(partitions=1), f"bad-{uuid.uuid4().hex[:8]}"

@@ -4,11 +4,12 @@ with the ack and completion channels on Kafka too."""
 import uuid
 
 import pytest
-from helpers import consume, sentences, wait_for
 from pyspark.sql import functions as F
 
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
+
+from helpers import consume, sentences, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 

@@ -31,9 +31,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import consume, sentences, wait_for
 
 from ackstream.channels.kafka import KafkaChannel
+
+from helpers import consume, sentences, wait_for
 
 pytestmark = [pytest.mark.fault, pytest.mark.broker]
 
@@ -173,10 +174,8 @@ def check_end_state(bootstrap: str, name: str, outbox: str, lines: list[str],
 
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL the driver's whole process group (its Python and its Spark JVM)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait(30)
 
 

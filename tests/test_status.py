@@ -5,6 +5,7 @@ import os
 import pyarrow as pa
 import pytest
 
+from ackstream.channels.local import LocalChannel
 from ackstream.errors import EnvironmentProblem
 from ackstream.records import (
     ACKED,
@@ -15,7 +16,6 @@ from ackstream.records import (
     TIMED_OUT,
     UNKNOWN,
 )
-from ackstream.channels.local import LocalChannel
 from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
 from ackstream.sources.tracking import DeadLetter
 from ackstream.status import local_status, summarize

@@ -36,7 +36,15 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.config import default_tick_ms
-from ackstream.records import COMPLETION_DDL, INIT, INVALID, KINDS, TICK, UNKNOWN
+from ackstream.records import (
+    COMPLETION_DDL,
+    INIT,
+    INVALID,
+    KINDS,
+    TICK,
+    UNKNOWN,
+    completion_table,
+)
 
 __all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
 
@@ -46,6 +54,7 @@ STATE_DDL = "epoch_ms long, topics string, pending binary"
 SHARD_COLUMN = "_shard"
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 _INVALID, _NO_ROOT = "_invalid", "_no_root"
+_NULLABLE_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +90,10 @@ def shard_function(message_timeout_ms: int, tick_ms: int | None = None):
 
 
 def _invalid_completions(rows: pd.DataFrame, now_ms: int) -> pd.DataFrame:
-    root = pd.array(rows["root"].to_numpy(), dtype="Int64")
-    root[rows[_NO_ROOT].to_numpy(bool)] = pd.NA
-    nulls = pd.array([None] * len(rows), dtype="Int64")
-    return pd.DataFrame({
-        "root": root, "status": INVALID, "topic": None, "partition": nulls,
-        "offset": nulls, "attempt": nulls, "latency_ms": nulls,
-        "completed_ms": now_ms, "reason": rows[_INVALID].to_numpy(object),
-    })
+    root = pa.array(rows["root"].to_numpy(), pa.int64(), mask=rows[_NO_ROOT].to_numpy(bool))
+    table = completion_table(root, INVALID, completed_ms=now_ms,
+                             reason=rows[_INVALID].to_numpy(object))
+    return table.to_pandas(types_mapper=_NULLABLE_INTS.get)  # ids never pass via float
 
 
 def checked(records: DataFrame) -> DataFrame:

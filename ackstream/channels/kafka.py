@@ -15,6 +15,7 @@ tracks is not acted on).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import threading
@@ -60,10 +61,8 @@ class KafkaChannel:
             wanted = [NewTopic(t, self.partitions, 1) for t in (self.acks_topic, self.done_topic)
                       if t not in existing]
             if wanted:
-                try:
+                with contextlib.suppress(TopicAlreadyExistsError):  # a race with another
                     admin.create_topics(wanted)
-                except TopicAlreadyExistsError:
-                    pass
         finally:
             admin.close()
 

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from ackstream import ids
+from ackstream.lineage import ATTEMPT, EDGE, ROOT
 
 __all__ = ["SOURCE_DDL", "SOURCE_SCHEMA", "ReadTask", "spout_batch"]
 
@@ -18,13 +19,13 @@ SOURCE_SCHEMA = pa.schema([
     pa.field("partition", pa.int32()),
     pa.field("offset", pa.int64()),
     pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("_root", pa.int64()),
-    pa.field("_edge", pa.int64()),
-    pa.field("_attempt", pa.int64()),
+    pa.field(ROOT, pa.int64()),
+    pa.field(EDGE, pa.int64()),
+    pa.field(ATTEMPT, pa.int64()),
 ])
 SOURCE_DDL = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-    "_root long, _edge long, _attempt long"
+    f"{ROOT} long, {EDGE} long, {ATTEMPT} long"
 )
 
 

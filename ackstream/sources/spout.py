@@ -29,8 +29,8 @@ from ackstream.channels.base import Channel
 from ackstream.clock import Clock, now_ms
 from ackstream.config import SourceConfig, default_tick_ms
 from ackstream.errors import AckstreamError
-from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.records import tick
+from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.tracking import RetryPolicy, Tracker
 from ackstream.sources.upstream import Upstream
 

@@ -124,6 +124,11 @@ class Tracker:
         return self._index[tp]
 
     @property
+    def partitions(self) -> list[TP]:
+        """The partition of each index in the in-flight table's ``part`` column."""
+        return self._tps
+
+    @property
     def in_flight(self) -> int:
         return len(self.flights)
 

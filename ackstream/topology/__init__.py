@@ -1,6 +1,5 @@
-"""The topology: declared bolt stages (:mod:`~ackstream.topology.dsl`), one micro-batch
-(:mod:`~ackstream.topology.batch`), the started queries (:mod:`~ackstream.topology.running`),
-the bolts (:mod:`~ackstream.topology.bolts`) and the offset log (:mod:`~ackstream.topology.offset_log`)."""
+"""The topology: what users declare (``dsl``), one micro-batch (``batch``), the started
+queries (``running``), the bolts (``bolts``) and Spark's offset log (``offset_log``)."""
 
 from __future__ import annotations
 

@@ -3,13 +3,13 @@
 import time
 
 import pytest
-from helpers import wait_for
 
-from ackstream.records import ACKED, TIMED_OUT
 from ackstream.acker.query import start_acker
-from ackstream.records import tick
 from ackstream.channels.local import LocalChannel
+from ackstream.records import ACKED, TIMED_OUT, tick
 from ackstream.testing import TupleGraph, ack_records
+
+from helpers import wait_for
 
 pytestmark = pytest.mark.spark
 

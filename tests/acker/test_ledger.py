@@ -4,10 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ackstream.acker.ledger import Pending, step
-from ackstream.records import ACKED, FAILED, TIMED_OUT
-from ackstream.acker.ledger import PENDING_DTYPE
-from ackstream.records import REJECTED, UNKNOWN
+from ackstream.acker.ledger import PENDING_DTYPE, Pending, step
+from ackstream.records import ACKED, FAILED, REJECTED, TIMED_OUT, UNKNOWN
 from ackstream.testing import FakeClock, TupleGraph, ack, ack_records, fail, init, reject, reset
 
 TIMEOUT = 30_000

@@ -4,8 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream.acker.ledger import Pending, step
-from ackstream.records import ACKED, FAILED, TIMED_OUT
-from ackstream.records import INIT, UNKNOWN
+from ackstream.records import ACKED, FAILED, INIT, TIMED_OUT, UNKNOWN
 from ackstream.testing import FakeClock, TupleGraph, ack_records, fail
 
 TIMEOUT = 30_000

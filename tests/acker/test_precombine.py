@@ -1,9 +1,8 @@
 """Pre-combining gives the ledger the same outcome as the raw records."""
 
 from ackstream.acker.ledger import Pending, step
-from ackstream.records import ACKED
 from ackstream.acker.precombine import precombine
-from ackstream.records import ACK_RECORD_SCHEMA, as_table
+from ackstream.records import ACK_RECORD_SCHEMA, ACKED, as_table
 from ackstream.testing import TupleGraph, ack_records, fail
 
 

@@ -5,13 +5,13 @@ import time
 import uuid
 
 import pytest
-from helpers import wait_for
 
-from ackstream.records import ACKED, FAILED
 from ackstream.acker.query import start_acker
-from ackstream.records import INVALID
 from ackstream.channels.local import LocalChannel
+from ackstream.records import ACKED, FAILED, INVALID
 from ackstream.testing import TupleGraph, ack_records, fail
+
+from helpers import wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -154,3 +154,49 @@ def test_local_completions_from_several_writers_are_all_read_once(tmp_path):
     assert sorted(later.column("root").to_pylist()) == [4, 5]
     assert local.completions_since(position)[0].num_rows == 0
     assert LocalChannel(tmp_path / "channel").end_position() == position
+
+
+def test_it_is_a_channel_that_a_source_can_name(channel):
+    from ackstream.channels import Channel
+    from ackstream.config import parse
+
+    assert isinstance(channel, Channel)
+    option = channel.source_option()
+    config = parse({"ackstream.upstream": "generator", "ackstream.channel": option}
+                   if option != "kafka" else
+                   {"kafka.bootstrap.servers": channel.bootstrap, "subscribe": "t",
+                    "ackstream.channel": option, "ackstream.topology": channel.topology})
+    from ackstream.channels import open_channel
+
+    opened = open_channel(config)
+    try:
+        assert opened.source_option() == option
+    finally:
+        opened.close()
+
+
+def test_completions_are_read_once_from_a_position_and_a_new_reader_starts_at_the_end(channel):
+    import pyarrow as pa
+
+    from ackstream.records import COMPLETION_SCHEMA
+
+    def rows(*roots):
+        return pa.Table.from_pylist([{"root": r, "status": ACKED, "completed_ms": r}
+                                     for r in roots], schema=COMPLETION_SCHEMA)
+
+    start = channel.end_position()
+    channel.write_completions(rows(1, 2), 0)
+    first, position = channel.completions_since(start)
+    channel.write_completions(rows(3), 1)
+    later, position = channel.completions_since(position)
+    assert sorted(first.column("root").to_pylist()) == [1, 2]
+    assert later.column("root").to_pylist() == [3]
+    assert channel.completions_since(position)[0].num_rows == 0
+    assert channel.end_position() == position
+
+
+def test_every_ack_record_written_is_read_back(channel):
+    channel.write_acks(ack_records([fail(5, reason="x"), fail(6)]))
+    records = channel.ack_records()
+    assert sorted(records.column("root").to_pylist()) == [5, 6]
+    assert sorted(records.column("reason").to_pylist(), key=str) == [None, "x"]

@@ -5,12 +5,14 @@ import os
 
 import numpy as np
 import pytest
-from helpers import wait_for
 
 from ackstream.config import parse
 from ackstream.records import INIT
 from ackstream.sources import offsets
 from ackstream.sources.datasource import AckstreamStreamReader
+from ackstream.topology.offset_log import logged_offsets
+
+from helpers import wait_for
 
 GENERATOR = {"ackstream.upstream": "generator", "ackstream.topology": "plans",
              "ackstream.generator.partitions": "2", "ackstream.generator.count": "40"}
@@ -75,8 +77,8 @@ def test_the_offset_logged_under_a_batch_id_names_that_batch_s_rows(spark, tmp_p
 
     def check(batch, batch_id):
         rows = {r["_root"] for r in batch.select("_root").collect()}
-        logged = offsets.logged_offsets(spark, checkpoint, batch_id)
-        through_jvm = offsets.logged_offsets(spark, "file://" + os.path.abspath(checkpoint),
+        logged = logged_offsets(spark, checkpoint, batch_id)
+        through_jvm = logged_offsets(spark, "file://" + os.path.abspath(checkpoint),
                                              batch_id)  # a URL: read by Hadoop in the JVM
         planned = offsets.planned_inits(logged[0], 0).column("root").to_numpy()
         compared.append((batch_id, rows == set(planned.tolist()), logged == through_jvm,

@@ -1,17 +1,17 @@
 """The ackstream source with the built-in generator upstream, end to end through the acker."""
 
-import json
 import os
 
 import pytest
-from helpers import commits, generator_stream, wait_for
 
 from ackstream import read_dead_letters
-from ackstream.records import FAILED, TIMED_OUT
 from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
+from ackstream.records import FAILED, TIMED_OUT
 from ackstream.sources.generator import sentence
 from ackstream.testing import SpoutAcker
+
+from helpers import commits, generator_stream, wait_for
 
 pytestmark = pytest.mark.spark
 

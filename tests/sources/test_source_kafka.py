@@ -4,13 +4,14 @@ import time
 import uuid
 
 import pytest
-from helpers import wait_for
 
-from ackstream.records import ACKED, FAILED
 from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
+from ackstream.records import ACKED, FAILED
 from ackstream.testing import SpoutAcker, ack_records
 from ackstream.testing import ack as ack_record
+
+from helpers import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 

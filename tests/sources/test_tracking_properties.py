@@ -4,7 +4,6 @@ acking what is in flight (dead letters written) eventually commits everything.""
 
 import json
 
-import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +29,7 @@ def in_flight(t):
     assert (rows.root[1:] > rows.root[:-1]).all()  # sorted, each root once
     out = []
     for root, part, off, att in zip(*(c.tolist() for c in rows[:4])):
-        tp = t._tps[part]
+        tp = t.partitions[part]
         assert root == int(ids.root_ids("topo", tp[0], tp[1], [off], [att])[0])
         out.append((tp, off, att))
     return out

@@ -9,7 +9,6 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream import ids
-from ackstream.topology.bolts import AggregateStage, ExplodeStage, anchor_pairs
 from ackstream.errors import OptionError, StageError
 from ackstream.records import ACK_RECORD_SCHEMA, FAIL, INIT
 from ackstream.sinks.memory import MemorySink
@@ -17,6 +16,7 @@ from ackstream.testing import TupleGraph, settle, tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.batch import ACK_MODES, init_records
 from ackstream.topology.batch import ack_records as records_of
+from ackstream.topology.bolts import AggregateStage, ExplodeStage, anchor_pairs
 
 pytestmark = pytest.mark.spark
 
@@ -96,7 +96,7 @@ def test_explode_children_have_distinct_reproducible_edges(spark):
     assert sorted(r["_edge"] for r in first) == sorted(r["_edge"] for r in again)
     assert len({r["_edge"] for r in first}) == 4
     spout = {r["offset"]: r["_edge"] for r in df.collect()}
-    words = {0: "x y z".split(), 1: ["x"]}
+    words = {0: ["x", "y", "z"], 1: ["x"]}
     expected = {int(ids.child_edges(spout[o], 3, i)) for o, ws in words.items()
                 for i in range(len(ws))}
     assert {r["_edge"] for r in first} == expected  # xxhash64(parent edge, stage, position)

@@ -4,14 +4,15 @@ import json
 import os
 
 import pytest
-from helpers import wait_for
 from pyspark.sql import functions as F
 
-from ackstream.records import ACKED, FAILED
 from ackstream.channels.local import LocalChannel
+from ackstream.records import ACKED, FAILED
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import with_lineage
 from ackstream.topology import Topology
+
+from helpers import wait_for
 
 pytestmark = pytest.mark.spark
 
