@@ -4,49 +4,192 @@ A local Spark session reads the built-in generator upstream (deterministic
 sentences) with tracking on; a word-split topology counts words into a memory
 sink, each batch settles the tuple trees it closed (the acker query beside it
 gets only trees left open), and completions go through a local-directory
-channel to the source, which commits, replays or dead-letters. A few tuples fail on their first attempt (they are replayed and
-then acked) and every ``poison_every``-th record always fails (it is
-dead-lettered after ``max_retries`` replays). The summary accounts for every
-generated record: acked or dead-lettered, never both, never neither.
+channel to the source, which commits, replays or dead-letters. A few tuples
+fail on their first attempt (they are replayed and then acked) and every
+``poison_every``-th record always fails (it is dead-lettered after
+``max_retries`` replays).
+
+:func:`run_demo` runs it until every generated record is acked or
+dead-lettered and committed, and returns a :class:`DemoResult`: the figures
+``ackstream demo`` prints, and the completions, dead letters and word counts
+that ``notebooks/quickstart.ipynb`` plots. Its timings come from the records
+themselves: a completion carries its root's end (``completed_ms``) and its
+complete latency, so the root's start is their difference, on one clock.
+
+>>> result = run_demo(spark, records=200)                       # doctest: +SKIP
+>>> result.acked + result.dead_lettered, result.accounted_for  # doctest: +SKIP
+(200, True)
 """
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
 from pyspark.sql import functions as F
 
-from ackstream.records import ACKED
-from ackstream.channels.local import LocalChannel
-from ackstream.sinks.dead_letters import read_dead_letters
-from ackstream.sinks.memory import MemorySink
-from ackstream.topology import Topology
+from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
+from ackstream.records import ACKED, COMPLETION_SCHEMA
+from ackstream.sources.generator import committed_count
 
-__all__ = ["DemoSummary", "run_demo"]
+__all__ = ["DemoResult", "run_demo"]
 
 
 @dataclass(frozen=True)
-class DemoSummary:
-    records: int
-    acked: int  #: distinct records whose tree completed
-    dead_lettered: int
-    replayed: int  #: failed or timed-out attempts, each replayed or dead-lettered
-    lost: int  #: records neither acked nor dead-lettered (must be 0)
-    both: int  #: records both acked and dead-lettered (must be 0)
+class DemoResult:
+    """What one demo run saw. ``completions`` has one row per finished root (acked,
+    failed or timed out; a replay is a new root), ``dead_letters`` one row per
+    dead-lettered record, ``word_counts`` the sink's rows (word, n: per batch, sum them
+    over batches). Times in the frames are ms since the epoch. The figures are
+    counted from the frames:
+
+    >>> from ackstream.records import completion_table
+    >>> from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA
+    >>> done = completion_table([1, 2, 3], ["acked", "failed", "acked"], partition=[0, 1, 1],
+    ...                         offset=0, attempt=[0, 0, 1], latency_ms=[40, 90, 30],
+    ...                         completed_ms=[1_040, 1_090, 1_530]).to_pandas()
+    >>> result = DemoResult(records=2, partitions=2, committed=2, seconds=1.5,
+    ...                     completions=done, dead_letters=DEAD_LETTER_SCHEMA.empty_table()
+    ...                     .to_pandas(), word_counts=pd.DataFrame())
+    >>> result.acked, result.replayed, result.lost, result.accounted_for
+    (2, 1, 0, True)
+    >>> result.timeline(step_ms=500)["pending"].tolist()
+    [2, 1, 0]
+    """
+
+    records: int  #: generated records
+    partitions: int
     committed: int  #: offsets committed over all partitions
-    p50_ms: float  #: complete latency of acked attempts
-    p99_ms: float
-    seconds: float
+    seconds: float  #: from starting the queries to the end
+    completions: pd.DataFrame = field(repr=False)
+    dead_letters: pd.DataFrame = field(repr=False)
+    word_counts: pd.DataFrame = field(repr=False)
+
+    def generated_records(self) -> set:
+        """(partition, offset) of every record, split as the generator splits its count."""
+        per, extra = divmod(self.records, self.partitions)
+        return {(p, o) for p in range(self.partitions) for o in range(per + (p < extra))}
+
+    def acked_records(self) -> set:
+        """(partition, offset) of the records whose tree completed."""
+        done = self.completions[self.completions["status"] == ACKED]
+        return set(zip(done["partition"], done["offset"])) & self.generated_records()
+
+    def dead_lettered_records(self) -> set:
+        return set(zip(self.dead_letters["partition"], self.dead_letters["offset"]))
+
+    @property
+    def acked(self) -> int:
+        return len(self.acked_records())
+
+    @property
+    def dead_lettered(self) -> int:
+        return len(self.dead_lettered_records())
+
+    @property
+    def replayed(self) -> int:
+        """Failed or timed-out attempts, each replayed or dead-lettered."""
+        return int((self.completions["status"] != ACKED).sum())
+
+    @property
+    def lost(self) -> int:
+        """Records neither acked nor dead-lettered (0 at the end of a run)."""
+        return len(self.generated_records() - self.acked_records() - self.dead_lettered_records())
+
+    @property
+    def both(self) -> int:
+        """Records both acked and dead-lettered (must be 0)."""
+        return len(self.acked_records() & self.dead_lettered_records())
+
+    @property
+    def p50_ms(self) -> float:
+        """Median complete latency of acked roots (NaN if none)."""
+        return self._latency_percentile(50)
+
+    @property
+    def p99_ms(self) -> float:
+        return self._latency_percentile(99)
+
+    def _latency_percentile(self, q: float) -> float:
+        ok = self.completions.loc[self.completions["status"] == ACKED, "latency_ms"]
+        return float(np.percentile(ok.to_numpy(float), q)) if len(ok) else float("nan")
 
     @property
     def accounted_for(self) -> bool:
-        return (self.lost, self.both) == (0, 0) and self.acked + self.dead_lettered == \
-            self.records == self.committed
+        """Every record acked or dead-lettered, none both, and every offset committed."""
+        return (self.lost, self.both) == (0, 0) and \
+            self.acked + self.dead_lettered == self.records == self.committed
+
+    def summary(self) -> dict:
+        """The figures ``ackstream demo`` prints, JSON-ready."""
+        names = ("records", "acked", "dead_lettered", "replayed", "lost", "both", "committed",
+                 "p50_ms", "p99_ms", "seconds", "accounted_for")
+        return {name: getattr(self, name) for name in names}
+
+    # --- over time, for the notebook's plots ------------------------------------------
+
+    def roots(self) -> pd.DataFrame:
+        """One row per finished root: root, partition, offset, attempt, and ``ts``, when
+        the topology got it (its init: ``completed_ms - latency_ms``)."""
+        known = self.completions[self.completions["latency_ms"].notna()].drop_duplicates("root")
+        out = known[["root", "partition", "offset", "attempt"]].astype("int64")
+        return out.assign(ts=(known["completed_ms"] - known["latency_ms"]).astype("int64"))
+
+    @property
+    def t0_ms(self) -> int:
+        """When the first batch got its roots: time 0 of the plots (Spark's start-up is
+        left out)."""
+        ts = self.roots()["ts"]
+        return int(ts.min()) if len(ts) else 0
+
+    def timeline(self, step_ms: int = 100) -> pd.DataFrame:
+        """Cumulative counts on a regular grid: ``t_s`` (seconds since :attr:`t0_ms`),
+        ``emitted`` (roots given to the topology, replays included), ``finished``
+        (completions), ``pending`` (emitted minus finished: roots in their trees)."""
+        t0, roots = self.t0_ms, self.roots()
+        started = np.sort(roots["ts"].to_numpy(np.int64))
+        finished = np.sort(self.completions["completed_ms"].to_numpy(np.int64))
+        end = max([t0, *started[-1:], *finished[-1:]]) + step_ms
+        grid = np.arange(t0, end + 1, step_ms, dtype=np.int64)
+        emitted_n = np.searchsorted(started, grid, side="right")
+        finished_n = np.searchsorted(finished, grid, side="right")
+        return pd.DataFrame({"t_s": (grid - t0) / 1000.0, "emitted": emitted_n,
+                             "finished": finished_n, "pending": emitted_n - finished_n})
+
+    def bucket_ms(self, buckets: int = 30) -> int:
+        """A round bucket width giving at most about ``buckets`` buckets over the run."""
+        done = self.completions["completed_ms"]
+        span = int(done.max() - self.t0_ms) if len(done) else 0
+        widths = (250, 500, 1000, 2000, 5000, 10_000, 30_000, 60_000)
+        return next((w for w in widths if span / w <= buckets), widths[-1])
+
+    def per_bucket(self, bucket_ms: int | None = None) -> pd.DataFrame:
+        """Per time bucket of ``bucket_ms`` (default: :meth:`bucket_ms`) since
+        :attr:`t0_ms`: roots ``acked``, roots ``failed`` (failed or timed out), and
+        ``replayed`` (roots emitted again, attempt > 0). Indexed by the bucket's start
+        in seconds."""
+        bucket_ms, t0 = bucket_ms or self.bucket_ms(), self.t0_ms
+
+        def counts(ms):
+            starts = (np.asarray(ms, dtype=np.int64) - t0) // bucket_ms * bucket_ms / 1000
+            return pd.Series(starts).value_counts()
+
+        c, r = self.completions, self.roots()
+        out = pd.DataFrame({"acked": counts(c.loc[c["status"] == ACKED, "completed_ms"]),
+                            "failed": counts(c.loc[c["status"] != ACKED, "completed_ms"]),
+                            "replayed": counts(r.loc[r["attempt"] > 0, "ts"])})
+        if out.empty:
+            return out.astype("int64")
+        index = np.arange(0, out.index.max() + bucket_ms / 1000 / 2, bucket_ms / 1000)
+        out = out.reindex(np.round(index, 3)).fillna(0).astype("int64")
+        out.index.name = "t_s"
+        return out
 
 
 def run_demo(
@@ -57,14 +200,26 @@ def run_demo(
     poison_every: int = 500,
     max_retries: int = 2,
     message_timeout_ms: int = 10_000,
+    max_per_batch: int | None = None,
     directory: str | None = None,
     progress=print,
     timeout_s: float = 600.0,
-) -> DemoSummary:
-    """Run the word-split topology over ``records`` generated sentences to the end."""
+) -> DemoResult:
+    """Run the word-split topology over ``records`` generated sentences until every one
+    is acked or dead-lettered and committed, or ``timeout_s`` has passed (the result is
+    then not :attr:`~DemoResult.accounted_for`); stop it and return what it saw.
+
+    ``fail_percent`` of word tuples fail on their first attempt; the record at offset
+    ``poison_every // 2`` of every ``poison_every`` of a partition fails on every
+    attempt. ``progress`` gets a line a second. ``max_per_batch`` is the source's
+    ``maxOffsetsPerTrigger`` (None: no limit). ``directory`` (default: a temporary
+    one, removed afterwards) holds the channel and the checkpoints.
+    """
+    own_directory = directory is None
     directory = directory or tempfile.mkdtemp(prefix="ackstream-demo-")
     channel_dir = os.path.join(directory, "channel")
     channel = LocalChannel(channel_dir)
+    sink = MemorySink()
     flaky = (F.col("_attempt") == 0) & (
         F.pmod(F.xxhash64("word", "offset"), F.lit(100)) < fail_percent)
     topology = (
@@ -74,66 +229,61 @@ def run_demo(
         .fail_where(flaky, name="flaky_first_attempt")
         .fail_where(F.col("offset") % poison_every == poison_every // 2, name="poison")
         .aggregate("word", F.count("*").alias("n"))
-        .sink(MemorySink())
+        .sink(sink)
     )
-    stream = topology.read_stream({
+    options = {
         "ackstream.upstream": "generator",
         "ackstream.generator.count": records,
         "ackstream.generator.partitions": partitions,
-        "ackstream.sourceTimeout": f"{max(3 * message_timeout_ms, 60_000)}ms",
+        # a cold first batch on a busy machine can take tens of seconds: replaying
+        # records whose completion is merely late would only add duplicates
+        "ackstream.sourceTimeout": f"{max(6 * message_timeout_ms, 120_000)}ms",
         "ackstream.retryInitialDelay": "200ms",
         "ackstream.maxRetries": max_retries,
-    })
+    }
+    if max_per_batch:
+        options["maxOffsetsPerTrigger"] = max_per_batch
     started = time.monotonic()
-    running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=500)
-    seen, position = [], None
+    running = topology.start(topology.read_stream(options),
+                             os.path.join(directory, "checkpoint"), trigger_ms=500)
+    done, position = COMPLETION_SCHEMA.empty_table(), None
+
+    def seen() -> DemoResult:
+        nonlocal done, position
+        table, position = channel.completions_since(position)
+        done = pa.concat_tables([done, table])
+        return DemoResult(
+            records=records, partitions=partitions, committed=committed_count(channel_dir),
+            seconds=time.monotonic() - started, completions=done.to_pandas(),
+            dead_letters=read_dead_letters(os.path.join(channel_dir, "dead_letters"))
+            .to_pandas().drop(columns=["key", "value"]),
+            word_counts=sink.to_pandas())
+
     try:
-        while time.monotonic() - started < timeout_s:
+        while True:
             if running.exception():
                 raise RuntimeError(f"a query of the demo stopped: {running.exception()}")
-            table, position = channel.completions_since(position)
-            seen += table.to_pylist()
-            committed = _committed(channel_dir)
-            dead = read_dead_letters(os.path.join(channel_dir, "dead_letters")).num_rows
-            progress(f"[{time.monotonic() - started:5.1f}s] committed {committed:>6}/{records}"
-                     f"  acked {sum(c['status'] == ACKED for c in seen):>6}"
-                     f"  replayed {sum(c['status'] != ACKED for c in seen):>4}"
-                     f"  dead-lettered {dead:>3}")
-            if committed >= records:
+            now = seen()
+            progress(f"[{now.seconds:5.1f}s] committed {now.committed:>6}/{records}"
+                     f"  acked {now.acked:>6}  replayed {now.replayed:>4}"
+                     f"  dead-lettered {now.dead_lettered:>3}")
+            if (now.lost == 0 and now.committed >= records) or now.seconds > timeout_s:
                 break
             time.sleep(1.0)
+        _wait_idle(running)
     finally:
         running.stop()
-    table, position = channel.completions_since(position)
-    seen += table.to_pylist()
-    return _summary(seen, channel_dir, records, partitions, time.monotonic() - started)
+    result = seen()
+    if own_directory:
+        shutil.rmtree(directory, ignore_errors=True)
+    return result
 
 
-def _committed(channel_dir: str) -> int:
-    """Offsets the generator's group commit covers, over all partitions."""
-    try:
-        with open(os.path.join(channel_dir, "generator-commits.json")) as f:
-            return sum(entry[0] for entry in json.load(f).values())
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
-def _summary(seen, channel_dir, records, partitions, seconds) -> DemoSummary:
-    per, extra = divmod(records, partitions)  # as the generator splits its count
-    everything = {(p, o) for p in range(partitions) for o in range(per + (p < extra))}
-    acked = {(c["partition"], c["offset"]) for c in seen if c["status"] == ACKED}
-    letters = read_dead_letters(os.path.join(channel_dir, "dead_letters")).to_pylist()
-    dead = {(d["partition"], d["offset"]) for d in letters}
-    latency = np.array([c["latency_ms"] for c in seen if c["status"] == ACKED], dtype=float)
-    return DemoSummary(
-        records=records,
-        acked=len(acked & everything),
-        dead_lettered=len(dead),
-        replayed=sum(c["status"] != ACKED for c in seen),
-        lost=len(everything - acked - dead),
-        both=len(acked & dead),
-        committed=_committed(channel_dir),
-        p50_ms=float(np.percentile(latency, 50)) if len(latency) else float("nan"),
-        p99_ms=float(np.percentile(latency, 99)) if len(latency) else float("nan"),
-        seconds=seconds,
-    )
+def _wait_idle(running, timeout_s: float = 10.0) -> None:
+    """Wait (a little) until neither query is inside a batch: a query stopped mid-batch
+    works, but Spark may log a long error from the interrupted batch."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(q.status.get("isTriggerActive") for q in running.queries):
+            return
+        time.sleep(0.05)

@@ -36,10 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from ackstream import MemorySink, Topology, local_session  # noqa: E402
-from ackstream.demo import _committed  # noqa: E402
+from ackstream import LocalChannel, MemorySink, Topology, local_session  # noqa: E402
 from ackstream.records import ACKED  # noqa: E402
-from ackstream.channels.local import LocalChannel  # noqa: E402
+from ackstream.sources.generator import committed_count  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -64,7 +63,7 @@ def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float
     running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=200)
     first_batch = None  # when the first batch with input started (its trigger time)
     try:
-        while _committed(channel_dir) < records:
+        while committed_count(channel_dir) < records:
             if running.exception() or time.time() - started > timeout_s:
                 raise RuntimeError(f"run did not finish: {running.exception()}")
             first_batch = first_batch or _batch_start(running.query.lastProgress)
@@ -147,7 +146,7 @@ def main(argv=None) -> dict:
     from acker import machine  # the same machine description as the acker benchmark
 
     out = {
-        "benchmark": "topology", "date": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "benchmark": "topology", "date": dt.datetime.now(dt.UTC).isoformat(),
         "tracking_off": off, "tracking_on": on,
         "runs_records_per_s": [[p[0]["records_per_s"], p[1]["records_per_s"]] for p in pairs],
         "overhead_pct": _median_overhead(pairs, "records_per_s"),

@@ -23,13 +23,15 @@ def test_demo_accounts_for_every_record(spark, tmp_path):
     from ackstream.demo import run_demo
 
     lines = []
-    summary = run_demo(spark, records=120, fail_percent=10, poison_every=50, max_retries=1,
-                       directory=str(tmp_path), progress=lines.append, timeout_s=240)
-    assert summary.accounted_for, summary
-    assert (summary.lost, summary.both, summary.committed) == (0, 0, 120)
-    assert summary.dead_lettered == 2  # offset 25 of each partition (60 records each)
-    assert summary.replayed > summary.dead_lettered * 2  # the flaky bolt caused replays too
-    assert lines
+    result = run_demo(spark, records=120, fail_percent=10, poison_every=50, max_retries=1,
+                      directory=str(tmp_path), progress=lines.append, timeout_s=240)
+    assert result.accounted_for, result
+    assert (result.lost, result.both, result.committed) == (0, 0, 120)
+    assert result.dead_lettered == 2  # offset 25 of each partition (60 records each)
+    assert result.replayed > result.dead_lettered * 2  # the flaky bolt caused replays too
+    assert lines and lines[-1].startswith("[") and "committed    120/120" in lines[-1]
+    assert result.word_counts["n"].sum() > 0
+    assert result.timeline()["finished"].iloc[-1] == len(result.completions)
 
 
 # --- run, status, bench: the parser apart ---------------------------------------------
@@ -95,9 +97,9 @@ def test_status_conflicting_or_missing_channel(argv, says, capsys):
 
 
 def test_status_finds_the_topology_default_channel(capsys, monkeypatch, tmp_path):
-    from test_status import EXPECTED, fill_channel
-
     from ackstream.config import default_channel_dir
+
+    from test_status import EXPECTED, fill_channel
 
     monkeypatch.delenv("ACKSTREAM_CHANNEL", raising=False)
     monkeypatch.delenv("ACKSTREAM_BOOTSTRAP", raising=False)

@@ -23,12 +23,19 @@ from ackstream.config import SourceConfig
 from ackstream.files import write_atomically
 from ackstream.sources.rows import ReadTask, spout_batch
 
-__all__ = ["TOPIC", "WORDS", "GeneratorUpstream", "sentence"]
+__all__ = ["TOPIC", "WORDS", "GeneratorUpstream", "committed_count", "sentence"]
 
 TOPIC = "generator"
 #: Timestamp of offset 0; offset o is ``EPOCH_MS + o`` so that re-reads agree.
 EPOCH_MS = 1_700_000_000_000
-WORDS = ["storm", "spark", "tuple", "bolt", "spout", "acker", "anchor", "root", "edge", "stream", "batch", "offset", "kafka", "replay", "commit", "ledger", "tree", "timeout", "retry", "letter", "shard", "state", "window", "watermark", "the", "a", "of", "and", "to", "in", "is", "it", "on", "at", "by", "with", "from", "fast", "slow", "every", "each", "one", "two", "three"]
+COMMITS_FILE = "generator-commits.json"
+WORDS = [
+    "storm", "spark", "tuple", "bolt", "spout", "acker", "anchor", "root", "edge", "stream",
+    "batch", "offset", "kafka", "replay", "commit", "ledger", "tree", "timeout", "retry",
+    "letter", "shard", "state", "window", "watermark", "the", "a", "of", "and", "to", "in",
+    "is", "it", "on", "at", "by", "with", "from", "fast", "slow", "every", "each", "one", "two",
+    "three",
+]
 
 
 def sentence(partition: int, offset: int) -> str:
@@ -42,6 +49,26 @@ def _sentences(partition: int, offsets: np.ndarray) -> list[str]:
     picks = [ids.hash_longs(h.view(np.int64), i).view(np.uint64) % np.uint64(len(WORDS))
              for i in range(8)]
     return [" ".join(WORDS[int(picks[i][k])] for i in range(n)) for k, n in enumerate(lengths)]
+
+
+def committed_count(channel: str) -> int:
+    """Offsets the generator's consumer group has committed in the channel directory
+    ``channel``, summed over its partitions: its ``count`` once every record is acked
+    or dead-lettered.
+
+    >>> committed_count("/no/such/channel")
+    0
+    """
+    return sum(offset for offset, _ in _saved(channel).values())
+
+
+def _saved(channel: str) -> dict[str, list]:
+    """The commit file: ``"topic/partition" -> [offset, metadata]``."""
+    try:
+        with open(os.path.join(channel, COMMITS_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
 
 
 def _count(config: SourceConfig, partition: int) -> int | None:
@@ -58,7 +85,7 @@ class GeneratorUpstream:
         self.config = config
         self._t0 = time.monotonic()
         self._base: dict = {}
-        self._commits = os.path.join(config.channel, "generator-commits.json")
+        self._commits = os.path.join(config.channel, COMMITS_FILE)
 
     def check(self) -> None:
         """Nothing can be missing: the records are computed."""
@@ -84,11 +111,7 @@ class GeneratorUpstream:
         return out
 
     def committed(self, tps):
-        try:
-            with open(self._commits) as f:
-                saved = json.load(f)
-        except FileNotFoundError:
-            return {}
+        saved = _saved(self.config.channel)
         return {tp: tuple(saved[f"{tp[0]}/{tp[1]}"]) for tp in tps if f"{tp[0]}/{tp[1]}" in saved}
 
     def commit(self, offsets) -> None:
