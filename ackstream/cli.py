@@ -51,19 +51,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="run a word-split topology on the embedded default (no broker needed): "
+        "demo",
+        help="run a word-split topology on the embedded default (no broker needed): "
         "generator upstream, local channel, injected failures, a summary at the end",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    demo.add_argument("--records", type=int, default=_env_int("ACKSTREAM_DEMO_RECORDS", 2000),
-                      help="generated upstream records (env ACKSTREAM_DEMO_RECORDS)")
-    demo.add_argument("--fail-percent", type=int, default=3,
-                      help="percent of word tuples a bolt fails on their first attempt")
-    demo.add_argument("--poison-every", type=int, default=500,
-                      help="every N-th record always fails and is dead-lettered")
+    demo.add_argument(
+        "--records",
+        type=int,
+        default=_env_int("ACKSTREAM_DEMO_RECORDS", 2000),
+        help="generated upstream records (env ACKSTREAM_DEMO_RECORDS)",
+    )
+    demo.add_argument(
+        "--fail-percent",
+        type=int,
+        default=3,
+        help="percent of word tuples a bolt fails on their first attempt",
+    )
+    demo.add_argument(
+        "--poison-every",
+        type=int,
+        default=500,
+        help="every N-th record always fails and is dead-lettered",
+    )
     demo.add_argument("--max-retries", type=int, default=2, help="replays before a dead letter")
-    demo.add_argument("--message-timeout-ms", type=int, default=10_000,
-                      help="Storm's topology.message.timeout, in ms")
+    demo.add_argument(
+        "--message-timeout-ms",
+        type=int,
+        default=10_000,
+        help="Storm's topology.message.timeout, in ms",
+    )
     _add_run(commands)
     _add_status(commands)
     _add_acker(commands)
@@ -97,95 +114,147 @@ A topology file, e.g. words.py:
 
 def _add_run(commands) -> None:
     run = commands.add_parser(
-        "run", help="run a topology file with a local Spark session", description=RUN_HELP,
+        "run",
+        help="run a topology file with a local Spark session",
+        description=RUN_HELP,
         formatter_class=_Formatter,
     )
     run.set_defaults(subparser=run)  # errors name the subcommand
     run.add_argument("file", help="the topology file (a Python script)")
-    run.add_argument("--timeout", type=float, default=_env_float("ACKSTREAM_RUN_TIMEOUT"),
-                     metavar="SECONDS",
-                     help="stop the queries after this long (env ACKSTREAM_RUN_TIMEOUT)")
-    run.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
-                     help="stop the queries once they have read rows and then none "
-                          "for this long")
-    run.add_argument("--cores", type=int, default=_env_int("ACKSTREAM_CORES", 2),
-                     help="local[N] cores when run makes the session (env ACKSTREAM_CORES)")
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=_env_float("ACKSTREAM_RUN_TIMEOUT"),
+        metavar="SECONDS",
+        help="stop the queries after this long (env ACKSTREAM_RUN_TIMEOUT)",
+    )
+    run.add_argument(
+        "--until-idle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop the queries once they have read rows and then none for this long",
+    )
+    run.add_argument(
+        "--cores",
+        type=int,
+        default=_env_int("ACKSTREAM_CORES", 2),
+        help="local[N] cores when run makes the session (env ACKSTREAM_CORES)",
+    )
 
 
 def _add_status(commands) -> None:
     status = commands.add_parser(
-        "status", help="what became of a topology's roots, from its channels",
+        "status",
+        help="what became of a topology's roots, from its channels",
         description="Counts roots (one per attempt; a replay is a new root) by outcome, from\n"
-                    "the ack and completion channels: pending (init record seen, no completion\n"
-                    "yet), acked, failed, timed out, replayed (failed or timed out and not\n"
-                    "dead-lettered), dead-lettered, and the complete latency of acked roots\n"
-                    "(p50/p90/p99). Reads files or topics only: no Spark session.",
+        "the ack and completion channels: pending (init record seen, no completion\n"
+        "yet), acked, failed, timed out, replayed (failed or timed out and not\n"
+        "dead-lettered), dead-lettered, and the complete latency of acked roots\n"
+        "(p50/p90/p99). Reads files or topics only: no Spark session.",
         formatter_class=_Formatter,
     )
     status.set_defaults(subparser=status)  # errors name the subcommand
     _add_channel_options(status)
-    status.add_argument("--dead-letters", metavar="DIR", default=None,
-                        help="dead-letter Parquet folder (unset: <channel>/dead_letters with "
-                             "--channel, the dead-letter topic with --bootstrap)")
-    status.add_argument("--dead-letter-topic", metavar="TOPIC", default=None,
-                        help="with --bootstrap: the ackstream.deadLetterTopic "
-                             "(unset: <topology>.dead)")
+    status.add_argument(
+        "--dead-letters",
+        metavar="DIR",
+        default=None,
+        help="dead-letter Parquet folder (unset: <channel>/dead_letters with "
+        "--channel, the dead-letter topic with --bootstrap)",
+    )
+    status.add_argument(
+        "--dead-letter-topic",
+        metavar="TOPIC",
+        default=None,
+        help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
+    )
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _add_channel_options(command) -> None:
     """--topology, --channel and --bootstrap: which ack and completion channels."""
-    command.add_argument("--topology", default=os.environ.get("ACKSTREAM_TOPOLOGY", "ackstream"),
-                         help="the topology's name, ackstream.topology (env ACKSTREAM_TOPOLOGY)")
-    command.add_argument("--channel", metavar="DIR", default=os.environ.get("ACKSTREAM_CHANNEL"),
-                         help="the local channel directory, ackstream.channel (env "
-                              "ACKSTREAM_CHANNEL; unset: the topology's default directory)")
-    command.add_argument("--bootstrap", metavar="HOST:PORT",
-                         default=os.environ.get("ACKSTREAM_BOOTSTRAP"),
-                         help="use the Kafka channel (<topology>.acks, <topology>.done) on "
-                              "this broker instead (env ACKSTREAM_BOOTSTRAP)")
+    command.add_argument(
+        "--topology",
+        default=os.environ.get("ACKSTREAM_TOPOLOGY", "ackstream"),
+        help="the topology's name, ackstream.topology (env ACKSTREAM_TOPOLOGY)",
+    )
+    command.add_argument(
+        "--channel",
+        metavar="DIR",
+        default=os.environ.get("ACKSTREAM_CHANNEL"),
+        help="the local channel directory, ackstream.channel (env "
+        "ACKSTREAM_CHANNEL; unset: the topology's default directory)",
+    )
+    command.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        default=os.environ.get("ACKSTREAM_BOOTSTRAP"),
+        help="use the Kafka channel (<topology>.acks, <topology>.done) on "
+        "this broker instead (env ACKSTREAM_BOOTSTRAP)",
+    )
 
 
 def _add_acker(commands) -> None:
     acker = commands.add_parser(
-        "acker", help="run a topology's acker query in this process, until stopped",
+        "acker",
+        help="run a topology's acker query in this process, until stopped",
         description="Runs the acker query of a topology started elsewhere with acker=False:\n"
-                    "ack records in from the channel, completions out to it. The pending\n"
-                    "roots live in the checkpoint: restarted with the same --checkpoint\n"
-                    "(after a crash, too), it resumes them. Stops on Ctrl-C or --timeout.",
+        "ack records in from the channel, completions out to it. The pending\n"
+        "roots live in the checkpoint: restarted with the same --checkpoint\n"
+        "(after a crash, too), it resumes them. Stops on Ctrl-C or --timeout.",
         formatter_class=_Formatter,
     )
     acker.set_defaults(subparser=acker)
     _add_channel_options(acker)
-    acker.add_argument("--checkpoint", metavar="DIR", required=True,
-                       help="the acker query's checkpoint (keep it across restarts)")
-    acker.add_argument("--ackers", type=int, default=2,
-                       help="shards; fixed for the life of the checkpoint")
-    acker.add_argument("--message-timeout", default="30s", metavar="DURATION",
-                       help="Storm's topology.message.timeout (\"30s\", \"2 min\", ms)")
+    acker.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        required=True,
+        help="the acker query's checkpoint (keep it across restarts)",
+    )
+    acker.add_argument(
+        "--ackers", type=int, default=2, help="shards; fixed for the life of the checkpoint"
+    )
+    acker.add_argument(
+        "--message-timeout",
+        default="30s",
+        metavar="DURATION",
+        help='Storm\'s topology.message.timeout ("30s", "2 min", ms)',
+    )
     acker.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval")
-    acker.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                       help="stop after this long")
-    acker.add_argument("--cores", type=int, default=_env_int("ACKSTREAM_CORES", 2),
-                       help="local[N] cores (env ACKSTREAM_CORES)")
+    acker.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS", help="stop after this long"
+    )
+    acker.add_argument(
+        "--cores",
+        type=int,
+        default=_env_int("ACKSTREAM_CORES", 2),
+        help="local[N] cores (env ACKSTREAM_CORES)",
+    )
 
 
 def _add_bench(commands) -> None:
     bench = commands.add_parser(
-        "bench", help="run a benchmark from the source checkout",
+        "bench",
+        help="run a benchmark from the source checkout",
         description="Runs benchmarks/<name>.py of the source checkout with this Python.\n"
-                    "Options bench does not know are passed on to the benchmark; name the\n"
-                    "benchmark before them (ackstream bench acker --records 100000) or write\n"
-                    "--records=100000. Benchmarks are not part of the installed package.",
+        "Options bench does not know are passed on to the benchmark; name the\n"
+        "benchmark before them (ackstream bench acker --records 100000) or write\n"
+        "--records=100000. Benchmarks are not part of the installed package.",
         formatter_class=_Formatter,
     )
     bench.set_defaults(subparser=bench)  # errors name the subcommand
-    bench.add_argument("name", nargs="?", default="acker", choices=["acker"],
-                       help="which benchmark")
+    bench.add_argument(
+        "name", nargs="?", default="acker", choices=["acker"], help="which benchmark"
+    )
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
-    bench.add_argument("--benchmarks", metavar="DIR",
-                       default=os.environ.get("ACKSTREAM_BENCHMARKS", str(_checkout_benchmarks())),
-                       help="where the benchmark scripts are (env ACKSTREAM_BENCHMARKS)")
+    bench.add_argument(
+        "--benchmarks",
+        metavar="DIR",
+        default=os.environ.get("ACKSTREAM_BENCHMARKS", str(_checkout_benchmarks())),
+        help="where the benchmark scripts are (env ACKSTREAM_BENCHMARKS)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,9 +292,14 @@ def _demo(args) -> int:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1
     try:
-        s = run_demo(spark, records=args.records, fail_percent=args.fail_percent,
-                     poison_every=args.poison_every, max_retries=args.max_retries,
-                     message_timeout_ms=args.message_timeout_ms)
+        s = run_demo(
+            spark,
+            records=args.records,
+            fail_percent=args.fail_percent,
+            poison_every=args.poison_every,
+            max_retries=args.max_retries,
+            message_timeout_ms=args.message_timeout_ms,
+        )
     finally:
         spark.stop()
     print(
@@ -296,17 +370,22 @@ def _wait(queries, timeout: float | None, until_idle: float | None) -> int:
         now = time.monotonic()
         for q in queries:
             progress = q.lastProgress
-            if progress and progress.get("numInputRows", 0) > 0 \
-                    and seen.get(q.id) != progress.get("batchId"):
+            if (
+                progress
+                and progress.get("numInputRows", 0) > 0
+                and seen.get(q.id) != progress.get("batchId")
+            ):
                 seen[q.id], last_active = progress.get("batchId"), now
         if timeout is not None and now - start >= timeout:
-            print(f"ackstream: --timeout {timeout:g}s reached, stopping the queries",
-                  file=sys.stderr)
+            print(
+                f"ackstream: --timeout {timeout:g}s reached, stopping the queries", file=sys.stderr
+            )
             return 0
-        if until_idle is not None and last_active is not None \
-                and now - last_active >= until_idle:
-            print(f"ackstream: no rows read for {until_idle:g}s, stopping the queries",
-                  file=sys.stderr)
+        if until_idle is not None and last_active is not None and now - last_active >= until_idle:
+            print(
+                f"ackstream: no rows read for {until_idle:g}s, stopping the queries",
+                file=sys.stderr,
+            )
             return 0
         time.sleep(0.2)
     failed = [q for q in queries if q.exception() is not None]
@@ -350,9 +429,15 @@ def _acker(parser, args) -> int:
         channel = LocalChannel(args.channel or default_channel_dir(args.topology))
     query = None
     try:
-        query = start_acker(spark, channel, checkpoint=args.checkpoint, ackers=args.ackers,
-                            message_timeout_ms=timeout_ms, trigger_ms=args.trigger_ms,
-                            query_name=f"{args.topology}.acker")
+        query = start_acker(
+            spark,
+            channel,
+            checkpoint=args.checkpoint,
+            ackers=args.ackers,
+            message_timeout_ms=timeout_ms,
+            trigger_ms=args.trigger_ms,
+            query_name=f"{args.topology}.acker",
+        )
         print(f"ackstream acker: {query.name} running, checkpoint {args.checkpoint}", flush=True)
         return _wait([query], args.timeout, None)
     except KeyboardInterrupt:
@@ -371,22 +456,27 @@ def _status(parser, args) -> int:
     from ackstream.status import kafka_status, local_status
 
     if args.channel and args.bootstrap:
-        parser.error("--channel and --bootstrap are both set (check ACKSTREAM_CHANNEL and "
-                     "ACKSTREAM_BOOTSTRAP): give one")
+        parser.error(
+            "--channel and --bootstrap are both set (check ACKSTREAM_CHANNEL and "
+            "ACKSTREAM_BOOTSTRAP): give one"
+        )
     channel = args.channel
     if not args.bootstrap:
         channel = channel or default_channel_dir(args.topology)
         if not os.path.isdir(channel):
             where = "" if args.channel else f" (the default of topology {args.topology!r})"
-            parser.error(f"no channel directory at {channel}{where}: pass --channel DIR (the "
-                         "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
-                         "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY")
+            parser.error(
+                f"no channel directory at {channel}{where}: pass --channel DIR (the "
+                "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
+                "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY"
+            )
     if args.dead_letter_topic and not args.bootstrap:
         parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     try:
         if args.bootstrap:
-            status = kafka_status(args.bootstrap, args.topology, args.dead_letters,
-                                  args.dead_letter_topic)
+            status = kafka_status(
+                args.bootstrap, args.topology, args.dead_letters, args.dead_letter_topic
+            )
         else:
             status = local_status(channel, args.topology, args.dead_letters)
     except AckstreamError as problem:
@@ -395,8 +485,11 @@ def _status(parser, args) -> int:
     except Exception as problem:  # kafka-python's errors (no broker, timeouts)
         if not args.bootstrap:
             raise
-        print(f"ackstream: could not read the Kafka channel on {args.bootstrap}: "
-              f"{type(problem).__name__}: {problem}", file=sys.stderr)
+        print(
+            f"ackstream: could not read the Kafka channel on {args.bootstrap}: "
+            f"{type(problem).__name__}: {problem}",
+            file=sys.stderr,
+        )
         return 1
     print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
     return 0
@@ -407,11 +500,14 @@ def _bench(args, extra: list[str]) -> int:
 
     script = Path(args.benchmarks) / f"{args.name}.py"
     if not script.is_file():
-        print(f"ackstream: benchmark {args.name!r} not found at {script}. Benchmarks ship with "
-              "the source checkout, not with the installed package: run this from a clone of "
-              "the repository, or pass --benchmarks DIR (env ACKSTREAM_BENCHMARKS).",
-              file=sys.stderr)
+        print(
+            f"ackstream: benchmark {args.name!r} not found at {script}. Benchmarks ship with "
+            "the source checkout, not with the installed package: run this from a clone of "
+            "the repository, or pass --benchmarks DIR (env ACKSTREAM_BENCHMARKS).",
+            file=sys.stderr,
+        )
         return 1
     forwarded = (["--quick"] if args.quick else []) + extra
-    return subprocess.run([sys.executable, str(script), *forwarded],
-                          cwd=script.parent.parent, check=False).returncode
+    return subprocess.run(
+        [sys.executable, str(script), *forwarded], cwd=script.parent.parent, check=False
+    ).returncode

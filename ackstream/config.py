@@ -24,12 +24,29 @@ from dataclasses import dataclass
 from ackstream.errors import OptionError
 
 __all__ = [
-    "SourceConfig", "default_channel_dir", "default_tick_ms", "parse", "parse_duration_ms",
+    "SourceConfig",
+    "default_channel_dir",
+    "default_tick_ms",
+    "parse",
+    "parse_duration_ms",
 ]
 
-_UNITS_MS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000, "secs": 1000,
-             "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
-             "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000}
+_UNITS_MS = {
+    "ms": 1,
+    "s": 1000,
+    "sec": 1000,
+    "second": 1000,
+    "seconds": 1000,
+    "secs": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "mins": 60_000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
 _DURATION_ALLOWED = 'a duration such as "500ms", "30s", "2 min" or plain milliseconds'
 
@@ -37,11 +54,21 @@ _DURATION_ALLOWED = 'a duration such as "500ms", "30s", "2 min" or plain millise
 _OURS = {
     k.lower(): k
     for k in (
-        "ackstream.topology", "ackstream.upstream", "ackstream.channel",
-        "ackstream.messageTimeout", "ackstream.sourceTimeout", "ackstream.maxPending",
-        "ackstream.retryInitialDelay", "ackstream.retryMaxDelay", "ackstream.maxRetries",
-        "ackstream.deadLetterTopic", "ackstream.tracking", "ackstream.maxValueBytes",
-        "ackstream.generator.count", "ackstream.generator.rate", "ackstream.generator.partitions",
+        "ackstream.topology",
+        "ackstream.upstream",
+        "ackstream.channel",
+        "ackstream.messageTimeout",
+        "ackstream.sourceTimeout",
+        "ackstream.maxPending",
+        "ackstream.retryInitialDelay",
+        "ackstream.retryMaxDelay",
+        "ackstream.maxRetries",
+        "ackstream.deadLetterTopic",
+        "ackstream.tracking",
+        "ackstream.maxValueBytes",
+        "ackstream.generator.count",
+        "ackstream.generator.rate",
+        "ackstream.generator.partitions",
     )
 }
 _NAMED_STARTS = ("earliest", "latest", "committed")
@@ -134,8 +161,9 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
     kw: dict = {}
     topology = ours("ackstream.topology") or "ackstream"
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", topology):
-        raise OptionError("ackstream.topology", topology,
-                          "1 to 200 letters, digits, '.', '_' or '-'")
+        raise OptionError(
+            "ackstream.topology", topology, "1 to 200 letters, digits, '.', '_' or '-'"
+        )
     kw["topology"] = topology
     upstream = (ours("ackstream.upstream") or "kafka").lower()
     if upstream not in ("kafka", "generator"):
@@ -145,33 +173,46 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
     channel = ours("ackstream.channel") or default_channel_dir(topology)
     if channel.lower() == "kafka":
         if upstream != "kafka":
-            raise OptionError("ackstream.channel", channel,
-                              "a local directory path with ackstream.upstream=generator "
-                              "(the Kafka channel lives on the upstream's brokers)")
+            raise OptionError(
+                "ackstream.channel",
+                channel,
+                "a local directory path with ackstream.upstream=generator "
+                "(the Kafka channel lives on the upstream's brokers)",
+            )
         channel = "kafka"
     kw["channel"] = channel
     kw["tracking"] = _bool("ackstream.tracking", ours("ackstream.tracking"), True)
 
-    for name, field in (("ackstream.messageTimeout", "message_timeout_ms"),
-                        ("ackstream.retryInitialDelay", "retry_initial_delay_ms"),
-                        ("ackstream.retryMaxDelay", "retry_max_delay_ms")):
+    for name, field in (
+        ("ackstream.messageTimeout", "message_timeout_ms"),
+        ("ackstream.retryInitialDelay", "retry_initial_delay_ms"),
+        ("ackstream.retryMaxDelay", "retry_max_delay_ms"),
+    ):
         if ours(name) is not None:
             kw[field] = parse_duration_ms(name, ours(name))
     if kw.get("message_timeout_ms", 1) <= 0:
-        raise OptionError("ackstream.messageTimeout", ours("ackstream.messageTimeout"),
-                          "a positive duration")
+        raise OptionError(
+            "ackstream.messageTimeout", ours("ackstream.messageTimeout"), "a positive duration"
+        )
     timeout = kw.get("message_timeout_ms", SourceConfig.message_timeout_ms)
     kw["source_timeout_ms"] = 2 * timeout
     if ours("ackstream.sourceTimeout") is not None:
         kw["source_timeout_ms"] = parse_duration_ms(
-            "ackstream.sourceTimeout", ours("ackstream.sourceTimeout"))
+            "ackstream.sourceTimeout", ours("ackstream.sourceTimeout")
+        )
         if kw["source_timeout_ms"] <= timeout:
-            raise OptionError("ackstream.sourceTimeout", ours("ackstream.sourceTimeout"),
-                              f"a duration longer than ackstream.messageTimeout ({timeout} ms)")
+            raise OptionError(
+                "ackstream.sourceTimeout",
+                ours("ackstream.sourceTimeout"),
+                f"a duration longer than ackstream.messageTimeout ({timeout} ms)",
+            )
     initial = kw.get("retry_initial_delay_ms", SourceConfig.retry_initial_delay_ms)
     if kw.get("retry_max_delay_ms", SourceConfig.retry_max_delay_ms) < initial:
-        raise OptionError("ackstream.retryMaxDelay", ours("ackstream.retryMaxDelay"),
-                          f"a duration of at least ackstream.retryInitialDelay ({initial} ms)")
+        raise OptionError(
+            "ackstream.retryMaxDelay",
+            ours("ackstream.retryMaxDelay"),
+            f"a duration of at least ackstream.retryInitialDelay ({initial} ms)",
+        )
 
     kw["max_pending"] = _int("ackstream.maxPending", ours("ackstream.maxPending"), 1)
     if ours("ackstream.maxValueBytes") is not None:
@@ -179,15 +220,18 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
     retries = _int("ackstream.maxRetries", ours("ackstream.maxRetries"), 0)
     if retries is not None:
         kw["max_retries"] = retries
-    kw["max_offsets_per_trigger"] = _int("maxOffsetsPerTrigger",
-                                         opts.get("maxoffsetspertrigger"), 1)
+    kw["max_offsets_per_trigger"] = _int(
+        "maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), 1
+    )
     kw["fail_on_data_loss"] = _bool("failOnDataLoss", opts.get("failondataloss"), True)
     kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or (
-        f"{topology}.dead" if channel == "kafka" else None)
+        f"{topology}.dead" if channel == "kafka" else None
+    )
 
     if upstream == "generator":
-        kw["generator_count"] = _int("ackstream.generator.count",
-                                     ours("ackstream.generator.count"), 0)
+        kw["generator_count"] = _int(
+            "ackstream.generator.count", ours("ackstream.generator.count"), 0
+        )
         parts = _int("ackstream.generator.partitions", ours("ackstream.generator.partitions"), 1)
         kw["generator_partitions"] = parts or SourceConfig.generator_partitions
         rate = ours("ackstream.generator.rate")
@@ -197,30 +241,45 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
             except ValueError:
                 kw["generator_rate"] = -1.0
             if not kw["generator_rate"] >= 0:
-                raise OptionError("ackstream.generator.rate", rate,
-                                  "records per second, a number >= 0 (0: as fast as possible)")
+                raise OptionError(
+                    "ackstream.generator.rate",
+                    rate,
+                    "records per second, a number >= 0 (0: as fast as possible)",
+                )
         kw["topics"] = ("generator",)
         if kw["dead_letter_topic"]:
-            raise OptionError("ackstream.deadLetterTopic", kw["dead_letter_topic"],
-                              "no value with ackstream.upstream=generator (its dead letters go "
-                              "to <channel>/dead_letters as Parquet)")
+            raise OptionError(
+                "ackstream.deadLetterTopic",
+                kw["dead_letter_topic"],
+                "no value with ackstream.upstream=generator (its dead letters go "
+                "to <channel>/dead_letters as Parquet)",
+            )
     else:
         bootstrap = opts.get("kafka.bootstrap.servers")
         if not bootstrap:
-            raise OptionError("kafka.bootstrap.servers", bootstrap,
-                              'host:port[,host:port...] of the Kafka brokers (required)')
+            raise OptionError(
+                "kafka.bootstrap.servers",
+                bootstrap,
+                "host:port[,host:port...] of the Kafka brokers (required)",
+            )
         kw["bootstrap_servers"] = bootstrap
         topics = tuple(t.strip() for t in (opts.get("subscribe") or "").split(",") if t.strip())
         if not topics:
-            raise OptionError("subscribe", opts.get("subscribe"),
-                              "a comma-separated list of one or more topics (required)")
+            raise OptionError(
+                "subscribe",
+                opts.get("subscribe"),
+                "a comma-separated list of one or more topics (required)",
+            )
         kw["topics"] = topics
         kw["starting_offsets"] = _starting(opts.get("startingoffsets"), topics)
         kw["group_id"] = opts.get("kafka.group.id") or f"ackstream-{topology}"
-        kw["kafka_options"] = tuple(sorted(
-            (k[len("kafka."):], v) for k, v in opts.items()
-            if k.startswith("kafka.") and k not in ("kafka.bootstrap.servers", "kafka.group.id")
-        ))
+        kw["kafka_options"] = tuple(
+            sorted(
+                (k[len("kafka.") :], v)
+                for k, v in opts.items()
+                if k.startswith("kafka.") and k not in ("kafka.bootstrap.servers", "kafka.group.id")
+            )
+        )
     return SourceConfig(**kw)
 
 
@@ -245,8 +304,10 @@ def _bool(option: str, value: str | None, default: bool) -> bool:
 
 
 def _starting(value: str | None, topics: tuple[str, ...]) -> str:
-    allowed = ('"earliest", "latest", "committed", or JSON {"topic": {"0": offset}} '
-               "with -2 = earliest and -1 = latest")
+    allowed = (
+        '"earliest", "latest", "committed", or JSON {"topic": {"0": offset}} '
+        "with -2 = earliest and -1 = latest"
+    )
     if value is None:
         return "committed"
     if value.strip().lower() in _NAMED_STARTS:
@@ -258,6 +319,7 @@ def _starting(value: str | None, topics: tuple[str, ...]) -> str:
         raise OptionError("startingOffsets", value, allowed) from None
     unknown = set(parsed) - set(topics)
     if unknown or any(o < -2 for parts in parsed.values() for o in parts.values()):
-        raise OptionError("startingOffsets", value,
-                          allowed + f", naming only subscribed topics {list(topics)}")
+        raise OptionError(
+            "startingOffsets", value, allowed + f", naming only subscribed topics {list(topics)}"
+        )
     return json.dumps(raw, sort_keys=True)

@@ -123,13 +123,26 @@ class DemoResult:
     @property
     def accounted_for(self) -> bool:
         """Every record acked or dead-lettered, none both, and every offset committed."""
-        return (self.lost, self.both) == (0, 0) and \
-            self.acked + self.dead_lettered == self.records == self.committed
+        return (self.lost, self.both) == (
+            0,
+            0,
+        ) and self.acked + self.dead_lettered == self.records == self.committed
 
     def summary(self) -> dict:
         """The figures ``ackstream demo`` prints, JSON-ready."""
-        names = ("records", "acked", "dead_lettered", "replayed", "lost", "both", "committed",
-                 "p50_ms", "p99_ms", "seconds", "accounted_for")
+        names = (
+            "records",
+            "acked",
+            "dead_lettered",
+            "replayed",
+            "lost",
+            "both",
+            "committed",
+            "p50_ms",
+            "p99_ms",
+            "seconds",
+            "accounted_for",
+        )
         return {name: getattr(self, name) for name in names}
 
     # --- over time, for the notebook's plots ------------------------------------------
@@ -159,8 +172,14 @@ class DemoResult:
         grid = np.arange(t0, end + 1, step_ms, dtype=np.int64)
         emitted_n = np.searchsorted(started, grid, side="right")
         finished_n = np.searchsorted(finished, grid, side="right")
-        return pd.DataFrame({"t_s": (grid - t0) / 1000.0, "emitted": emitted_n,
-                             "finished": finished_n, "pending": emitted_n - finished_n})
+        return pd.DataFrame(
+            {
+                "t_s": (grid - t0) / 1000.0,
+                "emitted": emitted_n,
+                "finished": finished_n,
+                "pending": emitted_n - finished_n,
+            }
+        )
 
     def bucket_ms(self, buckets: int = 30) -> int:
         """A round bucket width giving at most about ``buckets`` buckets over the run."""
@@ -181,9 +200,13 @@ class DemoResult:
             return pd.Series(starts).value_counts()
 
         c, r = self.completions, self.roots()
-        out = pd.DataFrame({"acked": counts(c.loc[c["status"] == ACKED, "completed_ms"]),
-                            "failed": counts(c.loc[c["status"] != ACKED, "completed_ms"]),
-                            "replayed": counts(r.loc[r["attempt"] > 0, "ts"])})
+        out = pd.DataFrame(
+            {
+                "acked": counts(c.loc[c["status"] == ACKED, "completed_ms"]),
+                "failed": counts(c.loc[c["status"] != ACKED, "completed_ms"]),
+                "replayed": counts(r.loc[r["attempt"] > 0, "ts"]),
+            }
+        )
         if out.empty:
             return out.astype("int64")
         index = np.arange(0, out.index.max() + bucket_ms / 1000 / 2, bucket_ms / 1000)
@@ -221,7 +244,8 @@ def run_demo(
     channel = LocalChannel(channel_dir)
     sink = MemorySink()
     flaky = (F.col("_attempt") == 0) & (
-        F.pmod(F.xxhash64("word", "offset"), F.lit(100)) < fail_percent)
+        F.pmod(F.xxhash64("word", "offset"), F.lit(100)) < fail_percent
+    )
     topology = (
         Topology("demo", spark, channel, message_timeout_ms=message_timeout_ms)
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
@@ -244,8 +268,9 @@ def run_demo(
     if max_per_batch:
         options["maxOffsetsPerTrigger"] = max_per_batch
     started = time.monotonic()
-    running = topology.start(topology.read_stream(options),
-                             os.path.join(directory, "checkpoint"), trigger_ms=500)
+    running = topology.start(
+        topology.read_stream(options), os.path.join(directory, "checkpoint"), trigger_ms=500
+    )
     done, position = COMPLETION_SCHEMA.empty_table(), None
 
     def seen() -> DemoResult:
@@ -253,20 +278,27 @@ def run_demo(
         table, position = channel.completions_since(position)
         done = pa.concat_tables([done, table])
         return DemoResult(
-            records=records, partitions=partitions, committed=committed_count(channel_dir),
-            seconds=time.monotonic() - started, completions=done.to_pandas(),
+            records=records,
+            partitions=partitions,
+            committed=committed_count(channel_dir),
+            seconds=time.monotonic() - started,
+            completions=done.to_pandas(),
             dead_letters=read_dead_letters(os.path.join(channel_dir, "dead_letters"))
-            .to_pandas().drop(columns=["key", "value"]),
-            word_counts=sink.to_pandas())
+            .to_pandas()
+            .drop(columns=["key", "value"]),
+            word_counts=sink.to_pandas(),
+        )
 
     try:
         while True:
             if running.exception():
                 raise RuntimeError(f"a query of the demo stopped: {running.exception()}")
             now = seen()
-            progress(f"[{now.seconds:5.1f}s] committed {now.committed:>6}/{records}"
-                     f"  acked {now.acked:>6}  replayed {now.replayed:>4}"
-                     f"  dead-lettered {now.dead_lettered:>3}")
+            progress(
+                f"[{now.seconds:5.1f}s] committed {now.committed:>6}/{records}"
+                f"  acked {now.acked:>6}  replayed {now.replayed:>4}"
+                f"  dead-lettered {now.dead_lettered:>3}"
+            )
             if (now.lost == 0 and now.committed >= records) or now.seconds > timeout_s:
                 break
             time.sleep(1.0)

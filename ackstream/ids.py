@@ -176,13 +176,17 @@ def content_id(*columns, seed=SEED) -> str:
 # --- the same ids as Spark Columns -------------------------------------------------
 
 
-def spark_root_id(source: str, topic="topic", partition="partition", offset="offset",
-                  attempt="attempt"):
+def spark_root_id(
+    source: str, topic="topic", partition="partition", offset="offset", attempt="attempt"
+):
     """Spark Column equal to :func:`root_ids` for the named (or given) columns."""
     from pyspark.sql import functions as F
 
     return F.xxhash64(
-        F.lit(source), _col(topic), _col(partition).cast("long"), _col(offset).cast("long"),
+        F.lit(source),
+        _col(topic),
+        _col(partition).cast("long"),
+        _col(offset).cast("long"),
         _col(attempt).cast("long"),
     )
 

@@ -116,9 +116,12 @@ def as_table(records, schema: pa.Schema) -> pa.Table:
     optional ones aside) as an Arrow table of exactly ``schema``."""
     if hasattr(records, "to_numpy"):  # pandas: typed by the schema, ids never pass via float
         fields = [field for field in schema if field.name in records.columns]
-        records = pa.Table.from_pandas(records[[f.name for f in fields]],
-                                       schema=pa.schema(fields), preserve_index=False,
-                                       nthreads=1)
+        records = pa.Table.from_pandas(
+            records[[f.name for f in fields]],
+            schema=pa.schema(fields),
+            preserve_index=False,
+            nthreads=1,
+        )
     for name in OPTIONAL_COLUMNS:
         if name in schema.names and name not in records.column_names:
             field = schema.field(name)
@@ -131,18 +134,37 @@ def tick(now_ms: int) -> pa.Table:
     arrive; it drops ticks unread, but the batch expires overdue roots. ``value`` is
     the time, so that every tick is a new record (the local channel names files by
     their content)."""
-    return pa.Table.from_pylist([{"root": 0, "value": now_ms, "kind": TICK, "ts": now_ms}],
-                                schema=ACK_RECORD_SCHEMA)
+    return pa.Table.from_pylist(
+        [{"root": 0, "value": now_ms, "kind": TICK, "ts": now_ms}], schema=ACK_RECORD_SCHEMA
+    )
 
 
-def completion_table(root, status, *, topic=None, partition=None, offset=None, attempt=None,
-                     latency_ms=None, completed_ms=None, reason=None) -> pa.Table:
+def completion_table(
+    root,
+    status,
+    *,
+    topic=None,
+    partition=None,
+    offset=None,
+    attempt=None,
+    latency_ms=None,
+    completed_ms=None,
+    reason=None,
+) -> pa.Table:
     """Completions as an Arrow table of ``COMPLETION_SCHEMA``. Each field is a column
     (array-like), a scalar repeated to the length of ``root``, or None (all null)."""
     n = len(root)
-    columns = dict(root=root, status=status, topic=topic, partition=partition, offset=offset,
-                   attempt=attempt, latency_ms=latency_ms, completed_ms=completed_ms,
-                   reason=reason)
+    columns = dict(
+        root=root,
+        status=status,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        attempt=attempt,
+        latency_ms=latency_ms,
+        completed_ms=completed_ms,
+        reason=reason,
+    )
     arrays = []
     for field in COMPLETION_SCHEMA:
         value = columns[field.name]

@@ -87,8 +87,7 @@ class Status:
 
     def lines(self) -> list[str]:
         """The human-readable report ``ackstream status`` prints."""
-        dead = "unknown" if self.dead_lettered is None \
-            else str(self.dead_lettered)
+        dead = "unknown" if self.dead_lettered is None else str(self.dead_lettered)
         rows = [
             ("roots seen", str(self.roots), ""),
             ("pending", str(self.pending), "init seen, no completion yet"),
@@ -99,29 +98,46 @@ class Status:
             ("rejected", str(self.rejected), "dead-lettered without a replay"),
             ("dead-lettered", dead, ""),
         ]
-        rows += [(name, str(n), note) for name, n, note in (
-            ("unknown", self.unknown, "acks for a root whose init never came; ignored"),
-            ("invalid", self.invalid, "unusable ack records; ignored, see the acker log"),
-        ) if n]
+        rows += [
+            (name, str(n), note)
+            for name, n, note in (
+                ("unknown", self.unknown, "acks for a root whose init never came; ignored"),
+                ("invalid", self.invalid, "unusable ack records; ignored, see the acker log"),
+            )
+            if n
+        ]
         out = [f"topology {self.topology}  channel {self.channel}"]
-        out += [f"  {name:<14}{value:>8}" + (f"   ({note})" if note else "")
-                for name, value, note in rows]
+        out += [
+            f"  {name:<14}{value:>8}" + (f"   ({note})" if note else "")
+            for name, value, note in rows
+        ]
         if self.latency_ms is None:
             out.append("  complete latency: no acked roots yet")
         else:
-            out.append("  complete latency (acked)  " + "  ".join(
-                f"{k} {v:.0f} ms" for k, v in self.latency_ms.items()))
+            out.append(
+                "  complete latency (acked)  "
+                + "  ".join(f"{k} {v:.0f} ms" for k, v in self.latency_ms.items())
+            )
         return out
 
 
-def summarize(init_roots: Iterable[int] | np.ndarray, completions: pa.Table,
-              dead_letters: pa.Table | None = None, *, topology: str = "ackstream",
-              channel: str = "") -> Status:
+def summarize(
+    init_roots: Iterable[int] | np.ndarray,
+    completions: pa.Table,
+    dead_letters: pa.Table | None = None,
+    *,
+    topology: str = "ackstream",
+    channel: str = "",
+) -> Status:
     """Count roots by outcome from the roots of init records, the completions
     (``COMPLETION_SCHEMA``) and the dead letters (``DEAD_LETTER_SCHEMA``, or None if
     unknown). Pure: no I/O."""
-    inits = np.unique(np.asarray(list(init_roots) if not isinstance(init_roots, np.ndarray)
-                                 else init_roots, dtype=np.int64))
+    inits = np.unique(
+        np.asarray(
+            list(init_roots) if not isinstance(init_roots, np.ndarray) else init_roots,
+            dtype=np.int64,
+        )
+    )
     invalid = pc.equal(completions.column("status"), INVALID)
     n_invalid = pc.sum(pc.cast(invalid, pa.int64())).as_py() or 0
     done = one_outcome_per_root(completions.filter(pc.invert(invalid)))
@@ -134,7 +150,8 @@ def summarize(init_roots: Iterable[int] | np.ndarray, completions: pa.Table,
         for d in dead_letters.select(["topic", "partition", "offset", "attempts"]).to_pylist():
             dead_keys.add((d["topic"], d["partition"], d["offset"], d["attempts"] - 1))
     replayed = sum(
-        1 for c in done.select(["status", "topic", "partition", "offset", "attempt"]).to_pylist()
+        1
+        for c in done.select(["status", "topic", "partition", "offset", "attempt"]).to_pylist()
         if c["status"] in (FAILED, TIMED_OUT)
         and (c["topic"], c["partition"], c["offset"], c["attempt"]) not in dead_keys
     )
@@ -143,7 +160,8 @@ def summarize(init_roots: Iterable[int] | np.ndarray, completions: pa.Table,
     latency = acked.column("latency_ms").drop_null().to_numpy().astype(np.float64)
     percentiles = (
         {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(latency, PERCENTILES))}
-        if latency.size else None
+        if latency.size
+        else None
     )
     return Status(
         topology=topology,
@@ -162,25 +180,37 @@ def summarize(init_roots: Iterable[int] | np.ndarray, completions: pa.Table,
     )
 
 
-def local_status(directory: str, topology: str = "ackstream",
-                 dead_letter_dir: str | None = None) -> Status:
+def local_status(
+    directory: str, topology: str = "ackstream", dead_letter_dir: str | None = None
+) -> Status:
     """The status of the local channel in ``directory`` (dead letters default to
     ``<directory>/dead_letters``, the source's folder when no dead-letter topic is set)."""
     from ackstream.channels.local import LocalChannel
     from ackstream.sinks.dead_letters import read_dead_letters
 
     if not os.path.isdir(directory):
-        raise EnvironmentProblem(f"no channel directory at {directory}",
-                                 "Give the directory the topology's ackstream.channel points to.")
+        raise EnvironmentProblem(
+            f"no channel directory at {directory}",
+            "Give the directory the topology's ackstream.channel points to.",
+        )
     channel = LocalChannel(directory)
     completions, _ = channel.completions_since(None)
     letters = read_dead_letters(dead_letter_dir or os.path.join(directory, "dead_letters"))
-    return summarize(_init_roots(channel.ack_records()), completions, letters,
-                     topology=topology, channel=directory)
+    return summarize(
+        _init_roots(channel.ack_records()),
+        completions,
+        letters,
+        topology=topology,
+        channel=directory,
+    )
 
 
-def kafka_status(bootstrap: str, topology: str, dead_letter_dir: str | None = None,
-                 dead_letter_topic: str | None = None) -> Status:
+def kafka_status(
+    bootstrap: str,
+    topology: str,
+    dead_letter_dir: str | None = None,
+    dead_letter_topic: str | None = None,
+) -> Status:
     """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
     ``<topology>.done``).
 
@@ -195,9 +225,13 @@ def kafka_status(bootstrap: str, topology: str, dead_letter_dir: str | None = No
     channel = KafkaChannel(bootstrap, topology)
     completions, _ = channel.completions_since(None)
     letters = read_dead_letters(dead_letter_dir) if dead_letter_dir else None
-    status = summarize(_init_roots(channel.ack_records()), completions, letters,
-                       topology=topology,
-                       channel=f"kafka {bootstrap} {channel.acks_topic}, {channel.done_topic}")
+    status = summarize(
+        _init_roots(channel.ack_records()),
+        completions,
+        letters,
+        topology=topology,
+        channel=f"kafka {bootstrap} {channel.acks_topic}, {channel.done_topic}",
+    )
     if letters is None:
         topic = dead_letter_topic or f"{topology}.dead"
         count = sum(end - start for _, start, end in message_ranges(bootstrap, topic, {}))

@@ -21,16 +21,34 @@ from ackstream.lineage import ATTEMPT, EDGE, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
 
 __all__ = [
-    "init", "ack", "fail", "reject", "reset", "ack_records", "FakeClock", "TupleGraph", "Tuple",
+    "init",
+    "ack",
+    "fail",
+    "reject",
+    "reset",
+    "ack_records",
+    "FakeClock",
+    "TupleGraph",
+    "Tuple",
     "SpoutAcker",
-    "with_lineage", "tracked_frame", "settle",
+    "with_lineage",
+    "tracked_frame",
+    "settle",
 ]
 
 
 def init(root: int, value: int, *, topic="t", partition=0, offset=0, attempt=0, ts=0) -> dict:
     """The spout's record for ``root``: ``value`` is the XOR of its spout tuples' edges."""
-    return dict(root=root, value=value, kind=INIT, topic=topic, partition=partition,
-                offset=offset, attempt=attempt, ts=ts)
+    return dict(
+        root=root,
+        value=value,
+        kind=INIT,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        attempt=attempt,
+        ts=ts,
+    )
 
 
 def ack(root: int, value: int, *, ts=0) -> dict:
@@ -157,16 +175,27 @@ class SpoutAcker:
         failing = self.fail(frame) if self.fail else np.zeros(len(frame), bool)
         losing = self.lose(frame) if self.lose else np.zeros(len(frame), bool)
         failing, losing = np.asarray(failing, bool), np.asarray(losing, bool) & ~failing
-        inits = pd.DataFrame({
-            "root": frame[ROOT], "value": frame[EDGE], "kind": INIT,
-            "topic": frame["topic"], "partition": frame["partition"],
-            "offset": frame["offset"], "attempt": frame[ATTEMPT], "ts": now,
-        })
+        inits = pd.DataFrame(
+            {
+                "root": frame[ROOT],
+                "value": frame[EDGE],
+                "kind": INIT,
+                "topic": frame["topic"],
+                "partition": frame["partition"],
+                "offset": frame["offset"],
+                "attempt": frame[ATTEMPT],
+                "ts": now,
+            }
+        )
         done = frame[~losing]
-        ends = pd.DataFrame({
-            "root": done[ROOT], "value": np.where(failing[~losing], 0, done[EDGE]),
-            "kind": np.where(failing[~losing], FAIL, ACK), "ts": now,
-        })
+        ends = pd.DataFrame(
+            {
+                "root": done[ROOT],
+                "value": np.where(failing[~losing], 0, done[EDGE]),
+                "kind": np.where(failing[~losing], FAIL, ACK),
+                "ts": now,
+            }
+        )
         self.channel.write_acks(ack_records(inits.to_dict("records") + ends.to_dict("records")))
 
 
@@ -191,7 +220,8 @@ def tracked_frame(spark, values, *, keys=None, topic="t", partition=0, source="t
     keys = keys or [None] * len(values)
     rows = [(k, v, topic, partition, i) for i, (k, v) in enumerate(zip(keys, values))]
     df = spark.createDataFrame(
-        rows, "key string, value string, topic string, partition int, offset long")
+        rows, "key string, value string, topic string, partition int, offset long"
+    )
     return with_lineage(df, source)
 
 

@@ -63,10 +63,16 @@ def generate(n_roots: int, fanout: int = 8, block_roots: int = 10_000, seed: int
     root_col = np.repeat(roots, per_root)
     value = np.concatenate([spout[:, None], spout_ack[:, None], kids], axis=1).reshape(-1)
     is_init = np.tile(np.r_[True, np.zeros(per_root - 1, bool)], n_roots)
-    order = np.concatenate([
-        start * per_root + rng.permutation(min(block_roots, n_roots - start) * per_root)
-        for start in range(0, n_roots, block_roots)
-    ]) if n_roots else np.empty(0, np.int64)
+    order = (
+        np.concatenate(
+            [
+                start * per_root + rng.permutation(min(block_roots, n_roots - start) * per_root)
+                for start in range(0, n_roots, block_roots)
+            ]
+        )
+        if n_roots
+        else np.empty(0, np.int64)
+    )
     root_col, value, is_init = root_col[order], value[order], is_init[order]
     owner = order // per_root
     no_init = ~is_init
@@ -108,8 +114,12 @@ def bench_ledger(records: pa.Table, n_roots: int, batch_rows: int = 200_000) -> 
         acked, other = acked + ok, other + len(done) - ok
     seconds = time.perf_counter() - start
     _check(acked, other + len(pending), n_roots, "ledger")
-    return {"records_per_s": len(frame) / seconds, "roots_per_s": n_roots / seconds,
-            "seconds": seconds, "batch_rows": batch_rows}
+    return {
+        "records_per_s": len(frame) / seconds,
+        "roots_per_s": n_roots / seconds,
+        "seconds": seconds,
+        "batch_rows": batch_rows,
+    }
 
 
 # --- b. the Spark acker query keyed by shard ----------------------------------------
@@ -129,8 +139,12 @@ def _measure(channel, query, rows: int, n_roots: int, limit_s: float, what: str)
     finally:
         query.stop()
     _check(acked, other, n_roots, what)
-    return {"records_per_s": rows / seconds, "roots_per_s": n_roots / seconds,
-            "seconds": seconds, **progress}
+    return {
+        "records_per_s": rows / seconds,
+        "roots_per_s": n_roots / seconds,
+        "seconds": seconds,
+        **progress,
+    }
 
 
 def _wait_completions(channel, query, n_roots: int, limit_s: float) -> tuple[int, int, float]:
@@ -169,13 +183,27 @@ def _progress(query) -> dict:
         for k, v in p["durationMs"].items():
             durations[k] = durations.get(k, 0) + v
     state = batches[-1]["stateOperators"][0] if batches and batches[-1]["stateOperators"] else {}
-    return {"batches": len(batches), "input_rows": sum(p["numInputRows"] for p in batches),
-            "duration_ms": durations, "state_memory_bytes": state.get("memoryUsedBytes")}
+    return {
+        "batches": len(batches),
+        "input_rows": sum(p["numInputRows"] for p in batches),
+        "duration_ms": durations,
+        "state_memory_bytes": state.get("memoryUsedBytes"),
+    }
 
 
-def bench_spark_shard(spark, records: pa.Table, n_roots: int, workdir: str, *, ackers: int = 2,
-                      files: int = 40, max_files_per_trigger: int | None = 10,
-                      limit_s: float = 900, name: str = "shard", before=None) -> dict:
+def bench_spark_shard(
+    spark,
+    records: pa.Table,
+    n_roots: int,
+    workdir: str,
+    *,
+    ackers: int = 2,
+    files: int = 40,
+    max_files_per_trigger: int | None = 10,
+    limit_s: float = 900,
+    name: str = "shard",
+    before=None,
+) -> dict:
     """Records/s of the real acker query, from its start to the last root's completion.
     ``before(acks_dir)`` runs once the files are written, before the query starts."""
     from ackstream.acker.query import start_acker
@@ -184,16 +212,35 @@ def bench_spark_shard(spark, records: pa.Table, n_roots: int, workdir: str, *, a
     channel = LocalChannel(os.path.join(workdir, f"{name}-channel"))
     _write_files(channel, records, files)
     extra = before(channel.acks_dir) if before else {}
-    query = start_acker(spark, channel, checkpoint=os.path.join(workdir, f"{name}-ckpt"),
-                        ackers=ackers, message_timeout_ms=TIMEOUT_MS, trigger_ms=0,
-                        max_files_per_trigger=max_files_per_trigger, query_name=f"bench_{name}")
-    return {**_measure(channel, query, records.num_rows, n_roots, limit_s, "spark_shard"),
-            "ackers": ackers, "files": files, "max_files_per_trigger": max_files_per_trigger,
-            "before": extra}
+    query = start_acker(
+        spark,
+        channel,
+        checkpoint=os.path.join(workdir, f"{name}-ckpt"),
+        ackers=ackers,
+        message_timeout_ms=TIMEOUT_MS,
+        trigger_ms=0,
+        max_files_per_trigger=max_files_per_trigger,
+        query_name=f"bench_{name}",
+    )
+    return {
+        **_measure(channel, query, records.num_rows, n_roots, limit_s, "spark_shard"),
+        "ackers": ackers,
+        "files": files,
+        "max_files_per_trigger": max_files_per_trigger,
+        "before": extra,
+    }
 
 
-def breakdown(spark, acks_dir: str, rows: int, workdir: str, *, ackers: int = 2,
-              max_files_per_trigger: int | None = 10, limit_s: float = 900) -> dict:
+def breakdown(
+    spark,
+    acks_dir: str,
+    rows: int,
+    workdir: str,
+    *,
+    ackers: int = 2,
+    max_files_per_trigger: int | None = 10,
+    limit_s: float = 900,
+) -> dict:
     """Where the shard query's time goes, by running cut-down queries on the same files:
     ``jvm``: read, key by shard, shuffle and fold in the JVM, no Python;
     ``plumbing``: the real ``applyInPandasWithState`` with a function that only
@@ -210,7 +257,8 @@ def breakdown(spark, acks_dir: str, rows: int, workdir: str, *, ackers: int = 2,
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
         return reader.parquet(acks_dir).withColumn(
-            SHARD_COLUMN, F.pmod(F.col("root"), F.lit(ackers).cast("long")))
+            SHARD_COLUMN, F.pmod(F.col("root"), F.lit(ackers).cast("long"))
+        )
 
     def fold(batch, _):
         batch.groupBy(SHARD_COLUMN).agg(F.bit_xor("value"), F.count("*")).collect()
@@ -222,14 +270,20 @@ def breakdown(spark, acks_dir: str, rows: int, workdir: str, *, ackers: int = 2,
 
     variants = {
         "jvm": stream().writeStream.foreachBatch(fold),
-        "plumbing": stream().groupBy(SHARD_COLUMN).applyInPandasWithState(
-            consume, COMPLETION_DDL, STATE_DDL, "append", GroupStateTimeout.NoTimeout)
+        "plumbing": stream()
+        .groupBy(SHARD_COLUMN)
+        .applyInPandasWithState(
+            consume, COMPLETION_DDL, STATE_DDL, "append", GroupStateTimeout.NoTimeout
+        )
         .writeStream.foreachBatch(lambda batch, _: batch.count()),
     }
     out = {}
     for name, writer in variants.items():
-        query = (writer.option("checkpointLocation", os.path.join(workdir, f"bd-{name}"))
-                 .trigger(processingTime="0 milliseconds").start())
+        query = (
+            writer.option("checkpointLocation", os.path.join(workdir, f"bd-{name}"))
+            .trigger(processingTime="0 milliseconds")
+            .start()
+        )
         try:
             start = time.perf_counter()
             _drained(query, rows, limit_s)
@@ -263,8 +317,9 @@ def _per_root(key, frames, state):
         state.setTimeoutDuration(TIMEOUT_MS)
 
 
-def bench_spark_per_root(spark, records: pa.Table, n_roots: int, workdir: str, *,
-                         files: int = 10, limit_s: float = 900) -> dict:
+def bench_spark_per_root(
+    spark, records: pa.Table, n_roots: int, workdir: str, *, files: int = 10, limit_s: float = 900
+) -> dict:
     """Records/s of ``groupBy(root).applyInPandasWithState`` with a per-root state."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -272,20 +327,35 @@ def bench_spark_per_root(spark, records: pa.Table, n_roots: int, workdir: str, *
 
     channel = LocalChannel(os.path.join(workdir, "root-channel"))
     _write_files(channel, records, files)
-    done = channel.ack_stream(spark, max_files_per_trigger=max(1, files // 4)).groupBy(
-        "root").applyInPandasWithState(
-        _per_root, outputStructType="root long, status string",
-        stateStructType=PER_ROOT_STATE_DDL, outputMode="append",
-        timeoutConf=GroupStateTimeout.ProcessingTimeTimeout)
-    query = (done.withColumn("topic", _null("string")).withColumn("partition", _null("int"))
-             .withColumn("offset", _null("long")).withColumn("attempt", _null("int"))
-             .withColumn("latency_ms", _null("long")).withColumn("completed_ms", _null("long"))
-             .withColumn("reason", _null("string"))
-             .writeStream.foreachBatch(lambda b, i: channel.write_completions(b.toArrow(), i))
-             .option("checkpointLocation", os.path.join(workdir, "root-ckpt"))
-             .trigger(processingTime="0 milliseconds").queryName("bench_per_root").start())
-    return {**_measure(channel, query, records.num_rows, n_roots, limit_s, "spark_per_root"),
-            "files": files}
+    done = (
+        channel.ack_stream(spark, max_files_per_trigger=max(1, files // 4))
+        .groupBy("root")
+        .applyInPandasWithState(
+            _per_root,
+            outputStructType="root long, status string",
+            stateStructType=PER_ROOT_STATE_DDL,
+            outputMode="append",
+            timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+        )
+    )
+    query = (
+        done.withColumn("topic", _null("string"))
+        .withColumn("partition", _null("int"))
+        .withColumn("offset", _null("long"))
+        .withColumn("attempt", _null("int"))
+        .withColumn("latency_ms", _null("long"))
+        .withColumn("completed_ms", _null("long"))
+        .withColumn("reason", _null("string"))
+        .writeStream.foreachBatch(lambda b, i: channel.write_completions(b.toArrow(), i))
+        .option("checkpointLocation", os.path.join(workdir, "root-ckpt"))
+        .trigger(processingTime="0 milliseconds")
+        .queryName("bench_per_root")
+        .start()
+    )
+    return {
+        **_measure(channel, query, records.num_rows, n_roots, limit_s, "spark_per_root"),
+        "files": files,
+    }
 
 
 def _null(kind: str):
@@ -367,15 +437,19 @@ def storm_acker(rows, rotate_every: int = 100_000):
 
 def bench_storm_dict(records: pa.Table, n_roots: int) -> dict:
     """Records/s of ``storm_acker`` over Python tuples (conversion not timed)."""
-    cols = [records[c].to_pylist() for c in ("root", "value", "kind", "topic", "partition",
-                                             "offset")]
+    cols = [
+        records[c].to_pylist() for c in ("root", "value", "kind", "topic", "partition", "offset")
+    ]
     rows = list(zip(*cols))
     start = time.perf_counter()
     acked, failed, expired, pending = storm_acker(rows)
     seconds = time.perf_counter() - start
     _check(len(acked), len(failed) + expired + len(pending), n_roots, "storm_dict")
-    return {"records_per_s": len(rows) / seconds, "roots_per_s": n_roots / seconds,
-            "seconds": seconds}
+    return {
+        "records_per_s": len(rows) / seconds,
+        "roots_per_s": n_roots / seconds,
+        "seconds": seconds,
+    }
 
 
 # --- state size ---------------------------------------------------------------------
@@ -408,19 +482,35 @@ def machine() -> dict:
     model, mem = None, None
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                         None)
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None
+            )
         with open("/proc/meminfo") as f:
             mem = next((int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemTotal")), None)
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": model, "memory_bytes": mem,
-            "python": platform.python_version(), "pyspark": pyspark.__version__}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "memory_bytes": mem,
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+    }
 
 
-def run(spark, *, roots: int, per_root_roots: int, fanout: int = 8, ackers: int = 2,
-        files: int = 40, max_files_per_trigger: int | None = 10, state_roots: int = 20_000,
-        with_breakdown: bool = True, workdir: str | None = None) -> dict:
+def run(
+    spark,
+    *,
+    roots: int,
+    per_root_roots: int,
+    fanout: int = 8,
+    ackers: int = 2,
+    files: int = 40,
+    max_files_per_trigger: int | None = 10,
+    state_roots: int = 20_000,
+    with_breakdown: bool = True,
+    workdir: str | None = None,
+) -> dict:
     """Every measurement on ``spark``; returns the result dict (the JSON line)."""
     records = generate(roots, fanout)
     small = generate(per_root_roots, fanout, seed=1)
@@ -429,21 +519,48 @@ def run(spark, *, roots: int, per_root_roots: int, fanout: int = 8, ackers: int 
         ledger = bench_ledger(records, roots)
         storm = bench_storm_dict(records, roots)
         # a short untimed run first, so the JVM's JIT and Python workers are warm
-        bench_spark_shard(spark, generate(warm_roots, fanout, seed=2), warm_roots, tmp,
-                          ackers=ackers, files=4, max_files_per_trigger=2, name="warmup")
+        bench_spark_shard(
+            spark,
+            generate(warm_roots, fanout, seed=2),
+            warm_roots,
+            tmp,
+            ackers=ackers,
+            files=4,
+            max_files_per_trigger=2,
+            name="warmup",
+        )
+
         # the breakdown's cut-down queries read the same files just before the real one
         def cut_down(acks_dir):
-            return breakdown(spark, acks_dir, records.num_rows, tmp, ackers=ackers,
-                             max_files_per_trigger=max_files_per_trigger)
+            return breakdown(
+                spark,
+                acks_dir,
+                records.num_rows,
+                tmp,
+                ackers=ackers,
+                max_files_per_trigger=max_files_per_trigger,
+            )
 
-        shard = bench_spark_shard(spark, records, roots, tmp, ackers=ackers, files=files,
-                                  max_files_per_trigger=max_files_per_trigger,
-                                  before=cut_down if with_breakdown else None)
+        shard = bench_spark_shard(
+            spark,
+            records,
+            roots,
+            tmp,
+            ackers=ackers,
+            files=files,
+            max_files_per_trigger=max_files_per_trigger,
+            before=cut_down if with_breakdown else None,
+        )
         where = shard.pop("before")
         per_root = bench_spark_per_root(spark, small, per_root_roots, tmp)
     if where:  # raw seconds: on a noisy 2-core box differences of runs are not shares
-        where.update({"full_trigger_s": shard["duration_ms"].get("triggerExecution", 0) / 1000,
-                      "ledger_step_s_same_records": ledger["seconds"]})
+        where.update(
+            {
+                "full_trigger_s": shard["duration_ms"].get("triggerExecution", 0) / 1000,
+                "ledger_step_s_same_records": ledger["seconds"],
+            }
+        )
+
     def rate(figures):
         return figures["records_per_s"]
 
@@ -468,13 +585,23 @@ def run(spark, *, roots: int, per_root_roots: int, fanout: int = 8, ackers: int 
             <= 40.01,
         },
         "spark_shard_breakdown": where,
-        "records": {"main": records.num_rows, "per_root_form": small.num_rows,
-                    "warmup_untimed": warm_roots * (fanout + 2)},
+        "records": {
+            "main": records.num_rows,
+            "per_root_form": small.num_rows,
+            "warmup_untimed": warm_roots * (fanout + 2),
+        },
         "roots": {"main": roots, "per_root_form": per_root_roots},
-        "tree": {"shape": "spout tuple -> fanout leaf children", "fanout": fanout,
-                 "records_per_root": fanout + 2},
-        "detail": {"ledger": ledger, "spark_shard": shard, "spark_per_root": per_root,
-                   "storm_dict": storm},
+        "tree": {
+            "shape": "spout tuple -> fanout leaf children",
+            "fanout": fanout,
+            "records_per_root": fanout + 2,
+        },
+        "detail": {
+            "ledger": ledger,
+            "spark_shard": shard,
+            "spark_per_root": per_root,
+            "storm_dict": storm,
+        },
         "machine": machine(),
     }
 
@@ -500,11 +627,17 @@ def main(argv=None) -> dict:
 
     spark = local_session("ackstream-bench", cores=a.cores)
     try:
-        result = run(spark, roots=max(1, records // per), per_root_roots=max(1, per_root // per),
-                     fanout=a.fanout, ackers=a.ackers, files=a.files,
-                     max_files_per_trigger=a.max_files_per_trigger,
-                     state_roots=2_000 if a.quick else 20_000,
-                     with_breakdown=not (a.no_breakdown or a.quick))
+        result = run(
+            spark,
+            roots=max(1, records // per),
+            per_root_roots=max(1, per_root // per),
+            fanout=a.fanout,
+            ackers=a.ackers,
+            files=a.files,
+            max_files_per_trigger=a.max_files_per_trigger,
+            state_roots=2_000 if a.quick else 20_000,
+            with_breakdown=not (a.no_breakdown or a.quick),
+        )
     finally:
         for q in spark.streams.active:
             q.stop()

@@ -43,22 +43,36 @@ from ackstream.sources.generator import committed_count  # noqa: E402
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float = 900,
-        batch: int | None = None) -> dict:
+def run(
+    spark,
+    tracking: bool,
+    records: int,
+    rate: float = 0.0,
+    timeout_s: float = 900,
+    batch: int | None = None,
+) -> dict:
     """One run to the end; returns records/s and, with tracking, latency percentiles."""
     directory = tempfile.mkdtemp(prefix="ackstream-bench-")
     channel_dir = os.path.join(directory, "channel")
     name = f"bench{'on' if tracking else 'off'}{int(time.time() * 1000) % 100000}"
-    topology = (Topology(name, spark, LocalChannel(channel_dir), tracking=tracking,
-                         message_timeout_ms=120_000)
-                .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
-                .explode(F.split("line", " "), "word")
-                .aggregate("word", F.count("*").alias("n"))
-                .sink(MemorySink()))
-    stream = topology.read_stream({
-        "ackstream.upstream": "generator", "ackstream.generator.count": records,
-        "ackstream.generator.rate": rate, "ackstream.tracking": str(tracking).lower(),
-        "maxOffsetsPerTrigger": batch or records})
+    topology = (
+        Topology(
+            name, spark, LocalChannel(channel_dir), tracking=tracking, message_timeout_ms=120_000
+        )
+        .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
+        .explode(F.split("line", " "), "word")
+        .aggregate("word", F.count("*").alias("n"))
+        .sink(MemorySink())
+    )
+    stream = topology.read_stream(
+        {
+            "ackstream.upstream": "generator",
+            "ackstream.generator.count": records,
+            "ackstream.generator.rate": rate,
+            "ackstream.tracking": str(tracking).lower(),
+            "maxOffsetsPerTrigger": batch or records,
+        }
+    )
     started = time.time()
     running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=200)
     first_batch = None  # when the first batch with input started (its trigger time)
@@ -71,20 +85,26 @@ def run(spark, tracking: bool, records: int, rate: float = 0.0, timeout_s: float
         ended = time.time()
         progress = running.query.recentProgress
         first_batch = first_batch or next(filter(None, map(_batch_start, progress)))
-        batch_ms = [p["durationMs"]["triggerExecution"] for p in progress
-                    if p.get("numInputRows")]
+        batch_ms = [p["durationMs"]["triggerExecution"] for p in progress if p.get("numInputRows")]
     finally:
         running.stop()
-    result = {"records": records, "seconds": ended - started,
-              "records_per_s": records / (ended - first_batch),
-              "records_per_s_from_start": records / (ended - started),
-              "startup_s": first_batch - started,
-              "batch_ms_median": float(np.median(batch_ms)), "batches": len(batch_ms)}
+    result = {
+        "records": records,
+        "seconds": ended - started,
+        "records_per_s": records / (ended - first_batch),
+        "records_per_s_from_start": records / (ended - started),
+        "startup_s": first_batch - started,
+        "batch_ms_median": float(np.median(batch_ms)),
+        "batches": len(batch_ms),
+    }
     if tracking:
         done = LocalChannel(channel_dir).completions_since(None)[0].to_pylist()
         latency = np.array([c["latency_ms"] for c in done if c["status"] == ACKED], float)
-        result.update(acked=len(latency), p50_ms=float(np.percentile(latency, 50)),
-                      p99_ms=float(np.percentile(latency, 99)))
+        result.update(
+            acked=len(latency),
+            p50_ms=float(np.percentile(latency, 50)),
+            p99_ms=float(np.percentile(latency, 99)),
+        )
     return result
 
 
@@ -122,8 +142,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--records", type=int, default=40_000)
     parser.add_argument("--batch", type=int, default=2_500, help="max offsets per micro-batch")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
-    parser.add_argument("--repeat", type=int, default=7,
-                        help="off/on pairs, run alternately; reports the median pair overhead")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=7,
+        help="off/on pairs, run alternately; reports the median pair overhead",
+    )
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
     records = 2_000 if args.quick else args.records
@@ -133,33 +157,44 @@ def main(argv=None) -> dict:
         # first runs (a first timed pair used to come out 10-180 % in favour of tracking)
         run(spark, False, records, batch=args.batch)
         run(spark, True, records, batch=args.batch)
-        pairs = [(run(spark, False, records, batch=args.batch),
-                  run(spark, True, records, batch=args.batch))
-                 for _ in range(1 if args.quick else args.repeat)]
+        pairs = [
+            (
+                run(spark, False, records, batch=args.batch),
+                run(spark, True, records, batch=args.batch),
+            )
+            for _ in range(1 if args.quick else args.repeat)
+        ]
         off = _median([p[0] for p in pairs])
         on = _median([p[1] for p in pairs])
         rate = on["records_per_s"] / 2
-        paced = run(spark, True, int(rate * (10 if args.quick else 30)), rate=rate,
-                    batch=args.batch)
+        paced = run(
+            spark, True, int(rate * (10 if args.quick else 30)), rate=rate, batch=args.batch
+        )
     finally:
         spark.stop()
     from acker import machine  # the same machine description as the acker benchmark
 
     out = {
-        "benchmark": "topology", "date": dt.datetime.now(dt.UTC).isoformat(),
-        "tracking_off": off, "tracking_on": on,
+        "benchmark": "topology",
+        "date": dt.datetime.now(dt.UTC).isoformat(),
+        "tracking_off": off,
+        "tracking_on": on,
         "runs_records_per_s": [[p[0]["records_per_s"], p[1]["records_per_s"]] for p in pairs],
         "overhead_pct": _median_overhead(pairs, "records_per_s"),
         "overhead_pct_from_start": _median_overhead(pairs, "records_per_s_from_start"),
         "overhead_pct_batch_median": _median_overhead(pairs, "batch_ms_median"),
-        "pair_overheads_pct": [round(_overhead(off_run, on_run, "records_per_s"), 1)
-                               for off_run, on_run in pairs],
-        "pair_batch_overheads_pct": [round(_overhead(off_run, on_run, "batch_ms_median"), 1)
-                                     for off_run, on_run in pairs],
+        "pair_overheads_pct": [
+            round(_overhead(off_run, on_run, "records_per_s"), 1) for off_run, on_run in pairs
+        ],
+        "pair_batch_overheads_pct": [
+            round(_overhead(off_run, on_run, "batch_ms_median"), 1) for off_run, on_run in pairs
+        ],
         "pair_overheads_quartiles_pct": _quartiles(pairs, "records_per_s"),
         "pair_batch_overheads_quartiles_pct": _quartiles(pairs, "batch_ms_median"),
         "half_rate": {"rate_records_per_s": rate, **paced},
-        "trigger_ms": 200, "max_offsets_per_batch": args.batch, "machine": machine(),
+        "trigger_ms": 200,
+        "max_offsets_per_batch": args.batch,
+        "machine": machine(),
     }
     print(json.dumps(out))
     if not args.no_save:

@@ -32,9 +32,17 @@ MESSAGE_TIMEOUT_MS = 5_000
 SOURCE_TIMEOUT = "20s"
 
 
-def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
-          message_timeout_ms: int = MESSAGE_TIMEOUT_MS, source_timeout: str = SOURCE_TIMEOUT,
-          per_batch: int = 10, ack_mode: str = "telescoped"):
+def build(
+    spark,
+    bootstrap: str,
+    inbox: str,
+    outbox: str,
+    name: str,
+    message_timeout_ms: int = MESSAGE_TIMEOUT_MS,
+    source_timeout: str = SOURCE_TIMEOUT,
+    per_batch: int = 10,
+    ack_mode: str = "telescoped",
+):
     """The tracked input stream and the topology (the fault tests run it in-process too).
     ``ack_mode="per_stage"`` puts every tree on the acker query's path."""
 
@@ -46,8 +54,13 @@ def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
         return frame[["word"]]
 
     topology = (
-        Topology(name, spark, KafkaChannel(bootstrap, name), ack_mode=ack_mode,
-                 message_timeout_ms=message_timeout_ms)
+        Topology(
+            name,
+            spark,
+            KafkaChannel(bootstrap, name),
+            ack_mode=ack_mode,
+            message_timeout_ms=message_timeout_ms,
+        )
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         .explode(F.split("line", " "), "word")
         .pandas_bolt(refuse_poison, "word string", name="refuse_poison")
@@ -55,11 +68,17 @@ def build(spark, bootstrap: str, inbox: str, outbox: str, name: str,
         .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
         .sink(KafkaSink(bootstrap, outbox))
     )
-    stream = topology.read_stream({
-        "kafka.bootstrap.servers": bootstrap, "subscribe": inbox,
-        "startingOffsets": "earliest", "ackstream.sourceTimeout": source_timeout,
-        "maxOffsetsPerTrigger": per_batch,  # spread the input over many batches
-        "ackstream.retryInitialDelay": "200ms", "ackstream.maxRetries": "2"})
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": bootstrap,
+            "subscribe": inbox,
+            "startingOffsets": "earliest",
+            "ackstream.sourceTimeout": source_timeout,
+            "maxOffsetsPerTrigger": per_batch,  # spread the input over many batches
+            "ackstream.retryInitialDelay": "200ms",
+            "ackstream.maxRetries": "2",
+        }
+    )
     return stream, topology
 
 

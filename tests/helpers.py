@@ -8,8 +8,18 @@ import time
 
 import pytest
 
-WORDS = ["storm", "spark", "acker", "tuple", "bolt", "spout", "anchor", "ledger", "replay",
-         "offset"]
+WORDS = [
+    "storm",
+    "spark",
+    "acker",
+    "tuple",
+    "bolt",
+    "spout",
+    "anchor",
+    "ledger",
+    "replay",
+    "offset",
+]
 
 
 def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
@@ -34,23 +44,33 @@ def commits(channel_dir):
 
 def generator_stream(spark, channel_dir, **options):
     """The ``ackstream`` source over the generator, ``options`` as ``ackstream.<name>``."""
-    reader = (spark.readStream.format("ackstream").option("ackstream.upstream", "generator")
-              .option("ackstream.channel", channel_dir))
+    reader = (
+        spark.readStream.format("ackstream")
+        .option("ackstream.upstream", "generator")
+        .option("ackstream.channel", channel_dir)
+    )
     for name, value in options.items():
         reader = reader.option(f"ackstream.{name}", value)
     return reader.load()
 
 
 def sentences(n):
-    return [" ".join(WORDS[(i * 7 + k) % len(WORDS)] + str(i % 4) for k in range(3 + i % 4))
-            for i in range(n)]
+    return [
+        " ".join(WORDS[(i * 7 + k) % len(WORDS)] + str(i % 4) for k in range(3 + i % 4))
+        for i in range(n)
+    ]
 
 
 def consume(bootstrap, topic):
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=1500, enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=1500,
+        enable_auto_commit=False,
+    )
     try:
         return list(consumer)
     finally:

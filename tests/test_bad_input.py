@@ -20,7 +20,8 @@ LIMIT = 4096
 
 
 def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_replayed(
-        spark, broker, new_topic, tmp_path):
+    spark, broker, new_topic, tmp_path
+):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     from helpers import consume
@@ -36,11 +37,17 @@ def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_re
     producer.flush()
     producer.close()
 
-    stream = (spark.readStream.format("ackstream")
-              .option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", inbox)
-              .option("startingOffsets", "earliest").option("ackstream.topology", name)
-              .option("ackstream.channel", "kafka").option("ackstream.maxValueBytes", LIMIT)
-              .option("ackstream.messageTimeout", "20s").load())
+    stream = (
+        spark.readStream.format("ackstream")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", inbox)
+        .option("startingOffsets", "earliest")
+        .option("ackstream.topology", name)
+        .option("ackstream.channel", "kafka")
+        .option("ackstream.maxValueBytes", LIMIT)
+        .option("ackstream.messageTimeout", "20s")
+        .load()
+    )
     sink = MemorySink()
     text = F.col("value").cast("string")
     topology = (
@@ -49,14 +56,19 @@ def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_re
         .reject_where(~F.is_valid_utf8(text), "value is not UTF-8")
         .map(lambda df: df.withColumn("doc", F.from_json(text, "n int")))
         .reject_where(F.col("doc.n").isNull(), F.concat(F.lit("not JSON: "), text))
-        .sink(sink))
+        .sink(sink)
+    )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
-    group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
-                          enable_auto_commit=False)
+    group = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
+    )
     try:
-        wait_for(lambda: group.committed(TopicPartition(inbox, 0)) == len(values)
-                 or running.exception(), timeout=120, interval=0.5,
-                 what="every offset committed")
+        wait_for(
+            lambda: group.committed(TopicPartition(inbox, 0)) == len(values) or running.exception(),
+            timeout=120,
+            interval=0.5,
+            what="every offset committed",
+        )
         assert running.exception() is None and running.is_active()
     finally:
         running.stop()
@@ -73,24 +85,35 @@ def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_re
     assert reasons[3] == "rejected: value is null"
     assert reasons[5] == "rejected: value is not UTF-8"
     assert reasons[7] == "rejected: not JSON: {truncated json"
-    assert reasons[9] == (f"rejected: value of {HUGE} bytes is over ackstream.maxValueBytes "
-                          f"({LIMIT}); raise that option to process it")
+    assert reasons[9] == (
+        f"rejected: value of {HUGE} bytes is over ackstream.maxValueBytes "
+        f"({LIMIT}); raise that option to process it"
+    )
     assert letters[7][1] == bad[7]  # the original value travels with its letter...
     assert letters[9][1] is None  # ...unless it is the reason (it stays in the topic)
 
 
 def test_an_unreachable_broker_is_an_error_at_load(spark):
     with pytest.raises(Exception) as caught:
-        (spark.readStream.format("ackstream").option("kafka.bootstrap.servers", "127.0.0.1:9")
-         .option("subscribe", "events").load())
-    assert "no Kafka broker answers at 127.0.0.1:9 (option kafka.bootstrap.servers) within" in \
-        str(caught.value)
+        (
+            spark.readStream.format("ackstream")
+            .option("kafka.bootstrap.servers", "127.0.0.1:9")
+            .option("subscribe", "events")
+            .load()
+        )
+    assert "no Kafka broker answers at 127.0.0.1:9 (option kafka.bootstrap.servers) within" in str(
+        caught.value
+    )
 
 
 def test_a_missing_topic_is_an_error_at_load(spark, broker):
     with pytest.raises(Exception) as caught:
-        (spark.readStream.format("ackstream").option("kafka.bootstrap.servers", broker.bootstrap)
-         .option("subscribe", "no-such-topic-here").load())
+        (
+            spark.readStream.format("ackstream")
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("subscribe", "no-such-topic-here")
+            .load()
+        )
     assert "no-such-topic-here (option subscribe) do not exist" in str(caught.value)
 
 
@@ -109,22 +132,34 @@ def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new
         producer.commit_transaction()
     producer.close()
 
-    stream = (spark.readStream.format("ackstream")
-              .option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", inbox)
-              .option("startingOffsets", "earliest").option("ackstream.topology", name)
-              .option("ackstream.channel", str(tmp_path / "channel"))
-              .option("ackstream.messageTimeout", "5 min").load())
+    stream = (
+        spark.readStream.format("ackstream")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", inbox)
+        .option("startingOffsets", "earliest")
+        .option("ackstream.topology", name)
+        .option("ackstream.channel", str(tmp_path / "channel"))
+        .option("ackstream.messageTimeout", "5 min")
+        .load()
+    )
     sink = MemorySink()
     from ackstream.channels.local import LocalChannel
 
-    running = (Topology(name, spark, LocalChannel(tmp_path / "channel"),
-                        message_timeout_ms=300_000).sink(sink)
-               .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300))
-    group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
-                          enable_auto_commit=False)
+    running = (
+        Topology(name, spark, LocalChannel(tmp_path / "channel"), message_timeout_ms=300_000)
+        .sink(sink)
+        .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
+    )
+    group = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
+    )
     try:
-        wait_for(lambda: group.committed(TopicPartition(inbox, 0)) == 5 or running.exception(),
-                 timeout=90, interval=0.5, what="the commit past both markers")
+        wait_for(
+            lambda: group.committed(TopicPartition(inbox, 0)) == 5 or running.exception(),
+            timeout=90,
+            interval=0.5,
+            what="the commit past both markers",
+        )
         assert running.exception() is None
     finally:
         running.stop()

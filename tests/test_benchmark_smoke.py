@@ -27,14 +27,34 @@ def test_storm_dict_acks_every_root():
 
 
 def test_benchmark_run_reports_exact_counts_and_all_keys(spark, tmp_path):
-    result = acker.run(spark, roots=60, per_root_roots=12, fanout=3, files=4,
-                       max_files_per_trigger=2, state_roots=200, workdir=str(tmp_path))
-    for key in ("ledger_records_per_s", "spark_shard_records_per_s", "spark_shard_roots_per_s",
-                "spark_per_root_records_per_s", "storm_dict_records_per_s", "ratios",
-                "state_bytes_per_pending_root", "spark_shard_breakdown", "machine", "tree"):
+    result = acker.run(
+        spark,
+        roots=60,
+        per_root_roots=12,
+        fanout=3,
+        files=4,
+        max_files_per_trigger=2,
+        state_roots=200,
+        workdir=str(tmp_path),
+    )
+    for key in (
+        "ledger_records_per_s",
+        "spark_shard_records_per_s",
+        "spark_shard_roots_per_s",
+        "spark_per_root_records_per_s",
+        "storm_dict_records_per_s",
+        "ratios",
+        "state_bytes_per_pending_root",
+        "spark_shard_breakdown",
+        "machine",
+        "tree",
+    ):
         assert key in result
-    assert set(result["ratios"]) == {"spark_shard_over_spark_per_root",
-                                     "spark_shard_over_storm_dict", "ledger_over_storm_dict"}
+    assert set(result["ratios"]) == {
+        "spark_shard_over_spark_per_root",
+        "spark_shard_over_storm_dict",
+        "ledger_over_storm_dict",
+    }
     assert result["records"]["main"] == 60 * 5 and result["records"]["per_root_form"] == 12 * 5
     assert result["detail"]["spark_shard"]["input_rows"] == 60 * 5
     assert result["detail"]["spark_per_root"]["input_rows"] == 12 * 5

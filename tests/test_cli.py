@@ -23,8 +23,16 @@ def test_demo_accounts_for_every_record(spark, tmp_path):
     from ackstream.demo import run_demo
 
     lines = []
-    result = run_demo(spark, records=120, fail_percent=10, poison_every=50, max_retries=1,
-                      directory=str(tmp_path), progress=lines.append, timeout_s=240)
+    result = run_demo(
+        spark,
+        records=120,
+        fail_percent=10,
+        poison_every=50,
+        max_retries=1,
+        directory=str(tmp_path),
+        progress=lines.append,
+        timeout_s=240,
+    )
     assert result.accounted_for, result
     assert (result.lost, result.both, result.committed) == (0, 0, 120)
     assert result.dead_lettered == 2  # offset 25 of each partition (60 records each)
@@ -43,10 +51,13 @@ def test_run_arguments_and_env_default(monkeypatch):
     assert (args.file, args.timeout, args.until_idle, args.cores) == ("topo.py", 12.5, 3.0, 2)
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["run", "topo.py", "--timeout", "0"], "--timeout must be a positive number"),
-    (["run", "missing.py"], "no topology file at missing.py"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["run", "topo.py", "--timeout", "0"], "--timeout must be a positive number"),
+        (["run", "missing.py"], "no topology file at missing.py"),
+    ],
+)
 def test_bad_run_arguments_name_the_problem(argv, says, capsys):
     with pytest.raises(SystemExit) as stop:
         main(argv)
@@ -57,8 +68,12 @@ def test_status_arguments_default_from_the_environment(monkeypatch):
     monkeypatch.setenv("ACKSTREAM_TOPOLOGY", "words")
     monkeypatch.setenv("ACKSTREAM_CHANNEL", "/data/ch")
     args = build_parser().parse_args(["status", "--json"])
-    assert (args.topology, args.channel, args.bootstrap, args.json) == \
-        ("words", "/data/ch", None, True)
+    assert (args.topology, args.channel, args.bootstrap, args.json) == (
+        "words",
+        "/data/ch",
+        None,
+        True,
+    )
     monkeypatch.delenv("ACKSTREAM_CHANNEL")
     monkeypatch.delenv("ACKSTREAM_TOPOLOGY")
     args = build_parser().parse_args(["status", "--bootstrap", "127.0.0.1:9092"])
@@ -86,10 +101,13 @@ def test_status_needs_a_channel_and_says_what_to_set(capsys, monkeypatch, tmp_pa
     assert "--bootstrap HOST:PORT" in err and "ACKSTREAM_CHANNEL" in err
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["status", "--channel", "a", "--bootstrap", "b:1"], "--channel and --bootstrap are both"),
-    (["status", "--channel", "/no/such/dir"], "no channel directory at /no/such/dir"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["status", "--channel", "a", "--bootstrap", "b:1"], "--channel and --bootstrap are both"),
+        (["status", "--channel", "/no/such/dir"], "no channel directory at /no/such/dir"),
+    ],
+)
 def test_status_conflicting_or_missing_channel(argv, says, capsys):
     with pytest.raises(SystemExit) as stop:
         main(argv)
@@ -147,14 +165,15 @@ def test_bench_runs_the_script_with_the_options_passed_on(capsys, tmp_path):
     bench = tmp_path / "benchmarks"
     bench.mkdir()
     (bench / "acker.py").write_text(
-        "import sys\nprint('ARGS', sys.argv[1:])\nsys.exit(3)\n")  # a stand-in, not the benchmark
+        "import sys\nprint('ARGS', sys.argv[1:])\nsys.exit(3)\n"
+    )  # a stand-in, not the benchmark
     code = main(["bench", "acker", "--quick", "--records=10", "--benchmarks", str(bench)])
     assert code == 3
 
 
 # --- run: a tiny topology file in-process --------------------------------------------
 
-TOPOLOGY_FILE = '''
+TOPOLOGY_FILE = """
 from pyspark.sql import functions as F
 
 from ackstream import LocalChannel, MemorySink, Topology
@@ -167,7 +186,7 @@ frame = topology.read_stream({{"ackstream.upstream": "generator",
                               "ackstream.generator.count": "20",
                               "ackstream.generator.partitions": "2"}})
 topology.start(frame, {checkpoint!r}, trigger_ms=200)
-'''
+"""
 
 
 @pytest.mark.spark
@@ -188,9 +207,10 @@ def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, cap
 @pytest.mark.spark
 def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, capsys):
     topo = tmp_path / "broken.py"
-    topo.write_text(TOPOLOGY_FILE.format(channel=str(tmp_path / "ch"),
-                                         checkpoint=str(tmp_path / "ckpt"))
-                    + "raise RuntimeError('boom after start')\n")
+    topo.write_text(
+        TOPOLOGY_FILE.format(channel=str(tmp_path / "ch"), checkpoint=str(tmp_path / "ckpt"))
+        + "raise RuntimeError('boom after start')\n"
+    )
     before = {q.id for q in spark.streams.active}
     assert main(["run", str(topo), "--timeout", "30"]) == 1
     assert {q.id for q in spark.streams.active} == before
@@ -206,8 +226,14 @@ def _ackstream(*argv, env=None):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "ackstream", *argv], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ackstream", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def test_python_m_ackstream_help():
@@ -223,8 +249,11 @@ def test_python_m_ackstream_status_json_on_a_filled_channel(tmp_path):
     from test_status import EXPECTED, fill_channel
 
     fill_channel(tmp_path / "ch")
-    done = _ackstream("status", "--json", env={"ACKSTREAM_CHANNEL": str(tmp_path / "ch"),
-                                                "ACKSTREAM_TOPOLOGY": "words"})
+    done = _ackstream(
+        "status",
+        "--json",
+        env={"ACKSTREAM_CHANNEL": str(tmp_path / "ch"), "ACKSTREAM_TOPOLOGY": "words"},
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert {k: report[k] for k in EXPECTED} == EXPECTED and report["topology"] == "words"

@@ -19,13 +19,23 @@ def test_defaults_mirror_spark_and_storm():
 
 
 def test_keys_are_case_insensitive_and_everything_parses():
-    cfg = parse({**KAFKA, "SUBSCRIBE": "a, b", "ackstream.MAXPENDING": "10",
-                 "maxoffsetspertrigger": "100", "ackstream.retryInitialDelay": "2 s",
-                 "ackstream.retryMaxDelay": "1 min", "ackstream.maxRetries": "0",
-                 "kafka.group.id": "g", "failOnDataLoss": "FALSE",
-                 "ackstream.topology": "wc", "ackstream.deadLetterTopic": "dlq",
-                 "startingOffsets": '{"a": {"0": 5, "1": -2}}',
-                 "kafka.request.timeout.ms": "5000"})
+    cfg = parse(
+        {
+            **KAFKA,
+            "SUBSCRIBE": "a, b",
+            "ackstream.MAXPENDING": "10",
+            "maxoffsetspertrigger": "100",
+            "ackstream.retryInitialDelay": "2 s",
+            "ackstream.retryMaxDelay": "1 min",
+            "ackstream.maxRetries": "0",
+            "kafka.group.id": "g",
+            "failOnDataLoss": "FALSE",
+            "ackstream.topology": "wc",
+            "ackstream.deadLetterTopic": "dlq",
+            "startingOffsets": '{"a": {"0": 5, "1": -2}}',
+            "kafka.request.timeout.ms": "5000",
+        }
+    )
     assert cfg.topics == ("a", "b") and cfg.max_pending == 10
     assert cfg.max_offsets_per_trigger == 100 and cfg.max_retries == 0
     assert (cfg.retry_initial_delay_ms, cfg.retry_max_delay_ms) == (2000, 60_000)
@@ -35,34 +45,48 @@ def test_keys_are_case_insensitive_and_everything_parses():
     assert cfg.kafka_options == (("request.timeout.ms", "5000"),)
 
 
-@pytest.mark.parametrize("text, ms", [("500ms", 500), ("30s", 30_000), ("2 min", 120_000),
-                                      ("1500", 1500), ("1.5s", 1500), ("1 hour", 3_600_000)])
+@pytest.mark.parametrize(
+    "text, ms",
+    [
+        ("500ms", 500),
+        ("30s", 30_000),
+        ("2 min", 120_000),
+        ("1500", 1500),
+        ("1.5s", 1500),
+        ("1 hour", 3_600_000),
+    ],
+)
 def test_durations(text, ms):
     assert parse_duration_ms("x", text) == ms
 
 
-@pytest.mark.parametrize("options, option", [
-    ({"ackstream.maxPending": "0"}, "ackstream.maxPending"),
-    ({"ackstream.maxPending": "ten"}, "ackstream.maxPending"),
-    ({"ackstream.messageTimeout": "30 parsecs"}, "ackstream.messageTimeout"),
-    ({"ackstream.messageTimeout": "0"}, "ackstream.messageTimeout"),
-    ({"ackstream.maxRetries": "-1"}, "ackstream.maxRetries"),
-    ({"ackstream.retryInitialDelay": "5s", "ackstream.retryMaxDelay": "1s"},
-     "ackstream.retryMaxDelay"),
-    ({"ackstream.sourceTimeout": "1s"}, "ackstream.sourceTimeout"),
-    ({"ackstream.tracking": "yes"}, "ackstream.tracking"),
-    ({"ackstream.maxpendng": "5"}, "ackstream.maxpendng"),
-    ({"ackstream.upstream": "pulsar"}, "ackstream.upstream"),
-    ({"ackstream.channel": "kafka", "ackstream.upstream": "generator"}, "ackstream.channel"),
-    ({"ackstream.topology": "word count"}, "ackstream.topology"),
-    ({"startingOffsets": "yesterday"}, "startingOffsets"),
-    ({"startingOffsets": '{"other": {"0": 1}}'}, "startingOffsets"),
-    ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
-    ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
-    ({"subscribe": ""}, "subscribe"),
-    ({"subscribePattern": "t.*"}, "subscribepattern"),
-    ({"kafka.bootstrap.servers": ""}, "kafka.bootstrap.servers"),
-])
+@pytest.mark.parametrize(
+    "options, option",
+    [
+        ({"ackstream.maxPending": "0"}, "ackstream.maxPending"),
+        ({"ackstream.maxPending": "ten"}, "ackstream.maxPending"),
+        ({"ackstream.messageTimeout": "30 parsecs"}, "ackstream.messageTimeout"),
+        ({"ackstream.messageTimeout": "0"}, "ackstream.messageTimeout"),
+        ({"ackstream.maxRetries": "-1"}, "ackstream.maxRetries"),
+        (
+            {"ackstream.retryInitialDelay": "5s", "ackstream.retryMaxDelay": "1s"},
+            "ackstream.retryMaxDelay",
+        ),
+        ({"ackstream.sourceTimeout": "1s"}, "ackstream.sourceTimeout"),
+        ({"ackstream.tracking": "yes"}, "ackstream.tracking"),
+        ({"ackstream.maxpendng": "5"}, "ackstream.maxpendng"),
+        ({"ackstream.upstream": "pulsar"}, "ackstream.upstream"),
+        ({"ackstream.channel": "kafka", "ackstream.upstream": "generator"}, "ackstream.channel"),
+        ({"ackstream.topology": "word count"}, "ackstream.topology"),
+        ({"startingOffsets": "yesterday"}, "startingOffsets"),
+        ({"startingOffsets": '{"other": {"0": 1}}'}, "startingOffsets"),
+        ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
+        ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({"subscribe": ""}, "subscribe"),
+        ({"subscribePattern": "t.*"}, "subscribepattern"),
+        ({"kafka.bootstrap.servers": ""}, "kafka.bootstrap.servers"),
+    ],
+)
 def test_bad_options_name_option_value_and_what_is_allowed(options, option):
     with pytest.raises(OptionError) as err:
         parse({**KAFKA, **options})
@@ -72,14 +96,26 @@ def test_bad_options_name_option_value_and_what_is_allowed(options, option):
 
 
 def test_kafka_channel_defaults_the_dead_letter_topic_to_the_topology_name():
-    cfg = parse({"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "in",
-                 "ackstream.topology": "words", "ackstream.channel": "KAFKA"})
+    cfg = parse(
+        {
+            "kafka.bootstrap.servers": "127.0.0.1:9",
+            "subscribe": "in",
+            "ackstream.topology": "words",
+            "ackstream.channel": "KAFKA",
+        }
+    )
     assert (cfg.channel, cfg.dead_letter_topic) == ("kafka", "words.dead")
 
 
 def test_generator_needs_no_broker_and_rejects_a_dead_letter_topic():
-    cfg = parse({"ackstream.upstream": "generator", "ackstream.generator.count": "100",
-                 "ackstream.generator.rate": "50", "ackstream.generator.partitions": "4"})
+    cfg = parse(
+        {
+            "ackstream.upstream": "generator",
+            "ackstream.generator.count": "100",
+            "ackstream.generator.rate": "50",
+            "ackstream.generator.partitions": "4",
+        }
+    )
     assert (cfg.generator_count, cfg.generator_rate, cfg.generator_partitions) == (100, 50.0, 4)
     with pytest.raises(OptionError) as err:
         parse({"ackstream.upstream": "generator", "ackstream.deadLetterTopic": "dlq"})

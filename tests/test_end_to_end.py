@@ -13,6 +13,7 @@ from helpers import consume, sentences, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
+
 def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dead_lettered(
     spark, broker, new_topic, tmp_path
 ):
@@ -45,18 +46,28 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
         .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
         .sink(KafkaSink(broker.bootstrap, outbox))
     )
-    stream = topology.read_stream({
-        "kafka.bootstrap.servers": broker.bootstrap, "subscribe": inbox,
-        "startingOffsets": "earliest", "ackstream.sourceTimeout": "90s",
-        "ackstream.retryInitialDelay": "200ms", "ackstream.maxRetries": "2"})
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": inbox,
+            "startingOffsets": "earliest",
+            "ackstream.sourceTimeout": "90s",
+            "ackstream.retryInitialDelay": "200ms",
+            "ackstream.maxRetries": "2",
+        }
+    )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
-    group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}",
-                          enable_auto_commit=False)
+    group = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
+    )
     partitions = [TopicPartition(inbox, p) for p in (0, 1)]
     try:
-        wait_for(lambda: [group.committed(tp) for tp in partitions] == [30, 30]
-                 or running.exception(), timeout=150, interval=0.5,
-                 what="every input offset committed")
+        wait_for(
+            lambda: [group.committed(tp) for tp in partitions] == [30, 30] or running.exception(),
+            timeout=150,
+            interval=0.5,
+            what="every input offset committed",
+        )
         assert running.exception() is None
     finally:
         running.stop()
@@ -68,10 +79,15 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     assert "poison" not in written
 
     done, _ = KafkaChannel(broker.bootstrap, name).completions_since(None)
-    failed = {(r["partition"], r["offset"], r["attempt"]) for r in done.to_pylist()
-              if r["status"] == "failed"}
+    failed = {
+        (r["partition"], r["offset"], r["attempt"])
+        for r in done.to_pylist()
+        if r["status"] == "failed"
+    }
     poison = (poison_at % 2, poison_at // 2)
-    assert {(p, o, a) for p, o, a in failed if (p, o) == poison} == {(*poison, a) for a in (0, 1, 2)}
+    assert {(p, o, a) for p, o, a in failed if (p, o) == poison} == {
+        (*poison, a) for a in (0, 1, 2)
+    }
     assert any((p, o) != poison for p, o, _ in failed), "the flaky bolt failed nothing"
 
     letters = consume(broker.bootstrap, f"{name}.dead")

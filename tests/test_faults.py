@@ -75,8 +75,11 @@ class CommitRecorder(threading.Thread):
         while not self._halt.is_set():
             try:
                 if consumer is None:
-                    consumer = KafkaConsumer(bootstrap_servers=self.bootstrap,
-                                             group_id=self.group, enable_auto_commit=False)
+                    consumer = KafkaConsumer(
+                        bootstrap_servers=self.bootstrap,
+                        group_id=self.group,
+                        enable_auto_commit=False,
+                    )
                 for p in (0, 1):
                     got = consumer.committed(TopicPartition(self.topic, p), metadata=True)
                     t_ms = int(time.time() * 1000)
@@ -118,8 +121,9 @@ def output_count(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def check_end_state(bootstrap: str, name: str, outbox: str, lines: list[str],
-                    recorder: CommitRecorder) -> dict:
+def check_end_state(
+    bootstrap: str, name: str, outbox: str, lines: list[str], recorder: CommitRecorder
+) -> dict:
     """The assertions common to every fault test; returns figures for the report."""
     poison = (POISON_AT % 2, POISON_AT // 2)
     everything = {(i % 2, i // 2) for i in range(N)}
@@ -142,8 +146,9 @@ def check_end_state(bootstrap: str, name: str, outbox: str, lines: list[str],
         dead[key] = min(dead.get(key, letter.timestamp), letter.timestamp)
     assert set(dead) == {poison}, f"dead letters for {sorted(dead)}, expected only {poison}"
     assert not set(first_ack) & set(dead), "an offset was both acked and dead-lettered"
-    assert set(first_ack) | set(dead) == everything, \
+    assert set(first_ack) | set(dead) == everything, (
         f"neither acked nor dead-lettered: {sorted(everything - set(first_ack) - set(dead))}"
+    )
 
     written = {m.key.decode() for m in consume(bootstrap, outbox)}
     expected = {w for line in lines for w in line.split()} - {"poison"}
@@ -161,15 +166,27 @@ def check_end_state(bootstrap: str, name: str, outbox: str, lines: list[str],
             when = completed_at.get((p, off))
             if when is None or when > t_ms:
                 early.append((t_ms, p, off, when))
-    assert not early, f"offsets committed before their tree completed (t, p, off, done): " \
-                      f"{early[:10]}"
+    assert not early, (
+        f"offsets committed before their tree completed (t, p, off, done): {early[:10]}"
+    )
 
-    spurious = sorted({(r["partition"], r["offset"], r["attempt"], r["status"]) for r in rows
-                       if r["status"] != "acked" and (r["partition"], r["offset"]) != poison})
-    return {"records": N, "acked": len(first_ack), "dead_lettered": len(dead),
-            "dead_letter_messages": len(letters), "lost": 0,
-            "spurious_replays": len(spurious), "commit_observations": len(recorder.seen),
-            "completions": len(rows)}
+    spurious = sorted(
+        {
+            (r["partition"], r["offset"], r["attempt"], r["status"])
+            for r in rows
+            if r["status"] != "acked" and (r["partition"], r["offset"]) != poison
+        }
+    )
+    return {
+        "records": N,
+        "acked": len(first_ack),
+        "dead_lettered": len(dead),
+        "dead_letter_messages": len(letters),
+        "lost": 0,
+        "spurious_replays": len(spurious),
+        "commit_observations": len(recorder.seen),
+        "completions": len(rows),
+    }
 
 
 def kill_group(process: subprocess.Popen) -> None:
@@ -203,7 +220,11 @@ def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic,
         env = {**os.environ, "ACKSTREAM_FAULT_KILL_AFTER_SINK": str(kill_after_sink)}
         return subprocess.Popen(
             [sys.executable, str(DRIVER), broker.bootstrap, inbox, outbox, name, str(checkpoint)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
 
     def alive(proc):
         if proc.poll() is not None:
@@ -218,16 +239,21 @@ def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic,
             committed = sum(recorder.latest().values())
             process = spawn()
             if after == "output":
+
                 def progressed(proc=process, n=before):
                     return alive(proc) and output_count(broker.bootstrap, outbox) > n
             else:
+
                 def progressed(proc=process, n=committed):
                     return alive(proc) and sum(recorder.latest().values()) > n
+
             delay = rng.uniform(1.0, 4.0)
             kill_after(process, progressed, f"the first {after} of driver run {run}", delay)
             kills += 1
-            print(f"run {run}: SIGKILL {delay:.2f}s after its first {after}, "
-                  f"committed then {recorder.latest()}")
+            print(
+                f"run {run}: SIGKILL {delay:.2f}s after its first {after}, "
+                f"committed then {recorder.latest()}"
+            )
         # run 3 kills itself between a batch's output write and its ack write
         nth = rng.randint(1, 3)
         process = spawn(kill_after_sink=nth)
@@ -236,8 +262,12 @@ def test_driver_crashes_lose_nothing_and_commit_nothing_early(broker, new_topic,
         kills += 1
         print(f"run 3: SIGKILL right after sink write {nth}, committed then {recorder.latest()}")
         process = spawn()
-        wait_for(lambda: alive(process) and all_committed(recorder), timeout=240, interval=0.5,
-                 what="every input offset committed after the restarts")
+        wait_for(
+            lambda: alive(process) and all_committed(recorder),
+            timeout=240,
+            interval=0.5,
+            what="every input offset committed after the restarts",
+        )
     finally:
         if process is not None and process.poll() is None:
             kill_group(process)
@@ -265,40 +295,77 @@ def test_acker_crashes_keep_its_state_and_cost_no_replay(spark, broker, new_topi
     recorder = CommitRecorder(broker.bootstrap, f"ackstream-{name}", inbox)
     recorder.start()
     log = open(tmp_path / "acker.log", "ab")  # noqa: SIM115 (closed in the finally below)
-    command = [sys.executable, "-m", "ackstream", "acker", "--topology", name,
-               "--bootstrap", broker.bootstrap, "--checkpoint", str(tmp_path / "acker"),
-               "--message-timeout", "60s", "--trigger-ms", "300", "--cores", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "ackstream",
+        "acker",
+        "--topology",
+        name,
+        "--bootstrap",
+        broker.bootstrap,
+        "--checkpoint",
+        str(tmp_path / "acker"),
+        "--message-timeout",
+        "60s",
+        "--trigger-ms",
+        "300",
+        "--cores",
+        "1",
+    ]
 
     def spawn() -> subprocess.Popen:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def completions() -> int:
         return KafkaChannel(broker.bootstrap, name).completions_since(None)[0].num_rows
 
-    stream, topology = build(spark, broker.bootstrap, inbox, outbox, name,
-                             message_timeout_ms=60_000, source_timeout="5 min", per_batch=20,
-                             ack_mode="per_stage")
+    stream, topology = build(
+        spark,
+        broker.bootstrap,
+        inbox,
+        outbox,
+        name,
+        message_timeout_ms=60_000,
+        source_timeout="5 min",
+        per_batch=20,
+        ack_mode="per_stage",
+    )
     acker, running = spawn(), None
     kills = 0
     try:
         # the topology starts once the acker runs, so that the kills land mid-stream
-        wait_for(lambda: acker.poll() is None and b"running" in (tmp_path / "acker.log")
-                 .read_bytes(), timeout=120, interval=0.3, what="the acker to start")
-        running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300,
-                                 acker=False)
+        wait_for(
+            lambda: acker.poll() is None and b"running" in (tmp_path / "acker.log").read_bytes(),
+            timeout=120,
+            interval=0.3,
+            what="the acker to start",
+        )
+        running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300, acker=False)
         for run in (1, 2):
             before = completions()
             acker = acker if run == 1 else spawn()
             delay = rng.uniform(0.2, 2.0)
-            kill_after(acker, lambda proc=acker, n=before: proc.poll() is None
-                       and completions() > n, f"completions of acker run {run}", delay)
+            kill_after(
+                acker,
+                lambda proc=acker, n=before: proc.poll() is None and completions() > n,
+                f"completions of acker run {run}",
+                delay,
+            )
             kills += 1
-            print(f"acker run {run}: SIGKILL {delay:.2f}s after its first completion, "
-                  f"committed then {recorder.latest()}")
+            print(
+                f"acker run {run}: SIGKILL {delay:.2f}s after its first completion, "
+                f"committed then {recorder.latest()}"
+            )
         acker = spawn()
-        wait_for(lambda: all_committed(recorder) or running.exception() or acker.poll(),
-                 timeout=240, interval=0.5, what="every input offset committed")
+        wait_for(
+            lambda: all_committed(recorder) or running.exception() or acker.poll(),
+            timeout=240,
+            interval=0.5,
+            what="every input offset committed",
+        )
         assert running.exception() is None and acker.poll() is None
     finally:
         if running is not None:
@@ -324,8 +391,12 @@ def test_a_stalled_broker_loses_nothing(spark, broker, new_topic, tmp_path):
     recorder.start()
     running = start(spark, broker.bootstrap, inbox, outbox, name, str(tmp_path / "checkpoint"))
     try:
-        wait_for(lambda: output_count(broker.bootstrap, outbox) > 0 or running.exception(),
-                 timeout=90, interval=0.2, what="the first output")
+        wait_for(
+            lambda: output_count(broker.bootstrap, outbox) > 0 or running.exception(),
+            timeout=90,
+            interval=0.2,
+            what="the first output",
+        )
         time.sleep(0.5)
         broker.pause()
         try:
@@ -333,11 +404,16 @@ def test_a_stalled_broker_loses_nothing(spark, broker, new_topic, tmp_path):
         finally:
             broker.resume()
         print(f"\nbroker paused {pause_s:.0f}s; committed after resume: {recorder.latest()}")
-        wait_for(lambda: all_committed(recorder) or running.exception(), timeout=120,
-                 interval=0.5, what="every input offset committed after the pause")
+        wait_for(
+            lambda: all_committed(recorder) or running.exception(),
+            timeout=120,
+            interval=0.5,
+            what="every input offset committed after the pause",
+        )
         assert running.exception() is None, f"a query died: {running.exception()}"
         assert running.is_active(), "a query stopped: " + ", ".join(
-            f"{q.name} active={q.isActive}" for q in running.queries)
+            f"{q.name} active={q.isActive}" for q in running.queries
+        )
     finally:
         running.stop()
         recorder.stop()

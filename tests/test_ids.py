@@ -26,8 +26,9 @@ def test_root_ids_are_reproducible_and_change_with_every_coordinate():
 def test_array_topics_hash_like_scalar_topics():
     topics = np.array(["a", "b", "a"], dtype=object)
     many = ids.root_ids("s", topics, [0, 1, 2], [5, 6, 7], [0, 0, 3])
-    one_by_one = [ids.root_ids("s", t, p, o, a) for t, p, o, a in
-                  zip(topics, [0, 1, 2], [5, 6, 7], [0, 0, 3])]
+    one_by_one = [
+        ids.root_ids("s", t, p, o, a) for t, p, o, a in zip(topics, [0, 1, 2], [5, 6, 7], [0, 0, 3])
+    ]
     assert many.tolist() == [int(x) for x in one_by_one]
 
 
@@ -42,8 +43,7 @@ def test_shard_matches_spark_pmod_for_negative_roots():
 
 @pytest.mark.spark
 @settings(deadline=None, max_examples=25)
-@given(st.lists(st.tuples(int64s, int64s), min_size=1, max_size=20),
-       st.text(max_size=70))
+@given(st.lists(st.tuples(int64s, int64s), min_size=1, max_size=20), st.text(max_size=70))
 def test_numpy_and_spark_sql_give_equal_ids(spark, pairs, text):
     from pyspark.sql import functions as F
 

@@ -28,17 +28,19 @@ PLOTS = ("latency.png", "pending.png", "per_bucket.png")
 
 def small_parameters(plot_dir: Path) -> str:
     # 40 records, 20 a partition: offsets 5 and 15 of each are dead-lettered
-    return "\n".join([
-        "RECORDS = 40",
-        "PARTITIONS = 2",
-        "MAX_PER_BATCH = None",
-        "FAIL_PERCENT = 5",
-        "POISON_EVERY = 10",
-        "MAX_RETRIES = 1",
-        "MESSAGE_TIMEOUT_MS = 5000",
-        "TIMEOUT_S = 150",
-        f"PLOT_DIR = {str(plot_dir)!r}",
-    ])
+    return "\n".join(
+        [
+            "RECORDS = 40",
+            "PARTITIONS = 2",
+            "MAX_PER_BATCH = None",
+            "FAIL_PERCENT = 5",
+            "POISON_EVERY = 10",
+            "MAX_RETRIES = 1",
+            "MESSAGE_TIMEOUT_MS = 5000",
+            "TIMEOUT_S = 150",
+            f"PLOT_DIR = {str(plot_dir)!r}",
+        ]
+    )
 
 
 @pytest.fixture
@@ -46,11 +48,15 @@ def kernel_name(tmp_path, monkeypatch):
     """A kernelspec running this interpreter, visible only to this test."""
     spec_dir = tmp_path / "jupyter" / "kernels" / KERNEL
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "ackstream test (this interpreter)",
-        "language": "python",
-    }))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "ackstream test (this interpreter)",
+                "language": "python",
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
@@ -75,16 +81,24 @@ def test_quickstart_notebook_accounts_for_every_record(tmp_path, kernel_name):
     tagged[0].source = small_parameters(plot_dir)
 
     client = nbclient.NotebookClient(
-        nb, kernel_name=kernel_name, timeout=240, startup_timeout=120,
-        resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+        nb,
+        kernel_name=kernel_name,
+        timeout=240,
+        startup_timeout=120,
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+    )
     client.execute()
 
     last = nb.cells[-1]
     text = "".join(o.get("text", "") for o in last.outputs if o.get("output_type") == "stream")
     figures = json.loads(text.strip().splitlines()[-1])
     assert figures["accounted_for"], figures
-    assert (figures["records"], figures["committed"], figures["lost"], figures["both"]) == \
-        (40, 40, 0, 0), figures
+    assert (figures["records"], figures["committed"], figures["lost"], figures["both"]) == (
+        40,
+        40,
+        0,
+        0,
+    ), figures
     assert figures["dead_lettered"] == 4, figures
     assert figures["replayed"] > 2 * figures["dead_lettered"], figures  # FAIL_PERCENT replays too
     for name in PLOTS:

@@ -23,8 +23,16 @@ from ackstream.testing import ack, ack_records, init
 
 
 def done(root, status, offset=None, attempt=0, latency=None):
-    return {"root": root, "status": status, "topic": "t", "partition": 0, "offset": offset,
-            "attempt": attempt, "latency_ms": latency, "completed_ms": 0}
+    return {
+        "root": root,
+        "status": status,
+        "topic": "t",
+        "partition": 0,
+        "offset": offset,
+        "attempt": attempt,
+        "latency_ms": latency,
+        "completed_ms": 0,
+    }
 
 
 def completions(rows):
@@ -32,8 +40,16 @@ def completions(rows):
 
 
 #: What ``fill_channel`` writes, as ``Status`` fields.
-EXPECTED = {"roots": 11, "pending": 3, "acked": 5, "failed": 2, "timed_out": 1, "replayed": 2,
-            "dead_lettered": 1, "latency_ms": {"p50": 30.0, "p90": 46.0, "p99": 49.6}}
+EXPECTED = {
+    "roots": 11,
+    "pending": 3,
+    "acked": 5,
+    "failed": 2,
+    "timed_out": 1,
+    "replayed": 2,
+    "dead_lettered": 1,
+    "latency_ms": {"p50": 30.0, "p90": 46.0, "p99": 49.6},
+}
 
 
 def fill_channel(directory) -> LocalChannel:
@@ -44,8 +60,11 @@ def fill_channel(directory) -> LocalChannel:
     """
     channel = LocalChannel(directory)
     channel.write_acks(ack_records([init(r, r, offset=r, ts=1) for r in range(1, 6)]))
-    channel.write_acks(ack_records([init(r, r, offset=r, ts=1) for r in range(6, 11)]
-                                   + [ack(r, r) for r in range(1, 6)]))
+    channel.write_acks(
+        ack_records(
+            [init(r, r, offset=r, ts=1) for r in range(6, 11)] + [ack(r, r) for r in range(1, 6)]
+        )
+    )
     channel.write_acks(ack_records([init(11, 11, offset=6, attempt=1)]))
     batches = {
         0: [done(r, ACKED, r, latency=10 * r) for r in range(1, 6)]
@@ -55,16 +74,26 @@ def fill_channel(directory) -> LocalChannel:
     for batch, rows in batches.items():
         channel.write_completions(completions(rows), batch)
     ParquetDeadLetters(os.path.join(channel.directory, "dead_letters"), "words").write(
-        [DeadLetter("t", 0, 6, 2, FAILED)], {})
+        [DeadLetter("t", 0, 6, 2, FAILED)], {}
+    )
     return channel
 
 
 def test_summarize_counts_each_root_once_by_outcome():
-    rows = [done(1, ACKED, latency=5), done(2, FAILED, 2), done(3, TIMED_OUT, 3),
-            done(1, ACKED, latency=500)]  # a completion delivered twice counts once
+    rows = [
+        done(1, ACKED, latency=5),
+        done(2, FAILED, 2),
+        done(3, TIMED_OUT, 3),
+        done(1, ACKED, latency=500),
+    ]  # a completion delivered twice counts once
     status = summarize([1, 2, 3, 4, 4], completions(rows), None, topology="t", channel="c")
-    assert (status.roots, status.pending, status.acked, status.failed, status.timed_out) == \
-        (4, 1, 1, 1, 1)
+    assert (status.roots, status.pending, status.acked, status.failed, status.timed_out) == (
+        4,
+        1,
+        1,
+        1,
+        1,
+    )
     assert status.replayed == 2 and status.dead_lettered is None
     assert status.latency_ms == {"p50": 5.0, "p90": 5.0, "p99": 5.0}
 
@@ -78,16 +107,22 @@ def test_a_rejection_counts_over_an_ack_of_the_same_root_as_the_source_decides()
 
 
 def test_a_dead_lettered_attempt_is_not_counted_as_replayed():
-    letters = pa.Table.from_pylist([{"topic": "t", "partition": 0, "offset": 2, "attempts": 2}],
-                                   schema=DEAD_LETTER_SCHEMA)
+    letters = pa.Table.from_pylist(
+        [{"topic": "t", "partition": 0, "offset": 2, "attempts": 2}], schema=DEAD_LETTER_SCHEMA
+    )
     rows = [done(1, FAILED, 2, attempt=0), done(2, FAILED, 2, attempt=1)]
     status = summarize([1, 2], completions(rows), letters)
     assert (status.failed, status.replayed, status.dead_lettered) == (2, 1, 1)
 
 
 def test_rejected_unknown_and_invalid_are_counted_and_shown_apart():
-    rows = [done(1, REJECTED, 1), done(2, UNKNOWN), done(None, INVALID), done(None, INVALID),
-            done(3, ACKED, 3, latency=4)]
+    rows = [
+        done(1, REJECTED, 1),
+        done(2, UNKNOWN),
+        done(None, INVALID),
+        done(None, INVALID),
+        done(3, ACKED, 3, latency=4),
+    ]
     status = summarize([1, 3], completions(rows), None)
     assert (status.rejected, status.unknown, status.invalid, status.replayed) == (1, 1, 2, 0)
     assert (status.roots, status.acked, status.pending) == (3, 1, 0)
@@ -138,6 +173,11 @@ def test_kafka_status_reads_both_topics(broker, tmp_path):
     finally:
         channel.close()
     status = kafka_status(broker.bootstrap, topology)
-    assert (status.roots, status.pending, status.acked, status.failed, status.replayed) == \
-        (3, 1, 1, 1, 1)
+    assert (status.roots, status.pending, status.acked, status.failed, status.replayed) == (
+        3,
+        1,
+        1,
+        1,
+        1,
+    )
     assert status.dead_lettered == 0 and status.latency_ms["p50"] == 7.0

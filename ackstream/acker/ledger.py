@@ -71,7 +71,14 @@ _I32_MIN, _I32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 
 _STATUSES = np.array([ACKED, REJECTED, FAILED, TIMED_OUT, UNKNOWN], dtype=object)
 _COMPLETION_COLUMNS = [
-    "root", "status", "topic", "partition", "offset", "attempt", "latency_ms", "completed_ms",
+    "root",
+    "status",
+    "topic",
+    "partition",
+    "offset",
+    "attempt",
+    "latency_ms",
+    "completed_ms",
     "reason",
 ]
 
@@ -189,8 +196,11 @@ def step(
     out = table[finished]
     known = (out["flags"] & _KNOWN) != 0
     rejected = (out["flags"] & _REJECTED) != 0
-    status = _STATUSES[np.select(
-        [acked[finished], done[finished] & rejected, done[finished], known], [0, 1, 2, 3], 4)]
+    status = _STATUSES[
+        np.select(
+            [acked[finished], done[finished] & rejected, done[finished], known], [0, 1, 2, 3], 4
+        )
+    ]
     reason = _reasons(out["root"], batch)
     completions = _completions(out, status, reason, topics, pending.epoch_ms, now_ms)
     remaining = table[~finished]
@@ -255,8 +265,11 @@ def _reasons(roots: np.ndarray, batch: Combined | None) -> np.ndarray:
 
 def _flags(kind: np.ndarray, init_odd) -> np.ndarray:
     """Table flags for a batch's kinds; the parity bit is set from ``init_odd``."""
-    flags = (np.where(kind & INIT, _KNOWN, 0) | np.where(kind & (FAIL | REJECT), _FAILED, 0)
-             | np.where(kind & REJECT, _REJECTED, 0))
+    flags = (
+        np.where(kind & INIT, _KNOWN, 0)
+        | np.where(kind & (FAIL | REJECT), _FAILED, 0)
+        | np.where(kind & REJECT, _REJECTED, 0)
+    )
     return (flags | np.where(init_odd, _INIT_ODD, 0)).astype(np.uint8)
 
 

@@ -43,17 +43,20 @@ def precombine(records: pa.Table) -> pa.Table:
     c = combine(records.select(ACK_RECORD_SCHEMA.names).to_pandas())
     known = (c.kind & INIT) != 0  # coordinates come from an init row
     kind = (c.kind & ~INIT) | np.where(c.init_odd, INIT, 0)
-    return pa.table({
-        "root": c.root,
-        "value": c.value,
-        "kind": kind.astype(np.int8),
-        "topic": pa.array(c.topic, pa.string()),
-        "partition": pa.array(c.partition, pa.int32(), mask=~known),
-        "offset": pa.array(c.offset, pa.int64(), mask=~known),
-        "attempt": pa.array(c.attempt, pa.int32(), mask=~known),
-        "ts": c.ts,
-        "reason": pa.array(c.reason, pa.string()),
-    }, schema=ACK_RECORD_SCHEMA)
+    return pa.table(
+        {
+            "root": c.root,
+            "value": c.value,
+            "kind": kind.astype(np.int8),
+            "topic": pa.array(c.topic, pa.string()),
+            "partition": pa.array(c.partition, pa.int32(), mask=~known),
+            "offset": pa.array(c.offset, pa.int64(), mask=~known),
+            "attempt": pa.array(c.attempt, pa.int32(), mask=~known),
+            "ts": c.ts,
+            "reason": pa.array(c.reason, pa.string()),
+        },
+        schema=ACK_RECORD_SCHEMA,
+    )
 
 
 def settle(records: pa.Table, now_ms: int) -> tuple[pa.Table, pa.Table]:
@@ -88,7 +91,12 @@ def _all_acked(records: pa.Table, now_ms: int) -> pa.Table | None:
     if (root[1:] == root[:-1]).any():  # an init twice cancels itself: the ledger's case
         return None
     return completion_table(
-        root, ACKED, topic=inits.column("topic"), partition=inits.column("partition"),
+        root,
+        ACKED,
+        topic=inits.column("topic"),
+        partition=inits.column("partition"),
         offset=inits.column("offset"),
         attempt=pc.min_element_wise(inits.column("attempt"), 255),  # the ledger's cap
-        latency_ms=pc.subtract(now_ms, inits.column("ts")), completed_ms=now_ms)
+        latency_ms=pc.subtract(now_ms, inits.column("ts")),
+        completed_ms=now_ms,
+    )

@@ -91,8 +91,9 @@ def shard_function(message_timeout_ms: int, tick_ms: int | None = None):
 
 def _invalid_completions(rows: pd.DataFrame, now_ms: int) -> pd.DataFrame:
     root = pa.array(rows["root"].to_numpy(), pa.int64(), mask=rows[_NO_ROOT].to_numpy(bool))
-    table = completion_table(root, INVALID, completed_ms=now_ms,
-                             reason=rows[_INVALID].to_numpy(object))
+    table = completion_table(
+        root, INVALID, completed_ms=now_ms, reason=rows[_INVALID].to_numpy(object)
+    )
     return table.to_pandas(types_mapper=_NULLABLE_INTS.get)  # ids never pass via float
 
 
@@ -106,10 +107,14 @@ def checked(records: DataFrame) -> DataFrame:
         F.when(root.isNull(), F.lit("root is null"))
         .when(value.isNull(), F.lit("value is null"))
         .when(kind.isNull(), F.lit("kind is null"))
-        .when((kind < 0) | (kind.bitwiseAND(F.lit(~KINDS & 0x7F)) != 0),
-              F.concat(F.lit("kind "), kind.cast("string"), F.lit(" has unknown bits")))
-        .when((kind.bitwiseAND(F.lit(INIT)) != 0) & no_coords,
-              F.lit("init record without topic, partition or offset"))
+        .when(
+            (kind < 0) | (kind.bitwiseAND(F.lit(~KINDS & 0x7F)) != 0),
+            F.concat(F.lit("kind "), kind.cast("string"), F.lit(" has unknown bits")),
+        )
+        .when(
+            (kind.bitwiseAND(F.lit(INIT)) != 0) & no_coords,
+            F.lit("init record without topic, partition or offset"),
+        )
     )
     now = F.unix_millis(F.current_timestamp())
     return records.select(
@@ -123,7 +128,8 @@ def checked(records: DataFrame) -> DataFrame:
         F.coalesce("ts", now).alias("ts"),
         reason,
         F.when(why.isNotNull() & reason.isNotNull(), F.concat(why, F.lit(": "), reason))
-        .otherwise(why).alias(_INVALID),
+        .otherwise(why)
+        .alias(_INVALID),
         root.isNull().alias(_NO_ROOT),
     )
 
@@ -204,6 +210,11 @@ def report(table: pa.Table, batch_id: int) -> None:
         count = status.count(kind)
         if count:
             first = status.index(kind)
-            log.warning("ackstream acker batch %d: %d %s record(s) ignored, e.g. root %s: %s",
-                        batch_id, count, kind, table.column("root")[first].as_py(),
-                        table.column("reason")[first].as_py() or "its init never came")
+            log.warning(
+                "ackstream acker batch %d: %d %s record(s) ignored, e.g. root %s: %s",
+                batch_id,
+                count,
+                kind,
+                table.column("root")[first].as_py(),
+                table.column("reason")[first].as_py() or "its init never came",
+            )

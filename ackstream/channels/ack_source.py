@@ -55,12 +55,16 @@ class _ChannelReader(DataSourceStreamReader):
         return ends
 
     def partitions(self, start: dict, end: dict):
-        return [MessageRange(int(p), int(start.get(p, 0)), int(e))
-                for p, e in sorted(end.items()) if int(e) > int(start.get(p, 0))]
+        return [
+            MessageRange(int(p), int(start.get(p, 0)), int(e))
+            for p, e in sorted(end.items())
+            if int(e) > int(start.get(p, 0))
+        ]
 
     def read(self, partition: MessageRange):
-        for offset, message in fetch_messages(self.bootstrap, self.topic, partition.partition,
-                                              partition.start, partition.end):
+        for offset, message in fetch_messages(
+            self.bootstrap, self.topic, partition.partition, partition.start, partition.end
+        ):
             table = decode(message, ACK_RECORD_SCHEMA, self.topic, partition.partition, offset)
             if isinstance(table, str):  # one null record carrying why: the acker reports it
                 table = pa.Table.from_pylist([{"reason": table}], schema=ACK_RECORD_SCHEMA)

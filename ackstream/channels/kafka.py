@@ -58,8 +58,11 @@ class KafkaChannel:
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="ackstream")
         try:
             existing = set(admin.list_topics())
-            wanted = [NewTopic(t, self.partitions, 1) for t in (self.acks_topic, self.done_topic)
-                      if t not in existing]
+            wanted = [
+                NewTopic(t, self.partitions, 1)
+                for t in (self.acks_topic, self.done_topic)
+                if t not in existing
+            ]
             if wanted:
                 with contextlib.suppress(TopicAlreadyExistsError):  # a race with another
                     admin.create_topics(wanted)
@@ -120,10 +123,16 @@ class KafkaChannel:
             if self._producer is None:
                 from kafka import KafkaProducer
 
-                self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all",
-                                               linger_ms=5, max_request_size=8 << 20)
-        futures = [self._producer.send(topic, key=key, value=encode(piece))
-                   for piece in table.to_batches(max_chunksize=ROWS_PER_MESSAGE)]
+                self._producer = KafkaProducer(
+                    bootstrap_servers=self.bootstrap,
+                    acks="all",
+                    linger_ms=5,
+                    max_request_size=8 << 20,
+                )
+        futures = [
+            self._producer.send(topic, key=key, value=encode(piece))
+            for piece in table.to_batches(max_chunksize=ROWS_PER_MESSAGE)
+        ]
         self._producer.flush()
         for future in futures:
             future.get(timeout=30)  # raise if the broker did not take a message
@@ -169,11 +178,18 @@ def fetch_messages(bootstrap: str, topic: str, partition: int, start: int, end: 
     one partition; the caller decodes them, the offset names a bad one."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 << 20,
+        fetch_max_bytes=64 << 20,
+    )
     try:
-        return [(offset, value) for offset, _, value, _ in
-                read_ranges(consumer, (topic, partition), [(start, end)],
-                            fail_on_data_loss=False)]
+        return [
+            (offset, value)
+            for offset, _, value, _ in read_ranges(
+                consumer, (topic, partition), [(start, end)], fail_on_data_loss=False
+            )
+        ]
     finally:
         consumer.close()

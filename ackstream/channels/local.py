@@ -69,10 +69,15 @@ class LocalChannel:
             return
         # named by content: a re-run batch's records replace its file, so the acker does
         # not see them twice (a duplicate would cancel the tree and cost a replay)
-        name = content_id(*(table.column(c).to_numpy(zero_copy_only=False)
-                            for c in ("root", "value", "kind"))) + ".parquet"
-        write_atomically(os.path.join(self.acks_dir, name),
-                         lambda path: pq.write_table(table, path))
+        name = (
+            content_id(
+                *(table.column(c).to_numpy(zero_copy_only=False) for c in ("root", "value", "kind"))
+            )
+            + ".parquet"
+        )
+        write_atomically(
+            os.path.join(self.acks_dir, name), lambda path: pq.write_table(table, path)
+        )
 
     def ack_stream(self, spark, max_files_per_trigger: int | None = None):
         """The ack records as a streaming DataFrame, for the acker query."""
@@ -91,8 +96,9 @@ class LocalChannel:
             if name.startswith(".") or not name.endswith(".parquet"):
                 continue  # hidden: still being written
             try:
-                tables.append(as_table(pq.read_table(os.path.join(self.acks_dir, name)),
-                                       ACK_RECORD_SCHEMA))
+                tables.append(
+                    as_table(pq.read_table(os.path.join(self.acks_dir, name)), ACK_RECORD_SCHEMA)
+                )
             except (pa.ArrowException, OSError, KeyError) as problem:
                 log.warning("ackstream: skipped unreadable ack file %s: %s", name, problem)
         return pa.concat_tables(tables)
@@ -105,8 +111,12 @@ class LocalChannel:
         if not table.num_rows:
             return
         table = as_table(table, COMPLETION_SCHEMA)
-        tag = content_id(*(pc.fill_null(table.column(c), 0).to_numpy()  # invalid: no root
-                           for c in ("root", "completed_ms")))
+        tag = content_id(
+            *(
+                pc.fill_null(table.column(c), 0).to_numpy()  # invalid: no root
+                for c in ("root", "completed_ms")
+            )
+        )
         numbers = self._done_files()
         if tag in numbers.values():
             return  # written before a restart; a re-run of an acker batch yields the same rows
@@ -126,8 +136,12 @@ class LocalChannel:
         last number read: the position to pass next time."""
         after = -1 if after is None else after
         files = sorted((n, tag) for n, tag in self._done_files().items() if n > after)
-        tables = [pq.read_table(os.path.join(self.done_dir, f"{n:012d}-{tag}.parquet"),
-                                schema=COMPLETION_SCHEMA) for n, tag in files]
+        tables = [
+            pq.read_table(
+                os.path.join(self.done_dir, f"{n:012d}-{tag}.parquet"), schema=COMPLETION_SCHEMA
+            )
+            for n, tag in files
+        ]
         table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
         return table, (files[-1][0] if files else after)
 
@@ -138,8 +152,11 @@ class LocalChannel:
 
     def _done_files(self) -> dict[int, str]:
         """{number: content id} of the completion files there now."""
-        return {int(m.group(1)): m.group(2)
-                for m in map(_DONE_FILE.match, os.listdir(self.done_dir)) if m}
+        return {
+            int(m.group(1)): m.group(2)
+            for m in map(_DONE_FILE.match, os.listdir(self.done_dir))
+            if m
+        }
 
     def close(self) -> None:
         """Nothing to release (the Kafka channel closes its producer)."""
@@ -148,4 +165,3 @@ class LocalChannel:
         """Remove every record of this channel (tests and demos only)."""
         shutil.rmtree(self.directory, ignore_errors=True)
         self.__init__(self.directory)
-

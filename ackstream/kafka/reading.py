@@ -18,8 +18,14 @@ MAX_RECORDS = 10_000
 TP = tuple[str, int]
 
 
-def read_ranges(consumer, tp: TP, spans, *, fail_on_data_loss: bool = True,
-                stall_timeout_s: float = FETCH_TIMEOUT_S) -> Iterator[tuple]:
+def read_ranges(
+    consumer,
+    tp: TP,
+    spans,
+    *,
+    fail_on_data_loss: bool = True,
+    stall_timeout_s: float = FETCH_TIMEOUT_S,
+) -> Iterator[tuple]:
     """``(offset, key, value, timestamp_ms)`` of every record in the half-open
     ``[start, end)`` spans of partition ``tp``, in order, as they arrive; one seek per span.
 
@@ -49,14 +55,20 @@ def read_ranges(consumer, tp: TP, spans, *, fail_on_data_loss: bool = True,
             if progressed:
                 deadline = time.monotonic() + stall_timeout_s
             elif time.monotonic() > deadline:
-                raise AckstreamError(f"no progress reading {tp[0]}[{tp[1]}] offsets "
-                                     f"{start}..{end - 1} for {stall_timeout_s:.0f}s; is the "
-                                     "broker up and the offset still retained?")
-        if fail_on_data_loss and (first is None or first > start) and \
-                consumer.beginning_offsets([part])[part] > start:
+                raise AckstreamError(
+                    f"no progress reading {tp[0]}[{tp[1]}] offsets "
+                    f"{start}..{end - 1} for {stall_timeout_s:.0f}s; is the "
+                    "broker up and the offset still retained?"
+                )
+        if (
+            fail_on_data_loss
+            and (first is None or first > start)
+            and consumer.beginning_offsets([part])[part] > start
+        ):
             raise AckstreamError(
                 f"{tp[0]}[{tp[1]}] offset {start} was deleted by retention before it was "
-                "read (data loss); set failOnDataLoss=false to skip such records")
+                "read (data loss); set failOnDataLoss=false to skip such records"
+            )
 
 
 def topic_ranges(consumer, topic: str, position: dict) -> list[tuple[int, int, int]]:

@@ -13,16 +13,24 @@ def consumer_settings(config: SourceConfig) -> dict:
     ``security_protocol``); an unknown one is an :class:`OptionError`."""
     from kafka import KafkaConsumer
 
-    settings = {"bootstrap_servers": config.bootstrap_servers.split(","),
-                "enable_auto_commit": False, "auto_offset_reset": "earliest",
-                "client_id": f"ackstream-{config.topology}"}
+    settings = {
+        "bootstrap_servers": config.bootstrap_servers.split(","),
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "client_id": f"ackstream-{config.topology}",
+    }
     for key, value in config.kafka_options:
         name = key.replace(".", "_")
         if name not in KafkaConsumer.DEFAULT_CONFIG or name in ("group_id", "enable_auto_commit"):
-            raise OptionError("kafka." + key, value, "a kafka-python consumer setting "
-                              "(kafka.<setting with dots>, e.g. kafka.security.protocol)")
-        settings[name] = _typed(option="kafka." + key, value=value,
-                                default=KafkaConsumer.DEFAULT_CONFIG[name])
+            raise OptionError(
+                "kafka." + key,
+                value,
+                "a kafka-python consumer setting "
+                "(kafka.<setting with dots>, e.g. kafka.security.protocol)",
+            )
+        settings[name] = _typed(
+            option="kafka." + key, value=value, default=KafkaConsumer.DEFAULT_CONFIG[name]
+        )
     return settings
 
 

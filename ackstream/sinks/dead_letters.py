@@ -24,26 +24,37 @@ from ackstream.ids import content_id, hash_text
 
 __all__ = ["DEAD_LETTER_SCHEMA", "KafkaDeadLetters", "ParquetDeadLetters", "read_dead_letters"]
 
-DEAD_LETTER_SCHEMA = pa.schema([
-    pa.field("topology", pa.string()),
-    pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("attempts", pa.int32()),
-    pa.field("reason", pa.string()),
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("timestamp_ms", pa.int64()),
-])
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        pa.field("topology", pa.string()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("attempts", pa.int32()),
+        pa.field("reason", pa.string()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("timestamp_ms", pa.int64()),
+    ]
+)
 
 
 def _rows(topology, letters, records):
     for letter in letters:
-        key, value, ts = records.get(((letter.topic, letter.partition), letter.offset),
-                                     (None, None, None))
-        yield {"topology": topology, "topic": letter.topic, "partition": letter.partition,
-               "offset": letter.offset, "attempts": letter.attempts, "reason": letter.reason,
-               "key": key, "value": value, "timestamp_ms": ts}
+        key, value, ts = records.get(
+            ((letter.topic, letter.partition), letter.offset), (None, None, None)
+        )
+        yield {
+            "topology": topology,
+            "topic": letter.topic,
+            "partition": letter.partition,
+            "offset": letter.offset,
+            "attempts": letter.attempts,
+            "reason": letter.reason,
+            "key": key,
+            "value": value,
+            "timestamp_ms": ts,
+        }
 
 
 class ParquetDeadLetters:
@@ -56,15 +67,22 @@ class ParquetDeadLetters:
         if not letters:
             return
         os.makedirs(self.directory, exist_ok=True)
-        table = pa.Table.from_pylist(list(_rows(self.topology, letters, records)),
-                                     schema=DEAD_LETTER_SCHEMA)
+        table = pa.Table.from_pylist(
+            list(_rows(self.topology, letters, records)), schema=DEAD_LETTER_SCHEMA
+        )
         # named by the records it holds: writing the same letters again after a
         # restart replaces the file, so each record is dead-lettered once here
-        name = content_id(table.column("partition").to_numpy(zero_copy_only=False),
-                          table.column("offset").to_numpy(zero_copy_only=False),
-                          [hash_text(t) for t in table.column("topic").to_pylist()]) + ".parquet"
-        write_atomically(os.path.join(self.directory, name),
-                         lambda path: pq.write_table(table, path))
+        name = (
+            content_id(
+                table.column("partition").to_numpy(zero_copy_only=False),
+                table.column("offset").to_numpy(zero_copy_only=False),
+                [hash_text(t) for t in table.column("topic").to_pylist()],
+            )
+            + ".parquet"
+        )
+        write_atomically(
+            os.path.join(self.directory, name), lambda path: pq.write_table(table, path)
+        )
 
     def close(self) -> None:
         pass
@@ -77,16 +95,22 @@ class KafkaDeadLetters:
         from kafka import KafkaProducer
 
         self.topic, self.topology = topic, topology
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap.split(","), acks="all",
-                                       client_id=f"ackstream-{topology}-dead-letters")
+        self._producer = KafkaProducer(
+            bootstrap_servers=bootstrap.split(","),
+            acks="all",
+            client_id=f"ackstream-{topology}-dead-letters",
+        )
 
     def write(self, letters, records) -> None:
         futures = []
         for row in _rows(self.topology, letters, records):
-            headers = [(f"ackstream.{k}", str(row[k]).encode())
-                       for k in ("reason", "attempts", "topic", "partition", "offset", "topology")]
-            futures.append(self._producer.send(self.topic, key=row["key"], value=row["value"],
-                                               headers=headers))
+            headers = [
+                (f"ackstream.{k}", str(row[k]).encode())
+                for k in ("reason", "attempts", "topic", "partition", "offset", "topology")
+            ]
+            futures.append(
+                self._producer.send(self.topic, key=row["key"], value=row["value"], headers=headers)
+            )
         self._producer.flush()
         for future in futures:
             future.get(timeout=30)
@@ -99,7 +123,8 @@ def read_dead_letters(directory: str) -> pa.Table:
     """Every dead letter written by :class:`ParquetDeadLetters` to ``directory``."""
     if not os.path.isdir(directory):
         return DEAD_LETTER_SCHEMA.empty_table()
-    files = sorted(f for f in os.listdir(directory) if f.endswith(".parquet")
-                   and not f.startswith("."))
+    files = sorted(
+        f for f in os.listdir(directory) if f.endswith(".parquet") and not f.startswith(".")
+    )
     tables = [pq.read_table(os.path.join(directory, f), schema=DEAD_LETTER_SCHEMA) for f in files]
     return pa.concat_tables(tables) if tables else DEAD_LETTER_SCHEMA.empty_table()

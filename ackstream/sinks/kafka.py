@@ -29,9 +29,16 @@ class KafkaSink:
     ``max_request_size``); ``flush_timeout_s`` bounds the wait for confirmations.
     """
 
-    def __init__(self, bootstrap: str, topic: str, *, key: str | None = "key",
-                 value: str = "value", producer_config: dict | None = None,
-                 flush_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        key: str | None = "key",
+        value: str = "value",
+        producer_config: dict | None = None,
+        flush_timeout_s: float = 30.0,
+    ):
         self.bootstrap, self.topic = bootstrap, topic
         self.key, self.value = key, value
         self.producer_config = dict(producer_config or {})
@@ -60,8 +67,9 @@ class KafkaSink:
             producer.flush(timeout=self.flush_timeout_s)
         except Exception as error:  # unconfirmed rows are failed below
             log.warning("flush to %s did not finish: %s", self.topic, error)
-        ok = np.fromiter((f is not None and f.is_done and f.succeeded() for f in futures), bool,
-                         len(futures))
+        ok = np.fromiter(
+            (f is not None and f.is_done and f.succeeded() for f in futures), bool, len(futures)
+        )
         if ok.all():
             return None
         log.warning("%d of %d rows were not confirmed by %s", (~ok).sum(), len(ok), self.topic)

@@ -70,8 +70,9 @@ class AckstreamStreamReader(DataSourceStreamReader):
     def _spout_from(self, offset: dict) -> Spout:
         """The spout; on the first call, rebuilt from ``offset`` (a restart)."""
         if self._spout is None:
-            self._spout = Spout(self.config, open_upstream(self.config),
-                                open_channel(self.config), offset)
+            self._spout = Spout(
+                self.config, open_upstream(self.config), open_channel(self.config), offset
+            )
         return self._spout
 
     def initialOffset(self) -> dict:

@@ -30,10 +30,49 @@ TOPIC = "generator"
 EPOCH_MS = 1_700_000_000_000
 COMMITS_FILE = "generator-commits.json"
 WORDS = [
-    "storm", "spark", "tuple", "bolt", "spout", "acker", "anchor", "root", "edge", "stream",
-    "batch", "offset", "kafka", "replay", "commit", "ledger", "tree", "timeout", "retry",
-    "letter", "shard", "state", "window", "watermark", "the", "a", "of", "and", "to", "in",
-    "is", "it", "on", "at", "by", "with", "from", "fast", "slow", "every", "each", "one", "two",
+    "storm",
+    "spark",
+    "tuple",
+    "bolt",
+    "spout",
+    "acker",
+    "anchor",
+    "root",
+    "edge",
+    "stream",
+    "batch",
+    "offset",
+    "kafka",
+    "replay",
+    "commit",
+    "ledger",
+    "tree",
+    "timeout",
+    "retry",
+    "letter",
+    "shard",
+    "state",
+    "window",
+    "watermark",
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "it",
+    "on",
+    "at",
+    "by",
+    "with",
+    "from",
+    "fast",
+    "slow",
+    "every",
+    "each",
+    "one",
+    "two",
     "three",
 ]
 
@@ -46,8 +85,10 @@ def sentence(partition: int, offset: int) -> str:
 def _sentences(partition: int, offsets: np.ndarray) -> list[str]:
     h = ids.hash_longs(partition, offsets).view(np.uint64)
     lengths = (h % np.uint64(6) + np.uint64(3)).astype(int)
-    picks = [ids.hash_longs(h.view(np.int64), i).view(np.uint64) % np.uint64(len(WORDS))
-             for i in range(8)]
+    picks = [
+        ids.hash_longs(h.view(np.int64), i).view(np.uint64) % np.uint64(len(WORDS))
+        for i in range(8)
+    ]
     return [" ".join(WORDS[int(picks[i][k])] for i in range(n)) for k, n in enumerate(lengths)]
 
 
@@ -134,12 +175,17 @@ class GeneratorUpstream:
         pairs = [(o, 0) for o in range(task.start, task.end)] + sorted(task.replays)
         step = 10_000
         for i in range(0, len(pairs), step):
-            chunk = pairs[i: i + step]
+            chunk = pairs[i : i + step]
             offsets = np.array([o for o, _ in chunk], dtype=np.int64)
             yield spout_batch(
-                self.config.topology, task.topic, task.partition, offsets,
-                [a for _, a in chunk], [_key(task.partition, int(o)) for o in offsets],
-                [s.encode() for s in _sentences(task.partition, offsets)], EPOCH_MS + offsets,
+                self.config.topology,
+                task.topic,
+                task.partition,
+                offsets,
+                [a for _, a in chunk],
+                [_key(task.partition, int(o)) for o in offsets],
+                [s.encode() for s in _sentences(task.partition, offsets)],
+                EPOCH_MS + offsets,
             )
 
     def close(self) -> None:

@@ -32,8 +32,13 @@ class Roots(NamedTuple):
     def of(cls, root, part, offset, attempt, emitted_ms) -> Roots:
         """Columns of the right types; scalars are repeated to the length of ``root``."""
         root = np.asarray(root, np.int64)
-        return cls(root, *(np.broadcast_to(np.asarray(v, np.int64), root.shape).copy()
-                           for v in (part, offset, attempt, emitted_ms)))
+        return cls(
+            root,
+            *(
+                np.broadcast_to(np.asarray(v, np.int64), root.shape).copy()
+                for v in (part, offset, attempt, emitted_ms)
+            ),
+        )
 
     def sorted_by(self, *keys: str) -> Roots:
         """The rows ordered by ``keys``, the first key major."""

@@ -47,8 +47,9 @@ class KafkaUpstream:
         """The driver's consumer with the group id, made on first use (executors that
         only ``read`` never make one)."""
         if self._client is None:
-            self._client = KafkaConsumer(group_id=self.config.group_id,
-                                         **consumer_settings(self.config))
+            self._client = KafkaConsumer(
+                group_id=self.config.group_id, **consumer_settings(self.config)
+            )
         return self._client
 
     def check(self) -> None:
@@ -65,26 +66,32 @@ class KafkaUpstream:
             raise EnvironmentProblem(
                 f"no Kafka broker answers at {servers} (option kafka.bootstrap.servers) within "
                 f"{settings['bootstrap_timeout_ms'] / 1000:g} s",
-                "Start the broker, or give the host:port it listens on.") from None
+                "Start the broker, or give the host:port it listens on.",
+            ) from None
         try:
             missing = [t for t in config.topics if not consumer.partitions_for_topic(t)]
         except KafkaError as problem:
-            raise EnvironmentProblem(f"the Kafka broker at {servers} did not answer: {problem}",
-                                     "Check that it is up and reachable from here.") from None
+            raise EnvironmentProblem(
+                f"the Kafka broker at {servers} did not answer: {problem}",
+                "Check that it is up and reachable from here.",
+            ) from None
         finally:
             consumer.close(autocommit=False)
         if missing:
             raise EnvironmentProblem(
                 f"topic(s) {', '.join(missing)} (option subscribe) do not exist on {servers}",
-                "Create them first, or fix the name.")
+                "Create them first, or fix the name.",
+            )
 
     def partitions(self) -> list[TP]:
         out = []
         for topic in self.config.topics:
             parts = self._consumer.partitions_for_topic(topic)
             if not parts:
-                raise AckstreamError(f"topic {topic!r} (option 'subscribe') does not exist on "
-                                     f"{self.config.bootstrap_servers}: create it first")
+                raise AckstreamError(
+                    f"topic {topic!r} (option 'subscribe') does not exist on "
+                    f"{self.config.bootstrap_servers}: create it first"
+                )
             out += [(topic, p) for p in sorted(parts)]
         return out
 
@@ -108,8 +115,12 @@ class KafkaUpstream:
 
     def commit(self, offsets: dict[TP, tuple[int, str]]) -> None:
         if offsets:
-            self._consumer.commit({TopicPartition(*tp): OffsetAndMetadata(off, meta, -1)
-                                   for tp, (off, meta) in offsets.items()})
+            self._consumer.commit(
+                {
+                    TopicPartition(*tp): OffsetAndMetadata(off, meta, -1)
+                    for tp, (off, meta) in offsets.items()
+                }
+            )
 
     def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
         """``(key, value, timestamp_ms)`` of single records (for dead letters)."""
@@ -118,8 +129,9 @@ class KafkaUpstream:
             by_tp.setdefault(tp, []).append(off)
         out = {}
         for tp, offsets in by_tp.items():
-            for off, key, value, ts in read_ranges(self._consumer, tp, ranges(offsets),
-                                                   fail_on_data_loss=False):
+            for off, key, value, ts in read_ranges(
+                self._consumer, tp, ranges(offsets), fail_on_data_loss=False
+            ):
                 out[(tp, off)] = (key, value, ts)
         return out
 
@@ -146,16 +158,22 @@ class KafkaUpstream:
         skipped = _Skipped(config, tp)
         try:
             replayed = dict(task.replays)
-            passes = [([(task.start, task.end)], range(task.start, task.end), {}),
-                      (ranges(replayed), replayed, replayed)]
+            passes = [
+                ([(task.start, task.end)], range(task.start, task.end), {}),
+                (ranges(replayed), replayed, replayed),
+            ]
             for spans, offsets, attempts in passes:
                 rows, size, seen = [], 0, set()
-                for offset, key, value, ts in read_ranges(consumer, tp, spans,
-                                                          fail_on_data_loss=config.fail_on_data_loss):
+                for offset, key, value, ts in read_ranges(
+                    consumer, tp, spans, fail_on_data_loss=config.fail_on_data_loss
+                ):
                     seen.add(offset)
                     attempt = attempts.get(offset, 0)
-                    if config.tracking and value is not None and \
-                            len(value) > config.max_value_bytes:
+                    if (
+                        config.tracking
+                        and value is not None
+                        and len(value) > config.max_value_bytes
+                    ):
                         skipped.reject(offset, attempt, len(value))
                         continue
                     rows.append((offset, attempt, key, value, ts))
@@ -181,9 +199,13 @@ class _Skipped:
         self.offsets, self.attempts, self.statuses, self.reasons = [], [], [], []
 
     def reject(self, offset: int, attempt: int, size: int) -> None:
-        self._add(offset, attempt, REJECTED,
-                  f"value of {size} bytes is over ackstream.maxValueBytes "
-                  f"({self.config.max_value_bytes}); raise that option to process it")
+        self._add(
+            offset,
+            attempt,
+            REJECTED,
+            f"value of {size} bytes is over ackstream.maxValueBytes "
+            f"({self.config.max_value_bytes}); raise that option to process it",
+        )
 
     def gap(self, offset: int, attempt: int) -> None:
         self._add(offset, attempt, ACKED, None)  # nothing to process
@@ -199,9 +221,17 @@ class _Skipped:
             return
         topic, partition = self.tp
         roots = ids.root_ids(self.config.topology, topic, partition, self.offsets, self.attempts)
-        table = completion_table(roots, self.statuses, topic=topic, partition=partition,
-                                 offset=self.offsets, attempt=self.attempts, latency_ms=0,
-                                 completed_ms=now_ms(), reason=self.reasons)
+        table = completion_table(
+            roots,
+            self.statuses,
+            topic=topic,
+            partition=partition,
+            offset=self.offsets,
+            attempt=self.attempts,
+            latency_ms=0,
+            completed_ms=now_ms(),
+            reason=self.reasons,
+        )
         channel = open_channel(self.config)
         try:
             channel.write_completions(table)
@@ -211,5 +241,6 @@ class _Skipped:
 
 def _batch(config, task, rows):
     offsets, attempts, keys, values, stamps = zip(*rows)
-    return spout_batch(config.topology, task.topic, task.partition, offsets, attempts, keys,
-                       values, stamps)
+    return spout_batch(
+        config.topology, task.topic, task.partition, offsets, attempts, keys, values, stamps
+    )

@@ -83,9 +83,17 @@ def planned_inits(end: dict, now_ms: int) -> pa.Table | None:
     attempt = np.repeat(np.array([a for *_, a in pieces], dtype=np.int32), sizes)
     n = len(offset)
     roots = ids.root_ids(end["source"], topic, partition, offset, attempt)
-    return pa.table({
-        "root": roots, "value": np.zeros(n, np.int64), "kind": np.full(n, INIT, np.int8),
-        "topic": pa.array(topic, pa.string()), "partition": partition,
-        "offset": offset.astype(np.int64), "attempt": attempt,
-        "ts": np.full(n, now_ms, np.int64), "reason": pa.nulls(n, pa.string()),
-    }, schema=ACK_RECORD_SCHEMA)
+    return pa.table(
+        {
+            "root": roots,
+            "value": np.zeros(n, np.int64),
+            "kind": np.full(n, INIT, np.int8),
+            "topic": pa.array(topic, pa.string()),
+            "partition": partition,
+            "offset": offset.astype(np.int64),
+            "attempt": attempt,
+            "ts": np.full(n, now_ms, np.int64),
+            "reason": pa.nulls(n, pa.string()),
+        },
+        schema=ACK_RECORD_SCHEMA,
+    )

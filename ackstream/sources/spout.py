@@ -49,8 +49,9 @@ def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -
 
 
 def _new_tracker(config: SourceConfig) -> Tracker:
-    policy = RetryPolicy(config.retry_initial_delay_ms, config.retry_max_delay_ms,
-                         config.max_retries)
+    policy = RetryPolicy(
+        config.retry_initial_delay_ms, config.retry_max_delay_ms, config.max_retries
+    )
     return Tracker(config.topology, policy, config.source_timeout_ms, config.max_pending)
 
 
@@ -95,8 +96,14 @@ class Spout:
     ``clock`` gives the time in ms for every decision.
     """
 
-    def __init__(self, config: SourceConfig, upstream: Upstream, channel: Channel,
-                 offset: dict, clock: Clock = now_ms):
+    def __init__(
+        self,
+        config: SourceConfig,
+        upstream: Upstream,
+        channel: Channel,
+        offset: dict,
+        clock: Clock = now_ms,
+    ):
         self.config, self.upstream, self.channel, self.clock = config, upstream, channel, clock
         self.tracker = _new_tracker(config)
         self.tracker.restore(offset["parts"], clock())
@@ -161,11 +168,19 @@ class Spout:
         # a new offset persists the snapshot, dead letters written included: a restart
         # then does not write them again (see the report in the module doc)
         self._dead_since_snapshot = False
-        offset = {"v": 1, "parts": tracker.snapshot(), "read": read,
-                  "replays": [list(r) for r in replays], "done": self.position}
+        offset = {
+            "v": 1,
+            "parts": tracker.snapshot(),
+            "read": read,
+            "replays": [list(r) for r in replays],
+            "done": self.position,
+        }
         if self.config.tracking:  # the batch's roots are waited for, on these terms
-            offset.update(source=self.config.topology, channel=self.config.channel,
-                          timeout=self.config.message_timeout_ms)
+            offset.update(
+                source=self.config.topology,
+                channel=self.config.channel,
+                timeout=self.config.message_timeout_ms,
+            )
         return offset
 
     def _check_retention(self, tps) -> None:
@@ -177,7 +192,8 @@ class Spout:
                     raise AckstreamError(
                         f"{tp[0]}[{tp[1]}] offsets {part.end}..{earliest[tp] - 1} were deleted "
                         "by retention before they were read (data loss); set "
-                        "failOnDataLoss=false to skip them")
+                        "failOnDataLoss=false to skip them"
+                    )
                 self.tracker.skip_to(tp, earliest[tp])
 
     def _poll(self, now: int) -> None:
@@ -196,8 +212,9 @@ class Spout:
         timeout: the acker runs only when records arrive, and such a root must time out
         there (see ``ackstream.acker.query``)."""
         timeout = self.config.message_timeout_ms
-        if now - self._ticked_ms >= default_tick_ms(timeout) and \
-                self.tracker.overdue(now - timeout):
+        if now - self._ticked_ms >= default_tick_ms(timeout) and self.tracker.overdue(
+            now - timeout
+        ):
             self.channel.write_acks(tick(now))
             self._ticked_ms = now
 
@@ -205,16 +222,19 @@ class Spout:
         letters = list(self.tracker.dead.values())
         if self.letters is None:
             if self.config.dead_letter_topic:
-                self.letters = KafkaDeadLetters(self.config.bootstrap_servers,
-                                                self.config.dead_letter_topic,
-                                                self.config.topology)
+                self.letters = KafkaDeadLetters(
+                    self.config.bootstrap_servers,
+                    self.config.dead_letter_topic,
+                    self.config.topology,
+                )
             else:
-                self.letters = ParquetDeadLetters(self.config.dead_letter_dir,
-                                                  self.config.topology)
+                self.letters = ParquetDeadLetters(self.config.dead_letter_dir, self.config.topology)
         records = self.upstream.fetch([((lt.topic, lt.partition), lt.offset) for lt in letters])
         limit = self.config.max_value_bytes  # a rejected huge value stays upstream only
-        records = {k: (key, None if value is not None and len(value) > limit else value, ts)
-                   for k, (key, value, ts) in records.items()}
+        records = {
+            k: (key, None if value is not None and len(value) > limit else value, ts)
+            for k, (key, value, ts) in records.items()
+        }
         self.letters.write(letters, records)
         self.tracker.dead_lettered(letters)
         self._dead_since_snapshot = True
@@ -238,8 +258,13 @@ class Spout:
             self.tracker.started(now)
             self._poll(now)
         else:
-            self._commit_positions({(t, int(p)): e["end"] for t, parts in end["parts"].items()
-                                    for p, e in parts.items()})
+            self._commit_positions(
+                {
+                    (t, int(p)): e["end"]
+                    for t, parts in end["parts"].items()
+                    for p, e in parts.items()
+                }
+            )
 
     def _commit_positions(self, positions: dict | None = None) -> None:
         """Tracking off: commit the read positions of batches Spark has run. Called from

@@ -94,8 +94,13 @@ class _Partition:
 class Tracker:
     """The state of every record between its first emit and done (see module doc)."""
 
-    def __init__(self, source: str, policy: RetryPolicy, source_timeout_ms: int,
-                 max_pending: int | None = None):
+    def __init__(
+        self,
+        source: str,
+        policy: RetryPolicy,
+        source_timeout_ms: int,
+        max_pending: int | None = None,
+    ):
         self.source, self.policy = source, policy
         self.source_timeout_ms, self.max_pending = source_timeout_ms, max_pending
         self.parts: dict[TP, _Partition] = {}
@@ -189,15 +194,19 @@ class Tracker:
         acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
         others = completions.filter(pc.invert(acked))
         outcomes: dict[int, tuple[str, str | None]] = {
-            root: (outcome, reason) for root, outcome, reason in
-            zip(*(others.column(c).to_pylist() for c in ("root", "status", "reason")))}
+            root: (outcome, reason)
+            for root, outcome, reason in zip(
+                *(others.column(c).to_pylist() for c in ("root", "status", "reason"))
+            )
+        }
         new_dead = []
         failed = self.flights.take(list(outcomes)).sorted_by("part", "offset")
         for root, part, offset, attempt in zip(*(col.tolist() for col in failed[:4])):
             outcome, reason = outcomes[root]
             why = outcome + (f": {reason}" if reason else "")
-            new_dead += self._failed(self._tps[part], offset, attempt, why, now_ms,
-                                     replay=outcome != REJECTED)
+            new_dead += self._failed(
+                self._tps[part], offset, attempt, why, now_ms, replay=outcome != REJECTED
+            )
         done = self.flights.take(completions.filter(acked).column("root").to_numpy())
         for part in np.flatnonzero(np.bincount(done.part)).tolist():
             self.parts[self._tps[part]].mark_done(done.offset[done.part == part])
@@ -214,15 +223,17 @@ class Tracker:
     def expire(self, now_ms: int) -> list[DeadLetter]:
         """Roots in flight for longer than the source timeout count as timed out."""
         overdue = self.flights.take_where(
-            self.flights.started_at_or_before(now_ms - self.source_timeout_ms))
+            self.flights.started_at_or_before(now_ms - self.source_timeout_ms)
+        )
         overdue = overdue.sorted_by("emitted_ms", "part", "offset")
         new_dead = []
         for part, offset, attempt in zip(*(col.tolist() for col in overdue[1:4])):
             new_dead += self._failed(self._tps[part], offset, attempt, TIMED_OUT, now_ms)
         return new_dead
 
-    def _failed(self, tp: TP, offset: int, attempt: int, reason: str, now_ms: int,
-                replay=True) -> list[DeadLetter]:
+    def _failed(
+        self, tp: TP, offset: int, attempt: int, reason: str, now_ms: int, replay=True
+    ) -> list[DeadLetter]:
         """A root not in flight any more failed: schedule its replay or dead-letter it."""
         if attempt >= self.policy.max_retries or not replay:
             letter = DeadLetter(tp[0], tp[1], offset, attempt + 1, reason)
@@ -244,14 +255,19 @@ class Tracker:
     def due(self, now_ms: int, budget: int | None = None) -> list[tuple[str, int, int, int]]:
         """Replays whose backoff is over, earliest first, at most ``budget``; they are in
         flight from now on. Each is ``(topic, partition, offset, attempt)``."""
-        ready = sorted((due, key, att) for key, (att, due) in self.scheduled.items()
-                       if due <= now_ms)
+        ready = sorted(
+            (due, key, att) for key, (att, due) in self.scheduled.items() if due <= now_ms
+        )
         if budget is not None:
             ready = ready[:budget]
         for _, key, _ in ready:
             del self.scheduled[key]
-        self._add_roots([self._index[tp] for _, (tp, _), _ in ready],
-                        [off for _, (_, off), _ in ready], [att for _, _, att in ready], now_ms)
+        self._add_roots(
+            [self._index[tp] for _, (tp, _), _ in ready],
+            [off for _, (_, off), _ in ready],
+            [att for _, _, att in ready],
+            now_ms,
+        )
         return [(tp[0], tp[1], off, att) for _, (tp, off), att in ready]
 
     def dead_lettered(self, letters) -> None:
@@ -325,10 +341,17 @@ class Tracker:
                         attempts[off] = att
                 live = np.arange(part.watermark, part.end)
                 if part.done or self.scheduled:
-                    live = np.array([o for o in live.tolist() if o not in part.done
-                                     and (tp, o) not in self.scheduled], np.int64)
-                self._add_roots(index, live, [attempts.get(o, 0) for o in live.tolist()],
-                                now_ms, started=True)
+                    live = np.array(
+                        [
+                            o
+                            for o in live.tolist()
+                            if o not in part.done and (tp, o) not in self.scheduled
+                        ],
+                        np.int64,
+                    )
+                self._add_roots(
+                    index, live, [attempts.get(o, 0) for o in live.tolist()], now_ms, started=True
+                )
 
 
 def ranges(offsets) -> list[list[int]]:

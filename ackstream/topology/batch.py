@@ -81,8 +81,10 @@ class PerStage(AckMode):
     def stage_acks(self, inputs: DataFrame, children: DataFrame, now: int) -> list[DataFrame]:
         # Storm's ack of every input tuple: its own anchor pairs, XOR the edges of the
         # children it emitted (the children's anchor pairs)
-        return [ack_records(anchor_pairs(inputs), ACK, now),
-                ack_records(anchor_pairs(children), ACK, now)]
+        return [
+            ack_records(anchor_pairs(inputs), ACK, now),
+            ack_records(anchor_pairs(children), ACK, now),
+        ]
 
     def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
         return [ack_records(anchor_pairs(outputs), ACK, now)]
@@ -102,8 +104,7 @@ def ack_mode(name: str) -> AckMode:
     return ACK_MODES[name]
 
 
-def run_batch(topology, batch: DataFrame, batch_id: int,
-              inits: pa.Table | None) -> pa.Table:
+def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None) -> pa.Table:
     """Run every stage of ``topology`` on ``batch`` (a static DataFrame), write the
     sink, and return the batch's ack records (not pre-combined: the ledger combines
     them). ``inits``: the batch's init records when they are known without reading
@@ -174,9 +175,16 @@ def init_records(tuples: DataFrame, now: int, with_edges: bool = True) -> DataFr
     of the whole batch were telescoped into it), with the source coordinates."""
     value = EDGE if with_edges else "0L"
     return tuples.where(f"{ROOT} IS NOT NULL").selectExpr(
-        f"{ROOT} AS root", f"{value} AS value", f"CAST({INIT} AS byte) AS kind", "topic",
-        "partition", "offset", f"{ATTEMPT} AS attempt", f"{now}L AS ts",
-        "CAST(NULL AS string) AS reason")
+        f"{ROOT} AS root",
+        f"{value} AS value",
+        f"CAST({INIT} AS byte) AS kind",
+        "topic",
+        "partition",
+        "offset",
+        f"{ATTEMPT} AS attempt",
+        f"{now}L AS ts",
+        "CAST(NULL AS string) AS reason",
+    )
 
 
 def ack_records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
@@ -186,10 +194,16 @@ def ack_records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
     10,000 rows); the union widens the types and pre-combination fixes them."""
     acking = kind not in (FAIL, REJECT)
     return pairs.selectExpr(
-        "root", f"{'value' if acking else '0L'} AS value", f"CAST({kind} AS byte) AS kind",
-        "CAST(NULL AS string) AS topic", "CAST(NULL AS int) AS partition",
-        "CAST(NULL AS long) AS offset", "CAST(NULL AS long) AS attempt", f"{now}L AS ts",
-        f"{'CAST(NULL AS string)' if acking else 'reason'} AS reason")
+        "root",
+        f"{'value' if acking else '0L'} AS value",
+        f"CAST({kind} AS byte) AS kind",
+        "CAST(NULL AS string) AS topic",
+        "CAST(NULL AS int) AS partition",
+        "CAST(NULL AS long) AS offset",
+        "CAST(NULL AS long) AS attempt",
+        f"{now}L AS ts",
+        f"{'CAST(NULL AS string)' if acking else 'reason'} AS reason",
+    )
 
 
 def _union_all(parts: list[DataFrame]) -> DataFrame:

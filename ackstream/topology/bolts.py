@@ -91,7 +91,7 @@ def failed_roots(df: DataFrame) -> DataFrame:
     """``(root, reason)``: the roots the given tuples are anchored to, a row per anchor,
     with the tuple's reason (``_reason``; null if none). No ``distinct()``: that would
     be a shuffle, and pre-combination merges repeats."""
-    reason = (F.col(REASON) if REASON in df.columns else F.lit(None).cast("string"))
+    reason = F.col(REASON) if REASON in df.columns else F.lit(None).cast("string")
     if is_multi_anchored(df):
         pairs = df.select(F.inline(ANCHORS), reason.alias("reason"))
     else:
@@ -139,8 +139,11 @@ def check_lineage(stage: Stage, before: DataFrame, after: DataFrame) -> None:
     wanted = [c for c in LINEAGE_COLUMNS if c in before.columns]
     missing = [c for c in wanted if c not in after.columns]
     if missing:
-        raise StageError(stage.name, f"its output lost the lineage column(s) {missing}; "
-                         "keep them, e.g. select('*', ...) or withColumn(...)")
+        raise StageError(
+            stage.name,
+            f"its output lost the lineage column(s) {missing}; "
+            "keep them, e.g. select('*', ...) or withColumn(...)",
+        )
 
 
 class Stage:
@@ -224,8 +227,9 @@ class FailWhereStage(Stage):
             return StageOutput(df.where(~failing))
         df = df.persist()  # kept and failed rows must come from one evaluation of the input
         caught = df.where(failing).withColumn(REASON, self.reason.cast("string"))
-        return self._output(mint(df.where(~failing), self.number, edges=edges), caught,
-                            cached=(df,))
+        return self._output(
+            mint(df.where(~failing), self.number, edges=edges), caught, cached=(df,)
+        )
 
     def _output(self, kept: DataFrame, caught: DataFrame, cached: tuple) -> StageOutput:
         return StageOutput(kept, failed=caught, cached=cached)
@@ -290,19 +294,24 @@ class AggregateStage(Stage):
         else:  # each root once: a fail needs the roots, not the pairs
             anchors, edge = roots, null
         # the null root in the same call: each further DataFrame call is another analysis
-        return StageOutput(grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE),
-                                       null.alias(ROOT)))
+        return StageOutput(
+            grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT))
+        )
 
     def _roots_and_null(self, multi_anchored: bool) -> tuple[Column, Column]:
         """The anchor list with each root of the group once (edge 0), and a null long.
         Built once per stage: every Column is a few JVM calls, which on every batch
         cost about as much as the aggregation's own analysis."""
         if multi_anchored not in self._lineage:
-            roots = (f"array_distinct(flatten(collect_list(transform({ANCHORS}, a -> a.root))))"
-                     if multi_anchored else f"collect_set({ROOT})")
+            roots = (
+                f"array_distinct(flatten(collect_list(transform({ANCHORS}, a -> a.root))))"
+                if multi_anchored
+                else f"collect_set({ROOT})"
+            )
             self._lineage[multi_anchored] = (
                 F.expr(f"transform({roots}, r -> named_struct('root', r, 'edge', 0L))"),
-                F.lit(None).cast("long"))
+                F.lit(None).cast("long"),
+            )
         return self._lineage[multi_anchored]
 
 
@@ -317,8 +326,9 @@ class PandasBoltStage(Stage):
 
     kind = "pandas_bolt"
 
-    def __init__(self, number: int, fn: Callable[[pd.DataFrame], pd.DataFrame], schema: str,
-                 name=None):
+    def __init__(
+        self, number: int, fn: Callable[[pd.DataFrame], pd.DataFrame], schema: str, name=None
+    ):
         super().__init__(number, name)
         self.fn, self.schema = fn, schema
 
@@ -328,6 +338,7 @@ class PandasBoltStage(Stage):
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
         fn, name = self.fn, self.name
         if not tracking:
+
             def plain(frames):
                 for frame in frames:
                     yield fn(frame[payload].reset_index(drop=True))
@@ -369,8 +380,11 @@ def _run_bolt(fn, frame: pd.DataFrame, payload: list[str], name: str) -> pd.Data
         except (TypeError, ValueError):
             parent = np.array([-2])
         if len(parent) and (parent.min() < -1 or parent.max() >= hi - lo):
-            raise StageError(name, "a pandas bolt must index its output rows by the position "
-                             "of their parent row in its input (or -1: unanchored)")
+            raise StageError(
+                name,
+                "a pandas bolt must index its output rows by the position "
+                "of their parent row in its input (or -1: unanchored)",
+            )
         anchored = parent >= 0
         parent = np.where(anchored, parent + lo, -1)
         outputs.append((out.reset_index(drop=True), parent))
@@ -390,8 +404,16 @@ def _run_bolt(fn, frame: pd.DataFrame, payload: list[str], name: str) -> pd.Data
         pieces.append(out.assign(**{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _ERROR: None}))
     if failed:
         rows = np.asarray(failed, dtype=np.int64)
-        pieces.append(pd.DataFrame({ROOT: roots[rows], EDGE: edges[rows],
-                                    _ORDINAL: np.zeros(len(rows), np.int64), _ERROR: errors}))
+        pieces.append(
+            pd.DataFrame(
+                {
+                    ROOT: roots[rows],
+                    EDGE: edges[rows],
+                    _ORDINAL: np.zeros(len(rows), np.int64),
+                    _ERROR: errors,
+                }
+            )
+        )
     if not pieces:
         return pd.DataFrame({ROOT: [], EDGE: [], _ORDINAL: [], _ERROR: []})
     return pd.concat(pieces, ignore_index=True)

@@ -59,8 +59,16 @@ class Topology:
     both give the same outcome for every root (see :mod:`ackstream.topology.batch`).
     """
 
-    def __init__(self, name: str, spark, channel, *, message_timeout_ms: int = 30_000,
-                 tracking: bool = True, ack_mode: str = "telescoped"):
+    def __init__(
+        self,
+        name: str,
+        spark,
+        channel,
+        *,
+        message_timeout_ms: int = 30_000,
+        tracking: bool = True,
+        ack_mode: str = "telescoped",
+    ):
         if message_timeout_ms <= 0:
             raise OptionError("message_timeout_ms", message_timeout_ms, "a positive number of ms")
         self.name, self.spark, self.channel, self.tracking = name, spark, channel, tracking
@@ -89,14 +97,24 @@ class Topology:
 
     where = filter
 
-    def fail_where(self, condition: Column | str, reason: Column | str | None = None, *,
-                   name: str | None = None) -> Topology:
+    def fail_where(
+        self,
+        condition: Column | str,
+        reason: Column | str | None = None,
+        *,
+        name: str | None = None,
+    ) -> Topology:
         """Fail the tuples where ``condition`` holds: their roots are replayed (after the
         last retry, dead-lettered with ``reason``; default: the stage and condition)."""
         return self._add(FailWhereStage, condition, reason, name=name)
 
-    def reject_where(self, condition: Column | str, reason: Column | str | None = None, *,
-                     name: str | None = None) -> Topology:
+    def reject_where(
+        self,
+        condition: Column | str,
+        reason: Column | str | None = None,
+        *,
+        name: str | None = None,
+    ) -> Topology:
         """Dead-letter the records whose tuples match ``condition`` at once, with
         ``reason``, without replays: for input that can never succeed (undecodable,
         null, out of range). ``reason`` may be a column, to say what was wrong."""
@@ -139,30 +157,37 @@ class Topology:
         """``options`` for ``format("ackstream")`` with this topology's name, channel and
         message timeout added. Giving one of those with another value is an
         :class:`OptionError` naming both."""
-        ours = {"ackstream.topology": self.name,
-                "ackstream.channel": self.channel.source_option(),
-                "ackstream.messageTimeout": f"{self.message_timeout_ms}ms"}
+        ours = {
+            "ackstream.topology": self.name,
+            "ackstream.channel": self.channel.source_option(),
+            "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
+        }
         merged = {str(k): str(v) for k, v in (options or {}).items()}
         lowered = {k.lower(): k for k in merged}
         for option, value in ours.items():
             given = lowered.get(option.lower())
             if given is not None and not same_term(option, merged[given], value):
-                raise OptionError(given, merged[given],
-                                  f"{value!r}, the value of topology {self.name!r} (or leave "
-                                  "it out: the topology supplies it)")
+                raise OptionError(
+                    given,
+                    merged[given],
+                    f"{value!r}, the value of topology {self.name!r} (or leave "
+                    "it out: the topology supplies it)",
+                )
             merged.pop(given, None)
             merged[option] = value
         return merged
 
     def read_stream(self, options: Mapping[str, str] | None = None) -> DataFrame:
         """``spark.readStream.format("ackstream")`` with :meth:`source_options`, loaded."""
-        return self.spark.readStream.format("ackstream").options(
-            **self.source_options(options)).load()
+        return (
+            self.spark.readStream.format("ackstream").options(**self.source_options(options)).load()
+        )
 
     # --- running ----------------------------------------------------------------------
 
-    def run_batch(self, batch: DataFrame, batch_id: int = 0,
-                  inits: pa.Table | None = None) -> pa.Table:
+    def run_batch(
+        self, batch: DataFrame, batch_id: int = 0, inits: pa.Table | None = None
+    ) -> pa.Table:
         """Run every stage on ``batch`` (a static DataFrame), write the sink, and return
         the batch's ack records, pre-combined per root, without reporting them: what a
         started topology does in each micro-batch, for tests and notebooks.
@@ -173,17 +198,33 @@ class Topology:
     def _check_input(self, tuples: DataFrame) -> None:
         missing = [c for c in TRACKED_COLUMNS if c not in tuples.columns]
         if self.tracking and missing:
-            raise StageError("input", f"the input stream lacks the tracked column(s) {missing}; "
-                             "read it with topology.read_stream() or use tracking=False")
+            raise StageError(
+                "input",
+                f"the input stream lacks the tracked column(s) {missing}; "
+                "read it with topology.read_stream() or use tracking=False",
+            )
 
-    def start(self, tuples: DataFrame, checkpoint: str, *, trigger_ms: int = 500,
-              ackers: int = 2, acker: bool = True,
-              acker_trigger_ms: int | None = None) -> RunningTopology:
+    def start(
+        self,
+        tuples: DataFrame,
+        checkpoint: str,
+        *,
+        trigger_ms: int = 500,
+        ackers: int = 2,
+        acker: bool = True,
+        acker_trigger_ms: int | None = None,
+    ) -> RunningTopology:
         """Start the topology query over the tracked stream ``tuples`` (best made by
         :meth:`read_stream`) and, unless ``acker=False`` (an acker runs elsewhere) or
         tracking is off, the acker query with ``ackers`` shards. Checkpoints go to
         ``<checkpoint>/topology`` and ``<checkpoint>/acker``."""
         self._check_input(tuples)
-        return start_topology(self, tuples, checkpoint, trigger_ms=trigger_ms, ackers=ackers,
-                              acker=acker, acker_trigger_ms=acker_trigger_ms)
-
+        return start_topology(
+            self,
+            tuples,
+            checkpoint,
+            trigger_ms=trigger_ms,
+            ackers=ackers,
+            acker=acker,
+            acker_trigger_ms=acker_trigger_ms,
+        )

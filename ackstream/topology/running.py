@@ -26,7 +26,11 @@ from ackstream.topology.batch import run_batch
 from ackstream.topology.offset_log import logged_offsets
 
 __all__ = [
-    "BatchFunction", "RunningTopology", "check_source_terms", "same_term", "start_topology",
+    "BatchFunction",
+    "RunningTopology",
+    "check_source_terms",
+    "same_term",
+    "start_topology",
 ]
 
 log = logging.getLogger(__name__)
@@ -38,14 +42,20 @@ def check_source_terms(topology, offset: dict) -> None:
     ``topology`` (an offset written with tracking off, or by an older source, says none)."""
     if "source" not in offset:
         return
-    terms = (("ackstream.topology", offset["source"], topology.name),
-             ("ackstream.channel", offset.get("channel"), topology.channel.source_option()),
-             ("ackstream.messageTimeout", offset.get("timeout"), topology.message_timeout_ms))
+    terms = (
+        ("ackstream.topology", offset["source"], topology.name),
+        ("ackstream.channel", offset.get("channel"), topology.channel.source_option()),
+        ("ackstream.messageTimeout", offset.get("timeout"), topology.message_timeout_ms),
+    )
     for option, given, wanted in terms:
         if given is not None and not same_term(option, given, wanted):
-            raise OptionError(option, given, f"{wanted!r}, the value of topology "
-                              f"{topology.name!r}: read the stream with "
-                              "topology.read_stream(...) so that both agree")
+            raise OptionError(
+                option,
+                given,
+                f"{wanted!r}, the value of topology "
+                f"{topology.name!r}: read the stream with "
+                "topology.read_stream(...) so that both agree",
+            )
 
 
 def same_term(option: str, given, wanted) -> bool:
@@ -84,9 +94,14 @@ class BatchFunction:
         try:
             offsets = logged_offsets(batch.sparkSession, self.offset_log, batch_id)
         except Exception:  # a Spark whose offset log looks otherwise: slower, still right
-            log.warning("topology %s: no offset log for batch %d under %s; reading the "
-                        "batch's roots from its rows", self.topology.name, batch_id,
-                        self.offset_log, exc_info=True)
+            log.warning(
+                "topology %s: no offset log for batch %d under %s; reading the "
+                "batch's roots from its rows",
+                self.topology.name,
+                batch_id,
+                self.offset_log,
+                exc_info=True,
+            )
             return None
         for offset in offsets:
             check_source_terms(self.topology, offset)
@@ -99,17 +114,30 @@ class BatchFunction:
         return pa.concat_tables(tables)
 
 
-def start_topology(topology, tuples: DataFrame, checkpoint: str, *, trigger_ms: int,
-                   ackers: int, acker: bool, acker_trigger_ms: int | None) -> RunningTopology:
+def start_topology(
+    topology,
+    tuples: DataFrame,
+    checkpoint: str,
+    *,
+    trigger_ms: int,
+    ackers: int,
+    acker: bool,
+    acker_trigger_ms: int | None,
+) -> RunningTopology:
     """Start the topology query over ``tuples`` and, unless ``acker=False`` or tracking
     is off, the acker query; checkpoints under ``<checkpoint>/topology`` and ``/acker``."""
     offset_log = os.path.join(checkpoint, "topology")
     acker_query = None
     if acker and topology.tracking:
         acker_query = start_acker(
-            topology.spark, topology.channel, checkpoint=os.path.join(checkpoint, "acker"),
-            ackers=ackers, message_timeout_ms=topology.message_timeout_ms,
-            trigger_ms=acker_trigger_ms or trigger_ms, query_name=f"{topology.name}.acker")
+            topology.spark,
+            topology.channel,
+            checkpoint=os.path.join(checkpoint, "acker"),
+            ackers=ackers,
+            message_timeout_ms=topology.message_timeout_ms,
+            trigger_ms=acker_trigger_ms or trigger_ms,
+            query_name=f"{topology.name}.acker",
+        )
     try:
         query = (
             tuples.writeStream.foreachBatch(BatchFunction(topology, offset_log))

@@ -48,20 +48,28 @@ def test_restart_from_checkpoint_mid_tree_keeps_every_pending_root(spark, tmp_pa
     channel.write_acks(ack_records(first + whole_first + whole_second))
     completions = Completions(channel)
 
-    query = start_acker(spark, channel, checkpoint=checkpoint, ackers=3,
-                        message_timeout_ms=120_000, trigger_ms=100)
+    query = start_acker(
+        spark, channel, checkpoint=checkpoint, ackers=3, message_timeout_ms=120_000, trigger_ms=100
+    )
     try:
         wait_for(lambda: len(completions.poll()) >= 20, what="the 20 complete trees")
-        wait_for(lambda: query.lastProgress and query.lastProgress["numInputRows"] == 0
-                 and query.lastProgress["batchId"] >= 1, what="an idle batch")
+        wait_for(
+            lambda: (
+                query.lastProgress
+                and query.lastProgress["numInputRows"] == 0
+                and query.lastProgress["batchId"] >= 1
+            ),
+            what="an idle batch",
+        )
     finally:
         query.stop()
     assert sorted(c["root"] for c in completions.rows) == list(range(1000, 1020))
 
     # mid-tree: 300 roots pending in the shards' state; the rest of their records arrive
     channel.write_acks(ack_records(second))
-    query = start_acker(spark, channel, checkpoint=checkpoint, ackers=3,
-                        message_timeout_ms=120_000, trigger_ms=100)
+    query = start_acker(
+        spark, channel, checkpoint=checkpoint, ackers=3, message_timeout_ms=120_000, trigger_ms=100
+    )
     try:
         wait_for(lambda: len(completions.poll()) >= 320, what="all 320 roots")
     finally:
@@ -80,8 +88,14 @@ def test_idle_shards_tick_and_time_out_incomplete_trees(spark, tmp_path):
     first, second = trees(10)
     channel.write_acks(ack_records(first + second[:-1]))  # the last root misses one ack
     completions = Completions(channel)
-    query = start_acker(spark, channel, checkpoint=str(tmp_path / "checkpoint"), ackers=2,
-                        message_timeout_ms=1_500, trigger_ms=100)
+    query = start_acker(
+        spark,
+        channel,
+        checkpoint=str(tmp_path / "checkpoint"),
+        ackers=2,
+        message_timeout_ms=1_500,
+        trigger_ms=100,
+    )
 
     def timed_out():
         channel.write_acks(tick(int(time.time() * 1000)))  # as the source does, once a second
@@ -108,24 +122,37 @@ def test_unusable_records_and_stray_acks_are_reported_and_never_stop_the_acker(s
     # bad records among good ones: null root (a whole batch's ids would turn float64),
     # null value, unknown kind bits, an init without coordinates; a stray ack
     bad = pa.Table.from_pylist(
-        [{"root": None, "value": 1, "kind": 0}, {"root": 3, "value": None, "kind": 0},
-         {"root": 3, "value": 1, "kind": 64}, {"root": 77, "value": 1, "kind": 1}, ack(555, 9)],
-        schema=pa.schema([ACK_RECORD_SCHEMA.field(c) for c in ("root", "value", "kind", "ts")]))
+        [
+            {"root": None, "value": 1, "kind": 0},
+            {"root": 3, "value": None, "kind": 0},
+            {"root": 3, "value": 1, "kind": 64},
+            {"root": 77, "value": 1, "kind": 1},
+            ack(555, 9),
+        ],
+        schema=pa.schema([ACK_RECORD_SCHEMA.field(c) for c in ("root", "value", "kind", "ts")]),
+    )
     pq.write_table(bad, tmp_path / "channel" / "acks" / "by-hand.parquet")
     pq.write_table(pa.table({"foo": [1]}), tmp_path / "channel" / "acks" / "foreign.parquet")
     (tmp_path / "channel" / "acks" / "junk.parquet").write_bytes(b"not parquet")
     channel.write_acks(ack_records(second + [init(88, 5, offset=88)]))
     completions = Completions(channel)
-    query = start_acker(spark, channel, checkpoint=str(tmp_path / "checkpoint"), ackers=2,
-                        message_timeout_ms=2_000, trigger_ms=100)
+    query = start_acker(
+        spark,
+        channel,
+        checkpoint=str(tmp_path / "checkpoint"),
+        ackers=2,
+        message_timeout_ms=2_000,
+        trigger_ms=100,
+    )
 
     def both_timed_out():
         channel.write_acks(tick(int(time.time() * 1000)))  # wakes the acker, as the source does
         return {555, 88} <= {c["root"] for c in completions.poll() if c["status"] != INVALID}
 
     try:
-        wait_for(both_timed_out, interval=1.0,
-                 what="the stray ack and the unfinished init to time out")
+        wait_for(
+            both_timed_out, interval=1.0, what="the stray ack and the unfinished init to time out"
+        )
         assert query.isActive
     finally:
         query.stop()
@@ -138,5 +165,9 @@ def test_unusable_records_and_stray_acks_are_reported_and_never_stop_the_acker(s
     assert [c["root"] for c in by_status[UNKNOWN]] == [555]
     reasons = sorted((c["reason"], c["root"] or 0) for c in by_status[INVALID])
     assert reasons == [  # the foreign file's row and the null root; junk is skipped by Spark
-        ("init record without topic, partition or offset", 77), ("kind 64 has unknown bits", 3),
-        ("root is null", 0), ("root is null", 0), ("value is null", 3)]
+        ("init record without topic, partition or offset", 77),
+        ("kind 64 has unknown bits", 3),
+        ("root is null", 0),
+        ("root is null", 0),
+        ("value is null", 3),
+    ]

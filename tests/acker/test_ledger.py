@@ -45,8 +45,15 @@ def test_four_bit_example_is_not_acked_without_its_init():
 def test_seven_record_example_completes_the_root():
     # spout -> bolt1/bolt2 -> bolt3 -> bolt4, with symbolic edge ids 1..5 drawn as 64-bit ids
     e = {i: int(x) for i, x in enumerate(np.random.default_rng(7).integers(1, 2**62, 6))}
-    records = [init(ROOT, e[1] ^ e[2]), ack(ROOT, e[1] ^ e[3]), ack(ROOT, e[2] ^ e[4]),
-               ack(ROOT, e[3] ^ e[5]), ack(ROOT, e[4] ^ e[5]), ack(ROOT, e[5]), ack(ROOT, e[5])]
+    records = [
+        init(ROOT, e[1] ^ e[2]),
+        ack(ROOT, e[1] ^ e[3]),
+        ack(ROOT, e[2] ^ e[4]),
+        ack(ROOT, e[3] ^ e[5]),
+        ack(ROOT, e[4] ^ e[5]),
+        ack(ROOT, e[5]),
+        ack(ROOT, e[5]),
+    ]
     for order in (records, records[::-1], records[3:] + records[:3]):
         pending, done = run([order])
         assert [(c["root"], c["status"]) for c in done] == [(ROOT, ACKED)]
@@ -57,8 +64,15 @@ def test_seven_record_example_with_storm_drawn_edges_completes_at_the_last_recor
     # As Storm would draw them, bolt3's two emits get two edges (5 and 6): then no
     # proper prefix of the records XORs to 0, so the root completes at the seventh.
     e = {i: int(x) for i, x in enumerate(np.random.default_rng(8).integers(1, 2**62, 7))}
-    records = [init(ROOT, e[1] ^ e[2]), ack(ROOT, e[1] ^ e[3]), ack(ROOT, e[2] ^ e[4]),
-               ack(ROOT, e[3] ^ e[5]), ack(ROOT, e[4] ^ e[6]), ack(ROOT, e[5]), ack(ROOT, e[6])]
+    records = [
+        init(ROOT, e[1] ^ e[2]),
+        ack(ROOT, e[1] ^ e[3]),
+        ack(ROOT, e[2] ^ e[4]),
+        ack(ROOT, e[3] ^ e[5]),
+        ack(ROOT, e[4] ^ e[6]),
+        ack(ROOT, e[5]),
+        ack(ROOT, e[6]),
+    ]
     clock, pending = FakeClock(), None
     for i, record in enumerate(records, start=1):
         pending, done = run([[record]], clock, pending)
@@ -78,10 +92,28 @@ def test_0100_0010_example():
 
 def test_completion_carries_coordinates_and_latency():
     clock = FakeClock(5_000)
-    _, done = run([[init(ROOT, 3, topic="orders", partition=2, offset=41, attempt=1, ts=4_000),
-                    ack(ROOT, 3)]], clock)
-    assert done == [dict(root=ROOT, status=ACKED, topic="orders", partition=2, offset=41,
-                         attempt=1, latency_ms=1_000, completed_ms=5_000, reason=None)]
+    _, done = run(
+        [
+            [
+                init(ROOT, 3, topic="orders", partition=2, offset=41, attempt=1, ts=4_000),
+                ack(ROOT, 3),
+            ]
+        ],
+        clock,
+    )
+    assert done == [
+        dict(
+            root=ROOT,
+            status=ACKED,
+            topic="orders",
+            partition=2,
+            offset=41,
+            attempt=1,
+            latency_ms=1_000,
+            completed_ms=5_000,
+            reason=None,
+        )
+    ]
 
 
 def test_fail_wins_over_acks_in_the_same_batch_and_later():

@@ -52,13 +52,20 @@ def test_an_init_delivered_twice_cancels_itself():
 def test_a_fail_reason_and_a_reject_survive_combination():
     from ackstream.testing import ack, init, reject
 
-    raw = ack_records([init(1, 5), ack(1, 5), fail(1, reason="bolt: ValueError"),
-                       init(2, 0), reject(2, reason="not JSON"), init(3, 0)])
+    raw = ack_records(
+        [
+            init(1, 5),
+            ack(1, 5),
+            fail(1, reason="bolt: ValueError"),
+            init(2, 0),
+            reject(2, reason="not JSON"),
+            init(3, 0),
+        ]
+    )
     once = combined(raw).set_index("root")
     assert once["reason"].to_dict() == {1: "bolt: ValueError", 2: "not JSON", 3: None}
     _, done = step(Pending.empty(0), once.reset_index(), 0, 30_000)
-    assert sorted(zip(done["root"], done["status"])) == [(1, "failed"), (2, "rejected"),
-                                                          (3, ACKED)]
+    assert sorted(zip(done["root"], done["status"])) == [(1, "failed"), (2, "rejected"), (3, ACKED)]
 
 
 def test_a_batch_settles_the_trees_it_closes_and_leaves_the_rest_to_the_acker():
@@ -72,22 +79,31 @@ def test_a_batch_settles_the_trees_it_closes_and_leaves_the_rest_to_the_acker():
     spout = g.spout(2, offset=2)
     handed_off = g.emit([spout])  # a tuple another process will ack
     records += g.ack(spout)
-    raw = g.init_records(ts=100) + records + [init(3, 0, offset=3, ts=100), fail(3, reason="x"),
-                                              init(4, 0, offset=4), reject(4, reason="bad"),
-                                              init(5, 0, offset=5), init(5, 0, offset=5)]
+    raw = (
+        g.init_records(ts=100)
+        + records
+        + [
+            init(3, 0, offset=3, ts=100),
+            fail(3, reason="x"),
+            init(4, 0, offset=4),
+            reject(4, reason="bad"),
+            init(5, 0, offset=5),
+            init(5, 0, offset=5),
+        ]
+    )
     done, still_open = settle(precombine(as_table(ack_records(raw), ACK_RECORD_SCHEMA)), 350)
     status = dict(zip(done.column("root").to_pylist(), done.column("status").to_pylist()))
     assert status == {1: ACKED, 3: "failed", 4: "rejected"}
     assert done.column("latency_ms").to_pylist()[0] == 250  # the init's ts to now
-    assert dict(zip(done.column("root").to_pylist(), done.column("reason").to_pylist()))[4] \
-        == "bad"
+    assert dict(zip(done.column("root").to_pylist(), done.column("reason").to_pylist()))[4] == "bad"
     assert sorted(still_open.column("root").to_pylist()) == [2, 5]  # open tree, init twice
     # the acker finishes the open tree from the records left to it, and only then
     later = still_open.to_pandas()
     _, acker_done = step(Pending.empty(400), later, 400, 30_000)
     assert len(acker_done) == 0
-    pending, acker_done = step(Pending.empty(400), ack_records(
-        later.to_dict("records") + g.ack(handed_off)), 400, 30_000)
+    pending, acker_done = step(
+        Pending.empty(400), ack_records(later.to_dict("records") + g.ack(handed_off)), 400, 30_000
+    )
     assert acker_done["root"].tolist() == [2] and acker_done["status"].tolist() == [ACKED]
     assert pending.values() == {5: 0}  # a duplicated init times out and replays
 
@@ -100,8 +116,11 @@ def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
     from ackstream.records import COMPLETION_SCHEMA
     from ackstream.sources.offsets import planned_inits
 
-    end = {"source": "topo", "read": {"a": {"0": [5, 9], "3": [0, 2]}, "b": {"1": [7, 8]}},
-           "replays": [["a", 0, 2, 1], ["b", 1, 3, 300]]}
+    end = {
+        "source": "topo",
+        "read": {"a": {"0": [5, 9], "3": [0, 2]}, "b": {"1": [7, 8]}},
+        "replays": [["a", 0, 2, 1], ["b", 1, 3, 300]],
+    }
     inits = planned_inits(end, now_ms=1_000)
     done, still_open = settle(inits, 1_250)
     _, by_ledger = step(Pending.empty(1_250), inits.to_pandas(), 1_250, MAX_TIMEOUT_MS)

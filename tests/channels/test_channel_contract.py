@@ -40,8 +40,14 @@ def test_acks_written_by_any_process_reach_the_acker_and_completions_come_back(
         records += g.ack(spout) + (g.ack(child) if root != 13 else g.fail(child))
     now = int(time.time() * 1000)
     channel.write_acks(ack_records(g.init_records(ts=now) + records[:30]))
-    query = start_acker(spark, channel, checkpoint=str(tmp_path / "ck"), ackers=2,
-                        message_timeout_ms=60_000, trigger_ms=100)
+    query = start_acker(
+        spark,
+        channel,
+        checkpoint=str(tmp_path / "ck"),
+        ackers=2,
+        message_timeout_ms=60_000,
+        trigger_ms=100,
+    )
     seen, position = [], None
     try:
         write_garbage(channel)
@@ -127,8 +133,10 @@ def test_every_message_of_one_record_batch_is_seen(broker):
         producer.send(channel.acks_topic, value=b"message %d" % n, partition=0)
     producer.flush()
     producer.close()
-    assert [(p, end - start) for p, start, end in message_ranges(broker.bootstrap, channel.acks_topic,
-                                                           {})] == [(0, 3)]
+    assert [
+        (p, end - start)
+        for p, start, end in message_ranges(broker.bootstrap, channel.acks_topic, {})
+    ] == [(0, 3)]
 
 
 def test_local_completions_from_several_writers_are_all_read_once(tmp_path):
@@ -139,8 +147,10 @@ def test_local_completions_from_several_writers_are_all_read_once(tmp_path):
     from ackstream.records import COMPLETION_SCHEMA
 
     def rows(*roots):
-        return pa.Table.from_pylist([{"root": r, "status": ACKED, "completed_ms": r}
-                                     for r in roots], schema=COMPLETION_SCHEMA)
+        return pa.Table.from_pylist(
+            [{"root": r, "status": ACKED, "completed_ms": r} for r in roots],
+            schema=COMPLETION_SCHEMA,
+        )
 
     local = LocalChannel(tmp_path / "channel")
     local.write_completions(rows(1, 2), 0)  # the acker's batch 0
@@ -162,10 +172,16 @@ def test_it_is_a_channel_that_a_source_can_name(channel):
 
     assert isinstance(channel, Channel)
     option = channel.source_option()
-    config = parse({"ackstream.upstream": "generator", "ackstream.channel": option}
-                   if option != "kafka" else
-                   {"kafka.bootstrap.servers": channel.bootstrap, "subscribe": "t",
-                    "ackstream.channel": option, "ackstream.topology": channel.topology})
+    config = parse(
+        {"ackstream.upstream": "generator", "ackstream.channel": option}
+        if option != "kafka"
+        else {
+            "kafka.bootstrap.servers": channel.bootstrap,
+            "subscribe": "t",
+            "ackstream.channel": option,
+            "ackstream.topology": channel.topology,
+        }
+    )
     from ackstream.channels import open_channel
 
     opened = open_channel(config)
@@ -181,8 +197,10 @@ def test_completions_are_read_once_from_a_position_and_a_new_reader_starts_at_th
     from ackstream.records import COMPLETION_SCHEMA
 
     def rows(*roots):
-        return pa.Table.from_pylist([{"root": r, "status": ACKED, "completed_ms": r}
-                                     for r in roots], schema=COMPLETION_SCHEMA)
+        return pa.Table.from_pylist(
+            [{"root": r, "status": ACKED, "completed_ms": r} for r in roots],
+            schema=COMPLETION_SCHEMA,
+        )
 
     start = channel.end_position()
     channel.write_completions(rows(1, 2), 0)

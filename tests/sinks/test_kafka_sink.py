@@ -13,8 +13,12 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 def read_topic(bootstrap, topic, expected, timeout_s=30):
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=timeout_s * 1000)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=timeout_s * 1000,
+    )
     try:
         values = []
         for message in consumer:
@@ -30,9 +34,11 @@ def test_rows_the_broker_refused_fail_their_roots(spark, broker, new_topic):
     topic = new_topic()
     lines = ["a", "b", "x" * 5000, "c"]
     sink = KafkaSink(broker.bootstrap, topic, producer_config={"max_request_size": 2000})
-    topology = (Topology("to-kafka", spark, None)
-                .map(lambda df: df.withColumn("value", F.upper("value")))
-                .sink(sink))
+    topology = (
+        Topology("to-kafka", spark, None)
+        .map(lambda df: df.withColumn("value", F.upper("value")))
+        .sink(sink)
+    )
     try:
         records = topology.run_batch(tracked_frame(spark, lines))
     finally:

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.spark
 def kafka_values(bootstrap: str, topic: str) -> list[str]:
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=2000)
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=2000
+    )
     try:
         return [m.value.decode() for m in consumer]
     finally:
@@ -28,9 +29,14 @@ def sink_and_reader(request, capsys):
         yield sink, lambda: [r["value"] for r in sink.rows()]
     elif request.param == "console":
         sink = ConsoleSink(truncate=False)
-        yield sink, lambda: [line.strip("| ").split("|")[-1].strip()
-                             for line in capsys.readouterr().out.splitlines()
-                             if line.startswith("|") and "value" not in line]
+        yield (
+            sink,
+            lambda: [
+                line.strip("| ").split("|")[-1].strip()
+                for line in capsys.readouterr().out.splitlines()
+                if line.startswith("|") and "value" not in line
+            ],
+        )
     else:
         bootstrap = request.getfixturevalue("broker").bootstrap
         topic = request.getfixturevalue("new_topic")()
@@ -42,8 +48,11 @@ def sink_and_reader(request, capsys):
 def outputs(spark, values):
     """Final tuples as a topology hands them to its sink: payload plus lineage columns."""
     return tracked_frame(spark, values).select(
-        F.col("key").cast("string").alias("key"), F.col("value").cast("string").alias("value"),
-        "_root", "_edge")
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").alias("value"),
+        "_root",
+        "_edge",
+    )
 
 
 def test_every_sink_is_a_sink(sink_and_reader):

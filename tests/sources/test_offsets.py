@@ -14,8 +14,12 @@ from ackstream.topology.offset_log import logged_offsets
 
 from helpers import wait_for
 
-GENERATOR = {"ackstream.upstream": "generator", "ackstream.topology": "plans",
-             "ackstream.generator.partitions": "2", "ackstream.generator.count": "40"}
+GENERATOR = {
+    "ackstream.upstream": "generator",
+    "ackstream.topology": "plans",
+    "ackstream.generator.partitions": "2",
+    "ackstream.generator.count": "40",
+}
 
 
 def rows_read(reader, start, end):
@@ -24,8 +28,15 @@ def rows_read(reader, start, end):
     for part in reader.partitions(start, end):
         for batch in reader.read(part):
             cols = batch.to_pydict()
-            out |= set(zip(cols["_root"], cols["topic"], cols["partition"], cols["offset"],
-                           cols["_attempt"]))
+            out |= set(
+                zip(
+                    cols["_root"],
+                    cols["topic"],
+                    cols["partition"],
+                    cols["offset"],
+                    cols["_attempt"],
+                )
+            )
     return out
 
 
@@ -39,8 +50,14 @@ def test_the_planned_roots_are_the_roots_the_batch_reads(tmp_path, monkeypatch):
     end = dict(reader.latestOffset(start, None), replays=[["generator", 1, 3, 2]])
     assert len(reader.partitions(start, end)) == 3 + 3 + 1
     inits = offsets.planned_inits(end, now_ms=1234)
-    planned = set(zip(*(inits.column(c).to_pylist()
-                        for c in ("root", "topic", "partition", "offset", "attempt"))))
+    planned = set(
+        zip(
+            *(
+                inits.column(c).to_pylist()
+                for c in ("root", "topic", "partition", "offset", "attempt")
+            )
+        )
+    )
     assert planned == rows_read(reader, start, end)
     assert len(planned) == 40 + 1
     assert set(inits.column("kind").to_pylist()) == {INIT}
@@ -57,8 +74,7 @@ def test_an_offset_without_its_records_named_is_read_from_the_rows():
 
 
 def test_with_tracking_off_no_root_is_planned(tmp_path):
-    config = parse({**GENERATOR, "ackstream.channel": str(tmp_path),
-                    "ackstream.tracking": "false"})
+    config = parse({**GENERATOR, "ackstream.channel": str(tmp_path), "ackstream.tracking": "false"})
     reader = AckstreamStreamReader(config)
     end = reader.latestOffset(reader.initialOffset(), None)
     assert end["read"] and offsets.planned_inits(end, 0).num_rows == 0
@@ -69,26 +85,41 @@ def test_the_offset_logged_under_a_batch_id_names_that_batch_s_rows(spark, tmp_p
     """Spark's offset log, read back under foreachBatch's batch id (directly and through
     the JVM), plans exactly the rows of that batch, batch after batch."""
     checkpoint = str(tmp_path / "checkpoint")
-    stream = (spark.readStream.format("ackstream")
-              .options(**{**GENERATOR, "ackstream.generator.count": "60",
-                          "ackstream.channel": str(tmp_path / "channel"),
-                          "maxOffsetsPerTrigger": "20"}).load())
+    stream = (
+        spark.readStream.format("ackstream")
+        .options(
+            **{
+                **GENERATOR,
+                "ackstream.generator.count": "60",
+                "ackstream.channel": str(tmp_path / "channel"),
+                "maxOffsetsPerTrigger": "20",
+            }
+        )
+        .load()
+    )
     compared = []
 
     def check(batch, batch_id):
         rows = {r["_root"] for r in batch.select("_root").collect()}
         logged = logged_offsets(spark, checkpoint, batch_id)
-        through_jvm = logged_offsets(spark, "file://" + os.path.abspath(checkpoint),
-                                             batch_id)  # a URL: read by Hadoop in the JVM
+        through_jvm = logged_offsets(
+            spark, "file://" + os.path.abspath(checkpoint), batch_id
+        )  # a URL: read by Hadoop in the JVM
         planned = offsets.planned_inits(logged[0], 0).column("root").to_numpy()
-        compared.append((batch_id, rows == set(planned.tolist()), logged == through_jvm,
-                         len(rows)))
+        compared.append((batch_id, rows == set(planned.tolist()), logged == through_jvm, len(rows)))
 
-    query = (stream.writeStream.foreachBatch(check).option("checkpointLocation", checkpoint)
-             .trigger(processingTime="100 milliseconds").start())
+    query = (
+        stream.writeStream.foreachBatch(check)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
     try:
-        wait_for(lambda: sum(n for *_, n in compared) >= 60 or query.exception(), timeout=120,
-                 what="every generated record in a batch")
+        wait_for(
+            lambda: sum(n for *_, n in compared) >= 60 or query.exception(),
+            timeout=120,
+            what="every generated record in a batch",
+        )
     finally:
         query.stop()
     assert query.exception() is None

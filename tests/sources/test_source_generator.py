@@ -17,27 +17,54 @@ pytestmark = pytest.mark.spark
 
 
 def run_into(frame, topology, checkpoint):
-    return (frame.writeStream.foreachBatch(topology).option("checkpointLocation", checkpoint)
-            .trigger(processingTime="200 milliseconds").start())
+    return (
+        frame.writeStream.foreachBatch(topology)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
 
 
 def test_generator_records_are_tracked_replayed_and_dead_lettered(spark, tmp_path):
     channel_dir = str(tmp_path / "channel")
     channel = LocalChannel(channel_dir)
     topology = SpoutAcker(channel, fail=lambda f: f["offset"] % 10 == 3)
-    acker = start_acker(spark, channel, checkpoint=str(tmp_path / "acker"), ackers=2,
-                        message_timeout_ms=3000, trigger_ms=200)
+    acker = start_acker(
+        spark,
+        channel,
+        checkpoint=str(tmp_path / "acker"),
+        ackers=2,
+        message_timeout_ms=3000,
+        trigger_ms=200,
+    )
     frame = generator_stream(
-        spark, channel_dir, **{"generator.count": 40, "generator.partitions": 2},
-        topology="gen-test", messageTimeout="3s",
+        spark,
+        channel_dir,
+        **{"generator.count": 40, "generator.partitions": 2},
+        topology="gen-test",
+        messageTimeout="3s",
         sourceTimeout="30s",  # a cold acker may take longer
-        retryInitialDelay="100ms", maxRetries=1)
-    assert frame.columns == ["key", "value", "topic", "partition", "offset", "timestamp",
-                             "_root", "_edge", "_attempt"]
+        retryInitialDelay="100ms",
+        maxRetries=1,
+    )
+    assert frame.columns == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "_root",
+        "_edge",
+        "_attempt",
+    ]
     query = run_into(frame, topology, str(tmp_path / "source"))
     try:
-        wait_for(lambda: commits(channel_dir) == {"generator/0": 20, "generator/1": 20},
-                 timeout=90, what="every offset committed")
+        wait_for(
+            lambda: commits(channel_dir) == {"generator/0": 20, "generator/1": 20},
+            timeout=90,
+            what="every offset committed",
+        )
     finally:
         query.stop()
         acker.stop()
@@ -57,41 +84,62 @@ def test_an_idle_acker_is_ticked_by_the_source_and_times_out_a_lost_tree(spark, 
     channel_dir = str(tmp_path / "channel")
     channel = LocalChannel(channel_dir)
     topology = SpoutAcker(channel, lose=lambda f: (f["offset"] == 3) & (f["_attempt"] == 0))
-    acker = start_acker(spark, channel, checkpoint=str(tmp_path / "acker"), ackers=2,
-                        message_timeout_ms=2000, trigger_ms=200)
+    acker = start_acker(
+        spark,
+        channel,
+        checkpoint=str(tmp_path / "acker"),
+        ackers=2,
+        message_timeout_ms=2000,
+        trigger_ms=200,
+    )
     frame = generator_stream(
-        spark, channel_dir, **{"generator.count": 10, "generator.partitions": 1},
-        topology="tick-test", messageTimeout="2s", sourceTimeout="1h",
-        retryInitialDelay="100ms")
+        spark,
+        channel_dir,
+        **{"generator.count": 10, "generator.partitions": 1},
+        topology="tick-test",
+        messageTimeout="2s",
+        sourceTimeout="1h",
+        retryInitialDelay="100ms",
+    )
     query = run_into(frame, topology, str(tmp_path / "source"))
     try:
-        wait_for(lambda: commits(channel_dir) == {"generator/0": 10}, timeout=120,
-                 what="every offset committed")
+        wait_for(
+            lambda: commits(channel_dir) == {"generator/0": 10},
+            timeout=120,
+            what="every offset committed",
+        )
     finally:
         query.stop()
         acker.stop()
     done = channel.completions_since(None)[0].to_pylist()
     assert [(c["offset"], c["attempt"]) for c in done if c["status"] == TIMED_OUT] == [(3, 0)]
-    assert {(r["offset"], r["_attempt"]) for r in topology.rows} == \
-        {(o, 0) for o in range(10)} | {(3, 1)}
+    assert {(r["offset"], r["_attempt"]) for r in topology.rows} == {(o, 0) for o in range(10)} | {
+        (3, 1)
+    }
 
 
 def test_tracking_off_commits_what_spark_committed_and_max_offsets_per_trigger(spark, tmp_path):
     channel_dir = str(tmp_path / "channel")
     sizes = []
-    query = (spark.readStream.format("ackstream")
-             .option("ackstream.upstream", "generator")
-             .option("ackstream.generator.count", "12")
-             .option("ackstream.channel", channel_dir)
-             .option("ackstream.tracking", "false")
-             .option("maxOffsetsPerTrigger", "4")
-             .load().writeStream
-             .foreachBatch(lambda df, _: sizes.append(df.filter("_attempt = 0").count()))
-             .option("checkpointLocation", str(tmp_path / "source"))
-             .trigger(processingTime="100 milliseconds").start())
+    query = (
+        spark.readStream.format("ackstream")
+        .option("ackstream.upstream", "generator")
+        .option("ackstream.generator.count", "12")
+        .option("ackstream.channel", channel_dir)
+        .option("ackstream.tracking", "false")
+        .option("maxOffsetsPerTrigger", "4")
+        .load()
+        .writeStream.foreachBatch(lambda df, _: sizes.append(df.filter("_attempt = 0").count()))
+        .option("checkpointLocation", str(tmp_path / "source"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
     try:
-        wait_for(lambda: commits(channel_dir) == {"generator/0": 6, "generator/1": 6},
-                 timeout=60, what="every offset committed")
+        wait_for(
+            lambda: commits(channel_dir) == {"generator/0": 6, "generator/1": 6},
+            timeout=60,
+            what="every offset committed",
+        )
     finally:
         query.stop()
     assert sum(sizes) == 12 and max(sizes) == 4

@@ -26,8 +26,14 @@ def test_generator_read_is_deterministic_and_ids_are_by_hash(tmp_path):
 
 
 def test_generator_count_and_rate(tmp_path):
-    cfg = parse({**GEN, "ackstream.channel": str(tmp_path), "ackstream.generator.count": "5",
-                 "ackstream.generator.partitions": "2"})
+    cfg = parse(
+        {
+            **GEN,
+            "ackstream.channel": str(tmp_path),
+            "ackstream.generator.count": "5",
+            "ackstream.generator.partitions": "2",
+        }
+    )
     up = GeneratorUpstream(cfg)
     assert up.latest(up.partitions()) == {("generator", 0): 3, ("generator", 1): 2}
     slow = GeneratorUpstream(parse({**GEN, "ackstream.generator.rate": "0.001"}))

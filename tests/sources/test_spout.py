@@ -21,10 +21,16 @@ def make_spout(tmp_path):
     made = []
 
     def make(**options):
-        config = parse({"ackstream.upstream": "generator", "ackstream.topology": "spout",
-                        "ackstream.channel": str(tmp_path / "channel"),
-                        "ackstream.generator.count": "10", "ackstream.messageTimeout": "10s",
-                        **{f"ackstream.{k}": str(v) for k, v in options.items()}})
+        config = parse(
+            {
+                "ackstream.upstream": "generator",
+                "ackstream.topology": "spout",
+                "ackstream.channel": str(tmp_path / "channel"),
+                "ackstream.generator.count": "10",
+                "ackstream.messageTimeout": "10s",
+                **{f"ackstream.{k}": str(v) for k, v in options.items()},
+            }
+        )
         channel, clock = LocalChannel(config.channel), FakeClock()
         upstream = open_upstream(config)
         spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel), clock)
@@ -39,9 +45,17 @@ def make_spout(tmp_path):
 def report(channel, status, partition, offsets, attempt=0, reason=None):
     offsets = np.asarray(offsets, np.int64)
     roots = ids.root_ids("spout", TOPIC, partition, offsets, attempt)
-    channel.write_completions(completion_table(
-        roots, status, topic=TOPIC, partition=partition, offset=offsets, attempt=attempt,
-        reason=reason))
+    channel.write_completions(
+        completion_table(
+            roots,
+            status,
+            topic=TOPIC,
+            partition=partition,
+            offset=offsets,
+            attempt=attempt,
+            reason=reason,
+        )
+    )
 
 
 def test_a_new_spout_plans_every_record_and_names_its_terms_in_the_offset(make_spout):

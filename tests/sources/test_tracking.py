@@ -28,8 +28,7 @@ def done(*pairs):
 
 def completions(*rows):
     """Completions as the channel gives them: a table, reason null unless a row has one."""
-    return pa.Table.from_pylist([{"reason": None, **row} for row in rows],
-                                schema=COMPLETION_SCHEMA)
+    return pa.Table.from_pylist([{"reason": None, **row} for row in rows], schema=COMPLETION_SCHEMA)
 
 
 def in_flight_offsets(t):
@@ -62,9 +61,14 @@ def test_of_two_outcomes_read_together_a_rejection_wins_over_an_ack():
     the offset. Read in one poll, in either order, the record must be dead-lettered."""
     t = tracker(max_retries=5)
     t.emit_range(TP, 10, 12, 0)
-    dead = t.complete(completions({"root": root(10), "status": ACKED},
-                                  {"root": root(11), "status": ACKED},
-                                  {"root": root(10), "status": REJECTED, "reason": "too big"}), 1)
+    dead = t.complete(
+        completions(
+            {"root": root(10), "status": ACKED},
+            {"root": root(11), "status": ACKED},
+            {"root": root(10), "status": REJECTED, "reason": "too big"},
+        ),
+        1,
+    )
     assert [(d.offset, d.reason) for d in dead] == [(10, "rejected: too big")]
     assert t.watermarks() == {TP: 10} and not t.in_flight
 
@@ -101,14 +105,20 @@ def test_max_retries_lead_to_exactly_one_dead_letter_which_then_counts_as_done()
 def test_rejected_is_dead_lettered_at_once_with_its_reason_and_invalid_is_ignored():
     t = tracker(max_retries=5)
     t.emit_range(TP, 10, 12, 0)
-    t.complete(completions({"root": root(11), "status": INVALID,
-                            "reason": "kind 64 has unknown bits"}), 1)
+    t.complete(
+        completions({"root": root(11), "status": INVALID, "reason": "kind 64 has unknown bits"}), 1
+    )
     assert t.in_flight == 2  # an unusable ack record says nothing about its root
-    dead = t.complete(completions(
-        {"root": root(10), "status": REJECTED, "reason": "value is not JSON"},
-        {"root": root(11), "status": FAILED, "reason": "bolt: ValueError"}), 2)
-    assert [(d.offset, d.attempts, d.reason) for d in dead] == \
-        [(10, 1, "rejected: value is not JSON")]
+    dead = t.complete(
+        completions(
+            {"root": root(10), "status": REJECTED, "reason": "value is not JSON"},
+            {"root": root(11), "status": FAILED, "reason": "bolt: ValueError"},
+        ),
+        2,
+    )
+    assert [(d.offset, d.attempts, d.reason) for d in dead] == [
+        (10, 1, "rejected: value is not JSON")
+    ]
     assert t.scheduled == {(TP, 11): (1, 102)}  # a fail replays
 
 
@@ -136,16 +146,20 @@ def test_roots_without_completion_time_out_at_the_source():
 def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
     t = tracker()
     t.emit_range(TP, 10, 16, 0)
-    t.complete(done((root(10), ACKED), (root(12), ACKED), (root(13), FAILED),
-                    (root(14), FAILED)), 0)
+    t.complete(
+        done((root(10), ACKED), (root(12), ACKED), (root(13), FAILED), (root(14), FAILED)), 0
+    )
     t.due(100)  # 13 and 14 in flight at attempt 1
     t.complete(done((root(14, 1), FAILED)), 200)  # 14 scheduled for attempt 2 at 400
     snap = json.loads(json.dumps(t.snapshot()))
     r = tracker()
     r.restore(snap, now_ms=1000)
     assert r.watermarks() == {TP: 11}
-    assert sorted(zip(r.flights.rows.offset.tolist(), r.flights.rows.attempt.tolist())) == \
-        [(11, 0), (13, 1), (15, 0)]
+    assert sorted(zip(r.flights.rows.offset.tolist(), r.flights.rows.attempt.tolist())) == [
+        (11, 0),
+        (13, 1),
+        (15, 0),
+    ]
     assert r.scheduled == {(TP, 14): (2, 400)}
     r.complete(done((root(11), ACKED), (root(13, 1), ACKED), (root(15), ACKED)), 1000)
     assert r.due(1000) == [("events", 0, 14, 2)]

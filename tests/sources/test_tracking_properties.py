@@ -55,18 +55,24 @@ def check_states(t):
 
 
 def completions(rows):
-    return pa.Table.from_pylist([{"root": r, "status": s, "reason": "why"} for r, s in rows],
-                                schema=COMPLETION_SCHEMA)
+    return pa.Table.from_pylist(
+        [{"root": r, "status": s, "reason": "why"} for r, s in rows], schema=COMPLETION_SCHEMA
+    )
 
 
-operations = st.lists(st.one_of(
-    st.tuples(st.just("emit"), st.integers(0, len(TPS) - 1), st.integers(1, 6)),
-    st.tuples(st.just("complete"), st.lists(st.tuples(st.integers(0, 40),
-                                                      st.sampled_from(STATUSES)), max_size=8)),
-    st.tuples(st.just("tick"), st.integers(1, 60)),
-    st.tuples(st.just("started")),
-    st.tuples(st.just("restart")),
-), max_size=40)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("emit"), st.integers(0, len(TPS) - 1), st.integers(1, 6)),
+        st.tuples(
+            st.just("complete"),
+            st.lists(st.tuples(st.integers(0, 40), st.sampled_from(STATUSES)), max_size=8),
+        ),
+        st.tuples(st.just("tick"), st.integers(1, 60)),
+        st.tuples(st.just("started")),
+        st.tuples(st.just("restart")),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -94,8 +100,9 @@ def test_every_record_is_in_one_state_and_all_end_committed(ops, clock_on_commit
             restored.clock_on_commit = clock_on_commit
             # a dead letter not written yet is in flight again: it may still complete,
             # else it times out and replays (the source writes letters before snapshots)
-            unwritten = [((d.topic, d.partition), d.offset, d.attempts - 1)
-                         for d in t.dead.values()]
+            unwritten = [
+                ((d.topic, d.partition), d.offset, d.attempts - 1) for d in t.dead.values()
+            ]
             assert sorted(in_flight(restored)) == sorted(in_flight(t) + unwritten)
             assert restored.scheduled == t.scheduled
             t = restored

@@ -15,9 +15,14 @@ RECORDS = 10  # per partition
 def upstream(request, tmp_path):
     """An upstream of two partitions holding RECORDS records each."""
     if request.param == "generator":
-        config = parse({"ackstream.upstream": "generator", "ackstream.topology": "contract",
-                        "ackstream.channel": str(tmp_path),
-                        "ackstream.generator.count": str(2 * RECORDS)})
+        config = parse(
+            {
+                "ackstream.upstream": "generator",
+                "ackstream.topology": "contract",
+                "ackstream.channel": str(tmp_path),
+                "ackstream.generator.count": str(2 * RECORDS),
+            }
+        )
     else:
         from kafka import KafkaProducer
 
@@ -28,9 +33,14 @@ def upstream(request, tmp_path):
             producer.send(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2)
         producer.flush()
         producer.close()
-        config = parse({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
-                        "ackstream.topology": "contract",
-                        "kafka.group.id": f"contract-{topic}"})
+        config = parse(
+            {
+                "kafka.bootstrap.servers": bootstrap,
+                "subscribe": topic,
+                "ackstream.topology": "contract",
+                "kafka.group.id": f"contract-{topic}",
+            }
+        )
     up = open_upstream(config)
     yield up
     up.close()
@@ -63,8 +73,9 @@ def test_read_gives_the_same_rows_with_ids_by_hash_every_time(upstream):
     offsets = [r["offset"] for r in first]
     attempts = [r["_attempt"] for r in first]
     assert list(zip(offsets, attempts)) == [(2, 0), (3, 0), (4, 0), (5, 0), (0, 3)]
-    assert [r["_root"] for r in first] == \
-        ids.root_ids("contract", topic, partition, offsets, attempts).tolist()
+    assert [r["_root"] for r in first] == ids.root_ids(
+        "contract", topic, partition, offsets, attempts
+    ).tolist()
     assert {(r["topic"], r["partition"]) for r in first} == {(topic, partition)}
 
 

@@ -36,12 +36,14 @@ def roots_of(spark, values):
 
 
 def word_count(spark, sink, **kw):
-    return (Topology("wc", spark, None, **kw)
-            .explode(F.split("value", " "), "word")
-            .filter(F.col("word") != "")
-            .fail_where(F.col("word") == "boom")
-            .aggregate("word", F.count("*").alias("n"))
-            .sink(sink))
+    return (
+        Topology("wc", spark, None, **kw)
+        .explode(F.split("value", " "), "word")
+        .filter(F.col("word") != "")
+        .fail_where(F.col("word") == "boom")
+        .aggregate("word", F.count("*").alias("n"))
+        .sink(sink)
+    )
 
 
 MODES = pytest.mark.parametrize("ack_mode", sorted(ACK_MODES))
@@ -63,8 +65,9 @@ def test_word_count_acks_every_root_and_fails_the_one_with_a_failing_row(spark, 
     kinds = dict(zip(records["root"].to_pylist(), records["kind"].to_pylist()))
     assert kinds[roots[1]] == INIT | FAIL
     assert np.count_nonzero([k & FAIL for k in kinds.values()]) == 1
-    reasons = {r: why for r, why in zip(records["root"].to_pylist(), records["reason"].to_pylist())
-               if why}
+    reasons = {
+        r: why for r, why in zip(records["root"].to_pylist(), records["reason"].to_pylist()) if why
+    }
     assert list(reasons) == [roots[1]] and reasons[roots[1]].startswith("fail_where#3: ")
     assert "boom" in reasons[roots[1]]
 
@@ -72,17 +75,22 @@ def test_word_count_acks_every_root_and_fails_the_one_with_a_failing_row(spark, 
 def test_reject_where_rejects_undecodable_and_null_values_with_their_reason(spark):
     lines = ['{"n": 1}', "{broken", None, '{"n": 4}']
     sink = MemorySink()
-    topology = (Topology("json", spark, None)
-                .map(lambda df: df.withColumn("doc", F.from_json(F.col("value"), "n int")))
-                .reject_where(F.col("value").isNull(), "value is null")
-                .reject_where(F.col("doc.n").isNull(),
-                              F.concat(F.lit("not JSON with n: "), F.col("value")))
-                .sink(sink))
+    topology = (
+        Topology("json", spark, None)
+        .map(lambda df: df.withColumn("doc", F.from_json(F.col("value"), "n int")))
+        .reject_where(F.col("value").isNull(), "value is null")
+        .reject_where(F.col("doc.n").isNull(), F.concat(F.lit("not JSON with n: "), F.col("value")))
+        .sink(sink)
+    )
     records = topology.run_batch(tracked_frame(spark, lines))
     roots = roots_of(spark, lines)
     done = settle_rows(records)
     assert {r: done[r]["status"] for r in roots} == {
-        roots[0]: "acked", roots[1]: "rejected", roots[2]: "rejected", roots[3]: "acked"}
+        roots[0]: "acked",
+        roots[1]: "rejected",
+        roots[2]: "rejected",
+        roots[3]: "acked",
+    }
     assert done[roots[1]]["reason"] == "not JSON with n: {broken"
     assert done[roots[2]]["reason"] == "value is null"
     assert sorted(r["doc"]["n"] for r in sink.rows()) == [1, 4]
@@ -97,8 +105,9 @@ def test_explode_children_have_distinct_reproducible_edges(spark):
     assert len({r["_edge"] for r in first}) == 4
     spout = {r["offset"]: r["_edge"] for r in df.collect()}
     words = {0: ["x", "y", "z"], 1: ["x"]}
-    expected = {int(ids.child_edges(spout[o], 3, i)) for o, ws in words.items()
-                for i in range(len(ws))}
+    expected = {
+        int(ids.child_edges(spout[o], 3, i)) for o, ws in words.items() for i in range(len(ws))
+    }
     assert {r["_edge"] for r in first} == expected  # xxhash64(parent edge, stage, position)
 
 
@@ -113,8 +122,13 @@ def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark)
     stage = AggregateStage(1, ["k"], [F.count("*").alias("n")])
     out = stage.run(df, tracking=True).tuples
     now = 0
-    partial = union_all([init_records(df, now), records_of(anchor_pairs(df), 0, now),
-                          records_of(anchor_pairs(out), 0, now)]).toPandas()
+    partial = union_all(
+        [
+            init_records(df, now),
+            records_of(anchor_pairs(df), 0, now),
+            records_of(anchor_pairs(out), 0, now),
+        ]
+    ).toPandas()
     outcome = settle(partial)
     assert set(outcome.values()) == {"pending"}
     rows = out.collect()
@@ -130,8 +144,12 @@ def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark)
     model += [rec for c in children for rec in g.ack(c)]
     assert set(settle(model).values()) == {"acked"}
 
-    stage_and_sink = [init_records(df, now), records_of(anchor_pairs(df), 0, now),
-                      records_of(anchor_pairs(out), 0, now), records_of(anchor_pairs(out), 0, now)]
+    stage_and_sink = [
+        init_records(df, now),
+        records_of(anchor_pairs(df), 0, now),
+        records_of(anchor_pairs(out), 0, now),
+        records_of(anchor_pairs(out), 0, now),
+    ]
     assert set(settle(union_all(stage_and_sink).toPandas()).values()) == {"acked"}
     # an output row acked twice cancels its own ack: its roots stay pending, never acked
     twice = stage_and_sink + [records_of(anchor_pairs(out.where("k = 'k1'")), 0, now)]
@@ -159,17 +177,24 @@ def test_unwritten_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mode
     records = word_count(spark, sink, ack_mode=ack_mode).run_batch(tracked_frame(spark, LINES))
     roots = roots_of(spark, LINES)
     # "c" comes from lines 0 and 3; line 1 failed anyway; 2 (empty) and 4 are acked
-    assert settle(records) == {roots[0]: "failed", roots[1]: "failed", roots[2]: "acked",
-                               roots[3]: "failed", roots[4]: "acked"}
+    assert settle(records) == {
+        roots[0]: "failed",
+        roots[1]: "failed",
+        roots[2]: "acked",
+        roots[3]: "failed",
+        roots[4]: "acked",
+    }
 
 
 @MODES
 def test_failing_an_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mode):
-    topology = (Topology("agg", spark, None, ack_mode=ack_mode)
-                .explode(F.split("value", " "), "word")
-                .aggregate("word", F.count("*").alias("n"))
-                .fail_where(F.col("n") >= 3)  # "c": lines 0 and 3
-                .sink(MemorySink()))
+    topology = (
+        Topology("agg", spark, None, ack_mode=ack_mode)
+        .explode(F.split("value", " "), "word")
+        .aggregate("word", F.count("*").alias("n"))
+        .fail_where(F.col("n") >= 3)  # "c": lines 0 and 3
+        .sink(MemorySink())
+    )
     roots = roots_of(spark, LINES)
     outcome = settle(topology.run_batch(tracked_frame(spark, LINES)))
     assert outcome == {r: ("failed" if i in (0, 3) else "acked") for i, r in enumerate(roots)}
@@ -177,12 +202,14 @@ def test_failing_an_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mod
 
 @MODES
 def test_an_aggregate_of_an_aggregate_keeps_every_root(spark, ack_mode):
-    topology = (Topology("agg2", spark, None, ack_mode=ack_mode)
-                .explode(F.split("value", " "), "word")
-                .aggregate("word", F.count("*").alias("n"))
-                .aggregate("n", F.count("*").alias("words"))  # n=1: a, b, boom, d, ""; n=3: c
-                .fail_where(F.col("n") == 3)  # "c": lines 0 and 3
-                .sink(MemorySink()))
+    topology = (
+        Topology("agg2", spark, None, ack_mode=ack_mode)
+        .explode(F.split("value", " "), "word")
+        .aggregate("word", F.count("*").alias("n"))
+        .aggregate("n", F.count("*").alias("words"))  # n=1: a, b, boom, d, ""; n=3: c
+        .fail_where(F.col("n") == 3)  # "c": lines 0 and 3
+        .sink(MemorySink())
+    )
     roots = roots_of(spark, LINES)
     outcome = settle(topology.run_batch(tracked_frame(spark, LINES)))
     assert outcome == {r: ("failed" if i in (0, 3) else "acked") for i, r in enumerate(roots)}
@@ -218,8 +245,9 @@ def test_pandas_bolt_error_fails_only_that_rows_root(spark, ack_mode):
         return pd.concat([words, pd.DataFrame({"word": ["seen"]}, index=[-1])])
 
     sink = MemorySink()
-    topology = (Topology("pb", spark, None, ack_mode=ack_mode)
-                .pandas_bolt(bolt, "word string").sink(sink))
+    topology = (
+        Topology("pb", spark, None, ack_mode=ack_mode).pandas_bolt(bolt, "word string").sink(sink)
+    )
     records = topology.run_batch(tracked_frame(spark, LINES))
     roots = roots_of(spark, LINES)
     assert settle(records) == {r: ("failed" if i == 1 else "acked") for i, r in enumerate(roots)}
@@ -232,9 +260,11 @@ def test_pandas_bolt_error_fails_only_that_rows_root(spark, ack_mode):
 @MODES
 def test_sql_stage_and_lineage_check(spark, ack_mode):
     sink = MemorySink()
-    topology = (Topology("sql", spark, None, ack_mode=ack_mode)
-                .sql("SELECT *, upper(value) AS shout FROM tuples WHERE value != ''")
-                .sink(sink))
+    topology = (
+        Topology("sql", spark, None, ack_mode=ack_mode)
+        .sql("SELECT *, upper(value) AS shout FROM tuples WHERE value != ''")
+        .sink(sink)
+    )
     records = topology.run_batch(tracked_frame(spark, LINES))
     assert set(settle(records).values()) == {"acked"}
     assert sorted(sink.to_pandas()["shout"]) == sorted(v.upper() for v in LINES if v)

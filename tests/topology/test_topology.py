@@ -25,30 +25,39 @@ def line_stream(spark, directory, lines, tracked=True):
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "part-0.json"), "w") as f:
         for offset, line in enumerate(lines):
-            f.write(json.dumps({"key": None, "value": line, "topic": "lines", "partition": 0,
-                                "offset": offset}) + "\n")
+            f.write(
+                json.dumps(
+                    {"key": None, "value": line, "topic": "lines", "partition": 0, "offset": offset}
+                )
+                + "\n"
+            )
     stream = spark.readStream.schema(SCHEMA).json(str(directory))
     return with_lineage(stream, source="test") if tracked else stream
 
 
 def word_count(spark, channel, sink, tracking=True, message_timeout_ms=30_000):
-    return (Topology("wordcount", spark, channel, tracking=tracking,
-                     message_timeout_ms=message_timeout_ms)
-            .explode(F.split("value", " "), "word")
-            .where(F.col("word") != "")
-            .fail_where(F.col("word") == "boom")
-            .aggregate("word", F.count("*").alias("n"))
-            .sink(sink))
+    return (
+        Topology(
+            "wordcount", spark, channel, tracking=tracking, message_timeout_ms=message_timeout_ms
+        )
+        .explode(F.split("value", " "), "word")
+        .where(F.col("word") != "")
+        .fail_where(F.col("word") == "boom")
+        .aggregate("word", F.count("*").alias("n"))
+        .sink(sink)
+    )
 
 
 def test_stream_acks_every_root_and_fails_the_injected_one(spark, tmp_path):
     channel = LocalChannel(tmp_path / "channel")
     sink = MemorySink()
     topology = word_count(spark, channel, sink, message_timeout_ms=120_000)
-    running = topology.start(line_stream(spark, tmp_path / "in", LINES), str(tmp_path / "ckpt"),
-                             trigger_ms=200)
+    running = topology.start(
+        line_stream(spark, tmp_path / "in", LINES), str(tmp_path / "ckpt"), trigger_ms=200
+    )
     seen, position = [], -1
     try:
+
         def all_done():
             nonlocal position
             table, position = channel.completions_since(position)
@@ -80,8 +89,7 @@ def test_tracking_off_writes_no_ack_records(spark, tmp_path):
     assert os.listdir(channel.acks_dir) == []
 
 
-def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereading(
-        spark, tmp_path):
+def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereading(spark, tmp_path):
     """The roots come from the source's logged offset, not from the rows: a record the
     stream drops before the stages is acked like a filtered tuple, and fails still fail.
     (Read from the rows, the dropped ones would wait for the 10-minute source timeout.)"""
@@ -89,24 +97,40 @@ def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereadi
 
     channel_dir = str(tmp_path / "channel")
     channel = LocalChannel(channel_dir)
-    stream = generator_stream(spark, channel_dir, topology="planned", messageTimeout="5 min",
-                              retryInitialDelay="50ms", **{"generator.count": 40})
+    stream = generator_stream(
+        spark,
+        channel_dir,
+        topology="planned",
+        messageTimeout="5 min",
+        retryInitialDelay="50ms",
+        **{"generator.count": 40},
+    )
     sink = MemorySink()
-    topology = (Topology("planned", spark, channel, message_timeout_ms=300_000)
-                .fail_where((F.col("offset") == 4) & (F.col("_attempt") == 0))
-                .sink(sink))
-    running = topology.start(stream.where("offset % 2 = 0"), str(tmp_path / "ckpt"),
-                             trigger_ms=200)
+    topology = (
+        Topology("planned", spark, channel, message_timeout_ms=300_000)
+        .fail_where((F.col("offset") == 4) & (F.col("_attempt") == 0))
+        .sink(sink)
+    )
+    running = topology.start(stream.where("offset % 2 = 0"), str(tmp_path / "ckpt"), trigger_ms=200)
     try:
-        wait_for(lambda: commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
-                 or running.exception(), timeout=90, what="every offset committed")
+        wait_for(
+            lambda: (
+                commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
+                or running.exception()
+            ),
+            timeout=90,
+            what="every offset committed",
+        )
         assert running.exception() is None
     finally:
         running.stop()
     done = channel.completions_since(None)[0].to_pylist()
-    assert {(c["partition"], c["offset"]) for c in done if c["status"] == ACKED} == \
-        {(p, o) for p in (0, 1) for o in range(20)}
-    assert sorted((c["partition"], c["offset"], c["attempt"]) for c in done
-                  if c["status"] == FAILED) == [(0, 4, 0), (1, 4, 0)]
-    assert sorted((r["partition"], r["offset"]) for r in sink.rows()) == \
-        sorted((p, o) for p in (0, 1) for o in range(0, 20, 2))
+    assert {(c["partition"], c["offset"]) for c in done if c["status"] == ACKED} == {
+        (p, o) for p in (0, 1) for o in range(20)
+    }
+    assert sorted(
+        (c["partition"], c["offset"], c["attempt"]) for c in done if c["status"] == FAILED
+    ) == [(0, 4, 0), (1, 4, 0)]
+    assert sorted((r["partition"], r["offset"]) for r in sink.rows()) == sorted(
+        (p, o) for p in (0, 1) for o in range(0, 20, 2)
+    )
