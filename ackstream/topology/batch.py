@@ -35,7 +35,7 @@ from ackstream.clock import now_ms
 from ackstream.errors import OptionError
 from ackstream.lineage import ATTEMPT, EDGE, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
-from ackstream.topology.bolts import REASON_LIMIT, anchor_pairs, failed_roots
+from ackstream.topology.bolts import REASON_LIMIT, GroupInput, anchor_pairs, failed_roots
 
 __all__ = ["ACK_MODES", "AckMode", "PerStage", "Telescoped", "ack_mode", "run_batch"]
 
@@ -124,18 +124,21 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         # then the batch is read more than once (sink, init records): read it once
         tuples = keep(batch) if read_inits else batch
         parts = [init_records(tuples, now, mode.edges)] if read_inits else []
+        groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
         for stage in topology.stages:
             out = stage.run(tuples, tracking, edges=mode.edges)
             kept.extend(out.cached)
+            if out.groups is not None:
+                groups[stage.number] = out.groups
             children = keep(out.tuples) if tracking and mode.edges else out.tuples
             if tracking:
                 parts += mode.stage_acks(tuples, children, now)
                 if out.failed is not None:
-                    parts.append(ack_records(failed_roots(out.failed), FAIL, now))
+                    parts.append(ack_records(failed_roots(out.failed, groups), FAIL, now))
                 if out.rejected is not None:
-                    parts.append(ack_records(failed_roots(out.rejected), REJECT, now))
+                    parts.append(ack_records(failed_roots(out.rejected, groups), REJECT, now))
             tuples = children
-        parts += _write_sink(topology, tuples, batch_id, now)
+        parts += _write_sink(topology, tuples, batch_id, now, groups)
         if not tracking:
             return ACK_RECORD_SCHEMA.empty_table()
         tables = [] if read_inits else [inits]
@@ -147,7 +150,9 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
             df.unpersist()
 
 
-def _write_sink(topology, outputs: DataFrame, batch_id: int, now: int) -> list[DataFrame]:
+def _write_sink(
+    topology, outputs: DataFrame, batch_id: int, now: int, groups: dict[int, GroupInput]
+) -> list[DataFrame]:
     """Write the final tuples; return their ack records (and fails for unwritten rows)."""
     sink = topology.output
     unwritten, reason = None, f"sink {type(sink).__name__}: not written"
@@ -166,7 +171,7 @@ def _write_sink(topology, outputs: DataFrame, batch_id: int, now: int) -> list[D
     if isinstance(unwritten, DataFrame):
         if REASON not in unwritten.columns:
             unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
-        parts.append(ack_records(failed_roots(unwritten), FAIL, now))
+        parts.append(ack_records(failed_roots(unwritten, groups), FAIL, now))
     return parts
 
 

@@ -21,8 +21,13 @@ replay; both carry the tuple's ``_reason``. All of it is Spark SQL in the JVM;
 only pandas bolts call Python.
 
 With ``edges=False`` (the telescoped topology, which never sends an edge's ack)
-stages mint no edge ids: children inherit ``_root``, and an aggregation's
-``_anchors`` keeps each root once (edge 0), which is all a fail needs.
+stages mint no edge ids and children inherit ``_root``. An aggregation's output
+row then needs its roots only if it fails (a later stage fails it, or the sink
+cannot write it), so it keeps no anchor list, only ``_group``: its stage and a
+hash of its group keys. :func:`failed_roots` finds the roots of failed groups
+from the aggregate's input in that batch (:class:`GroupInput`); a clean batch
+never computes them. A hash shared by two groups only fails more roots (they
+replay), never fewer.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, REASON, ROOT
+from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, REASON, ROOT
 
 __all__ = [
     "REASON_LIMIT",
+    "GroupInput",
     "StageOutput",
     "Stage",
     "MapStage",
@@ -55,22 +61,33 @@ __all__ = [
     "is_multi_anchored",
 ]
 
-_ORDINAL, _ERROR = "_ordinal", "_error"
+_ORDINAL, _ERROR, _GROUP_ID = "_ordinal", "_error", "_group_id"
 #: Characters of an exception's text kept as a reason.
 REASON_LIMIT = 500
 _ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
 
 
 @dataclass(frozen=True)
+class GroupInput:
+    """An aggregate stage's input in one batch, and the id of each row's group there:
+    where the roots of a failed output row (``_group``) are found."""
+
+    tuples: DataFrame
+    group_id: Column
+
+
+@dataclass(frozen=True)
 class StageOutput:
     """What a stage made of a batch: the children that go on, the tuples it failed
     (their roots fail at once and replay) and the tuples it rejected (their roots
-    are dead-lettered without a replay); failed and rejected carry ``_reason``."""
+    are dead-lettered without a replay); failed and rejected carry ``_reason``.
+    ``groups``: an aggregate's input, when its rows carry ``_group``."""
 
     tuples: DataFrame
     failed: DataFrame | None = None
     rejected: DataFrame | None = None
     cached: tuple = ()  # DataFrames the stage persisted, to unpersist after the batch
+    groups: GroupInput | None = None
 
 
 def is_multi_anchored(df: DataFrame) -> bool:
@@ -87,16 +104,32 @@ def anchor_pairs(df: DataFrame) -> DataFrame:
     return pairs.where(F.col("root").isNotNull())
 
 
-def failed_roots(df: DataFrame) -> DataFrame:
+def failed_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) -> DataFrame:
     """``(root, reason)``: the roots the given tuples are anchored to, a row per anchor,
-    with the tuple's reason (``_reason``; null if none). No ``distinct()``: that would
-    be a shuffle, and pre-combination merges repeats."""
+    with the tuple's reason (``_reason``; null if none). A row that carries ``_group``
+    gets the roots of its group's input rows in ``groups`` (by aggregate stage). No
+    ``distinct()``: that would be a shuffle, and pre-combination merges repeats."""
     reason = F.col(REASON) if REASON in df.columns else F.lit(None).cast("string")
     if is_multi_anchored(df):
         pairs = df.select(F.inline(ANCHORS), reason.alias("reason"))
     else:
         pairs = df.select(F.col(ROOT).alias("root"), reason.alias("reason"))
-    return pairs.where(F.col("root").isNotNull())
+    pairs = pairs.where(F.col("root").isNotNull())
+    if GROUP not in df.columns:
+        return pairs
+    groups = groups or {}
+    for stage, source in groups.items():
+        failing = df.where(F.col(GROUP)["stage"] == stage).select(
+            F.col(GROUP)["id"].alias(_GROUP_ID), reason.alias(REASON)
+        )
+        inputs = (
+            source.tuples.drop(REASON)
+            .withColumn(_GROUP_ID, source.group_id)
+            .join(F.broadcast(failing), _GROUP_ID)  # empty: Spark skips the input
+        )
+        earlier = {s: g for s, g in groups.items() if s < stage}
+        pairs = pairs.unionByName(failed_roots(inputs, earlier))
+    return pairs
 
 
 def _roots_of_row() -> Column:
@@ -278,41 +311,36 @@ class AggregateStage(Stage):
     def __init__(self, number: int, keys, aggs, name=None):
         super().__init__(number, name)
         self.keys, self.aggs = list(keys), list(aggs)
-        self._lineage: dict[bool, tuple[Column, Column]] = {}
         if not self.aggs:
             raise StageError(self.name, "needs at least one aggregate expression")
-
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
-        grouped = df.groupBy(*self.keys)
-        if not tracking:
-            return StageOutput(grouped.agg(*self.aggs))
-        roots, null = self._roots_and_null(is_multi_anchored(df))
-        if edges:
-            pair = _child_edge(self.number)
-            anchors = F.flatten(F.collect_list(_anchor_list(df, pair)))
-            edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
-        else:  # each root once: a fail needs the roots, not the pairs
-            anchors, edge = roots, null
-        # the null root in the same call: each further DataFrame call is another analysis
-        return StageOutput(
-            grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT))
+        # Built once per stage: every Column is a few JVM calls, which on every batch
+        # cost about as much as the aggregation's own analysis.
+        self._null = F.lit(None).cast("long")
+        self._group_id = F.xxhash64(*(F.col(k) if isinstance(k, str) else k for k in self.keys))
+        self._group = F.struct(F.lit(number).alias("stage"), F.first(_GROUP_ID).alias("id")).alias(
+            GROUP
         )
 
-    def _roots_and_null(self, multi_anchored: bool) -> tuple[Column, Column]:
-        """The anchor list with each root of the group once (edge 0), and a null long.
-        Built once per stage: every Column is a few JVM calls, which on every batch
-        cost about as much as the aggregation's own analysis."""
-        if multi_anchored not in self._lineage:
-            roots = (
-                f"array_distinct(flatten(collect_list(transform({ANCHORS}, a -> a.root))))"
-                if multi_anchored
-                else f"collect_set({ROOT})"
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
+        if not tracking:
+            return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
+        null = self._null
+        if not edges:  # the roots only if a row fails: see the module doc
+            out = (
+                df.withColumn(_GROUP_ID, self._group_id)
+                .groupBy(*self.keys)
+                .agg(*self.aggs, self._group, null.alias(EDGE), null.alias(ROOT))
             )
-            self._lineage[multi_anchored] = (
-                F.expr(f"transform({roots}, r -> named_struct('root', r, 'edge', 0L))"),
-                F.lit(None).cast("long"),
+            return StageOutput(out, groups=GroupInput(df, self._group_id))
+        pair = _child_edge(self.number)
+        anchors = F.flatten(F.collect_list(_anchor_list(df, pair)))
+        edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
+        # the null root in the same call: each further DataFrame call is another analysis
+        return StageOutput(
+            df.groupBy(*self.keys).agg(
+                *self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT)
             )
-        return self._lineage[multi_anchored]
+        )
 
 
 class PandasBoltStage(Stage):
@@ -333,7 +361,7 @@ class PandasBoltStage(Stage):
         self.fn, self.schema = fn, schema
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
-        if is_multi_anchored(df):
+        if is_multi_anchored(df) or GROUP in df.columns:
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
         fn, name = self.fn, self.name
