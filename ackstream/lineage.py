@@ -6,8 +6,8 @@ A tracked row is a Storm tuple. The ``ackstream`` source emits each record with
 ``_anchors`` instead of a single root when every edge is acked (per-stage acks),
 or only ``_group``, the aggregate group it came from, when acks telescope: its
 roots are looked up from the aggregate's input only if the row fails. A failed
-or rejected row carries ``_reason`` for its dead letter. Sinks drop these columns before they show rows
-to users; stages keep them.
+or rejected row carries ``_reason`` for its dead letter. Sinks drop these
+columns before they show rows to users; stages keep them.
 """
 
 from __future__ import annotations

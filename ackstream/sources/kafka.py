@@ -23,9 +23,8 @@ from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.reading import MAX_RECORDS, read_ranges
 from ackstream.kafka.settings import consumer_settings
 from ackstream.records import ACKED, REJECTED, completion_table
-from ackstream.sources.rows import ReadTask, spout_batch
+from ackstream.sources.rows import TP, ReadTask, spout_batch
 from ackstream.sources.tracking import ranges
-from ackstream.sources.upstream import TP
 
 __all__ = ["KafkaUpstream"]
 

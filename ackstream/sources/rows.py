@@ -10,7 +10,9 @@ import pyarrow as pa
 from ackstream import ids
 from ackstream.lineage import ATTEMPT, EDGE, ROOT
 
-__all__ = ["SOURCE_DDL", "SOURCE_SCHEMA", "ReadTask", "spout_batch"]
+__all__ = ["SOURCE_DDL", "SOURCE_SCHEMA", "TP", "ReadTask", "spout_batch"]
+
+TP = tuple[str, int]  #: an upstream partition: (topic, partition)
 
 SOURCE_SCHEMA = pa.schema(
     [

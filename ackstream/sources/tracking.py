@@ -30,10 +30,10 @@ import pyarrow.compute as pc
 from ackstream import ids
 from ackstream.records import ACKED, INVALID, REJECTED, TIMED_OUT, one_outcome_per_root
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
+from ackstream.sources.rows import TP
 
 __all__ = ["METADATA_LIMIT", "DeadLetter", "RetryPolicy", "Tracker", "ranges"]
 
-TP = tuple[str, int]
 
 #: Bytes of commit metadata we allow ourselves (brokers default to 4096).
 METADATA_LIMIT = 3800

@@ -14,11 +14,9 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 
 from ackstream.config import SourceConfig
-from ackstream.sources.rows import ReadTask
+from ackstream.sources.rows import TP, ReadTask
 
-__all__ = ["TP", "Upstream", "open_upstream"]
-
-TP = tuple[str, int]  #: (topic, partition)
+__all__ = ["Upstream", "open_upstream"]
 
 
 @runtime_checkable
