@@ -108,8 +108,11 @@ class KafkaDeadLetters:
                 (f"ackstream.{k}", str(row[k]).encode())
                 for k in ("reason", "attempts", "topic", "partition", "offset", "topology")
             ]
+            # Kafka takes no message with neither key nor value (a null record whose
+            # value was dropped for its size): an empty value, the headers say the rest
+            value = b"" if row["key"] is None and row["value"] is None else row["value"]
             futures.append(
-                self._producer.send(self.topic, key=row["key"], value=row["value"], headers=headers)
+                self._producer.send(self.topic, key=row["key"], value=value, headers=headers)
             )
         self._producer.flush()
         for future in futures:
