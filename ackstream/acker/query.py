@@ -25,8 +25,11 @@ the source; neither stops the query.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterator
+from urllib.parse import urlparse
 
 import pandas as pd
 import pyarrow as pa
@@ -36,6 +39,8 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.config import default_tick_ms
+from ackstream.errors import OptionError
+from ackstream.files import write_atomically
 from ackstream.records import (
     COMPLETION_DDL,
     INIT,
@@ -53,6 +58,8 @@ STATE_DDL = "epoch_ms long, topics string, pending binary"
 
 SHARD_COLUMN = "_shard"
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+#: In the acker's checkpoint: the shard count it was started with.
+SHARDS_FILE = "ackstream-shards.json"
 _INVALID, _NO_ROOT = "_invalid", "_no_root"
 _NULLABLE_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
 
@@ -171,8 +178,10 @@ def start_acker(
 ):
     """Start the acker query: ack records from ``channel`` in, completions to ``channel`` out.
 
-    Restarting with the same ``checkpoint`` resumes every shard's pending roots.
+    Restarting with the same ``checkpoint`` resumes every shard's pending roots; it
+    must keep the shard count (``ackers``), which is checked.
     """
+    check_shard_count(checkpoint, ackers)
     channel.prepare()
     records = channel.ack_stream(spark, max_files_per_trigger=max_files_per_trigger)
     done = completions(
@@ -201,6 +210,38 @@ def start_acker(
             spark.conf.unset(NO_DATA_BATCHES)
         else:
             spark.conf.set(NO_DATA_BATCHES, previous)
+
+
+def check_shard_count(checkpoint: str, ackers: int) -> None:
+    """Refuse a shard count other than the one ``checkpoint`` was started with: a pending
+    root lives in the state of shard ``pmod(root, ackers)``, so another count would lose
+    track of it (its acks would reach a shard that never saw its init). A checkpoint on
+    a file system URL (``hdfs:``, ``s3a:``...) is not checked."""
+    if not isinstance(ackers, int) or ackers < 1:
+        raise OptionError("ackers", ackers, "a whole number >= 1 (tracking=False runs no acker)")
+    if urlparse(checkpoint).scheme:
+        return
+    path = os.path.join(checkpoint, SHARDS_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            started_with = json.load(f)["ackers"]
+    except FileNotFoundError:
+        os.makedirs(checkpoint, exist_ok=True)
+        write_atomically(path, lambda hidden: _write_json(hidden, {"ackers": ackers}))
+        return
+    if started_with != ackers:
+        raise OptionError(
+            "ackers",
+            ackers,
+            f"{started_with}, the count the acker checkpoint "
+            f"{checkpoint} was started with (its pending roots are kept by "
+            "shard); use a new checkpoint to change it",
+        )
+
+
+def _write_json(path: str, value) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f)
 
 
 def report(table: pa.Table, batch_id: int) -> None:
