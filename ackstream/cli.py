@@ -395,12 +395,9 @@ def _wait(queries, timeout: float | None, until_idle: float | None) -> int:
 
 
 def _stop(queries) -> None:
-    """Stop topology queries before acker queries, so the acker sees the last acks."""
-    for q in sorted(queries, key=lambda q: (q.name or "").endswith(".acker")):
-        try:
-            q.stop()
-        except Exception as problem:  # noqa: BLE001 - stop the others all the same
-            print(f"ackstream: stopping query {q.name} failed: {problem}", file=sys.stderr)
+    from ackstream.topology.running import stop_queries
+
+    stop_queries(queries)
 
 
 def _acker(parser, args) -> int:

@@ -302,20 +302,9 @@ def run_demo(
             if (now.lost == 0 and now.committed >= records) or now.seconds > timeout_s:
                 break
             time.sleep(1.0)
-        _wait_idle(running)
     finally:
         running.stop()
     result = seen()
     if own_directory:
         shutil.rmtree(directory, ignore_errors=True)
     return result
-
-
-def _wait_idle(running, timeout_s: float = 10.0) -> None:
-    """Wait (a little) until neither query is inside a batch: a query stopped mid-batch
-    works, but Spark may log a long error from the interrupted batch."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(q.status.get("isTriggerActive") for q in running.queries):
-            return
-        time.sleep(0.05)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -31,6 +32,7 @@ __all__ = [
     "check_source_terms",
     "same_term",
     "start_topology",
+    "stop_queries",
 ]
 
 log = logging.getLogger(__name__)
@@ -179,9 +181,20 @@ class RunningTopology:
         return self.query.awaitTermination(timeout_s)
 
     def stop(self) -> None:
-        """Stop the topology query, then the acker (so it sees the last ack records)."""
-        for q in self.queries:
-            try:
-                q.stop()
-            except Exception:  # stop the other query all the same
-                log.exception("stopping query %s failed", q.name)
+        """Stop the topology query, then the acker (see :func:`stop_queries`)."""
+        stop_queries(self.queries)
+
+
+def stop_queries(queries, idle_timeout_s: float = 10.0) -> None:
+    """Stop streaming queries between their batches, topology queries before ackers (so
+    an acker sees the last ack records). Spark interrupts a batch it stops in the middle,
+    and an interrupted Python call made Spark print a long StackOverflowError; so each
+    query is stopped once it is not inside a trigger, or after ``idle_timeout_s``."""
+    for q in sorted(queries, key=lambda q: (q.name or "").endswith(".acker")):
+        deadline = time.monotonic() + idle_timeout_s
+        try:
+            while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
+                time.sleep(0.02)
+            q.stop()
+        except Exception:  # stop the others all the same
+            log.exception("stopping query %s failed", q.name)

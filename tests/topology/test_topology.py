@@ -134,3 +134,37 @@ def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereadi
     assert sorted((r["partition"], r["offset"]) for r in sink.rows()) == sorted(
         (p, o) for p in (0, 1) for o in range(0, 20, 2)
     )
+
+
+def test_stop_waits_for_the_batch_in_progress_to_end(spark, tmp_path):
+    """Spark interrupts a batch it stops in the middle (and prints a long error when that
+    lands in Python code): a running topology stops between its batches."""
+
+    def slow(frame):
+        import time
+
+        time.sleep(1.5)
+        return frame[["value"]]
+
+    sink = MemorySink()
+    topology = (
+        Topology("slow", spark, LocalChannel(tmp_path / "channel"), tracking=False)
+        .pandas_bolt(slow, "value string")
+        .sink(sink)
+    )
+    stream = line_stream(spark, tmp_path / "in", LINES, tracked=False)
+    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=100)
+    try:
+        wait_for(
+            lambda: (
+                running.query.status.get("isTriggerActive")
+                and running.query.status.get("message", "").startswith("Processing")
+            ),
+            timeout=60,
+            interval=0.02,
+            what="the first batch to be running",
+        )
+    finally:
+        running.stop()
+    assert running.query.exception() is None
+    assert sorted(r["value"] for r in sink.rows()) == sorted(LINES)
