@@ -144,6 +144,7 @@ class Spout:
             self._poll(now)
         else:
             self._commit_positions()
+        self._add_new_partitions()
         budget = tracker.budget(max_rows) if self.config.tracking else max_rows
         replays = tracker.due(now, budget) if self.config.tracking else []
         if budget is not None:
@@ -182,6 +183,16 @@ class Spout:
                 timeout=self.config.message_timeout_ms,
             )
         return offset
+
+    def _add_new_partitions(self) -> None:
+        """Partitions added upstream since the start are read from their earliest
+        offset, as Spark's Kafka source does (Kafka clients see them when their
+        metadata is refreshed: ``kafka.metadata.max.age.ms``)."""
+        new = [tp for tp in self.upstream.partitions() if tp not in self.tracker.parts]
+        if new:
+            earliest = self.upstream.earliest(new)
+            for tp in new:
+                self.tracker.add_partition(tp, earliest[tp])
 
     def _check_retention(self, tps) -> None:
         earliest = self.upstream.earliest(tps)

@@ -12,6 +12,8 @@ from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream
 from ackstream.testing import FakeClock
 
+from helpers import wait_for
+
 TOPIC = "generator"
 
 
@@ -108,3 +110,46 @@ def test_a_root_past_the_message_timeout_wakes_the_acker_then_times_out(make_spo
     clock.advance(500)  # the first backoff
     replays = spout.next_offset()["replays"]
     assert sorted(replays) == sorted([TOPIC, p, o, 1] for p in (0, 1) for o in range(5))
+
+
+@pytest.mark.broker
+def test_partitions_added_upstream_are_read_from_their_start(broker, new_topic, tmp_path):
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewPartitions
+
+    topic = new_topic(partitions=1)
+    config = parse(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": topic,
+            "ackstream.topology": "grows",
+            "ackstream.channel": str(tmp_path / "channel"),
+            "kafka.metadata.max.age.ms": "200",  # see new partitions soon
+        }
+    )
+    channel, upstream = LocalChannel(config.channel), open_upstream(config)
+    spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel))
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    try:
+        producer.send(topic, b"first", partition=0).get(10)
+        assert spout.next_offset()["read"] == {topic: {"0": [0, 1]}}
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        admin.create_partitions({topic: NewPartitions(total_count=2)})
+        admin.close()
+        producer.close()
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, metadata_max_age_ms=200)
+        wait_for(lambda: producer.partitions_for(topic) == {0, 1}, what="the new partition")
+        producer.send(topic, b"second", partition=1).get(10)
+        producer.send(topic, b"third", partition=1).get(10)
+        planned = {}
+        wait_for(
+            lambda: (
+                planned.update((spout.next_offset() or {}).get("read", {}).get(topic, {}))
+                or "1" in planned
+            ),
+            what="the new partition planned",
+        )
+        assert planned["1"] == [0, 2]
+    finally:
+        producer.close()
+        spout.close()
