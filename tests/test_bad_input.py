@@ -101,9 +101,33 @@ def test_an_unreachable_broker_is_an_error_at_load(spark):
             .option("subscribe", "events")
             .load()
         )
-    assert "no Kafka broker answers at 127.0.0.1:9 (option kafka.bootstrap.servers) within" in str(
+    assert "no Kafka broker answers at 127.0.0.1:9 (option kafka.bootstrap.servers)" in str(
         caught.value
     )
+
+
+def test_a_security_protocol_the_broker_does_not_speak_is_a_bounded_error_naming_it(broker):
+    import time
+
+    from ackstream.config import parse
+    from ackstream.errors import EnvironmentProblem
+    from ackstream.sources.upstream import open_upstream
+
+    config = parse(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": "events",
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.plain.username": "user",
+            "kafka.sasl.plain.password": "secret",
+        }
+    )
+    started = time.monotonic()
+    with pytest.raises(EnvironmentProblem, match="kafka.security.protocol=SASL_SSL") as caught:
+        open_upstream(config).check()
+    assert time.monotonic() - started < 30
+    assert "secret" not in str(caught.value)
 
 
 def test_a_missing_topic_is_an_error_at_load(spark, broker):

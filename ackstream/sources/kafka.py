@@ -9,6 +9,7 @@ records for dead letters. Executor side, :meth:`KafkaUpstream.read` reads one
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 from kafka import KafkaConsumer, TopicPartition
@@ -53,34 +54,58 @@ class KafkaUpstream:
 
     def check(self) -> None:
         """Fail before the query starts if the brokers do not answer or a subscribed topic
-        does not exist (later, Spark would report it from inside a running query)."""
+        does not exist (later, Spark would report it from inside a running query). The
+        check is bounded: a broker that holds the connection without answering (a
+        listener speaking another security protocol can) fails it like a silent one."""
+        outcome: list = []
+        probe = threading.Thread(target=self._probe, args=(outcome,), daemon=True)
+        probe.start()
+        probe.join(CHECK_TIMEOUT_MS / 1000 + 5)
+        if not outcome:  # the probe hangs on: leave it, it holds nothing of ours
+            raise self._silent()
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    def _probe(self, outcome: list) -> None:
         from kafka.errors import KafkaError
 
-        config = self.config
-        servers = config.bootstrap_servers
+        config, problem = self.config, None
         settings = {"bootstrap_timeout_ms": CHECK_TIMEOUT_MS, **consumer_settings(config)}
         try:
             consumer = KafkaConsumer(group_id=None, **settings)
         except KafkaError:
-            raise EnvironmentProblem(
-                f"no Kafka broker answers at {servers} (option kafka.bootstrap.servers) within "
-                f"{settings['bootstrap_timeout_ms'] / 1000:g} s",
-                "Start the broker, or give the host:port it listens on.",
-            ) from None
+            outcome.append(self._silent())
+            return
         try:
             missing = [t for t in config.topics if not consumer.partitions_for_topic(t)]
-        except KafkaError as problem:
-            raise EnvironmentProblem(
-                f"the Kafka broker at {servers} did not answer: {problem}",
+            if missing:
+                problem = EnvironmentProblem(
+                    f"topic(s) {', '.join(missing)} (option subscribe) do not exist on "
+                    f"{config.bootstrap_servers}",
+                    "Create them first, or fix the name.",
+                )
+        except KafkaError as error:
+            problem = EnvironmentProblem(
+                f"the Kafka broker at {config.bootstrap_servers} did not answer: {error}",
                 "Check that it is up and reachable from here.",
-            ) from None
+            )
         finally:
             consumer.close(autocommit=False)
-        if missing:
-            raise EnvironmentProblem(
-                f"topic(s) {', '.join(missing)} (option subscribe) do not exist on {servers}",
-                "Create them first, or fix the name.",
-            )
+        outcome.append(problem)
+
+    def _silent(self) -> EnvironmentProblem:
+        protocol = dict(self.config.kafka_options).get("security.protocol", "PLAINTEXT")
+        return EnvironmentProblem(
+            f"no Kafka broker answers at {self.config.bootstrap_servers} (option "
+            f"kafka.bootstrap.servers) with kafka.security.protocol={protocol} within "
+            f"{CHECK_TIMEOUT_MS / 1000:g} s",
+            "Start the broker, or give the host:port it listens on"
+            + (
+                ", or the security protocol its listener speaks."
+                if protocol != "PLAINTEXT"
+                else "."
+            ),
+        )
 
     def partitions(self) -> list[TP]:
         out = []
