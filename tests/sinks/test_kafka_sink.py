@@ -116,3 +116,28 @@ def test_without_a_broker_every_row_is_unwritten_and_says_why(spark):
     unwritten = sink.write(frame(spark, ["a", "b"]), 0)
     assert sorted(unwritten.column("_edge").to_pylist()) == [100, 101]
     assert all("no producer" in r for r in unwritten.column("_reason").to_pylist())
+
+
+def test_an_aggregate_row_the_broker_refused_fails_the_roots_of_its_group(spark, broker, new_topic):
+    """A telescoped aggregate's rows carry ``_group``, not their roots: the sink hands
+    it back, and the batch finds the roots of the refused row's group."""
+    topic = new_topic()
+    lines = ["a", "big", "b", "big", "a"]
+    sink = KafkaSink(broker.bootstrap, topic, producer_config={"max_request_size": 2000})
+    topology = (
+        Topology("agg-to-kafka", spark, None)
+        .aggregate("value", F.count("*").cast("string").alias("n"))
+        .map(
+            lambda df: df.withColumn("key", F.col("value")).withColumn(
+                "value",
+                F.when(F.col("key") == "big", F.repeat(F.lit("x"), 5000)).otherwise(F.col("n")),
+            )
+        )
+        .sink(sink)
+    )
+    records = topology.run_batch(tracked_frame(spark, lines))
+    rows = tracked_frame(spark, lines).orderBy("offset").collect()
+    assert settle(records) == {
+        r["_root"]: ("failed" if r["value"] == "big" else "acked") for r in rows
+    }
+    assert sorted(read_topic(broker.bootstrap, topic, 2)) == ["1", "2"]
