@@ -1,8 +1,11 @@
 """``ackstream-channel``: the acks topic of a Kafka channel as a Spark stream, for the acker.
 
 Planning runs beside the driver, ``read()`` on executors; both read through
-:mod:`ackstream.channels.kafka`'s helpers. A message that is not ack records
-becomes one null record carrying why, which the acker reports as ``invalid``.
+:mod:`ackstream.channels.kafka`'s helpers. Planning runs every acker trigger in one
+long-lived process, so it keeps one consumer; each ``read()`` makes its own and
+closes it (a task's worker process shares nothing with the planner). A message
+that is not ack records becomes one null record carrying why, which the acker
+reports as ``invalid``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from ackstream.channels.kafka import decode, fetch_messages, message_ranges
+from ackstream.channels.kafka import channel_consumer, decode, fetch_messages, message_ranges
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
 __all__ = ["ChannelSource"]
@@ -44,13 +47,24 @@ class ChannelSource(DataSource):
 class _ChannelReader(DataSourceStreamReader):
     def __init__(self, bootstrap: str, topic: str):
         self.bootstrap, self.topic = bootstrap, topic
+        self._consumer = None  # the planner's, made by the first latestOffset
+
+    def __getstate__(self):
+        return {**self.__dict__, "_consumer": None}
 
     def initialOffset(self) -> dict:
         return {}
 
     def latestOffset(self, start: dict, limit) -> dict:
+        if self._consumer is None:
+            self._consumer = channel_consumer(self.bootstrap)
+        try:
+            ranges = message_ranges(self.bootstrap, self.topic, start, consumer=self._consumer)
+        except Exception:  # the next trigger starts from a fresh client
+            self.stop()
+            raise
         ends = dict(start)
-        for partition, _, end in message_ranges(self.bootstrap, self.topic, start):
+        for partition, _, end in ranges:
             ends[str(partition)] = end
         return ends
 
@@ -72,3 +86,9 @@ class _ChannelReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the acker's checkpoint holds its position."""
+
+    def stop(self) -> None:
+        """Close the planner's consumer (Spark calls this when the query stops)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()

@@ -11,6 +11,10 @@ the acker's ``foreachBatch`` and from topology batches (the trees they settle
 themselves), on the driver, keyed by batch id; a batch re-run after a crash may
 produce its completions twice, which the source ignores (a root it no longer
 tracks is not acted on).
+
+A channel keeps one consumer for its reads (made on first use, dropped by
+``close()`` and on pickling): building one per call was most of the source
+planner's time (issue 15). Executors read with the module's helpers instead.
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ import pyarrow as pa
 from ackstream.kafka.reading import read_ranges, topic_ranges
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
-__all__ = ["KafkaChannel", "decode", "encode", "fetch_messages", "message_ranges"]
+__all__ = [
+    "KafkaChannel",
+    "channel_consumer",
+    "decode",
+    "encode",
+    "fetch_messages",
+    "message_ranges",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +54,15 @@ class KafkaChannel:
         self.bootstrap, self.topology, self.partitions = bootstrap, topology, partitions
         self.acks_topic, self.done_topic = f"{topology}.acks", f"{topology}.done"
         self._producer = None
+        self._consumer = None
+        self._reading = threading.Lock()  # a consumer is not thread-safe
 
     def __getstate__(self):
-        return {**self.__dict__, "_producer": None}
+        return {**self.__dict__, "_producer": None, "_consumer": None, "_reading": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reading = threading.Lock()
 
     def source_option(self) -> str:
         return "kafka"
@@ -105,16 +122,41 @@ class KafkaChannel:
 
     def end_position(self) -> dict:
         """The position after every completion written so far (see LocalChannel)."""
-        return {str(p): end for p, _, end in message_ranges(self.bootstrap, self.done_topic, {})}
+        with self._reader() as consumer:
+            ranges = message_ranges(self.bootstrap, self.done_topic, {}, consumer=consumer)
+        return {str(p): end for p, _, end in ranges}
 
     def _read(self, topic: str, schema: pa.Schema, position: dict) -> tuple[pa.Table, dict]:
         tables = [schema.empty_table()]
-        for partition, start, end in message_ranges(self.bootstrap, topic, position):
-            for offset, message in fetch_messages(self.bootstrap, topic, partition, start, end):
-                table = decode(message, schema, topic, partition, offset)
-                tables += [table] if isinstance(table, pa.Table) else []
-            position[str(partition)] = end
+        with self._reader() as consumer:
+            for partition, start, end in message_ranges(
+                self.bootstrap, topic, position, consumer=consumer
+            ):
+                for offset, message in fetch_messages(
+                    self.bootstrap, topic, partition, start, end, consumer=consumer
+                ):
+                    table = decode(message, schema, topic, partition, offset)
+                    tables += [table] if isinstance(table, pa.Table) else []
+                position[str(partition)] = end
         return pa.concat_tables(tables), position
+
+    @contextlib.contextmanager
+    def _reader(self):
+        """The channel's own consumer, one reader at a time; a read that failed drops
+        it, so the next one starts from a fresh client."""
+        with self._reading:
+            if self._consumer is None:
+                self._consumer = channel_consumer(self.bootstrap)
+            try:
+                yield self._consumer
+            except BaseException:
+                self._close_consumer()
+                raise
+
+    def _close_consumer(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
 
     # --- plumbing ---------------------------------------------------------------
 
@@ -141,6 +183,8 @@ class KafkaChannel:
         if self._producer is not None:
             self._producer.close()
             self._producer = None
+        with self._reading:
+            self._close_consumer()
 
 
 def encode(batch: pa.RecordBatch) -> bytes:
@@ -164,34 +208,53 @@ def decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
         return reason
 
 
-def message_ranges(bootstrap: str, topic: str, position: dict) -> list[tuple[int, int, int]]:
-    """(partition, start, end) for each partition of ``topic`` with messages past ``position``."""
+def channel_consumer(bootstrap: str):
+    """A consumer that reads channel topics by offset: no group, no commits. Its
+    fetches wait at most 50 ms for data: a prefetch left pending at a partition's end
+    would otherwise hold the next read of a reused consumer for the broker's wait."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        return topic_ranges(consumer, topic, position)
-    finally:
-        consumer.close()
-
-
-def fetch_messages(bootstrap: str, topic: str, partition: int, start: int, end: int):
-    """``(offset, value)`` of the messages ``start`` (inclusive) to ``end`` (exclusive) of
-    one partition; the caller decodes them, the offset names a bad one."""
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(
+    return KafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         max_partition_fetch_bytes=16 << 20,
         fetch_max_bytes=64 << 20,
+        fetch_max_wait_ms=50,
     )
-    try:
+
+
+def message_ranges(
+    bootstrap: str, topic: str, position: dict, *, consumer=None
+) -> list[tuple[int, int, int]]:
+    """(partition, start, end) for each partition of ``topic`` with messages past
+    ``position``; with ``consumer`` (see :func:`channel_consumer`), through it, else
+    through a consumer of its own that it closes."""
+    with _using(bootstrap, consumer) as client:
+        return topic_ranges(client, topic, position)
+
+
+def fetch_messages(
+    bootstrap: str, topic: str, partition: int, start: int, end: int, *, consumer=None
+) -> list[tuple[int, bytes]]:
+    """``(offset, value)`` of the messages ``start`` (inclusive) to ``end`` (exclusive) of
+    one partition; the caller decodes them, the offset names a bad one. ``consumer``
+    as for :func:`message_ranges`."""
+    with _using(bootstrap, consumer) as client:
         return [
             (offset, value)
             for offset, _, value, _ in read_ranges(
-                consumer, (topic, partition), [(start, end)], fail_on_data_loss=False
+                client, (topic, partition), [(start, end)], fail_on_data_loss=False
             )
         ]
+
+
+@contextlib.contextmanager
+def _using(bootstrap: str, consumer):
+    if consumer is not None:
+        yield consumer
+        return
+    consumer = channel_consumer(bootstrap)
+    try:
+        yield consumer
     finally:
         consumer.close()

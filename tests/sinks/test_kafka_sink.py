@@ -46,3 +46,98 @@ def test_rows_the_broker_refused_fail_their_roots(spark, broker, new_topic):
     roots = [r["_root"] for r in tracked_frame(spark, lines).orderBy("offset").collect()]
     assert settle(records) == {r: ("failed" if i == 2 else "acked") for i, r in enumerate(roots)}
     assert sorted(read_topic(broker.bootstrap, topic, 3)) == ["A", "B", "C"]
+
+
+def frame(spark, values, **columns):
+    """Output rows as a multi-anchored topology hands them to the sink, plus ``columns``
+    (name -> SQL expression) passed through."""
+    rows = [
+        (f"k{i}", v, None, 100 + i, [(i + 1, 1000 + i), (i + 2, 2000 + i)], 0, "payload")
+        for i, v in enumerate(values)
+    ]
+    schema = (
+        "key string, value string, _root bigint, _edge bigint, "
+        "_anchors array<struct<root:bigint,edge:bigint>>, _attempt int, other string"
+    )
+    df = spark.createDataFrame(rows, schema)
+    for name, expression in columns.items():
+        df = df.withColumn(name, F.expr(expression))
+    return df
+
+
+def test_a_clean_batch_moves_no_row_to_the_driver(spark, broker, new_topic, monkeypatch):
+    topic = new_topic()
+    values = [f"v{i}" for i in range(50)]
+    df = frame(spark, values).repartition(3)
+    collected = []
+    to_arrow = type(df).toArrow
+
+    def spy(self):
+        table = to_arrow(self)
+        collected.append((table.column_names, table.num_rows))
+        return table
+
+    monkeypatch.setattr(type(df), "toArrow", spy)
+    assert KafkaSink(broker.bootstrap, topic).write(df, 0) is None
+    # the one collect is of the unwritten rows: lineage and why, no payload, none here
+    assert collected == [(["_root", "_edge", "_anchors", "_attempt", "_reason"], 0)]
+    assert sorted(read_topic(broker.bootstrap, topic, 50)) == sorted(values)
+
+
+def test_an_unwritten_row_comes_back_with_its_lineage_and_why(spark, broker, new_topic):
+    topic = new_topic()
+    values = ["a", "x" * 5000, "b"]
+    sink = KafkaSink(broker.bootstrap, topic, producer_config={"max_request_size": 2000})
+    unwritten = sink.write(frame(spark, values, _shard="7"), 3)
+    assert unwritten.column_names == ["_root", "_edge", "_anchors", "_attempt", "_shard", "_reason"]
+    (row,) = unwritten.to_pylist()
+    assert row["_edge"] == 101 and row["_root"] is None and row["_shard"] == 7
+    assert row["_anchors"] == [{"root": 2, "edge": 1001}, {"root": 3, "edge": 2001}]
+    assert topic in row["_reason"] and "MessageSizeTooLargeError" in row["_reason"]
+    assert sorted(read_topic(broker.bootstrap, topic, 2)) == ["a", "b"]
+
+
+def test_the_sink_pickles_after_a_write_and_writes_again(spark, broker, new_topic):
+    """Spark Connect pickles the foreachBatch function, and the sink with it."""
+    import pickle
+
+    topic = new_topic()
+    sink = KafkaSink(broker.bootstrap, topic)
+    assert sink.write(frame(spark, ["a"]), 0) is None
+    again = pickle.loads(pickle.dumps(sink))
+    assert again.write(frame(spark, ["b"]), 1) is None
+    sink.close()
+    sink.close()  # harmless, and twice too
+    assert sorted(read_topic(broker.bootstrap, topic, 2)) == ["a", "b"]
+
+
+def test_without_a_broker_every_row_is_unwritten_and_says_why(spark):
+    sink = KafkaSink("127.0.0.1:1", "nowhere", producer_config={"bootstrap_timeout_ms": 500})
+    unwritten = sink.write(frame(spark, ["a", "b"]), 0)
+    assert sorted(unwritten.column("_edge").to_pylist()) == [100, 101]
+    assert all("no producer" in r for r in unwritten.column("_reason").to_pylist())
+
+
+def test_an_aggregate_row_the_broker_refused_fails_the_roots_of_its_group(spark, broker, new_topic):
+    """A telescoped aggregate's rows carry ``_group``, not their roots: the sink hands
+    it back, and the batch finds the roots of the refused row's group."""
+    topic = new_topic()
+    lines = ["a", "big", "b", "big", "a"]
+    sink = KafkaSink(broker.bootstrap, topic, producer_config={"max_request_size": 2000})
+    topology = (
+        Topology("agg-to-kafka", spark, None)
+        .aggregate("value", F.count("*").cast("string").alias("n"))
+        .map(
+            lambda df: df.withColumn("key", F.col("value")).withColumn(
+                "value",
+                F.when(F.col("key") == "big", F.repeat(F.lit("x"), 5000)).otherwise(F.col("n")),
+            )
+        )
+        .sink(sink)
+    )
+    records = topology.run_batch(tracked_frame(spark, lines))
+    rows = tracked_frame(spark, lines).orderBy("offset").collect()
+    assert settle(records) == {
+        r["_root"]: ("failed" if r["value"] == "big" else "acked") for r in rows
+    }
+    assert sorted(read_topic(broker.bootstrap, topic, 2)) == ["1", "2"]

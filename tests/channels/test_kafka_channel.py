@@ -1,0 +1,89 @@
+"""The Kafka channel's clients: one consumer per channel and per acker planner, reused."""
+
+import pickle
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from ackstream.channels.ack_source import ChannelSource
+from ackstream.channels.kafka import KafkaChannel
+from ackstream.records import ACKED, COMPLETION_SCHEMA
+from ackstream.testing import ack_records, fail
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def consumers_made(monkeypatch):
+    """The number of kafka-python consumers built so far, as a one-element list."""
+    import kafka
+
+    made, real = [0], kafka.KafkaConsumer
+
+    def counting(*args, **kwargs):
+        made[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kafka, "KafkaConsumer", counting)
+    return made
+
+
+def completions(*roots):
+    return pa.Table.from_pylist(
+        [{"root": r, "status": ACKED, "completed_ms": r} for r in roots], schema=COMPLETION_SCHEMA
+    )
+
+
+def test_a_channel_reads_through_one_consumer_until_closed(broker, consumers_made):
+    channel = KafkaChannel(broker.bootstrap, f"reuse-{uuid.uuid4().hex[:8]}")
+    channel.prepare()
+    try:
+        position = channel.end_position()
+        seen = []
+        for batch in range(4):  # new completions between reads are all seen, once
+            channel.write_completions(completions(2 * batch, 2 * batch + 1), batch)
+            table, position = channel.completions_since(position)
+            seen += table.column("root").to_pylist()
+            channel.write_acks(ack_records([fail(batch)]))
+        assert sorted(seen) == list(range(8))
+        assert channel.end_position() == position
+        assert sorted(channel.ack_records().column("root").to_pylist()) == [0, 1, 2, 3]
+        assert consumers_made[0] == 1
+
+        copy = pickle.loads(pickle.dumps(channel))  # no client travels with it
+        assert copy.completions_since(None)[0].num_rows == 8
+        assert consumers_made[0] == 2
+        copy.close()
+    finally:
+        channel.close()
+        channel.close()
+    assert channel.completions_since(None)[0].num_rows == 8  # closed: a new client
+    assert consumers_made[0] == 3
+    channel.close()
+
+
+def test_the_acker_planner_keeps_one_consumer_and_its_tasks_make_their_own(broker, consumers_made):
+    channel = KafkaChannel(broker.bootstrap, f"plan-{uuid.uuid4().hex[:8]}")
+    channel.prepare()
+    try:
+        source = ChannelSource(
+            {"kafka.bootstrap.servers": broker.bootstrap, "topic": channel.acks_topic}
+        )
+        reader = source.streamReader(source.schema())
+        offset = reader.initialOffset()
+        roots = []
+        for root in range(3):
+            channel.write_acks(ack_records([fail(root)]))
+            end = reader.latestOffset(offset, None)
+            for task in reader.partitions(offset, end):
+                copy = pickle.loads(pickle.dumps(reader))  # as Spark ships it to a task
+                roots += [r for b in copy.read(task) for r in b.column("root").to_pylist()]
+            offset = end
+        assert roots == [0, 1, 2]
+        assert reader.latestOffset(offset, None) == offset
+        assert consumers_made[0] == 1 + 3  # the planner's, then one per read task
+    finally:
+        reader.stop()
+        reader.stop()
+        channel.close()
