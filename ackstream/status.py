@@ -219,7 +219,8 @@ def kafka_status(
     ``ackstream.channel=kafka``) by counting its messages: a letter written twice
     after a crash counts twice there, and ``replayed`` is then failed + timed out
     minus that count, as the messages' keys are not read."""
-    from ackstream.channels.kafka import KafkaChannel, message_ranges
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.channels.messages import message_ranges
     from ackstream.sinks.dead_letters import read_dead_letters
 
     channel = KafkaChannel(bootstrap, topology)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from ackstream.channels.kafka import channel_consumer, decode, fetch_messages, message_ranges
+from ackstream.channels.messages import channel_consumer, decode, fetch_messages, message_ranges
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
 __all__ = ["ChannelSource"]

@@ -14,30 +14,28 @@ tracks is not acted on).
 
 A channel keeps one consumer for its reads (made on first use, dropped by
 ``close()`` and on pickling): building one per call was most of the source
-planner's time (issue 15). Executors read with the module's helpers instead.
+planner's time (issue 15). Executors read with :mod:`ackstream.channels.messages` instead.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import threading
 
 import pandas as pd
 import pyarrow as pa
 
-from ackstream.kafka.reading import read_ranges, topic_ranges
+from ackstream.channels.messages import (
+    channel_consumer,
+    decode,
+    encode,
+    fetch_messages,
+    message_ranges,
+)
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
-__all__ = [
-    "KafkaChannel",
-    "channel_consumer",
-    "decode",
-    "encode",
-    "fetch_messages",
-    "message_ranges",
-]
+__all__ = ["KafkaChannel"]
 
 log = logging.getLogger(__name__)
 
@@ -185,76 +183,3 @@ class KafkaChannel:
             self._producer = None
         with self._reading:
             self._close_consumer()
-
-
-def encode(batch: pa.RecordBatch) -> bytes:
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue()
-
-
-def decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
-    """The records of one message, or a reason string when it is not an Arrow IPC
-    stream of ``schema``: a foreign or corrupt message is reported, never fatal.
-    Any exception counts: pyarrow raises ``OSError`` for about half of random byte
-    strings, besides its own errors."""
-    try:
-        return as_table(pa.ipc.open_stream(message).read_all(), schema)
-    except Exception as problem:  # whatever the bytes, the reader goes on
-        what = "ack" if "kind" in schema.names else "completion"
-        reason = f"message {topic}[{partition}]@{offset} is not {what} records: {problem}"
-        log.warning("ackstream: skipped %s", reason)
-        return reason
-
-
-def channel_consumer(bootstrap: str):
-    """A consumer that reads channel topics by offset: no group, no commits. Its
-    fetches wait at most 50 ms for data: a prefetch left pending at a partition's end
-    would otherwise hold the next read of a reused consumer for the broker's wait."""
-    from kafka import KafkaConsumer
-
-    return KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=16 << 20,
-        fetch_max_bytes=64 << 20,
-        fetch_max_wait_ms=50,
-    )
-
-
-def message_ranges(
-    bootstrap: str, topic: str, position: dict, *, consumer=None
-) -> list[tuple[int, int, int]]:
-    """(partition, start, end) for each partition of ``topic`` with messages past
-    ``position``; with ``consumer`` (see :func:`channel_consumer`), through it, else
-    through a consumer of its own that it closes."""
-    with _using(bootstrap, consumer) as client:
-        return topic_ranges(client, topic, position)
-
-
-def fetch_messages(
-    bootstrap: str, topic: str, partition: int, start: int, end: int, *, consumer=None
-) -> list[tuple[int, bytes]]:
-    """``(offset, value)`` of the messages ``start`` (inclusive) to ``end`` (exclusive) of
-    one partition; the caller decodes them, the offset names a bad one. ``consumer``
-    as for :func:`message_ranges`."""
-    with _using(bootstrap, consumer) as client:
-        return [
-            (offset, value)
-            for offset, _, value, _ in read_ranges(
-                client, (topic, partition), [(start, end)], fail_on_data_loss=False
-            )
-        ]
-
-
-@contextlib.contextmanager
-def _using(bootstrap: str, consumer):
-    if consumer is not None:
-        yield consumer
-        return
-    consumer = channel_consumer(bootstrap)
-    try:
-        yield consumer
-    finally:
-        consumer.close()

@@ -91,7 +91,7 @@ def write_garbage(channel):
         return
     from kafka import KafkaProducer
 
-    from ackstream.channels.kafka import encode
+    from ackstream.channels.messages import encode
 
     producer = KafkaProducer(bootstrap_servers=channel.bootstrap)
     producer.send(channel.acks_topic, b"nope")
@@ -124,7 +124,8 @@ def test_every_message_of_one_record_batch_is_seen(broker):
     which hid the later messages of a batch until another one came."""
     from kafka import KafkaProducer
 
-    from ackstream.channels.kafka import KafkaChannel, message_ranges
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.channels.messages import message_ranges
 
     channel = KafkaChannel(broker.bootstrap, f"batch-{uuid.uuid4().hex[:8]}")
     channel.prepare()

@@ -4,7 +4,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream.channels.kafka import decode, encode
+from ackstream.channels.messages import decode, encode
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA
 
 
