@@ -26,6 +26,7 @@ _EXPORTS = {
     "LocalChannel": "ackstream.channels.local",
     "KafkaChannel": "ackstream.channels.kafka",
     "local_session": "ackstream.session",
+    "check_options": "ackstream.sources.upstream",
     "register": "ackstream.sources.datasource",
     "read_dead_letters": "ackstream.sinks.dead_letters",
     "AckstreamError": "ackstream.errors",

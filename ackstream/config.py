@@ -14,6 +14,7 @@ nothing falls back silently to a default. Kafka options mirror Spark's Kafka sou
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -72,6 +73,32 @@ _OURS = {
     )
 }
 _NAMED_STARTS = ("earliest", "latest", "committed")
+#: Options of Spark's Kafka source that ackstream takes (besides ``kafka.*``).
+_SPARK_KAFKA = {
+    k.lower(): k for k in ("subscribe", "startingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss")
+}
+#: Options of Spark's Kafka source that ackstream does not take yet.
+_NOT_YET = {
+    k.lower(): k
+    for k in (
+        "assign",
+        "subscribePattern",
+        "startingOffsetsByTimestamp",
+        "startingTimestamp",
+        "startingOffsetsByTimestampStrategy",
+        "endingOffsets",
+        "endingOffsetsByTimestamp",
+        "endingTimestamp",
+        "includeHeaders",
+        "minPartitions",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "groupIdPrefix",
+        "kafkaConsumer.pollTimeoutMs",
+        "fetchOffset.numRetries",
+        "fetchOffset.retryIntervalMs",
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -150,10 +177,7 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
     """Parse and validate the options of one ``readStream.format("ackstream")``."""
     opts = {str(k).lower(): str(v) for k, v in options.items()}
     for key, value in opts.items():
-        if key.startswith("ackstream.") and key not in _OURS:
-            raise OptionError(key, value, "one of " + ", ".join(sorted(_OURS.values())))
-        if key in ("assign", "subscribepattern"):
-            raise OptionError(key, value, "'subscribe' (the only topic option supported)")
+        _check_name(key, value)
 
     def ours(name):
         return opts.get(name.lower())
@@ -281,6 +305,27 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
             )
         )
     return SourceConfig(**kw)
+
+
+def _check_name(key: str, value: str) -> None:
+    """Refuse an option ackstream does not take, with the nearest name it does take."""
+    if key in _OURS or key in _SPARK_KAFKA or key.startswith("kafka."):
+        return
+    if key in _NOT_YET:
+        raise OptionError(
+            _NOT_YET[key],
+            value,
+            "no value: ackstream does not support this option of Spark's Kafka source yet "
+            "(see the README's options table)",
+        )
+    known = {k.lower(): k for k in (*_OURS.values(), *_SPARK_KAFKA.values())}
+    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    allowed = (
+        f"a known option: did you mean {known[near[0]]!r}?"
+        if near
+        else f"a known option: one of {', '.join(sorted(known.values()))}, or kafka.*"
+    )
+    raise OptionError(key, value, allowed)
 
 
 def _int(option: str, value: str | None, minimum: int) -> int | None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["AckstreamError", "OptionError", "EnvironmentProblem", "StageError"]
+
+_SECRET = re.compile(r"password|secret|jaas|token|credential", re.IGNORECASE)
 
 
 class AckstreamError(Exception):
@@ -10,9 +14,12 @@ class AckstreamError(Exception):
 
 
 class OptionError(AckstreamError, ValueError):
-    """An option has a value ackstream cannot use."""
+    """An option has a value ackstream cannot use. The value of an option whose name
+    says it holds a secret (a password, a JAAS config) is never shown."""
 
     def __init__(self, option: str, value, allowed: str):
+        if _SECRET.search(str(option)) and value is not None:
+            value = "***"
         self.option, self.value, self.allowed = option, value, allowed
         super().__init__(f"option {option!r} = {value!r} is not valid: expected {allowed}")
 

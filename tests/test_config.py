@@ -83,7 +83,7 @@ def test_durations(text, ms):
         ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
         ({"subscribe": ""}, "subscribe"),
-        ({"subscribePattern": "t.*"}, "subscribepattern"),
+        ({"subscribePattern": "t.*"}, "subscribePattern"),
         ({"kafka.bootstrap.servers": ""}, "kafka.bootstrap.servers"),
     ],
 )
@@ -133,3 +133,46 @@ def test_unknown_kafka_setting_is_rejected_by_the_kafka_module():
     assert err.value.option == "kafka.no.such.setting"
     settings = consumer_settings(parse({**KAFKA, "kafka.request.timeout.ms": "5000"}))
     assert settings["request_timeout_ms"] == 5000
+
+
+@pytest.mark.parametrize(
+    "option, meant",
+    [
+        ("maxOffsetPerTrigger", "maxOffsetsPerTrigger"),
+        ("failOnDatLoss", "failOnDataLoss"),
+        ("ackstream.maxRetrys", "ackstream.maxRetries"),
+        ("startingOffset", "startingOffsets"),
+    ],
+)
+def test_a_misspelt_option_is_refused_with_the_name_it_resembles(option, meant):
+    with pytest.raises(OptionError, match=f"did you mean '{meant}'"):
+        parse({**KAFKA, option: "1"})
+
+
+@pytest.mark.parametrize("option", ["includeHeaders", "minPartitions", "endingOffsets", "path"])
+def test_options_ackstream_does_not_take_are_refused_not_ignored(option):
+    with pytest.raises(OptionError):
+        parse({**KAFKA, option: "true"})
+
+
+def test_java_client_settings_are_translated_or_refused_without_showing_secrets():
+    from ackstream.kafka.settings import consumer_settings
+
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="alice" password="hunter2";'
+    )
+    settings = consumer_settings(parse({**KAFKA, "kafka.sasl.jaas.config": jaas}))
+    assert (settings["sasl_plain_username"], settings["sasl_plain_password"]) == (
+        "alice",
+        "hunter2",
+    )
+    for option, value, instead in [
+        ("kafka.sasl.jaas.config", 'password="hunter2"', "username"),
+        ("kafka.ssl.truststore.location", "/etc/kafka.jks", "kafka.ssl.cafile"),
+        ("kafka.ssl.keystore.password", "hunter2", "kafka.ssl.password"),
+        ("kafka.securty.protocol", "SSL", "did you mean 'kafka.security.protocol'"),
+    ]:
+        with pytest.raises(OptionError, match=instead) as err:
+            consumer_settings(parse({**KAFKA, option: value}))
+        assert "hunter2" not in str(err.value)

@@ -1,18 +1,46 @@
-"""``kafka.*`` options of the source as kafka-python client settings."""
+"""``kafka.*`` options of the source as kafka-python client settings.
+
+Spark's Kafka source passes ``kafka.*`` to the Java client; ackstream passes them to
+kafka-python, whose names are the same with underscores for dots. Settings that
+only the Java client has are translated where the meaning is the same (the JAAS
+config of SASL PLAIN and SCRAM) and refused otherwise, naming what kafka-python
+takes instead; a refused secret is never shown.
+"""
 
 from __future__ import annotations
+
+import difflib
+import re
 
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError
 
 __all__ = ["consumer_settings"]
 
+#: Java client settings with no kafka-python twin -> what to give instead.
+_JAVA_ONLY = {
+    "ssl.truststore.location": "kafka.ssl.cafile (kafka-python reads PEM files, not JKS)",
+    "ssl.truststore.password": "nothing: kafka.ssl.cafile is a PEM file with no password",
+    "ssl.truststore.type": "nothing: kafka.ssl.cafile is a PEM file",
+    "ssl.keystore.location": "kafka.ssl.certfile and kafka.ssl.keyfile (PEM files)",
+    "ssl.keystore.password": "kafka.ssl.password (the password of kafka.ssl.keyfile)",
+    "ssl.keystore.type": "nothing: kafka.ssl.certfile and kafka.ssl.keyfile are PEM files",
+    "ssl.key.password": "kafka.ssl.password",
+    "ssl.endpoint.identification.algorithm": "kafka.ssl.check.hostname (true or false)",
+    "key.deserializer": "nothing: keys and values are read as bytes",
+    "value.deserializer": "nothing: keys and values are read as bytes",
+}
+_JAAS_LOGIN = re.compile(r"(Plain|Scram)LoginModule\s+required", re.IGNORECASE)
+_JAAS_FIELD = re.compile(r'(username|password)\s*=\s*"([^"]*)"')
+
 
 def consumer_settings(config: SourceConfig) -> dict:
     """kafka-python settings from the ``kafka.*`` options (``kafka.security.protocol`` ->
-    ``security_protocol``); an unknown one is an :class:`OptionError`."""
+    ``security_protocol``); an unknown one is an :class:`OptionError` naming the
+    nearest kafka-python setting."""
     from kafka import KafkaConsumer
 
+    defaults = KafkaConsumer.DEFAULT_CONFIG
     settings = {
         "bootstrap_servers": config.bootstrap_servers.split(","),
         "enable_auto_commit": False,
@@ -20,18 +48,37 @@ def consumer_settings(config: SourceConfig) -> dict:
         "client_id": f"ackstream-{config.topology}",
     }
     for key, value in config.kafka_options:
+        option = "kafka." + key
+        if key == "sasl.jaas.config":
+            settings.update(_from_jaas(option, value))
+            continue
+        if key in _JAVA_ONLY:
+            raise OptionError(option, value, _JAVA_ONLY[key])
         name = key.replace(".", "_")
-        if name not in KafkaConsumer.DEFAULT_CONFIG or name in ("group_id", "enable_auto_commit"):
+        if name not in defaults or name in ("group_id", "enable_auto_commit"):
+            names = [n.replace("_", ".") for n in defaults if n not in ("group_id",)]
+            near = difflib.get_close_matches(key, names, n=1, cutoff=0.7)
             raise OptionError(
-                "kafka." + key,
+                option,
                 value,
-                "a kafka-python consumer setting "
-                "(kafka.<setting with dots>, e.g. kafka.security.protocol)",
+                "a kafka-python consumer setting (kafka.<setting with dots>, e.g. "
+                "kafka.security.protocol)" + (f": did you mean 'kafka.{near[0]}'?" if near else ""),
             )
-        settings[name] = _typed(
-            option="kafka." + key, value=value, default=KafkaConsumer.DEFAULT_CONFIG[name]
-        )
+        settings[name] = _typed(option=option, value=value, default=defaults[name])
     return settings
+
+
+def _from_jaas(option: str, value: str) -> dict:
+    """``sasl.jaas.config`` of a PLAIN or SCRAM login as kafka-python's user and password."""
+    fields = dict(_JAAS_FIELD.findall(value))
+    if not _JAAS_LOGIN.search(value) or set(fields) != {"username", "password"}:
+        raise OptionError(
+            option,
+            value,
+            'a PlainLoginModule or ScramLoginModule config with username="..." and '
+            'password="..." (or kafka.sasl.plain.username and kafka.sasl.plain.password)',
+        )
+    return {"sasl_plain_username": fields["username"], "sasl_plain_password": fields["password"]}
 
 
 def _typed(option: str, value: str, default):

@@ -17,11 +17,11 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ackstream.channels import open_channel
-from ackstream.config import SourceConfig, parse
+from ackstream.config import SourceConfig
 from ackstream.sources.offsets import read_tasks
 from ackstream.sources.rows import SOURCE_DDL, ReadTask
 from ackstream.sources.spout import Spout, initial_offset
-from ackstream.sources.upstream import open_upstream
+from ackstream.sources.upstream import check_options, open_upstream
 
 __all__ = ["AckstreamDataSource", "AckstreamStreamReader", "register"]
 
@@ -36,7 +36,7 @@ class AckstreamDataSource(DataSource):
 
     def __init__(self, options):
         super().__init__(options)
-        self.config = parse(options)
+        self.config = check_options(options)
         open_upstream(self.config).check()  # brokers up, topics there: say so before the start
 
     @classmethod

@@ -40,6 +40,7 @@ class KafkaUpstream:
 
     def __init__(self, config: SourceConfig):
         self.config = config
+        self.settings = consumer_settings(config)  # an unknown kafka.* option fails here
         self._client = None
 
     @property
@@ -47,9 +48,7 @@ class KafkaUpstream:
         """The driver's consumer with the group id, made on first use (executors that
         only ``read`` never make one)."""
         if self._client is None:
-            self._client = KafkaConsumer(
-                group_id=self.config.group_id, **consumer_settings(self.config)
-            )
+            self._client = KafkaConsumer(group_id=self.config.group_id, **self.settings)
         return self._client
 
     def check(self) -> None:
@@ -70,7 +69,7 @@ class KafkaUpstream:
         from kafka.errors import KafkaError
 
         config, problem = self.config, None
-        settings = {"bootstrap_timeout_ms": CHECK_TIMEOUT_MS, **consumer_settings(config)}
+        settings = {"bootstrap_timeout_ms": CHECK_TIMEOUT_MS, **self.settings}
         try:
             consumer = KafkaConsumer(group_id=None, **settings)
         except KafkaError:
@@ -177,7 +176,7 @@ class KafkaUpstream:
         lets a rejection win over an ack (see ``records.one_outcome_per_root``).
         """
         config = self.config
-        consumer = KafkaConsumer(group_id=None, **consumer_settings(config))
+        consumer = KafkaConsumer(group_id=None, **self.settings)
         tp = (task.topic, task.partition)
         skipped = _Skipped(config, tp)
         try:

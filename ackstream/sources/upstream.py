@@ -16,7 +16,7 @@ import pyarrow as pa
 from ackstream.config import SourceConfig
 from ackstream.sources.rows import TP, ReadTask
 
-__all__ = ["Upstream", "open_upstream"]
+__all__ = ["Upstream", "check_options", "open_upstream"]
 
 
 @runtime_checkable
@@ -51,6 +51,19 @@ class Upstream(Protocol):
 
     def close(self) -> None:
         """Release clients."""
+
+
+def check_options(options) -> SourceConfig:
+    """The parsed options of ``format("ackstream")``, every one checked without I/O.
+
+    ``load()`` checks them too, but Spark wraps what a data source raises in its own
+    ``AnalysisException``; called first, this raises :class:`ackstream.OptionError`
+    itself, naming the option (``Topology.read_stream`` does so)."""
+    from ackstream.config import parse
+
+    config = parse(options)
+    open_upstream(config).close()  # the Kafka upstream checks its kafka.* settings
+    return config
 
 
 def open_upstream(config: SourceConfig) -> Upstream:

@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame
 from ackstream.acker.precombine import precombine
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
+from ackstream.sources.upstream import check_options
 from ackstream.topology.batch import ack_mode as ack_mode_named
 from ackstream.topology.batch import run_batch
 from ackstream.topology.bolts import (
@@ -178,10 +179,11 @@ class Topology:
         return merged
 
     def read_stream(self, options: Mapping[str, str] | None = None) -> DataFrame:
-        """``spark.readStream.format("ackstream")`` with :meth:`source_options`, loaded."""
-        return (
-            self.spark.readStream.format("ackstream").options(**self.source_options(options)).load()
-        )
+        """``spark.readStream.format("ackstream")`` with :meth:`source_options`, loaded.
+        A bad option raises :class:`OptionError` itself, before Spark would wrap it."""
+        merged = self.source_options(options)
+        check_options(merged)
+        return self.spark.readStream.format("ackstream").options(**merged).load()
 
     # --- running ----------------------------------------------------------------------
 

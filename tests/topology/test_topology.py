@@ -168,3 +168,33 @@ def test_stop_waits_for_the_batch_in_progress_to_end(spark, tmp_path):
         running.stop()
     assert running.query.exception() is None
     assert sorted(r["value"] for r in sink.rows()) == sorted(LINES)
+
+
+def test_read_stream_raises_a_bad_option_as_an_option_error_naming_it(spark, tmp_path):
+    """Spark wraps what load() raises in its own AnalysisException; read_stream checks first."""
+    import ackstream
+
+    topology = Topology("opts", spark, LocalChannel(tmp_path / "channel"))
+    with pytest.raises(ackstream.OptionError, match="did you mean 'ackstream.maxRetries'"):
+        topology.read_stream({"ackstream.upstream": "generator", "ackstream.maxRetrys": "3"})
+    with pytest.raises(ackstream.OptionError, match="ackstream.messageTimeout"):
+        topology.read_stream({"ackstream.upstream": "generator", "ackstream.messageTimeout": "1s"})
+
+
+def test_a_source_given_other_terms_than_its_topology_is_refused_at_the_first_batch(
+    spark, tmp_path
+):
+    from helpers import generator_stream
+
+    channel_dir = str(tmp_path / "channel")
+    stream = generator_stream(
+        spark, channel_dir, topology="other", messageTimeout="30s", **{"generator.count": 10}
+    )
+    topology = Topology("mine", spark, LocalChannel(channel_dir), message_timeout_ms=30_000)
+    running = topology.sink(MemorySink()).start(stream, str(tmp_path / "ckpt"), trigger_ms=100)
+    try:
+        wait_for(lambda: running.exception(), timeout=90, what="the first batch to fail")
+    finally:
+        running.stop()
+    message = str(running.exception())
+    assert "ackstream.topology" in message and "'other'" in message and "'mine'" in message
