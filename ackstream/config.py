@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ackstream.errors import OptionError
 
 __all__ = [
+    "RetryPolicy",
     "SourceConfig",
     "default_channel_dir",
     "default_tick_ms",
@@ -63,6 +64,7 @@ _OURS = {
         "ackstream.maxPending",
         "ackstream.retryInitialDelay",
         "ackstream.retryMaxDelay",
+        "ackstream.retryDelayPeriod",
         "ackstream.maxRetries",
         "ackstream.deadLetterTopic",
         "ackstream.tracking",
@@ -102,6 +104,52 @@ _NOT_YET = {
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """When a failed record is replayed, Storm's KafkaSpout schedule: the first replay
+    after ``initial_delay_ms``, replay n >= 2 after ``delay_period_ms * 2**(n-1)``
+    (``delay_period_ms`` defaults to the initial delay), never later than
+    ``max_delay_ms``; after ``max_retries`` replays the record is dead-lettered.
+
+    >>> [RetryPolicy(500, 10_000).delay_ms(n) for n in (1, 2, 3, 6)]
+    [500, 1000, 2000, 10000]
+    >>> [RetryPolicy(0, 60_000, delay_period_ms=2_000).delay_ms(n) for n in (1, 2, 3)]
+    [0, 4000, 8000]
+    """
+
+    initial_delay_ms: int = 500
+    max_delay_ms: int = 10_000
+    max_retries: int = 5
+    delay_period_ms: int | None = None
+
+    def __post_init__(self):
+        if self.initial_delay_ms < 0:
+            raise OptionError(
+                "ackstream.retryInitialDelay", self.initial_delay_ms, "a duration >= 0"
+            )
+        if self.max_delay_ms < self.initial_delay_ms:
+            raise OptionError(
+                "ackstream.retryMaxDelay",
+                self.max_delay_ms,
+                f"a duration of at least ackstream.retryInitialDelay ({self.initial_delay_ms} ms)",
+            )
+        if self.delay_period_ms is not None and self.delay_period_ms <= 0:
+            raise OptionError(
+                "ackstream.retryDelayPeriod", self.delay_period_ms, "a positive duration"
+            )
+        if self.max_retries < 0:
+            raise OptionError("ackstream.maxRetries", self.max_retries, "a whole number >= 0")
+
+    def delay_ms(self, attempt: int) -> int:
+        """The wait before attempt ``attempt`` (1: the first replay)."""
+        if attempt <= 0:
+            return 0
+        if attempt == 1:
+            return self.initial_delay_ms
+        period = self.initial_delay_ms if self.delay_period_ms is None else self.delay_period_ms
+        return min(self.max_delay_ms, period * (1 << min(attempt - 1, 40)))
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     """Everything the source needs, validated; picklable (it travels to ``read()``)."""
 
@@ -121,9 +169,7 @@ class SourceConfig:
     message_timeout_ms: int = 30_000
     source_timeout_ms: int = 60_000  #: in-flight roots with no completion replay after this
     max_pending: int | None = None
-    retry_initial_delay_ms: int = 500
-    retry_max_delay_ms: int = 10_000
-    max_retries: int = 5
+    retry: RetryPolicy = RetryPolicy()
     dead_letter_topic: str | None = None
     #: a bigger record value is rejected on read: dead-lettered (without its value) and
     #: never handed to the bolts, which it could stall or crash
@@ -207,13 +253,10 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
     kw["channel"] = channel
     kw["tracking"] = _bool("ackstream.tracking", ours("ackstream.tracking"), True)
 
-    for name, field in (
-        ("ackstream.messageTimeout", "message_timeout_ms"),
-        ("ackstream.retryInitialDelay", "retry_initial_delay_ms"),
-        ("ackstream.retryMaxDelay", "retry_max_delay_ms"),
-    ):
-        if ours(name) is not None:
-            kw[field] = parse_duration_ms(name, ours(name))
+    if ours("ackstream.messageTimeout") is not None:
+        kw["message_timeout_ms"] = parse_duration_ms(
+            "ackstream.messageTimeout", ours("ackstream.messageTimeout")
+        )
     if kw.get("message_timeout_ms", 1) <= 0:
         raise OptionError(
             "ackstream.messageTimeout", ours("ackstream.messageTimeout"), "a positive duration"
@@ -230,20 +273,25 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
                 ours("ackstream.sourceTimeout"),
                 f"a duration longer than ackstream.messageTimeout ({timeout} ms)",
             )
-    initial = kw.get("retry_initial_delay_ms", SourceConfig.retry_initial_delay_ms)
-    if kw.get("retry_max_delay_ms", SourceConfig.retry_max_delay_ms) < initial:
-        raise OptionError(
-            "ackstream.retryMaxDelay",
-            ours("ackstream.retryMaxDelay"),
-            f"a duration of at least ackstream.retryInitialDelay ({initial} ms)",
-        )
+    retry = {}
+    for name, field in (
+        ("ackstream.retryInitialDelay", "initial_delay_ms"),
+        ("ackstream.retryMaxDelay", "max_delay_ms"),
+        ("ackstream.retryDelayPeriod", "delay_period_ms"),
+    ):
+        if ours(name) is not None:
+            retry[field] = parse_duration_ms(name, ours(name))
 
     kw["max_pending"] = _int("ackstream.maxPending", ours("ackstream.maxPending"), 1)
     if ours("ackstream.maxValueBytes") is not None:
         kw["max_value_bytes"] = _int("ackstream.maxValueBytes", ours("ackstream.maxValueBytes"), 1)
     retries = _int("ackstream.maxRetries", ours("ackstream.maxRetries"), 0)
     if retries is not None:
-        kw["max_retries"] = retries
+        retry["max_retries"] = retries
+    try:
+        kw["retry"] = RetryPolicy(**retry)
+    except OptionError as problem:  # the value as the user wrote it
+        raise OptionError(problem.option, ours(problem.option), problem.allowed) from None
     kw["max_offsets_per_trigger"] = _int(
         "maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), 1
     )

@@ -37,8 +37,8 @@ def test_keys_are_case_insensitive_and_everything_parses():
         }
     )
     assert cfg.topics == ("a", "b") and cfg.max_pending == 10
-    assert cfg.max_offsets_per_trigger == 100 and cfg.max_retries == 0
-    assert (cfg.retry_initial_delay_ms, cfg.retry_max_delay_ms) == (2000, 60_000)
+    assert cfg.max_offsets_per_trigger == 100 and cfg.retry.max_retries == 0
+    assert (cfg.retry.initial_delay_ms, cfg.retry.max_delay_ms) == (2000, 60_000)
     assert cfg.group_id == "g" and not cfg.fail_on_data_loss
     assert cfg.dead_letter_topic == "dlq" and cfg.topology == "wc"
     assert cfg.starting_map() == {"a": {0: 5, 1: -2}}
@@ -176,3 +176,17 @@ def test_java_client_settings_are_translated_or_refused_without_showing_secrets(
         with pytest.raises(OptionError, match=instead) as err:
             consumer_settings(parse({**KAFKA, option: value}))
         assert "hunter2" not in str(err.value)
+
+
+def test_the_retry_schedule_has_a_first_delay_and_a_period_as_storms_kafka_spout():
+    cfg = parse(
+        {
+            **KAFKA,
+            "ackstream.retryInitialDelay": "0",
+            "ackstream.retryDelayPeriod": "1s",
+            "ackstream.retryMaxDelay": "5s",
+        }
+    )
+    assert [cfg.retry.delay_ms(n) for n in (1, 2, 3, 4)] == [0, 2000, 4000, 5000]
+    with pytest.raises(OptionError, match="ackstream.retryDelayPeriod"):
+        parse({**KAFKA, "ackstream.retryDelayPeriod": "0"})

@@ -31,7 +31,7 @@ from ackstream.config import SourceConfig, default_tick_ms
 from ackstream.errors import AckstreamError
 from ackstream.records import tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
-from ackstream.sources.tracking import RetryPolicy, Tracker
+from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
 
 __all__ = ["Spout", "initial_offset", "share_by_lag"]
@@ -49,10 +49,7 @@ def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -
 
 
 def _new_tracker(config: SourceConfig) -> Tracker:
-    policy = RetryPolicy(
-        config.retry_initial_delay_ms, config.retry_max_delay_ms, config.max_retries
-    )
-    return Tracker(config.topology, policy, config.source_timeout_ms, config.max_pending)
+    return Tracker(config.topology, config.retry, config.source_timeout_ms, config.max_pending)
 
 
 def _starting_positions(config: SourceConfig, upstream, tps) -> dict:

@@ -28,11 +28,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream import ids
+from ackstream.config import RetryPolicy
 from ackstream.records import ACKED, INVALID, REJECTED, TIMED_OUT, one_outcome_per_root
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 from ackstream.sources.rows import TP
 
-__all__ = ["METADATA_LIMIT", "DeadLetter", "RetryPolicy", "Tracker", "ranges"]
+__all__ = ["METADATA_LIMIT", "DeadLetter", "Tracker", "ranges"]
 
 
 #: Bytes of commit metadata we allow ourselves (brokers default to 4096).
@@ -40,20 +41,6 @@ METADATA_LIMIT = 3800
 #: Done ranges above the watermark kept per partition in a snapshot (Spark writes one
 #: per batch); beyond that, facts are dropped: those records replay after a restart.
 SNAPSHOT_RANGES = 1000
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff: attempt n (n >= 1) waits ``initial * 2**(n-1)``, at most ``max``."""
-
-    initial_delay_ms: int = 500
-    max_delay_ms: int = 10_000
-    max_retries: int = 5
-
-    def delay_ms(self, attempt: int) -> int:
-        if attempt <= 0:
-            return 0
-        return min(self.max_delay_ms, self.initial_delay_ms * (1 << min(attempt - 1, 40)))
 
 
 @dataclass(frozen=True)

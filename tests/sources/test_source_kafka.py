@@ -32,8 +32,9 @@ class Group:
     def __init__(self, bootstrap, group):
         from kafka import KafkaConsumer
 
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
-                                      enable_auto_commit=False)
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+        )
 
     def committed(self, topic, partitions=1):
         from kafka import TopicPartition
@@ -47,8 +48,9 @@ class Group:
 def dead_letters(bootstrap, topic):
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=1500)
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=1500
+    )
     try:
         return [(m.key, m.value, {k: v.decode() for k, v in m.headers}) for m in consumer]
     finally:
@@ -56,19 +58,28 @@ def dead_letters(bootstrap, topic):
 
 
 def source(spark, bootstrap, topic, channel_dir, group, **options):
-    reader = (spark.readStream.format("ackstream")
-              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-              .option("startingOffsets", "earliest").option("kafka.group.id", group)
-              .option("ackstream.channel", channel_dir).option("ackstream.topology", group)
-              .option("ackstream.sourceTimeout", "90s"))  # a cold acker may be slow
+    reader = (
+        spark.readStream.format("ackstream")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.group.id", group)
+        .option("ackstream.channel", channel_dir)
+        .option("ackstream.topology", group)
+        .option("ackstream.sourceTimeout", "90s")
+    )  # a cold acker may be slow
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
 
 
 def start(frame, topology, checkpoint):
-    return (frame.writeStream.foreachBatch(topology).option("checkpointLocation", checkpoint)
-            .trigger(processingTime="200 milliseconds").start())
+    return (
+        frame.writeStream.foreachBatch(topology)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
 
 
 @pytest.fixture
@@ -77,8 +88,14 @@ def setup(spark, broker, tmp_path, request):
     marker, else 4 s) and a unique group; stops every query afterwards."""
     channel = LocalChannel(tmp_path / "channel")
     marker = request.node.get_closest_marker("acker_timeout_ms")
-    acker = start_acker(spark, channel, checkpoint=str(tmp_path / "acker"), ackers=2,
-                        message_timeout_ms=marker.args[0] if marker else 4000, trigger_ms=200)
+    acker = start_acker(
+        spark,
+        channel,
+        checkpoint=str(tmp_path / "acker"),
+        ackers=2,
+        message_timeout_ms=marker.args[0] if marker else 4000,
+        trigger_ms=200,
+    )
     group = f"g-{uuid.uuid4().hex[:8]}"
     queries = []
     yield channel, group, queries
@@ -87,13 +104,19 @@ def setup(spark, broker, tmp_path, request):
 
 
 def test_commits_follow_acks_failures_replay_after_backoff_and_dead_letter_once(
-        spark, broker, new_topic, setup, tmp_path):
+    spark, broker, new_topic, setup, tmp_path
+):
     channel, group, queries = setup
     topic, dlq = new_topic(2), new_topic(1)
     produce(broker.bootstrap, topic, 20, partitions=2)  # 10 per partition
     # offset 3 of partition 0 fails on every attempt; offset 5 of partition 1 fails once
-    topology = SpoutAcker(channel, fail=lambda f: ((f["partition"] == 0) & (f["offset"] == 3))
-                          | ((f["partition"] == 1) & (f["offset"] == 5) & (f["_attempt"] == 0)))
+    topology = SpoutAcker(
+        channel,
+        fail=lambda f: (
+            ((f["partition"] == 0) & (f["offset"] == 3))
+            | ((f["partition"] == 1) & (f["offset"] == 5) & (f["_attempt"] == 0))
+        ),
+    )
     times = {}
 
     def timed(batch, batch_id):
@@ -101,17 +124,29 @@ def test_commits_follow_acks_failures_replay_after_backoff_and_dead_letter_once(
         for r in topology.rows:
             times.setdefault((r["partition"], r["offset"], r["_attempt"]), time.monotonic())
 
-    frame = source(spark, broker.bootstrap, topic, channel.directory, group,
-                   **{"ackstream.maxRetries": 2, "ackstream.retryInitialDelay": "1s",
-                      "ackstream.deadLetterTopic": dlq, "ackstream.messageTimeout": "4s"})
+    frame = source(
+        spark,
+        broker.bootstrap,
+        topic,
+        channel.directory,
+        group,
+        **{
+            "ackstream.maxRetries": 2,
+            "ackstream.retryInitialDelay": "1s",
+            "ackstream.deadLetterTopic": dlq,
+            "ackstream.messageTimeout": "4s",
+        },
+    )
     queries.append(start(frame, timed, str(tmp_path / "source")))
     lag = Group(broker.bootstrap, group)
     samples = []
     try:
+
         def settled():
             committed = lag.committed(topic, 2)
             samples.append((committed[0], (0, 3, 2) in times))
             return committed == [10, 10]
+
         wait_for(settled, timeout=90, interval=0.2, what="both partitions committed to 10")
     finally:
         lag.close()
@@ -128,8 +163,11 @@ def test_commits_follow_acks_failures_replay_after_backoff_and_dead_letter_once(
     key, value, headers = letters[0]
     assert (key, value) == (b"k6", b"v6")  # record 6 went to partition 0 at offset 3
     assert headers["ackstream.reason"] == FAILED and headers["ackstream.attempts"] == "3"
-    assert (headers["ackstream.topic"], headers["ackstream.partition"],
-            headers["ackstream.offset"]) == (topic, "0", "3")
+    assert (
+        headers["ackstream.topic"],
+        headers["ackstream.partition"],
+        headers["ackstream.offset"],
+    ) == (topic, "0", "3")
 
 
 @pytest.mark.acker_timeout_ms(60_000)
@@ -138,8 +176,14 @@ def test_max_pending_holds_back_new_offsets(spark, broker, new_topic, setup, tmp
     topic = new_topic(1)
     produce(broker.bootstrap, topic, 7)
     topology = SpoutAcker(channel, lose=lambda f: f["offset"] >= 0)  # init only: acks by hand
-    frame = source(spark, broker.bootstrap, topic, channel.directory, group,
-                   **{"ackstream.maxPending": 4, "ackstream.messageTimeout": "60s"})
+    frame = source(
+        spark,
+        broker.bootstrap,
+        topic,
+        channel.directory,
+        group,
+        **{"ackstream.maxPending": 4, "ackstream.messageTimeout": "60s"},
+    )
     query = start(frame, topology, str(tmp_path / "source"))
     queries.append(query)
     acked = 0
@@ -148,8 +192,11 @@ def test_max_pending_holds_back_new_offsets(spark, broker, new_topic, setup, tmp
         time.sleep(1.5)  # an absence cannot be polled: about seven more triggers
         assert len(topology.rows) == seen  # no new offsets while 4 roots are in flight
         now = int(time.time() * 1000)
-        channel.write_acks(ack_records(
-            ack_record(r["_root"], r["_edge"], ts=now) for r in topology.rows[acked:seen]))
+        channel.write_acks(
+            ack_records(
+                ack_record(r["_root"], r["_edge"], ts=now) for r in topology.rows[acked:seen]
+            )
+        )
         acked = seen
     assert [r["offset"] for r in topology.rows] == list(range(7))
     lag = Group(broker.bootstrap, group)
@@ -160,29 +207,47 @@ def test_max_pending_holds_back_new_offsets(spark, broker, new_topic, setup, tmp
 
 
 def test_restart_resumes_committed_offsets_and_pending_replays(
-        spark, broker, new_topic, setup, tmp_path):
+    spark, broker, new_topic, setup, tmp_path
+):
     channel, group, queries = setup
     topic, dlq = new_topic(1), new_topic(1)
     produce(broker.bootstrap, topic, 6)
     # offset 2 fails once, offset 4 always: both are waiting for their replay at the stop
-    first = SpoutAcker(channel, fail=lambda f: ((f["offset"] == 2) & (f["_attempt"] == 0))
-                       | (f["offset"] == 4))
-    options = {"ackstream.retryInitialDelay": "3s", "ackstream.messageTimeout": "4s",
-               "ackstream.maxRetries": 1, "ackstream.deadLetterTopic": dlq}
+    first = SpoutAcker(
+        channel, fail=lambda f: ((f["offset"] == 2) & (f["_attempt"] == 0)) | (f["offset"] == 4)
+    )
+    options = {
+        "ackstream.retryInitialDelay": "3s",
+        "ackstream.messageTimeout": "4s",
+        "ackstream.maxRetries": 1,
+        "ackstream.deadLetterTopic": dlq,
+    }
     checkpoint = str(tmp_path / "source")
     lag = Group(broker.bootstrap, group)
     try:
-        query = start(source(spark, broker.bootstrap, topic, channel.directory, group, **options),
-                      first, checkpoint)
+        query = start(
+            source(spark, broker.bootstrap, topic, channel.directory, group, **options),
+            first,
+            checkpoint,
+        )
         wait_for(lambda: lag.committed(topic) == [2], timeout=60, what="commit up to the fail")
-        wait_for(lambda: [r["status"] for r in channel.completions_since(None)[0].to_pylist()]
-                 .count(FAILED) == 2, timeout=30, what="both failures")
+        wait_for(
+            lambda: (
+                [r["status"] for r in channel.completions_since(None)[0].to_pylist()].count(FAILED)
+                == 2
+            ),
+            timeout=30,
+            what="both failures",
+        )
         query.stop()
         assert [(r["offset"], r["_attempt"]) for r in first.rows] == [(o, 0) for o in range(6)]
         produce(broker.bootstrap, topic, 4, first=6)
         second = SpoutAcker(channel, fail=lambda f: f["offset"] == 4)
-        query = start(source(spark, broker.bootstrap, topic, channel.directory, group, **options),
-                      second, checkpoint)
+        query = start(
+            source(spark, broker.bootstrap, topic, channel.directory, group, **options),
+            second,
+            checkpoint,
+        )
         queries.append(query)
         wait_for(lambda: lag.committed(topic) == [10], timeout=60, what="commit to 10")
     finally:
@@ -196,12 +261,22 @@ def test_restart_resumes_committed_offsets_and_pending_replays(
     assert [(h["ackstream.offset"], h["ackstream.attempts"]) for _, _, h in letters] == [("4", "2")]
 
 
-@pytest.mark.parametrize("option, value", [("ackstream.maxPending", "-4"),
-                                           ("ackstream.messageTimeout", "soon"),
-                                           ("ackstream.bogus", "1")])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("ackstream.maxPending", "-4"),
+        ("ackstream.messageTimeout", "soon"),
+        ("ackstream.bogus", "1"),
+    ],
+)
 def test_bad_options_fail_at_load_with_the_option_named(spark, option, value):
     with pytest.raises(Exception) as err:
-        (spark.readStream.format("ackstream").option("kafka.bootstrap.servers", "127.0.0.1:1")
-         .option("subscribe", "t").option(option, value).load())
+        (
+            spark.readStream.format("ackstream")
+            .option("kafka.bootstrap.servers", "127.0.0.1:1")
+            .option("subscribe", "t")
+            .option(option, value)
+            .load()
+        )
     assert option.lower() in str(err.value).lower() and value in str(err.value)
     assert "OptionError" in str(err.value)

@@ -5,9 +5,10 @@ import json
 import pyarrow as pa
 
 from ackstream import ids
+from ackstream.config import RetryPolicy
 from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, INVALID, REJECTED, TIMED_OUT
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
-from ackstream.sources.tracking import METADATA_LIMIT, RetryPolicy, Tracker, ranges
+from ackstream.sources.tracking import METADATA_LIMIT, Tracker, ranges
 
 TP = ("events", 0)
 

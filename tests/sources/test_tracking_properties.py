@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream import ids
+from ackstream.config import RetryPolicy
 from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, INVALID, REJECTED, TIMED_OUT
-from ackstream.sources.tracking import RetryPolicy, Tracker
+from ackstream.sources.tracking import Tracker
 
 TPS = [("a", 0), ("a", 1), ("b", 0)]
 STATUSES = [ACKED, ACKED, ACKED, FAILED, TIMED_OUT, REJECTED, INVALID]
