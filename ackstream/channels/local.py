@@ -34,7 +34,13 @@ import pyarrow.parquet as pq
 
 from ackstream.files import hidden_path, write_atomically
 from ackstream.ids import content_id
-from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
+from ackstream.records import (
+    ACK_RECORD_DDL,
+    ACK_RECORD_SCHEMA,
+    COMPLETION_SCHEMA,
+    RESET,
+    as_table,
+)
 
 __all__ = ["LocalChannel"]
 
@@ -68,11 +74,13 @@ class LocalChannel:
         if not table.num_rows:
             return
         # named by content: a re-run batch's records replace its file, so the acker does
-        # not see them twice (a duplicate would cancel the tree and cost a replay)
+        # not see them twice (a duplicate would cancel the tree and cost a replay). A
+        # reset says "still alive" each time it is sent: its time is part of its content.
+        named_by = ["root", "value", "kind"]
+        if pc.any(pc.not_equal(pc.bit_wise_and(table.column("kind"), RESET), 0)).as_py():
+            named_by.append("ts")
         name = (
-            content_id(
-                *(table.column(c).to_numpy(zero_copy_only=False) for c in ("root", "value", "kind"))
-            )
+            content_id(*(pc.fill_null(table.column(c), 0).to_numpy() for c in named_by))
             + ".parquet"
         )
         write_atomically(

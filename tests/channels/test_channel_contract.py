@@ -219,3 +219,12 @@ def test_every_ack_record_written_is_read_back(channel):
     records = channel.ack_records()
     assert sorted(records.column("root").to_pylist()) == [5, 6]
     assert sorted(records.column("reason").to_pylist(), key=str) == [None, "x"]
+
+
+def test_each_reset_of_a_root_arrives_even_when_the_records_are_alike(channel):
+    """Storm's resetTimeout may be sent for one tuple again and again."""
+    from ackstream.testing import reset
+
+    for ts in (1_000, 2_000, 3_000):
+        channel.write_acks(ack_records([reset(5, ts=ts)]))
+    assert sorted(channel.ack_records().column("ts").to_pylist()) == [1_000, 2_000, 3_000]
