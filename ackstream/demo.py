@@ -35,7 +35,7 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
-from ackstream.records import ACKED, COMPLETION_SCHEMA
+from ackstream.records import ACKED, ALIVE, COMPLETION_SCHEMA
 from ackstream.sources.generator import committed_count
 
 __all__ = ["DemoResult", "run_demo"]
@@ -95,7 +95,7 @@ class DemoResult:
     @property
     def replayed(self) -> int:
         """Failed or timed-out attempts, each replayed or dead-lettered."""
-        return int((self.completions["status"] != ACKED).sum())
+        return int((~self.completions["status"].isin([ACKED, ALIVE])).sum())
 
     @property
     def lost(self) -> int:
@@ -203,7 +203,7 @@ class DemoResult:
         out = pd.DataFrame(
             {
                 "acked": counts(c.loc[c["status"] == ACKED, "completed_ms"]),
-                "failed": counts(c.loc[c["status"] != ACKED, "completed_ms"]),
+                "failed": counts(c.loc[~c["status"].isin([ACKED, ALIVE]), "completed_ms"]),
                 "replayed": counts(r.loc[r["attempt"] > 0, "ts"]),
             }
         )

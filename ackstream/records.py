@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 __all__ = [
     "ACK",
     "ACKED",
+    "ALIVE",
     "ACK_RECORD_DDL",
     "ACK_RECORD_SCHEMA",
     "COMPLETION_DDL",
@@ -62,7 +63,10 @@ UNKNOWN = "unknown"
 #: an ack record the acker could not use (null root or value, unknown kind bits, a
 #: message that is not ack records); ``reason`` says what, ``root`` is set if known
 INVALID = "invalid"
-STATUSES = (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN, INVALID)
+#: not an outcome: the acker still holds this root and a reset extended its deadline
+#: (Storm's resetTimeout); the source restarts its own timeout for the root
+ALIVE = "alive"
+STATUSES = (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN, INVALID, ALIVE)
 
 # Every field is nullable on the Arrow side because Spark's DDL schemas are, and a
 # Python data source must return exactly its declared schema.
@@ -183,12 +187,16 @@ def one_outcome_per_root(completions: pa.Table) -> pa.Table:
     """One completion per root: of several, any outcome but an ack before an ack, else
     the first read. Two writers may report one root (a read task rejects a record of a
     batch that its topology acks whole), and a wrong ack loses a record where a wrong
-    fail only replays it. Rows keep the order they had.
+    fail only replays it. ``alive`` notices are not outcomes and are left out. Rows
+    keep the order they had.
 
     >>> done = completion_table([7, 8, 7], ["acked", "acked", "rejected"])
     >>> one_outcome_per_root(done).column("status").to_pylist()
     ['acked', 'rejected']
     """
+    alive = pc.fill_null(pc.equal(completions.column("status"), ALIVE), False)
+    if pc.any(alive).as_py():
+        completions = completions.filter(pc.invert(alive))
     if not completions.num_rows:
         return completions
     acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)

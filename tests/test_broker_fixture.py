@@ -16,8 +16,9 @@ def test_produce_fetch_and_commit_round_trip(broker, new_topic):
     producer.close()
 
     tp = TopicPartition(topic, 1)
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="g1",
-                             enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap, group_id="g1", enable_auto_commit=False
+    )
     consumer.assign([tp])
     consumer.seek(tp, 0)
     values = []

@@ -31,6 +31,7 @@ import os
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -42,10 +43,12 @@ from ackstream.config import default_tick_ms
 from ackstream.errors import OptionError
 from ackstream.files import write_atomically
 from ackstream.records import (
+    ALIVE,
     COMPLETION_DDL,
     INIT,
     INVALID,
     KINDS,
+    RESET,
     TICK,
     UNKNOWN,
     completion_table,
@@ -83,6 +86,7 @@ def shard_function(message_timeout_ms: int, tick_ms: int | None = None):
             bad = records[_INVALID].notna()
             invalid, records = _invalid_completions(records[bad], now_ms), records[~bad]
         pending, done = step(pending, records, now_ms, message_timeout_ms)
+        alive = _alive(records, pending, now_ms)
         if len(pending):
             state.update(pending.to_state())
             state.setTimeoutDuration(tick_ms)
@@ -90,10 +94,26 @@ def shard_function(message_timeout_ms: int, tick_ms: int | None = None):
             state.remove()
         if invalid is not None:
             yield invalid
+        if alive is not None:
+            yield alive
         if len(done):
             yield done
 
     return run_shard
+
+
+def _alive(records: pd.DataFrame | None, pending: Pending, now_ms: int) -> pd.DataFrame | None:
+    """``alive`` notices for the roots a reset record of this batch kept pending, so that
+    the source restarts its own timeout for them too (Storm's resetTimeout)."""
+    if records is None or not len(pending):
+        return None
+    reset = records["root"].to_numpy()[(records["kind"].to_numpy() & RESET) != 0]
+    roots = np.intersect1d(reset, pending.table["root"])
+    if not len(roots):
+        return None
+    return completion_table(roots, ALIVE, completed_ms=now_ms).to_pandas(
+        types_mapper=_NULLABLE_INTS.get
+    )
 
 
 def _invalid_completions(rows: pd.DataFrame, now_ms: int) -> pd.DataFrame:

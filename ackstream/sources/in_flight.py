@@ -93,6 +93,19 @@ class InFlight:
         rows = self.rows
         return self.take_where((rows.part == part) & np.isin(rows.offset, offsets))
 
+    def restart(self, roots, now_ms: int) -> None:
+        """Those of ``roots`` in flight whose timeout has started start it again at
+        ``now_ms`` (the acker reported a reset of their trees)."""
+        roots = np.sort(np.asarray(roots, np.int64))
+        if not len(self) or not len(roots):
+            return
+        at = np.searchsorted(self.rows.root, roots)
+        found = at < len(self)
+        found[found] = self.rows.root[at[found]] == roots[found]
+        emitted = self.rows.emitted_ms
+        hit = at[found]
+        emitted[hit[emitted[hit] != NOT_STARTED]] = now_ms
+
     def start(self, now_ms: int) -> None:
         """Roots not started start their timeout at ``now_ms``."""
         emitted = self.rows.emitted_ms

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from ackstream import ids
 from ackstream.config import RetryPolicy
-from ackstream.records import ACKED, INVALID, REJECTED, TIMED_OUT, one_outcome_per_root
+from ackstream.records import ACKED, ALIVE, INVALID, REJECTED, TIMED_OUT, one_outcome_per_root
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 from ackstream.sources.rows import TP
 
@@ -176,6 +176,9 @@ class Tracker:
         record says nothing about its root). Of several completions of one root,
         any other outcome applies before an ack (``records.one_outcome_per_root``).
         """
+        alive = pc.fill_null(pc.equal(completions.column("status"), ALIVE), False)
+        if pc.any(alive).as_py():  # a reset reached the acker: the tree lives on
+            self.flights.restart(completions.filter(alive).column("root").to_numpy(), now_ms)
         valid = pc.fill_null(pc.not_equal(completions.column("status"), INVALID), True)
         completions = one_outcome_per_root(completions.filter(valid))
         acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)

@@ -220,3 +220,26 @@ def test_in_flight_table_finds_takes_and_replaces_roots_by_id():
     assert sorted(zip(taken.root.tolist(), taken.offset.tolist())) == [(-5, 1), (12, 8)]
     assert table.take_offsets(0, [3, 9]).root.tolist() == [30]  # 9 is of partition 1
     assert table.rows.root.tolist() == [7] and not table.take([]).root.size
+
+
+def test_a_reset_reported_by_the_acker_restarts_the_source_timeout():
+    """Storm's resetTimeout: message timeout 10 s, a reset every 9 s; the source timeout
+    (20 s) must not replay a root the acker still holds, and its ack still counts."""
+    from ackstream.records import ALIVE
+
+    t = tracker(timeout=20_000)
+    t.emit_range(TP, 10, 12, now_ms=0)
+    for now in (9_000, 18_000, 27_000, 36_000):
+        t.complete(done((root(10), ALIVE)), now)
+        t.expire(now)
+    assert in_flight_offsets(t) == [10]  # reset all along
+    assert set(t.scheduled) == {(TP, 11)}  # not reset: timed out at 20 s
+    t.complete(done((root(10), ACKED)), 40_000)
+    assert t.watermarks() == {TP: 11}
+
+
+def test_an_alive_notice_is_no_outcome():
+    from ackstream.records import ALIVE, one_outcome_per_root
+
+    table = completions({"root": 1, "status": ALIVE}, {"root": 1, "status": ACKED})
+    assert one_outcome_per_root(table).column("status").to_pylist() == [ACKED]
