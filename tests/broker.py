@@ -113,15 +113,18 @@ class KafkaNode:
                 f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
                 "-cp", str(kafka_libs() / "*"), main, *args]
 
-    def format(self, cluster: str) -> None:
-        """Write the KRaft storage metadata (Kafka's kafka-storage.sh format)."""
-        done = subprocess.run(
+    def format(self, cluster: str) -> subprocess.Popen:
+        """Start writing the KRaft storage metadata (Kafka's kafka-storage.sh format)."""
+        return subprocess.Popen(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster,
                        "-c", str(self.config), "--ignore-formatted", heap="256m"),
-            capture_output=True, text=True, timeout=120)
-        if done.returncode:
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def formatted(self, running: subprocess.Popen) -> None:
+        out, _ = running.communicate(timeout=120)
+        if running.returncode:
             raise RuntimeError(f"formatting the storage of Kafka node {self.node_id} failed "
-                               f"({done.returncode}): {done.stdout}{done.stderr}")
+                               f"({running.returncode}): {out}")
 
     def launch(self) -> None:
         with open(self.log_path, "ab") as log:
@@ -215,14 +218,14 @@ class _Nodes:
         begin = time.monotonic()
         cluster = cluster_id()
         try:
-            for node in self.nodes:  # formatting a node is a JVM of its own: ~1 s each
-                node.format(cluster)
+            formats = [node.format(cluster) for node in self.nodes]  # JVMs of their own
+            for node, running in zip(self.nodes, formats):
+                node.formatted(running)
             for node in self.nodes:
                 node.launch()
             self.wait_ready(time.monotonic() + timeout)
         except BaseException:
-            for node in self.nodes:  # the logs stay: the error names them
-                node.stop()
+            self._stop_nodes()  # the logs stay: the error names them
             raise
         self.started_s = time.monotonic() - begin
         return self
@@ -255,9 +258,22 @@ class _Nodes:
 
     def stop(self) -> None:
         """Stop every node by its process id, then remove the logs on disk."""
-        for node in self.nodes:
-            node.stop()
+        self._stop_nodes()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _stop_nodes(self, timeout: float = 10.0) -> None:
+        """SIGTERM to all nodes at once (one at a time, the last ones would wait for a
+        controller quorum that is gone), then SIGKILL what is left after ``timeout``."""
+        running = [node for node in self.nodes if node.alive()]
+        for node in running:
+            node.resume()
+            node.process.terminate()
+        deadline = time.monotonic() + timeout
+        for node in running:
+            try:
+                node.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.kill()
 
 
 class KafkaBroker(_Nodes):
@@ -293,6 +309,11 @@ class KafkaCluster(_Nodes):
 
     size = 3
     heap = "384m"
+
+    def __init__(self, **settings):
+        # a node killed and restarted registers again only once its old session ended
+        super().__init__(**{"broker.session.timeout.ms": 3000,
+                            "broker.heartbeat.interval.ms": 500, **settings})
 
     def restart(self, node: KafkaNode, timeout: float = 60.0) -> None:
         """SIGKILL one node, then start it again from its log on disk."""
