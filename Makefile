@@ -34,7 +34,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+ifdef ACKSTREAM_KAFKA_LIBS
+kafka:
+	@echo "ackstream: Apache Kafka's jars from ACKSTREAM_KAFKA_LIBS=$(ACKSTREAM_KAFKA_LIBS)"
+else
 kafka: $(KAFKA_LIBS)/.resolved
+endif
 
 # Copied into a fresh folder and moved into place only when mvn succeeded, so a
 # failed or interrupted run never leaves a half-filled one that looks done.

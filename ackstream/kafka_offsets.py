@@ -79,8 +79,9 @@ def _one_batch_consumer(consumer):
     from kafka import KafkaConsumer
 
     settings = {k: v for k, v in consumer.config.items() if k in KafkaConsumer.DEFAULT_CONFIG}
-    settings.update(group_id=None, enable_auto_commit=False, max_partition_fetch_bytes=1,
-                    fetch_max_bytes=1)
+    settings.update(
+        group_id=None, enable_auto_commit=False, max_partition_fetch_bytes=1, fetch_max_bytes=1
+    )
     return KafkaConsumer(**settings)
 
 

@@ -58,11 +58,17 @@ def kafka_version() -> str:
 
 def kafka_libs() -> Path:
     """The folder of Kafka's jars; fails with the command that fills it."""
-    libs = Path(os.environ.get("ACKSTREAM_KAFKA_LIBS")
-                or ROOT / ".cache" / f"kafka-{kafka_version()}" / "libs")
+    given = os.environ.get("ACKSTREAM_KAFKA_LIBS")
+    if given:
+        if not any(Path(given).glob("kafka_2.13-*.jar")):
+            raise RuntimeError(f"ACKSTREAM_KAFKA_LIBS={given} holds no kafka_2.13-*.jar")
+        return Path(given)
+    libs = ROOT / ".cache" / f"kafka-{kafka_version()}" / "libs"
     if not (libs / RESOLVED_MARK).exists():
-        raise RuntimeError(f"Apache Kafka's jars are not in {libs}: run `make kafka` first "
-                           "(it resolves them from Maven Central with tests/kafka/pom.xml)")
+        raise RuntimeError(
+            f"Apache Kafka's jars are not in {libs}: run `make kafka` first "
+            "(it resolves them from Maven Central with tests/kafka/pom.xml)"
+        )
     return libs
 
 
@@ -97,7 +103,7 @@ class KafkaNode:
             "node.id": self.node_id,
             "controller.quorum.voters": voters,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
-                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
@@ -109,29 +115,55 @@ class KafkaNode:
         (self.dir / "log4j2.properties").write_text(LOG4J)
 
     def _java(self, main: str, *args: str, heap: str) -> list[str]:
-        return ["java", f"-Xmx{heap}", "-Xms64m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
-                "-cp", str(kafka_libs() / "*"), main, *args]
+        return [
+            "java",
+            f"-Xmx{heap}",
+            "-Xms64m",
+            "-XX:+UseSerialGC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+            "-cp",
+            str(kafka_libs() / "*"),
+            main,
+            *args,
+        ]
 
     def format(self, cluster: str) -> subprocess.Popen:
         """Start writing the KRaft storage metadata (Kafka's kafka-storage.sh format)."""
         return subprocess.Popen(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster,
-                       "-c", str(self.config), "--ignore-formatted", heap="256m"),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self._java(
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster,
+                "-c",
+                str(self.config),
+                "--ignore-formatted",
+                heap="256m",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def formatted(self, running: subprocess.Popen) -> None:
         out, _ = running.communicate(timeout=120)
         if running.returncode:
-            raise RuntimeError(f"formatting the storage of Kafka node {self.node_id} failed "
-                               f"({running.returncode}): {out}")
+            raise RuntimeError(
+                f"formatting the storage of Kafka node {self.node_id} failed "
+                f"({running.returncode}): {out}"
+            )
 
     def launch(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self._java("kafka.Kafka", str(self.config), heap=self.heap),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.dir)
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.dir,
+            )
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -139,8 +171,9 @@ class KafkaNode:
     def check_alive(self) -> None:
         if not self.alive():
             code = self.process.returncode if self.process else None
-            raise RuntimeError(f"Kafka node {self.node_id} exited with {code}; "
-                               f"log: {self.log_path}")
+            raise RuntimeError(
+                f"Kafka node {self.node_id} exited with {code}; log: {self.log_path}"
+            )
 
     def wait_listening(self, deadline: float) -> None:
         while True:
@@ -150,8 +183,10 @@ class KafkaNode:
                     return
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"Kafka node {self.node_id} does not listen on "
-                                       f"{self.bootstrap}; log: {self.log_path}") from None
+                    raise RuntimeError(
+                        f"Kafka node {self.node_id} does not listen on "
+                        f"{self.bootstrap}; log: {self.log_path}"
+                    ) from None
                 time.sleep(0.05)
 
     def pause(self) -> None:
@@ -242,8 +277,11 @@ class _Nodes:
             for node in self.nodes:
                 node.check_alive()
             try:
-                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap,
-                                         client_id="ackstream-tests", request_timeout_ms=5000)
+                admin = KafkaAdminClient(
+                    bootstrap_servers=self.bootstrap,
+                    client_id="ackstream-tests",
+                    request_timeout_ms=5000,
+                )
                 try:
                     brokers = admin.describe_cluster()["brokers"]
                 finally:
@@ -312,8 +350,9 @@ class KafkaCluster(_Nodes):
 
     def __init__(self, **settings):
         # a node killed and restarted registers again only once its old session ended
-        super().__init__(**{"broker.session.timeout.ms": 3000,
-                            "broker.heartbeat.interval.ms": 500, **settings})
+        super().__init__(
+            **{"broker.session.timeout.ms": 3000, "broker.heartbeat.interval.ms": 500, **settings}
+        )
 
     def restart(self, node: KafkaNode, timeout: float = 60.0) -> None:
         """SIGKILL one node, then start it again from its log on disk."""
@@ -322,8 +361,9 @@ class KafkaCluster(_Nodes):
         self.wait_ready(time.monotonic() + timeout, nodes=[node])
 
 
-def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None,
-                 replication: int = 1) -> str:
+def create_topic(
+    bootstrap: str, partitions: int = 1, name: str | None = None, replication: int = 1
+) -> str:
     """Create a fresh uuid-named topic and wait until its metadata is visible."""
     from kafka import KafkaConsumer
     from kafka.admin import KafkaAdminClient, NewTopic
@@ -331,8 +371,9 @@ def create_topic(bootstrap: str, partitions: int = 1, name: str | None = None,
     name = name or f"t-{uuid.uuid4().hex[:12]}"
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="ackstream-tests")
     try:
-        admin.create_topics([NewTopic(name, num_partitions=partitions,
-                                      replication_factor=replication)])
+        admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=replication)]
+        )
     finally:
         admin.close()
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)

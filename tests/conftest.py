@@ -43,8 +43,10 @@ def broker():
         yield type("External", (), {"bootstrap": external})()
         return
     running = KafkaBroker().start()
-    print(f"\nApache Kafka at {running.bootstrap} ready in {running.started_s:.1f}s "
-          f"(log: {running.log})")
+    print(
+        f"\nApache Kafka at {running.bootstrap} ready in {running.started_s:.1f}s "
+        f"(log: {running.log})"
+    )
     yield running
     running.stop()
 

@@ -58,8 +58,9 @@ def test_a_broker_killed_comes_back_from_its_log():
     from broker import KafkaBroker, create_topic
 
     # the restarted broker registers again once its old session ended (default 9 s)
-    kafka = KafkaBroker(**{"broker.session.timeout.ms": 3000,
-                           "broker.heartbeat.interval.ms": 500}).start()
+    kafka = KafkaBroker(
+        **{"broker.session.timeout.ms": 3000, "broker.heartbeat.interval.ms": 500}
+    ).start()
     try:
         topic = create_topic(kafka.bootstrap, partitions=2)
         values = [b"v%d" % i for i in range(20)]

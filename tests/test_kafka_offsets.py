@@ -48,8 +48,7 @@ class FakeConsumer:
         self.broker.fetches += 1
         batches = [b for b in self.broker.batches if b[-1] >= self.position]
         batches = batches[:1] if self.one_batch else batches
-        return {"p0": [SimpleNamespace(offset=o) for b in batches for o in b
-                       if o >= self.position]}
+        return {"p0": [SimpleNamespace(offset=o) for b in batches for o in b if o >= self.position]}
 
     def close(self):
         pass
@@ -57,8 +56,11 @@ class FakeConsumer:
 
 @pytest.fixture(autouse=True)
 def one_batch_probe(monkeypatch):
-    monkeypatch.setattr(kafka_offsets, "_one_batch_consumer",
-                        lambda consumer: FakeConsumer(consumer.broker, one_batch=True))
+    monkeypatch.setattr(
+        kafka_offsets,
+        "_one_batch_consumer",
+        lambda consumer: FakeConsumer(consumer.broker, one_batch=True),
+    )
 
 
 def test_a_broker_answering_a_batch_base_is_caught_and_its_tails_fetched():

@@ -208,19 +208,21 @@ def last_offset_log_entry(checkpoint):
 
 def empty_completions_after(channel, position):
     """Empty the channel's completion files after ``position``, as if they had aged out."""
+    import os
+
     import pyarrow.parquet as pq
 
     from ackstream.records import COMPLETION_SCHEMA
 
-    for number, tag in channel._done_files().items():
-        if number > position:
-            path = f"{channel.done_dir}/{number:012d}-{tag}.parquet"
-            pq.write_table(COMPLETION_SCHEMA.empty_table(), path)
+    for name in os.listdir(channel.done_dir):  # <12-digit number>-<tag>.parquet
+        if name[:12].isdigit() and int(name[:12]) > position:
+            pq.write_table(COMPLETION_SCHEMA.empty_table(), os.path.join(channel.done_dir, name))
 
 
 @pytest.mark.acker_timeout_ms(60_000)
 def test_a_restart_resumes_acked_offsets_above_the_watermark_from_the_commit_metadata(
-        spark, broker, new_topic, setup, tmp_path):
+    spark, broker, new_topic, setup, tmp_path
+):
     """Offsets acked above a pending one live in the group's commit metadata (Tansu drops
     it; Apache Kafka keeps it). The offset log, written when the batch was planned, does
     not know them, and their completions are gone from the channel (emptied here, as a
@@ -238,13 +240,36 @@ def test_a_restart_resumes_acked_offsets_above_the_watermark_from_the_commit_met
     lag = Group(broker.bootstrap, group)
     tp = TopicPartition(topic, 0)
     try:
-        query = start(source(spark, broker.bootstrap, topic, channel.directory, group,
-                             **{"ackstream.messageTimeout": "60s"}), first, checkpoint)
-        got = wait_for(lambda: (c := lag.consumer.committed(tp, metadata=True)) is not None
-                       and c.offset == 2 and json.loads(c.metadata or "{}").get("done") and c,
-                       timeout=60, what="commit at 2 with the acked offsets above it")
-        wait_for(lambda: json.loads(lag.consumer.committed(tp, metadata=True).metadata)
-                 == {"done": [[3, 10]]}, timeout=30, what="offsets 3 to 9 in the metadata")
+        query = start(
+            source(
+                spark,
+                broker.bootstrap,
+                topic,
+                channel.directory,
+                group,
+                **{"ackstream.messageTimeout": "60s"},
+            ),
+            first,
+            checkpoint,
+        )
+        got = wait_for(
+            lambda: (
+                (c := lag.consumer.committed(tp, metadata=True)) is not None
+                and c.offset == 2
+                and json.loads(c.metadata or "{}").get("done")
+                and c
+            ),
+            timeout=60,
+            what="commit at 2 with the acked offsets above it",
+        )
+        wait_for(
+            lambda: (
+                json.loads(lag.consumer.committed(tp, metadata=True).metadata)
+                == {"done": [[3, 10]]}
+            ),
+            timeout=30,
+            what="offsets 3 to 9 in the metadata",
+        )
         query.stop()
         assert got.offset == 2
         assert sorted(r["offset"] for r in first.rows) == list(range(10))
@@ -254,9 +279,18 @@ def test_a_restart_resumes_acked_offsets_above_the_watermark_from_the_commit_met
         empty_completions_after(channel, logged["done"])  # nor does the channel any more
 
         second = SpoutAcker(channel)
-        query = start(source(spark, broker.bootstrap, topic, channel.directory, group,
-                             **{"ackstream.messageTimeout": "3s",
-                                "ackstream.sourceTimeout": "6s"}), second, checkpoint)
+        query = start(
+            source(
+                spark,
+                broker.bootstrap,
+                topic,
+                channel.directory,
+                group,
+                **{"ackstream.messageTimeout": "3s", "ackstream.sourceTimeout": "6s"},
+            ),
+            second,
+            checkpoint,
+        )
         queries.append(query)
         wait_for(lambda: lag.committed(topic) == [10], timeout=60, what="commit to 10")
         meta = lag.consumer.committed(tp, metadata=True).metadata
