@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from ackstream.acker.precombine import precombine, settle
 from ackstream.clock import now_ms
-from ackstream.errors import OptionError
+from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.topology.bolts import REASON_LIMIT, GroupInput, anchor_pairs, failed_roots
@@ -160,6 +160,8 @@ def _write_sink(
         try:
             unwritten = sink.write(outputs, batch_id)
         except Exception as error:  # a failed write fails its roots, Storm-style
+            if isinstance(error, StageError) or "StageError:" in str(error):
+                raise  # a stage's code is wrong (the sink only ran it): stop, say which
             log.exception("topology %s: sink write of batch %d failed", topology.name, batch_id)
             unwritten = outputs
             reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"

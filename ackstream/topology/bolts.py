@@ -359,17 +359,21 @@ class PandasBoltStage(Stage):
     ):
         super().__init__(number, name)
         self.fn, self.schema = fn, schema
+        self._columns: list[str] | None = None  # the schema's names, found on first use
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
         if is_multi_anchored(df) or GROUP in df.columns:
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
         fn, name = self.fn, self.name
+        if self._columns is None:  # once: each DataFrame call is a trip to the JVM
+            self._columns = df.sparkSession.createDataFrame([], self.schema).columns
+        columns = self._columns
         if not tracking:
 
             def plain(frames):
                 for frame in frames:
-                    yield fn(frame[payload].reset_index(drop=True))
+                    yield check_columns(name, fn(frame[payload].reset_index(drop=True)), columns)
 
             return StageOutput(df.mapInPandas(plain, self.schema))
 
@@ -377,7 +381,7 @@ class PandasBoltStage(Stage):
 
         def tracked(frames):
             for frame in frames:
-                yield _run_bolt(fn, frame.reset_index(drop=True), payload, name)
+                yield _run_bolt(fn, frame.reset_index(drop=True), payload, name, columns)
 
         out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
         failed = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
@@ -386,7 +390,24 @@ class PandasBoltStage(Stage):
         return StageOutput(good, failed=failed.drop(_ORDINAL), cached=(out,))
 
 
-def _run_bolt(fn, frame: pd.DataFrame, payload: list[str], name: str) -> pd.DataFrame:
+def check_columns(name: str, out: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``out`` if it has exactly the columns of the bolt's schema, else a StageError that
+    names the difference (Spark's own error would name ackstream's lineage columns)."""
+    extra = [c for c in out.columns if c not in columns]
+    missing = [c for c in columns if c not in out.columns]
+    if extra or missing:
+        raise StageError(
+            name,
+            f"a pandas bolt returned columns {list(out.columns)}, its schema has {columns}"
+            + (f": not in the schema {extra}" if extra else "")
+            + (f": missing {missing}" if missing else ""),
+        )
+    return out
+
+
+def _run_bolt(
+    fn, frame: pd.DataFrame, payload: list[str], name: str, columns: list[str]
+) -> pd.DataFrame:
     """Run ``fn`` on ``frame``; isolate failing rows by bisection; attach lineage."""
     outputs, failed, errors = [], [], []
 
@@ -403,6 +424,7 @@ def _run_bolt(fn, frame: pd.DataFrame, payload: list[str], name: str) -> pd.Data
             attempt(lo, mid)
             attempt(mid, hi)
             return
+        check_columns(name, out, columns)
         try:
             parent = np.asarray(out.index, dtype=np.int64)
         except (TypeError, ValueError):

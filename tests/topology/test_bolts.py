@@ -257,6 +257,19 @@ def test_pandas_bolt_error_fails_only_that_rows_root(spark, ack_mode):
     assert "seen" in set(sink.to_pandas()["word"])  # unanchored rows are written too
 
 
+@pytest.mark.parametrize("tracking", [True, False])
+def test_a_pandas_bolt_whose_columns_differ_from_its_schema_names_them(spark, tracking):
+    def bolt(frame):
+        return frame.assign(extra=1)[["value", "extra"]]
+
+    topology = Topology("cols", spark, None, tracking=tracking).pandas_bolt(bolt, "value string")
+    with pytest.raises(Exception) as caught:
+        topology.sink(MemorySink()).run_batch(tracked_frame(spark, ["a"]))
+    message = str(caught.value)
+    assert "StageError" in message and "not in the schema ['extra']" in message
+    assert "_root" not in message.split("StageError")[-1].splitlines()[0]
+
+
 @MODES
 def test_sql_stage_and_lineage_check(spark, ack_mode):
     sink = MemorySink()
