@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,11 +45,14 @@ def _checkout_benchmarks() -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ackstream import __version__
+
     parser = argparse.ArgumentParser(
         prog="ackstream",
         description="Storm's guaranteed message processing for Spark Structured Streaming.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"ackstream {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
@@ -361,21 +365,36 @@ def _run(parser, args) -> int:
     return code
 
 
-def _wait(queries, timeout: float | None, until_idle: float | None) -> int:
-    """Poll until every query ended (0; 1 if one failed), or the timeout passed, or
-    the queries have read rows and then none for ``until_idle`` seconds (0)."""
-    start, last_active = time.monotonic(), None
+def _wait(queries, timeout: float | None, until_idle: float | None, every_s: float = 5.0) -> int:
+    """Poll until every query ended (0), or one failed (1 at once: its peers would run
+    on without it), or the timeout passed, or the queries have read rows and then none
+    for ``until_idle`` seconds (0). Prints each query's progress every ``every_s``."""
+    start, last_active, printed = time.monotonic(), None, time.monotonic()
     seen: dict = {}
+    rows: dict = {}
     while any(q.isActive for q in queries):
         now = time.monotonic()
+        failed = [q for q in queries if not q.isActive and q.exception() is not None]
+        if failed:
+            break
         for q in queries:
             progress = q.lastProgress
-            if (
-                progress
-                and progress.get("numInputRows", 0) > 0
-                and seen.get(q.id) != progress.get("batchId")
-            ):
-                seen[q.id], last_active = progress.get("batchId"), now
+            if progress and seen.get(q.id) != progress.get("batchId"):
+                rows[q.id] = rows.get(q.id, 0) + progress.get("numInputRows", 0)
+                if progress.get("numInputRows", 0) > 0:
+                    last_active = now
+                seen[q.id] = progress.get("batchId")
+        if now - printed >= every_s:
+            printed = now
+            print(
+                f"[{now - start:6.1f}s] "
+                + "; ".join(
+                    f"{q.name}: batch {seen.get(q.id, '-')}, {rows.get(q.id, 0)} rows read"
+                    for q in queries
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
         if timeout is not None and now - start >= timeout:
             print(
                 f"ackstream: --timeout {timeout:g}s reached, stopping the queries", file=sys.stderr
@@ -390,8 +409,26 @@ def _wait(queries, timeout: float | None, until_idle: float | None) -> int:
         time.sleep(0.2)
     failed = [q for q in queries if q.exception() is not None]
     for q in failed:
-        print(f"ackstream: query {q.name} failed: {q.exception()}", file=sys.stderr)
+        error = str(q.exception())
+        print(f"ackstream: query {q.name} failed: {_cause(error)}", file=sys.stderr)
+        print(error, file=sys.stderr)
     return 1 if failed else 0
+
+
+def _cause(error: str) -> str:
+    """The line of a query's error that says what went wrong: ackstream's own error if
+    there is one, else the last Python exception line, else the first line."""
+    lines = [line.strip() for line in error.splitlines()]
+    ours = [line for line in lines if re.match(r"(ackstream\.errors\.)?\w+(Error|Problem): ", line)]
+    named = [
+        line
+        for line in ours
+        if re.match(
+            r"(ackstream\.errors\.)?(OptionError|StageError|EnvironmentProblem|AckstreamError): ",
+            line,
+        )
+    ]
+    return (named or ours or lines or [""])[-1 if named or ours else 0]
 
 
 def _stop(queries) -> None:
