@@ -1,20 +1,30 @@
 # Two entry points for a fresh machine (see README Quickstart):
 #   make demo   creates .venv, installs ackstream, runs the main job on the embedded default
-#   make test   creates .venv, installs ackstream with its test extra, runs the test suite
+#   make test   creates .venv, installs ackstream with its test extra, brings Apache Kafka
+#               (make kafka), runs the test suite
 #   make lint   ruff check and ruff format --check (CI runs it before the tests)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# bash: the kafka recipe reads mvn's exit status through a pipe (PIPESTATUS)
+SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test lint format bench java clean
+.PHONY: demo test lint format bench java kafka clean
+
+# Apache Kafka for the broker tests: its jars, resolved from Maven Central by
+# tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' tests/kafka/pom.xml)
+KAFKA_LIBS ?= .cache/kafka-$(KAFKA_VERSION)/libs
+# e.g. MVN_FLAGS=-Dmaven.repo.local=/tmp/m2 (another local repository)
+MVN_FLAGS ?=
 
 demo: $(VENV)/.installed java
 	$(PY) -m ackstream demo
 
-test: $(VENV)/.installed java
+test: $(VENV)/.installed java kafka
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
@@ -34,6 +44,28 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
+
+kafka: $(KAFKA_LIBS)/.resolved
+
+# Copied into a fresh folder and moved into place only when mvn succeeded, so a
+# failed or interrupted run never leaves a half-filled one that looks done.
+$(KAFKA_LIBS)/.resolved: tests/kafka/pom.xml | java
+	@command -v mvn >/dev/null 2>&1 || { \
+	  echo "ackstream: Maven (mvn) is required to bring Apache Kafka for the tests and was not found." >&2; \
+	  echo "  Install it (Debian/Ubuntu: apt-get install maven), or set ACKSTREAM_KAFKA_LIBS to a folder of Kafka's jars." >&2; \
+	  exit 1; }
+	@echo "ackstream: resolving Apache Kafka $(KAFKA_VERSION) from Maven Central into $(KAFKA_LIBS)"
+	@rm -rf $(KAFKA_LIBS).tmp
+	@mvn -B $(MVN_FLAGS) -f tests/kafka/pom.xml dependency:copy-dependencies \
+	  -Dkafka.libs=$(abspath $(KAFKA_LIBS)).tmp \
+	  | sed -n 's:^\[INFO\] Downloaded from [^ ]* .*/\([^/]*\.jar\) .*:  downloaded \1:p; /ERROR/p'; \
+	  status=$${PIPESTATUS[0]}; if [ $$status -ne 0 ]; then \
+	  echo "ackstream: mvn failed ($$status) resolving Apache Kafka $(KAFKA_VERSION); rerun with" >&2; \
+	  echo "  mvn -B -f tests/kafka/pom.xml dependency:copy-dependencies -Dkafka.libs=/tmp/kafka-libs" >&2; \
+	  echo "  to see all of its output." >&2; rm -rf $(KAFKA_LIBS).tmp; exit 1; fi
+	@rm -rf $(KAFKA_LIBS) && mv $(KAFKA_LIBS).tmp $(KAFKA_LIBS)
+	@touch $@
+	@echo "ackstream: Apache Kafka $(KAFKA_VERSION): $$(ls $(KAFKA_LIBS) | wc -l) jars in $(KAFKA_LIBS)"
 
 # Spark needs a JVM; say so plainly instead of letting py4j fail later.
 java:

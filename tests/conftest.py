@@ -20,16 +20,19 @@ def spark():
 
 @pytest.fixture(scope="session")
 def broker():
-    """A Kafka-protocol broker for the whole test session (see tests/broker.py)."""
+    """Apache Kafka for the whole test session (see tests/broker.py), or the external
+    cluster at ``ACKSTREAM_TEST_BOOTSTRAP``."""
     import os
 
-    from broker import TansuBroker
+    from broker import KafkaBroker
 
     external = os.environ.get("ACKSTREAM_TEST_BOOTSTRAP")
     if external:
         yield type("External", (), {"bootstrap": external})()
         return
-    running = TansuBroker().start()
+    running = KafkaBroker().start()
+    print(f"\nApache Kafka at {running.bootstrap} ready in {running.started_s:.1f}s "
+          f"(log: {running.log})")
     yield running
     running.stop()
 
