@@ -12,7 +12,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test lint format bench java kafka clean
+.PHONY: demo test lint format bench bench-e2e java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -20,6 +20,13 @@ KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:
 KAFKA_LIBS ?= .cache/kafka-$(KAFKA_VERSION)/libs
 # e.g. MVN_FLAGS=-Dmaven.repo.local=/tmp/m2 (another local repository)
 MVN_FLAGS ?=
+# Spark's own Kafka source for the end-to-end benchmark (benchmarks/spark-kafka/pom.xml).
+# It should match the installed pyspark; Maven Central has no spark-sql-kafka 4.3.0 yet,
+# so the newest release there is the default (e2e.py records both versions).
+SPARK_KAFKA_VERSION ?= 4.2.0
+SPARK_KAFKA_JARS ?= .cache/spark-kafka-$(SPARK_KAFKA_VERSION)/jars
+# make bench-e2e E2E_ARGS="--records 200000 --repeats 3" for the issue's sizes
+E2E_ARGS ?= --records 20000 --latency-seconds 10
 
 demo: $(VENV)/.installed java
 	$(PY) -m ackstream demo
@@ -38,6 +45,12 @@ format: $(VENV)/.installed
 bench: $(VENV)/.installed java
 	$(PY) benchmarks/acker.py
 	cd benchmarks && ../$(PY) topology.py
+
+# The end-to-end benchmark (issue 15): every system over one Apache Kafka broker, side
+# by side; small defaults (a few minutes). Quix Streams comes with the bench extra.
+bench-e2e: $(VENV)/.installed java kafka spark-kafka
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) benchmarks/e2e.py $(E2E_ARGS)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +84,18 @@ $(KAFKA_LIBS)/.resolved: tests/kafka/pom.xml | java
 	@rm -rf $(KAFKA_LIBS) && mv $(KAFKA_LIBS).tmp $(KAFKA_LIBS)
 	@touch $@
 	@echo "ackstream: Apache Kafka $(KAFKA_VERSION): $$(ls $(KAFKA_LIBS) | wc -l) jars in $(KAFKA_LIBS)"
+
+spark-kafka: $(SPARK_KAFKA_JARS)/.resolved
+
+$(SPARK_KAFKA_JARS)/.resolved: benchmarks/spark-kafka/pom.xml | java
+	@command -v mvn >/dev/null 2>&1 || { echo "ackstream: Maven (mvn) is required for make spark-kafka" >&2; exit 1; }
+	@rm -rf $(SPARK_KAFKA_JARS).tmp
+	@mvn -B -q $(MVN_FLAGS) -f benchmarks/spark-kafka/pom.xml dependency:copy-dependencies \
+	  -Dspark.version=$(SPARK_KAFKA_VERSION) -Dspark.kafka.jars=$(abspath $(SPARK_KAFKA_JARS)).tmp \
+	  || { rm -rf $(SPARK_KAFKA_JARS).tmp; exit 1; }
+	@rm -rf $(SPARK_KAFKA_JARS) && mv $(SPARK_KAFKA_JARS).tmp $(SPARK_KAFKA_JARS)
+	@touch $@
+	@echo "ackstream: spark-sql-kafka-0-10 $(SPARK_KAFKA_VERSION): $$(ls $(SPARK_KAFKA_JARS) | wc -l) jars in $(SPARK_KAFKA_JARS)"
 
 # Spark needs a JVM; say so plainly instead of letting py4j fail later.
 java:
