@@ -11,20 +11,22 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
 def read_topic(bootstrap, topic, expected, timeout_s=30):
-    from kafka import KafkaConsumer
+    """The values of ``topic`` from its start, once ``expected`` of them are there (or
+    what there is after ``timeout_s``). Its partitions are assigned, not subscribed:
+    no group join to wait for."""
+    import time
 
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=timeout_s * 1000,
-    )
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
-        values = []
-        for message in consumer:
-            values.append(message.value.decode())
-            if len(values) >= expected:
-                break
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        values, deadline = [], time.monotonic() + timeout_s
+        while len(values) < expected and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                values += [r.value.decode() for r in records]
         return values
     finally:
         consumer.close()
