@@ -53,6 +53,7 @@ from ackstream.records import (
     UNKNOWN,
     completion_table,
 )
+from ackstream.session import check_picklable, is_connect
 
 __all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
 
@@ -213,6 +214,8 @@ def start_acker(
         report(table, batch_id)
         channel.write_completions(table, batch_id)
 
+    if is_connect(spark):  # the function is pickled to the server with the channel
+        check_picklable(write, f"the acker of channel {channel!r}")
     writer = (
         done.writeStream.foreachBatch(write)
         .option("checkpointLocation", checkpoint)

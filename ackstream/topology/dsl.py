@@ -15,6 +15,7 @@ every output tuple to its inputs, acks and fails them.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
 import pyarrow as pa
@@ -77,6 +78,13 @@ class Topology:
         self.mode = ack_mode_named(ack_mode)
         self.stages: list[Stage] = []
         self.output = None
+
+    def without_session(self) -> Topology:
+        """A copy that holds no session: what a ``foreachBatch`` function may carry (under
+        Spark Connect it is pickled to the server; each batch brings its own session)."""
+        detached = copy.copy(self)
+        detached.spark = None
+        return detached
 
     # --- declaring stages -----------------------------------------------------------
 
