@@ -59,6 +59,7 @@ _OURS = {
         "ackstream.topology",
         "ackstream.upstream",
         "ackstream.channel",
+        "ackstream.channelShared",
         "ackstream.messageTimeout",
         "ackstream.sourceTimeout",
         "ackstream.maxPending",
@@ -165,6 +166,8 @@ class SourceConfig:
     kafka_options: tuple[tuple[str, str], ...] = ()  #: other ``kafka.*`` settings
     topology: str = "ackstream"
     channel: str = ""
+    #: the local channel's folder is on a file system every host mounts at the same path
+    channel_shared: bool = False
     tracking: bool = True
     message_timeout_ms: int = 30_000
     source_timeout_ms: int = 60_000  #: in-flight roots with no completion replay after this
@@ -251,6 +254,15 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
             )
         channel = "kafka"
     kw["channel"] = channel
+    shared = ours("ackstream.channelShared")
+    kw["channel_shared"] = _bool("ackstream.channelShared", shared, False)
+    if kw["channel_shared"] and channel == "kafka":
+        raise OptionError(
+            "ackstream.channelShared",
+            shared,
+            "no value with ackstream.channel=kafka (it declares a local channel folder "
+            "shared between hosts)",
+        )
     kw["tracking"] = _bool("ackstream.tracking", ours("ackstream.tracking"), True)
 
     if ours("ackstream.messageTimeout") is not None:

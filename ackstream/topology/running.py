@@ -68,6 +68,8 @@ def same_term(option: str, given, wanted) -> bool:
             return parse_duration_ms(option, str(given)) == parse_duration_ms(option, str(wanted))
         except OptionError:
             return False
+    if option == "ackstream.channelShared":
+        return str(given).lower() == str(wanted).lower()
     if option == "ackstream.channel":
         given, wanted = str(given), str(wanted)
         if "kafka" in (given.lower(), wanted.lower()):
