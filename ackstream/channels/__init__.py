@@ -10,15 +10,23 @@ from ackstream.channels.base import Channel, Position
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import OptionError
+from ackstream.kafka.settings import kafka_options_of
 
 __all__ = ["Channel", "KafkaChannel", "LocalChannel", "Position", "check_reach", "open_channel"]
 
 
 def open_channel(config) -> Channel:
     """The channel a source's ``SourceConfig`` names: a local folder, or "kafka" for the
-    topics ``<topology>.acks``/``.done`` on the upstream's brokers."""
+    topics ``<topology>.acks``/``.done`` on the upstream's brokers, with the source's
+    ``kafka.*`` client settings (security included) and channel topic options."""
     if config.channel == "kafka":
-        channel = KafkaChannel(config.bootstrap_servers, config.topology)
+        channel = KafkaChannel(
+            config.bootstrap_servers,
+            config.topology,
+            kafka_options=kafka_options_of(config),
+            replication_factor=config.channel_replication,
+            retention_ms=config.channel_retention_ms,
+        )
         channel.prepare()
         return channel
     return LocalChannel(config.channel, shared=config.channel_shared)

@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 
 from ackstream.acker.precombine import precombine
-from ackstream.channels import LocalChannel, check_reach
+from ackstream.channels import KafkaChannel, LocalChannel, check_reach
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
 from ackstream.session import master_of
@@ -175,6 +175,11 @@ class Topology:
         }
         if isinstance(self.channel, LocalChannel):  # a folder one host sees, or all
             ours["ackstream.channelShared"] = str(self.channel.shared).lower()
+        if isinstance(self.channel, KafkaChannel):  # its topics, whoever creates them
+            if self.channel.replication_factor is not None:
+                ours["ackstream.channelReplication"] = str(self.channel.replication_factor)
+            if self.channel.retention_ms is not None:
+                ours["ackstream.channelRetention"] = f"{self.channel.retention_ms}ms"
         merged = {str(k): str(v) for k, v in (options or {}).items()}
         lowered = {k.lower(): k for k in merged}
         for option, value in ours.items():

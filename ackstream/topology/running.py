@@ -63,7 +63,7 @@ def check_source_terms(topology, offset: dict) -> None:
 
 def same_term(option: str, given, wanted) -> bool:
     """Whether a source's value of ``option`` says the same as its topology's."""
-    if option == "ackstream.messageTimeout":
+    if option in ("ackstream.messageTimeout", "ackstream.channelRetention"):
         try:
             return parse_duration_ms(option, str(given)) == parse_duration_ms(option, str(wanted))
         except OptionError:
