@@ -29,6 +29,7 @@ from ackstream.channels.base import Channel
 from ackstream.clock import Clock, now_ms
 from ackstream.config import SourceConfig, default_tick_ms
 from ackstream.errors import AckstreamError
+from ackstream.kafka.settings import kafka_options_of
 from ackstream.records import tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
@@ -245,6 +246,7 @@ class Spout:
                     self.config.bootstrap_servers,
                     self.config.dead_letter_topic,
                     self.config.topology,
+                    kafka_options=kafka_options_of(self.config),
                 )
             else:
                 self.letters = ParquetDeadLetters(self.config.dead_letter_dir, self.config.topology)
