@@ -22,6 +22,7 @@ _EXPORTS = {
     "RunningTopology": "ackstream.topology",
     "MemorySink": "ackstream.sinks.memory",
     "ConsoleSink": "ackstream.sinks.memory",
+    "ParquetSink": "ackstream.sinks.memory",
     "KafkaSink": "ackstream.sinks.kafka",
     "LocalChannel": "ackstream.channels.local",
     "KafkaChannel": "ackstream.channels.kafka",

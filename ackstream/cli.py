@@ -145,6 +145,7 @@ def _add_run(commands) -> None:
         default=_env_int("ACKSTREAM_CORES", 2),
         help="local[N] cores when run makes the session (env ACKSTREAM_CORES)",
     )
+    _add_session_options(run)
 
 
 def _add_status(commands) -> None:
@@ -235,6 +236,26 @@ def _add_acker(commands) -> None:
         type=int,
         default=_env_int("ACKSTREAM_CORES", 2),
         help="local[N] cores (env ACKSTREAM_CORES)",
+    )
+    _add_session_options(acker)
+
+
+def _add_session_options(command) -> None:
+    where = command.add_mutually_exclusive_group()
+    where.add_argument(
+        "--master",
+        default=os.environ.get("ACKSTREAM_MASTER"),
+        metavar="URL",
+        help="Spark master instead of local[N], e.g. spark://host:7077 (env ACKSTREAM_MASTER); "
+        "the executors must import ackstream: install it on every host, or set "
+        "spark.submit.pyFiles in spark-defaults.conf",
+    )
+    where.add_argument(
+        "--remote",
+        default=os.environ.get("ACKSTREAM_REMOTE"),
+        metavar="URL",
+        help="a Spark Connect server instead of a session in this process, e.g. "
+        "sc://host:15002 (env ACKSTREAM_REMOTE)",
     )
 
 
@@ -336,7 +357,10 @@ def _run(parser, args) -> int:
     spark, made = SparkSession.getActiveSession(), False
     if spark is None:
         try:
-            spark, made = local_session("ackstream-run", cores=args.cores), True
+            spark = local_session(
+                "ackstream-run", cores=args.cores, master=args.master, remote=args.remote
+            )
+            made = True
         except AckstreamError as problem:
             print(f"ackstream: {problem}", file=sys.stderr)
             return 1
@@ -449,7 +473,12 @@ def _acker(parser, args) -> int:
         parser.error("--ackers and --trigger-ms must be positive")
     try:
         timeout_ms = parse_duration_ms("--message-timeout", args.message_timeout)
-        spark = local_session(f"ackstream-acker-{args.topology}", cores=args.cores)
+        spark = local_session(
+            f"ackstream-acker-{args.topology}",
+            cores=args.cores,
+            master=args.master,
+            remote=args.remote,
+        )
     except AckstreamError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1

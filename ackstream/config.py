@@ -59,6 +59,9 @@ _OURS = {
         "ackstream.topology",
         "ackstream.upstream",
         "ackstream.channel",
+        "ackstream.channelShared",
+        "ackstream.channelReplication",
+        "ackstream.channelRetention",
         "ackstream.messageTimeout",
         "ackstream.sourceTimeout",
         "ackstream.maxPending",
@@ -165,6 +168,11 @@ class SourceConfig:
     kafka_options: tuple[tuple[str, str], ...] = ()  #: other ``kafka.*`` settings
     topology: str = "ackstream"
     channel: str = ""
+    #: the local channel's folder is on a file system every host mounts at the same path
+    channel_shared: bool = False
+    #: replication factor and retention of the Kafka channel's topics (None: broker's)
+    channel_replication: int | None = None
+    channel_retention_ms: int | None = None
     tracking: bool = True
     message_timeout_ms: int = 30_000
     source_timeout_ms: int = 60_000  #: in-flight roots with no completion replay after this
@@ -251,6 +259,30 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
             )
         channel = "kafka"
     kw["channel"] = channel
+    shared = ours("ackstream.channelShared")
+    kw["channel_shared"] = _bool("ackstream.channelShared", shared, False)
+    if kw["channel_shared"] and channel == "kafka":
+        raise OptionError(
+            "ackstream.channelShared",
+            shared,
+            "no value with ackstream.channel=kafka (it declares a local channel folder "
+            "shared between hosts)",
+        )
+    for name, field in (
+        ("ackstream.channelReplication", "channel_replication"),
+        ("ackstream.channelRetention", "channel_retention_ms"),
+    ):
+        if ours(name) is None:
+            continue
+        if channel != "kafka":
+            raise OptionError(name, ours(name), "no value without ackstream.channel=kafka")
+        kw[field] = (
+            _int(name, ours(name), 1)
+            if field == "channel_replication"
+            else parse_duration_ms(name, ours(name))
+        )
+        if kw[field] < 1:
+            raise OptionError(name, ours(name), "a positive value")
     kw["tracking"] = _bool("ackstream.tracking", ours("ackstream.tracking"), True)
 
     if ours("ackstream.messageTimeout") is not None:

@@ -1,4 +1,13 @@
-"""A local SparkSession set up the way ackstream's embedded mode and tests need it."""
+"""A SparkSession set up the way ackstream needs it: local (embedded mode and tests), on a
+cluster master, or a Spark Connect client.
+
+On a cluster master the executors must import ackstream: install it on every host, or
+ship it with ``spark.submit.pyFiles`` (a zip of the ``ackstream`` folder) or
+``spark.archives`` (a packed virtual environment), given in ``conf``. Under Spark
+Connect the server's Python workers run the sources and the topology's
+``foreachBatch``: ackstream must be importable there, and paths (checkpoints, a local
+channel) are the server's.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +17,16 @@ import shutil
 import subprocess
 import sys
 
-from ackstream.errors import EnvironmentProblem
+from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
 
-__all__ = ["local_session", "java_major_version"]
+__all__ = [
+    "check_picklable",
+    "is_connect",
+    "is_local_master",
+    "java_major_version",
+    "local_session",
+    "master_of",
+]
 
 
 def java_major_version() -> int:
@@ -31,34 +47,102 @@ def java_major_version() -> int:
     return int(match.group(2)) if major == 1 else major
 
 
-def local_session(app_name: str = "ackstream", cores: int = 2, conf: dict | None = None):
-    """A ``local[cores]`` SparkSession: UI off, loopback only, few shuffle partitions,
-    this interpreter as the Python worker; ``conf`` adds or overrides settings."""
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def check_picklable(function, what: str) -> None:
+    """Under Spark Connect ``foreachBatch`` pickles its function to the server: say which
+    part of ``what`` cannot travel, before Spark fails with a bare pickling error."""
+    from pyspark import cloudpickle
+
+    try:
+        cloudpickle.dumps(function)
+    except Exception as error:
+        raise AckstreamError(
+            f"{what} cannot run under Spark Connect: its foreachBatch function must be "
+            f"pickled to the server, and {type(error).__name__}: {error}"
+        ) from error
+
+
+def master_of(spark) -> str:
+    """The master URL of ``spark``'s application (``local[2]``, ``spark://...``)."""
+    return spark.conf.get("spark.master", "local[*]") or "local[*]"
+
+
+def is_local_master(master: str) -> bool:
+    """Whether ``master`` runs every executor in the driver's process (``local``,
+    ``local[N]``, ``local[N,F]``); ``local-cluster[...]`` starts separate ones."""
+    return master == "local" or master.startswith("local[")
+
+
+def local_session(
+    app_name: str = "ackstream",
+    cores: int = 2,
+    conf: dict | None = None,
+    *,
+    master: str | None = None,
+    remote: str | None = None,
+):
+    """A SparkSession with ackstream's data sources registered.
+
+    By default ``local[cores]``: UI off, loopback only, ``cores`` shuffle partitions,
+    this interpreter as the Python worker. ``master`` (``spark://host:7077``,
+    ``yarn``...) runs it on a cluster instead (the driver's address is then Spark's
+    default, which the executors can reach); ``remote`` (``sc://host:15002``) makes a
+    Spark Connect client instead, with no JVM here. ``conf`` adds or overrides
+    settings (under Connect, runtime settings only)."""
+    if master and remote:
+        raise OptionError(
+            "remote", remote, "no value together with master (Connect's server has its own master)"
+        )
+    from pyspark.sql import SparkSession
+
+    if remote:
+        builder = SparkSession.builder.remote(remote).appName(app_name)
+        for key, value in {
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
+            **(conf or {}),
+        }.items():
+            builder = builder.config(key, str(value))
+        session = builder.getOrCreate()
+        _register(session)
+        return session
+
     major = java_major_version()
     if major < 17:
         raise EnvironmentProblem(f"Java {major} found", "Spark 4 needs Java 17 or newer.")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
+    master = master or f"local[{cores}]"
+    local = is_local_master(master)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
 
     builder = (
-        SparkSession.builder.master(f"local[{cores}]")
+        SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(cores))
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         # pyspark's own worker code warns on a pandas concat it does; not ours to fix
         .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning")
     )
+    if local:
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    _register(session)
+    return session
+
+
+def _register(session) -> None:
     from ackstream.sources.datasource import register
 
     register(session)  # spark.readStream.format("ackstream")
-    return session

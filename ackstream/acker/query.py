@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from ackstream.acker.ledger import Pending, step
+from ackstream.channels import check_reach
 from ackstream.config import default_tick_ms
 from ackstream.errors import OptionError
 from ackstream.files import write_atomically
@@ -53,6 +54,7 @@ from ackstream.records import (
     UNKNOWN,
     completion_table,
 )
+from ackstream.session import check_picklable, is_connect, master_of
 
 __all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
 
@@ -201,6 +203,7 @@ def start_acker(
     Restarting with the same ``checkpoint`` resumes every shard's pending roots; it
     must keep the shard count (``ackers``), which is checked.
     """
+    check_reach(channel, master_of(spark))  # its file stream reads on the executors
     check_shard_count(checkpoint, ackers)
     channel.prepare()
     records = channel.ack_stream(spark, max_files_per_trigger=max_files_per_trigger)
@@ -213,6 +216,8 @@ def start_acker(
         report(table, batch_id)
         channel.write_completions(table, batch_id)
 
+    if is_connect(spark):  # the function is pickled to the server with the channel
+        check_picklable(write, f"the acker of channel {channel!r}")
     writer = (
         done.writeStream.foreachBatch(write)
         .option("checkpointLocation", checkpoint)

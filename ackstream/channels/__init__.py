@@ -9,15 +9,44 @@ from __future__ import annotations
 from ackstream.channels.base import Channel, Position
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import LocalChannel
+from ackstream.errors import OptionError
+from ackstream.kafka.settings import kafka_options_of
 
-__all__ = ["Channel", "KafkaChannel", "LocalChannel", "Position", "open_channel"]
+__all__ = ["Channel", "KafkaChannel", "LocalChannel", "Position", "check_reach", "open_channel"]
 
 
 def open_channel(config) -> Channel:
     """The channel a source's ``SourceConfig`` names: a local folder, or "kafka" for the
-    topics ``<topology>.acks``/``.done`` on the upstream's brokers."""
+    topics ``<topology>.acks``/``.done`` on the upstream's brokers, with the source's
+    ``kafka.*`` client settings (security included) and channel topic options."""
     if config.channel == "kafka":
-        channel = KafkaChannel(config.bootstrap_servers, config.topology)
+        channel = KafkaChannel(
+            config.bootstrap_servers,
+            config.topology,
+            kafka_options=kafka_options_of(config),
+            replication_factor=config.channel_replication,
+            retention_ms=config.channel_retention_ms,
+        )
         channel.prepare()
         return channel
-    return LocalChannel(config.channel)
+    return LocalChannel(config.channel, shared=config.channel_shared)
+
+
+def check_reach(channel, master: str) -> None:
+    """Refuse a local channel on a master whose executors may run on other hosts, unless
+    its folder is declared shared: the source's read tasks write rejections and gap
+    completions to the channel from the executors, and the acker reads ack records there,
+    so a folder only the driver's host sees would lose them silently. Raises an
+    :class:`~ackstream.errors.OptionError` naming ``ackstream.channel``."""
+    from ackstream.session import is_local_master
+
+    if not isinstance(channel, LocalChannel) or channel.shared or is_local_master(master):
+        return
+    raise OptionError(
+        "ackstream.channel",
+        channel.source_option(),
+        f"'kafka' (a KafkaChannel) on master {master}: a local channel folder is one "
+        "host's, and the executors, which may run on other hosts, write to it; if every "
+        "host mounts that folder at the same path, declare it with "
+        "LocalChannel(path, shared=True) (source option ackstream.channelShared=true)",
+    )

@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from ackstream.channels.messages import channel_consumer, decode, fetch_messages, message_ranges
+from ackstream.kafka.settings import client_settings
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
 __all__ = ["ChannelSource"]
@@ -31,7 +32,8 @@ class MessageRange(InputPartition):
 
 
 class ChannelSource(DataSource):
-    """Streams ack records from a channel topic (options: kafka.bootstrap.servers, topic)."""
+    """Streams ack records from a channel topic (options: kafka.bootstrap.servers, topic,
+    and the channel's other ``kafka.*`` client settings, security included)."""
 
     @classmethod
     def name(cls) -> str:
@@ -41,12 +43,17 @@ class ChannelSource(DataSource):
         return ACK_RECORD_DDL
 
     def streamReader(self, schema):
-        return _ChannelReader(self.options["kafka.bootstrap.servers"], self.options["topic"])
+        settings = client_settings(
+            {k: v for k, v in self.options.items() if str(k).lower().startswith("kafka.")}
+        )
+        return _ChannelReader(
+            self.options["kafka.bootstrap.servers"], self.options["topic"], settings
+        )
 
 
 class _ChannelReader(DataSourceStreamReader):
-    def __init__(self, bootstrap: str, topic: str):
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(self, bootstrap: str, topic: str, settings: dict | None = None):
+        self.bootstrap, self.topic, self.settings = bootstrap, topic, dict(settings or {})
         self._consumer = None  # the planner's, made by the first latestOffset
 
     def __getstate__(self):
@@ -57,7 +64,7 @@ class _ChannelReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict, limit) -> dict:
         if self._consumer is None:
-            self._consumer = channel_consumer(self.bootstrap)
+            self._consumer = channel_consumer(self.bootstrap, self.settings)
         try:
             ranges = message_ranges(self.bootstrap, self.topic, start, consumer=self._consumer)
         except Exception:  # the next trigger starts from a fresh client
@@ -77,7 +84,12 @@ class _ChannelReader(DataSourceStreamReader):
 
     def read(self, partition: MessageRange):
         for offset, message in fetch_messages(
-            self.bootstrap, self.topic, partition.partition, partition.start, partition.end
+            self.bootstrap,
+            self.topic,
+            partition.partition,
+            partition.start,
+            partition.end,
+            settings=self.settings,
         ):
             table = decode(message, ACK_RECORD_SCHEMA, self.topic, partition.partition, offset)
             if isinstance(table, str):  # one null record carrying why: the acker reports it

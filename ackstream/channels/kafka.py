@@ -12,6 +12,13 @@ themselves), on the driver, keyed by batch id; a batch re-run after a crash may
 produce its completions twice, which the source ignores (a root it no longer
 tracks is not acted on).
 
+Every client the channel makes (its producer, its consumer, the admin client that
+creates the topics, the acker's source and the executors' reads) takes the same
+``kafka.*`` settings as the ``ackstream`` source, security included: the
+connection and security ones that kafka-python's consumer, producer and admin client
+share. Topics are created with the broker's default replication factor and retention
+unless given (``-1`` in CreateTopics, Kafka >= 2.4).
+
 A channel keeps one consumer for its reads (made on first use, dropped by
 ``close()`` and on pickling): building one per call was most of the source
 planner's time (issue 15). Executors read with :mod:`ackstream.channels.messages` instead.
@@ -22,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Mapping
 
 import pandas as pd
 import pyarrow as pa
@@ -33,6 +41,8 @@ from ackstream.channels.messages import (
     fetch_messages,
     message_ranges,
 )
+from ackstream.errors import OptionError
+from ackstream.kafka.settings import client_settings
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 __all__ = ["KafkaChannel"]
@@ -46,10 +56,38 @@ ROWS_PER_MESSAGE = 10_000
 
 
 class KafkaChannel:
-    """Ack and completion channels of ``topology`` on the broker at ``bootstrap``."""
+    """Ack and completion channels of ``topology`` on the broker at ``bootstrap``.
 
-    def __init__(self, bootstrap: str, topology: str, partitions: int = 2):
+    ``kafka_options``: client settings in the source's ``kafka.*`` form (e.g.
+    ``{"kafka.security.protocol": "SSL", "kafka.ssl.cafile": "ca.pem"}``; the source's
+    own options may be given as they are: keys without ``kafka.`` and consumer-only
+    settings are left out).
+    ``replication_factor`` and ``retention_ms`` of the topics it creates: None, the
+    broker's defaults."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topology: str,
+        partitions: int = 2,
+        *,
+        kafka_options: Mapping[str, str] | None = None,
+        replication_factor: int | None = None,
+        retention_ms: int | None = None,
+    ):
         self.bootstrap, self.topology, self.partitions = bootstrap, topology, partitions
+        self.kafka_options = {
+            str(k): str(v)
+            for k, v in (kafka_options or {}).items()
+            if str(k).startswith("kafka.")
+            and str(k) not in ("kafka.bootstrap.servers", "kafka.group.id")
+        }
+        self.settings = client_settings(self.kafka_options)  # a bad one fails here
+        if replication_factor is not None and replication_factor < 1:
+            raise OptionError("replication_factor", replication_factor, "None or >= 1")
+        if retention_ms is not None and retention_ms < 1:
+            raise OptionError("retention_ms", retention_ms, "None (the broker's) or >= 1")
+        self.replication_factor, self.retention_ms = replication_factor, retention_ms
         self.acks_topic, self.done_topic = f"{topology}.acks", f"{topology}.done"
         self._producer = None
         self._consumer = None
@@ -70,11 +108,19 @@ class KafkaChannel:
         from kafka.admin import KafkaAdminClient, NewTopic
         from kafka.errors import TopicAlreadyExistsError
 
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="ackstream")
+        admin = KafkaAdminClient(
+            **self.settings, bootstrap_servers=self.bootstrap, client_id="ackstream"
+        )
+        configs = {} if self.retention_ms is None else {"retention.ms": str(self.retention_ms)}
         try:
             existing = set(admin.list_topics())
             wanted = [
-                NewTopic(t, self.partitions, 1)
+                NewTopic(
+                    t,
+                    self.partitions,
+                    -1 if self.replication_factor is None else self.replication_factor,
+                    topic_configs=configs,
+                )
                 for t in (self.acks_topic, self.done_topic)
                 if t not in existing
             ]
@@ -97,6 +143,7 @@ class KafkaChannel:
         spark.dataSource.register(ChannelSource)
         return (
             spark.readStream.format(ChannelSource.name())
+            .options(**self.kafka_options)
             .option("kafka.bootstrap.servers", self.bootstrap)
             .option("topic", self.acks_topic)
             .load()
@@ -144,7 +191,7 @@ class KafkaChannel:
         it, so the next one starts from a fresh client."""
         with self._reading:
             if self._consumer is None:
-                self._consumer = channel_consumer(self.bootstrap)
+                self._consumer = channel_consumer(self.bootstrap, self.settings)
             try:
                 yield self._consumer
             except BaseException:
@@ -164,6 +211,7 @@ class KafkaChannel:
                 from kafka import KafkaProducer
 
                 self._producer = KafkaProducer(
+                    **self.settings,
                     bootstrap_servers=self.bootstrap,
                     acks="all",
                     linger_ms=5,

@@ -50,10 +50,15 @@ _DONE_FILE = re.compile(r"^(\d{12})-([0-9a-f]{16})\.parquet$")
 
 
 class LocalChannel:
-    """Ack and completion channels of one topology in a local directory."""
+    """Ack and completion channels of one topology in a local directory.
 
-    def __init__(self, directory: str | os.PathLike):
-        self.directory = os.fspath(directory)
+    The folder is one host's unless ``shared=True`` declares it on a file system that
+    every host of the cluster mounts at the same path: the source's read tasks write
+    to it from the executors, so on a non-local master an undeclared folder is refused
+    (see :func:`ackstream.channels.check_reach`)."""
+
+    def __init__(self, directory: str | os.PathLike, *, shared: bool = False):
+        self.directory, self.shared = os.fspath(directory), bool(shared)
         self.acks_dir = os.path.join(self.directory, "acks")
         self.done_dir = os.path.join(self.directory, "done")
         self.prepare()

@@ -41,13 +41,16 @@ def decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
         return reason
 
 
-def channel_consumer(bootstrap: str):
+def channel_consumer(bootstrap: str, settings: dict | None = None):
     """A consumer that reads channel topics by offset: no group, no commits. Its
     fetches wait at most 50 ms for data: a prefetch left pending at a partition's end
-    would otherwise hold the next read of a reused consumer for the broker's wait."""
+    would otherwise hold the next read of a reused consumer for the broker's wait.
+    ``settings``: the shared client settings (security...), see
+    :func:`ackstream.kafka.settings.client_settings`."""
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
+        **(settings or {}),
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         max_partition_fetch_bytes=16 << 20,
@@ -57,22 +60,29 @@ def channel_consumer(bootstrap: str):
 
 
 def message_ranges(
-    bootstrap: str, topic: str, position: dict, *, consumer=None
+    bootstrap: str, topic: str, position: dict, *, consumer=None, settings: dict | None = None
 ) -> list[tuple[int, int, int]]:
     """(partition, start, end) for each partition of ``topic`` with messages past
     ``position``; with ``consumer`` (see :func:`channel_consumer`), through it, else
-    through a consumer of its own that it closes."""
-    with _using(bootstrap, consumer) as client:
+    through a consumer of its own with ``settings`` that it closes."""
+    with _using(bootstrap, consumer, settings) as client:
         return topic_ranges(client, topic, position)
 
 
 def fetch_messages(
-    bootstrap: str, topic: str, partition: int, start: int, end: int, *, consumer=None
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    *,
+    consumer=None,
+    settings: dict | None = None,
 ) -> list[tuple[int, bytes]]:
     """``(offset, value)`` of the messages ``start`` (inclusive) to ``end`` (exclusive) of
     one partition; the caller decodes them, the offset names a bad one. ``consumer``
     as for :func:`message_ranges`."""
-    with _using(bootstrap, consumer) as client:
+    with _using(bootstrap, consumer, settings) as client:
         return [
             (offset, value)
             for offset, _, value, _ in read_ranges(
@@ -82,11 +92,11 @@ def fetch_messages(
 
 
 @contextlib.contextmanager
-def _using(bootstrap: str, consumer):
+def _using(bootstrap: str, consumer, settings: dict | None):
     if consumer is not None:
         yield consumer
         return
-    consumer = channel_consumer(bootstrap)
+    consumer = channel_consumer(bootstrap, settings)
     try:
         yield consumer
     finally:

@@ -10,12 +10,13 @@ takes instead; a refused secret is never shown.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError
 
-__all__ = ["consumer_settings"]
+__all__ = ["client_settings", "consumer_settings", "kafka_options_of"]
 
 #: Java client settings with no kafka-python twin -> what to give instead.
 _JAVA_ONLY = {
@@ -66,6 +67,56 @@ def consumer_settings(config: SourceConfig) -> dict:
             )
         settings[name] = _typed(option=option, value=value, default=defaults[name])
     return settings
+
+
+def client_settings(kafka_options) -> dict:
+    """The settings every Kafka client ackstream makes shares, consumer, producer and
+    admin alike: connection and security (``security_protocol``, ``ssl_*``,
+    ``sasl_*``, timeouts), from ``kafka.*`` options given as a mapping or ``(key,
+    value)`` pairs (other keys, e.g. the source's ``subscribe``, are left out; so may
+    the source's whole options mapping be given). Settings only a consumer
+    takes (``fetch_max_bytes``...) are left out; ``bootstrap.servers``, ``group.id``
+    and ``client.id`` are each client's own. A setting no client knows is an
+    :class:`OptionError`, as for the source."""
+    shared, known, defaults = _client_names()
+    pairs = kafka_options.items() if hasattr(kafka_options, "items") else kafka_options or ()
+    settings = {}
+    for key, value in pairs:
+        if not str(key).startswith("kafka."):  # subscribe, ackstream.*: not a client's
+            continue
+        key = str(key).removeprefix("kafka.")
+        option = "kafka." + key
+        if key in ("bootstrap.servers", "group.id", "client.id"):
+            continue
+        if key == "sasl.jaas.config":
+            settings.update(_from_jaas(option, str(value)))
+            continue
+        if key in _JAVA_ONLY:
+            raise OptionError(option, value, _JAVA_ONLY[key])
+        name = key.replace(".", "_")
+        if name not in known:
+            raise OptionError(option, value, "a kafka-python client setting (kafka.<setting>)")
+        if name in shared:
+            settings[name] = _typed(option=option, value=str(value), default=defaults[name])
+    return settings
+
+
+@functools.cache
+def _client_names() -> tuple[frozenset, frozenset, dict]:
+    """(settings consumer, producer and admin client all take; settings either of the
+    first two takes; the consumer's defaults)."""
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient
+
+    consumer, producer = KafkaConsumer.DEFAULT_CONFIG, KafkaProducer.DEFAULT_CONFIG
+    shared = frozenset(consumer) & frozenset(producer) & frozenset(KafkaAdminClient.DEFAULT_CONFIG)
+    return shared, frozenset(consumer) | frozenset(producer), dict(consumer)
+
+
+def kafka_options_of(config: SourceConfig) -> dict[str, str]:
+    """The source's ``kafka.*`` options (but bootstrap servers and group id), prefixed:
+    the form a :class:`~ackstream.channels.kafka.KafkaChannel` and a ``KafkaSink`` take."""
+    return {f"kafka.{key}": value for key, value in config.kafka_options}
 
 
 def _from_jaas(option: str, value: str) -> dict:

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from ackstream.sinks.base import Sink
 from ackstream.sinks.kafka import KafkaSink
-from ackstream.sinks.memory import ConsoleSink, MemorySink
+from ackstream.sinks.memory import ConsoleSink, MemorySink, ParquetSink
 
-__all__ = ["ConsoleSink", "KafkaSink", "MemorySink", "Sink"]
+__all__ = ["ConsoleSink", "KafkaSink", "MemorySink", "ParquetSink", "Sink"]

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from ackstream.files import write_atomically
 from ackstream.ids import content_id, hash_text
+from ackstream.kafka.settings import client_settings
 
 __all__ = ["DEAD_LETTER_SCHEMA", "KafkaDeadLetters", "ParquetDeadLetters", "read_dead_letters"]
 
@@ -89,13 +90,16 @@ class ParquetDeadLetters:
 
 
 class KafkaDeadLetters:
-    """Dead letters produced to ``topic``; ``write`` waits for every broker ack."""
+    """Dead letters produced to ``topic``; ``write`` waits for every broker ack.
+    ``kafka_options``: the source's ``kafka.*`` settings, of which the producer takes
+    the connection and security ones (see ``kafka.settings.client_settings``)."""
 
-    def __init__(self, bootstrap: str, topic: str, topology: str):
+    def __init__(self, bootstrap: str, topic: str, topology: str, *, kafka_options=None):
         from kafka import KafkaProducer
 
         self.topic, self.topology = topic, topology
         self._producer = KafkaProducer(
+            **client_settings(kafka_options or {}),
             bootstrap_servers=bootstrap.split(","),
             acks="all",
             client_id=f"ackstream-{topology}-dead-letters",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ackstream.kafka.settings import client_settings
 from ackstream.lineage import LINEAGE_COLUMNS, REASON
 
 __all__ = ["KafkaSink", "ProduceTask", "carried_columns"]
@@ -31,8 +32,11 @@ class KafkaSink:
     """Writes the ``key`` (optional) and ``value`` columns of each output row to
     ``topic``, as Spark's Kafka sink does; strings are UTF-8 encoded, binary kept.
 
-    ``producer_config`` goes to ``kafka.KafkaProducer`` (e.g. ``acks``,
-    ``max_request_size``); ``flush_timeout_s`` bounds each task's wait for
+    ``kafka_options``: the client settings in the source's ``kafka.*`` form (the source's
+    options may be given as they are), of which the producers take the connection and
+    security ones, so the sink reaches a secured cluster as the source does.
+    ``producer_config`` goes to ``kafka.KafkaProducer`` as it is (e.g. ``acks``,
+    ``max_request_size``) and wins; ``flush_timeout_s`` bounds each task's wait for
     confirmations. The sink holds only these settings, so it pickles (Spark Connect
     pickles the ``foreachBatch`` function with it).
     """
@@ -44,12 +48,17 @@ class KafkaSink:
         *,
         key: str | None = "key",
         value: str = "value",
+        kafka_options: dict | None = None,
         producer_config: dict | None = None,
         flush_timeout_s: float = 30.0,
     ):
         self.bootstrap, self.topic = bootstrap, topic
         self.key, self.value = key, value
-        self.producer_config = dict(producer_config or {})
+        kafka_options = {
+            k: v for k, v in (kafka_options or {}).items() if str(k).startswith("kafka.")
+        }
+        # a bad setting fails here, on the driver, not in every task
+        self.producer_config = {**client_settings(kafka_options), **(producer_config or {})}
         self.flush_timeout_s = flush_timeout_s
 
     def write(self, outputs, batch_id: int):

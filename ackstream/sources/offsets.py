@@ -10,7 +10,8 @@ Spark writes to the query's offset log before the batch runs::
      "parts": <Tracker.snapshot()>,      # the whole tracking state, for a restart
      "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch
      "replays": [[topic, partition, offset, attempt], ...],  # replays of this batch
-     "done": <position in the completion channel>}
+     "done": <position in the completion channel>,
+     "owner": "<query id>"}                # this query's claim on its consumer group
 
 ``read`` and ``replays`` name every record of the batch, so its read tasks
 (:func:`read_tasks`) and its roots (:func:`planned_inits`) come from the offset

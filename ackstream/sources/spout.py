@@ -29,8 +29,10 @@ from ackstream.channels.base import Channel
 from ackstream.clock import Clock, now_ms
 from ackstream.config import SourceConfig, default_tick_ms
 from ackstream.errors import AckstreamError
+from ackstream.kafka.settings import kafka_options_of
 from ackstream.records import tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
+from ackstream.sources.claim import GroupClaim, new_owner
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
 
@@ -45,7 +47,13 @@ def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -
     tracker = _new_tracker(config)
     for tp in tps:
         tracker.add_partition(tp, starts[tp])
-    return {"v": 1, "parts": tracker.snapshot(), "replays": [], "done": channel.end_position()}
+    return {
+        "v": 1,
+        "parts": tracker.snapshot(),
+        "replays": [],
+        "done": channel.end_position(),
+        "owner": new_owner(),
+    }
 
 
 def _new_tracker(config: SourceConfig) -> Tracker:
@@ -109,7 +117,9 @@ class Spout:
         self.letters = None
         self._dead_since_snapshot = False
         self._ticked_ms = 0
-        self.committed: dict = {}
+        self.committed: dict = {}  # {tp: (offset, metadata without the claim)}
+        owner = offset.get("owner") or new_owner()  # an offset from before owners
+        self.claim = GroupClaim(config.topology, config.group_id, owner)
         if config.tracking:
             self._merge_group_commits()
 
@@ -127,7 +137,6 @@ class Spout:
             for a, b in spans:
                 done += range(a, b)
             self.tracker.mark_done(tp, done)
-            self.committed[tp] = (off, meta)
 
     def next_offset(self, max_rows: int | None = None) -> dict | None:
         """Apply completions, then plan the next batch of at most ``max_rows`` new roots;
@@ -172,6 +181,7 @@ class Spout:
             "read": read,
             "replays": [list(r) for r in replays],
             "done": self.position,
+            "owner": self.claim.owner,
         }
         if self.config.tracking:  # the batch's roots are waited for, on these terms
             offset.update(
@@ -205,7 +215,9 @@ class Spout:
                 self.tracker.skip_to(tp, earliest[tp])
 
     def _poll(self, now: int) -> None:
-        """Completions in, replays scheduled, dead letters out, acked offsets committed."""
+        """Completions in, replays scheduled, dead letters out, acked offsets committed;
+        first of all, stop if another query holds the consumer group."""
+        renew = self._check_claim()
         table, self.position = self.channel.completions_since(self.position)
         if table.num_rows:
             self.tracker.complete(table, now)
@@ -213,7 +225,7 @@ class Spout:
         self._tick(now)
         if self.tracker.dead:
             self._write_dead_letters()
-        self._commit()
+        self._commit(renew)
 
     def _tick(self, now: int) -> None:
         """Wake the acker, at most once per its tick, while a root is past the message
@@ -234,6 +246,7 @@ class Spout:
                     self.config.bootstrap_servers,
                     self.config.dead_letter_topic,
                     self.config.topology,
+                    kafka_options=kafka_options_of(self.config),
                 )
             else:
                 self.letters = ParquetDeadLetters(self.config.dead_letter_dir, self.config.topology)
@@ -247,16 +260,31 @@ class Spout:
         self.tracker.dead_lettered(letters)
         self._dead_since_snapshot = True
 
-    def _commit(self) -> None:
-        """Commit each partition's watermark (and done offsets above it) if it moved."""
+    def _commit(self, renew: bool) -> None:
+        """Commit each partition's watermark (and done offsets above it) if it moved, and
+        every partition's when the claim on the group is renewed."""
         changed = {}
         for tp, wm in self.tracker.watermarks().items():
             entry = (wm, self.tracker.commit_metadata(tp))
-            if self.committed.get(tp) != entry:
+            if renew or self.committed.get(tp) != entry:
                 changed[tp] = entry
-        if changed:
-            self.upstream.commit(changed)
-            self.committed.update(changed)
+        self._send_commits(changed)
+
+    def _check_claim(self) -> bool:
+        """When due, read the group's commits and stop if another query holds it."""
+        now = self.clock()
+        if not self.claim.due(now):
+            return False
+        self.claim.check(self.upstream.committed(list(self.tracker.parts)), now)
+        return True
+
+    def _send_commits(self, entries: dict) -> None:
+        if entries:
+            now = self.clock()
+            self.upstream.commit(
+                {tp: (off, self.claim.stamp(meta, now)) for tp, (off, meta) in entries.items()}
+            )
+            self.committed.update(entries)
 
     def on_spark_commit(self, end: dict) -> None:
         """Spark finished a batch. Tracking off: commit its end (Spark's at-least-once);
@@ -280,13 +308,13 @@ class Spout:
         those of the batch that just ran) or with the end Spark committed."""
         if positions is None:
             positions = {tp: part.end for tp, part in self.tracker.parts.items()}
+        renew = self._check_claim()
         changed = {}
         for tp, end in positions.items():
-            if end > self.committed.get(tp, (-1, ""))[0]:  # never move backwards
+            last = self.committed.get(tp, (-1, ""))[0]
+            if end > last or (renew and end == last):  # never move backwards
                 changed[tp] = (end, "")
-        if changed:
-            self.upstream.commit(changed)
-            self.committed.update(changed)
+        self._send_commits(changed)
 
     def close(self) -> None:
         self.upstream.close()

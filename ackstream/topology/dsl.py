@@ -15,14 +15,17 @@ every output tuple to its inputs, acks and fails them.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 
 from ackstream.acker.precombine import precombine
+from ackstream.channels import KafkaChannel, LocalChannel, check_reach
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
+from ackstream.session import master_of
 from ackstream.sources.upstream import check_options
 from ackstream.topology.batch import ack_mode as ack_mode_named
 from ackstream.topology.batch import run_batch
@@ -77,6 +80,13 @@ class Topology:
         self.mode = ack_mode_named(ack_mode)
         self.stages: list[Stage] = []
         self.output = None
+
+    def without_session(self) -> Topology:
+        """A copy that holds no session: what a ``foreachBatch`` function may carry (under
+        Spark Connect it is pickled to the server; each batch brings its own session)."""
+        detached = copy.copy(self)
+        detached.spark = None
+        return detached
 
     # --- declaring stages -----------------------------------------------------------
 
@@ -163,6 +173,13 @@ class Topology:
             "ackstream.channel": self.channel.source_option(),
             "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
         }
+        if isinstance(self.channel, LocalChannel):  # a folder one host sees, or all
+            ours["ackstream.channelShared"] = str(self.channel.shared).lower()
+        if isinstance(self.channel, KafkaChannel):  # its topics, whoever creates them
+            if self.channel.replication_factor is not None:
+                ours["ackstream.channelReplication"] = str(self.channel.replication_factor)
+            if self.channel.retention_ms is not None:
+                ours["ackstream.channelRetention"] = f"{self.channel.retention_ms}ms"
         merged = {str(k): str(v) for k, v in (options or {}).items()}
         lowered = {k.lower(): k for k in merged}
         for option, value in ours.items():
@@ -183,7 +200,15 @@ class Topology:
         A bad option raises :class:`OptionError` itself, before Spark would wrap it."""
         merged = self.source_options(options)
         check_options(merged)
+        self.check_reach()
         return self.spark.readStream.format("ackstream").options(**merged).load()
+
+    def check_reach(self) -> None:
+        """Refuse a channel the executors of this session's master may not reach: a
+        local folder on a cluster, unless declared shared (see
+        :func:`ackstream.channels.check_reach`)."""
+        if self.spark is not None:
+            check_reach(self.channel, master_of(self.spark))
 
     # --- running ----------------------------------------------------------------------
 
@@ -220,6 +245,7 @@ class Topology:
         :meth:`read_stream`) and, unless ``acker=False`` (an acker runs elsewhere) or
         tracking is off, the acker query with ``ackers`` shards. Checkpoints go to
         ``<checkpoint>/topology`` and ``<checkpoint>/acker``."""
+        self.check_reach()
         self._check_input(tuples)
         return start_topology(
             self,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from urllib.parse import urlparse
 
+from ackstream.session import is_connect
+
 __all__ = ["logged_offsets"]
 
 
@@ -21,9 +23,16 @@ def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
     checkpoint is ``checkpoint`` (one per ackstream source of the query).
 
     A plain path is read directly; a URL (``file:``, ``hdfs:``, ``s3a:``...) through
-    Spark's Hadoop file system, which costs about ten times as much (calls into the JVM)."""
+    Spark's Hadoop file system, which costs about ten times as much (calls into the JVM);
+    under Spark Connect, which has no JVM in this process, a URL is read as a text file
+    with ``spark.read`` (a small Spark job per batch)."""
     path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
-    text = _read_local(path) if not urlparse(path).scheme else _read_hadoop(spark, path)
+    if not urlparse(path).scheme:
+        text = _read_local(path)
+    elif is_connect(spark):
+        text = _read_with_spark(spark, path)
+    else:
+        text = _read_hadoop(spark, path)
     out = []
     for line in text.splitlines()[2:]:
         try:
@@ -38,6 +47,12 @@ def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
 def _read_local(path: str) -> str:
     with open(path, encoding="utf-8") as f:
         return f.read()
+
+
+def _read_with_spark(spark, path: str) -> str:
+    """Through a Spark job: works from any session, Spark Connect's included."""
+    rows = spark.read.text(path, wholetext=True).collect()
+    return rows[0][0] if rows else ""
 
 
 def _read_hadoop(spark, path: str) -> str:

@@ -22,6 +22,7 @@ from ackstream.acker.query import start_acker
 from ackstream.clock import now_ms
 from ackstream.config import parse_duration_ms
 from ackstream.errors import OptionError
+from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import planned_inits
 from ackstream.topology.batch import run_batch
 from ackstream.topology.offset_log import logged_offsets
@@ -62,11 +63,13 @@ def check_source_terms(topology, offset: dict) -> None:
 
 def same_term(option: str, given, wanted) -> bool:
     """Whether a source's value of ``option`` says the same as its topology's."""
-    if option == "ackstream.messageTimeout":
+    if option in ("ackstream.messageTimeout", "ackstream.channelRetention"):
         try:
             return parse_duration_ms(option, str(given)) == parse_duration_ms(option, str(wanted))
         except OptionError:
             return False
+    if option == "ackstream.channelShared":
+        return str(given).lower() == str(wanted).lower()
     if option == "ackstream.channel":
         given, wanted = str(given), str(wanted)
         if "kafka" in (given.lower(), wanted.lower()):
@@ -77,10 +80,14 @@ def same_term(option: str, given, wanted) -> bool:
 
 class BatchFunction:
     """The topology query's ``foreachBatch`` function: run the batch, then report what
-    became of its roots (see :mod:`ackstream.topology.batch`)."""
+    became of its roots (see :mod:`ackstream.topology.batch`).
+
+    Under Spark Connect it is pickled and runs in a Python process beside the server,
+    so it holds the topology without its session (each batch brings its own,
+    ``batch.sparkSession``) and nothing else of the client's."""
 
     def __init__(self, topology, offset_log: str):
-        self.topology, self.offset_log = topology, offset_log
+        self.topology, self.offset_log = topology.without_session(), offset_log
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         topology = self.topology
@@ -129,6 +136,10 @@ def start_topology(
     """Start the topology query over ``tuples`` and, unless ``acker=False`` or tracking
     is off, the acker query; checkpoints under ``<checkpoint>/topology`` and ``/acker``."""
     offset_log = os.path.join(checkpoint, "topology")
+    function = BatchFunction(topology, offset_log)
+    connect = is_connect(topology.spark)
+    if connect:
+        check_picklable(function, f"topology {topology.name!r}")
     acker_query = None
     if acker and topology.tracking:
         acker_query = start_acker(
@@ -142,7 +153,7 @@ def start_topology(
         )
     try:
         query = (
-            tuples.writeStream.foreachBatch(BatchFunction(topology, offset_log))
+            tuples.writeStream.foreachBatch(function)
             .option("checkpointLocation", offset_log)
             .trigger(processingTime=f"{trigger_ms} milliseconds")
             .queryName(topology.name)

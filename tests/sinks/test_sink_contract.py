@@ -3,7 +3,7 @@
 import pytest
 from pyspark.sql import functions as F
 
-from ackstream.sinks import ConsoleSink, KafkaSink, MemorySink, Sink
+from ackstream.sinks import ConsoleSink, KafkaSink, MemorySink, ParquetSink, Sink
 from ackstream.testing import tracked_frame
 
 pytestmark = pytest.mark.spark
@@ -21,8 +21,17 @@ def kafka_values(bootstrap: str, topic: str) -> list[str]:
         consumer.close()
 
 
-@pytest.fixture(params=["memory", "console", pytest.param("kafka", marks=pytest.mark.broker)])
-def sink_and_reader(request, capsys):
+def parquet_rows(spark, path) -> list[dict]:
+    """Every row a ParquetSink wrote under ``path`` (none: no Parquet file yet)."""
+    if not any(p.suffix == ".parquet" for p in path.rglob("*")):
+        return []
+    return [r.asDict() for r in spark.read.parquet(str(path)).collect()]
+
+
+@pytest.fixture(
+    params=["memory", "console", "parquet", pytest.param("kafka", marks=pytest.mark.broker)]
+)
+def sink_and_reader(request, capsys, tmp_path):
     """``(sink, written)``: ``written()`` gives the values the sink wrote so far."""
     if request.param == "memory":
         sink = MemorySink()
@@ -37,6 +46,10 @@ def sink_and_reader(request, capsys):
                 if line.startswith("|") and "value" not in line
             ],
         )
+    elif request.param == "parquet":
+        spark = request.getfixturevalue("spark")
+        sink = ParquetSink(str(tmp_path / "out"))
+        yield sink, lambda: [r["value"] for r in parquet_rows(spark, tmp_path / "out")]
     else:
         bootstrap = request.getfixturevalue("broker").bootstrap
         topic = request.getfixturevalue("new_topic")()
@@ -78,3 +91,20 @@ def test_users_never_see_the_lineage_columns(spark, sink_and_reader, capsys):
     if isinstance(sink, MemorySink):
         assert "_root" not in sink.table().column_names
     assert all("_root" not in str(v) for v in written())
+
+
+def test_a_parquet_sink_keeps_a_re_run_batch_once_and_no_lineage(spark, tmp_path):
+    sink = ParquetSink(str(tmp_path / "out"))
+    sink.write(outputs(spark, ["a", "b"]), 7)
+    sink.write(outputs(spark, ["a", "b"]), 7)  # batch 7 again, after a crash
+    sink.write(outputs(spark, ["c"]), 8)
+    rows = parquet_rows(spark, tmp_path / "out")
+    assert sorted((r["batch_id"], r["value"]) for r in rows) == [(7, "a"), (7, "b"), (8, "c")]
+    assert not {"_root", "_edge"} & set(rows[0])
+
+
+def test_a_memory_sink_refuses_to_travel_and_says_what_to_use_instead():
+    import pickle
+
+    with pytest.raises(TypeError, match="ParquetSink"):
+        pickle.dumps(MemorySink())

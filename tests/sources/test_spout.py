@@ -153,3 +153,33 @@ def test_partitions_added_upstream_are_read_from_their_start(broker, new_topic, 
     finally:
         producer.close()
         spout.close()
+
+
+def test_a_second_query_with_the_same_name_is_refused_naming_both(make_spout):
+    from ackstream.errors import AckstreamError
+
+    first, _, clock = make_spout()
+    first.next_offset()  # commits, with its claim on the group
+    second, _, other_clock = make_spout()  # same topology, same group, a new query
+    other_clock.now_ms = clock.now_ms + 1_000
+    with pytest.raises(AckstreamError, match="another query") as refused:
+        second.next_offset()
+    assert first.claim.owner in str(refused.value) and second.claim.owner in str(refused.value)
+
+    clock.advance(6_000)
+    first.next_offset()  # the first one goes on and renews its claim
+    later, _, later_clock = make_spout()
+    later_clock.now_ms = clock.now_ms + first.claim.lease_ms  # the first one is gone
+    later.next_offset()
+
+
+def test_a_restart_from_the_checkpoint_is_the_same_query(make_spout, tmp_path):
+    spout, channel, clock = make_spout()
+    offset = spout.next_offset()
+    restarted = Spout(spout.config, open_upstream(spout.config), channel, offset, clock)
+    try:
+        clock.advance(1_000)
+        restarted.on_spark_commit({})
+        assert restarted.claim.owner == spout.claim.owner
+    finally:
+        restarted.close()

@@ -1,0 +1,171 @@
+"""Issue 17: every Kafka client ackstream makes takes the source's settings, security
+included: the source's consumers, the channel (producer, consumer, admin, the acker's
+source and the executors' reads), the dead-letter producer and the KafkaSink."""
+
+import pickle
+
+import pytest
+
+from ackstream import OptionError
+from ackstream.channels import KafkaChannel, open_channel
+from ackstream.channels.ack_source import ChannelSource, MessageRange
+from ackstream.config import parse
+from ackstream.kafka.settings import client_settings
+from ackstream.sinks.dead_letters import KafkaDeadLetters
+from ackstream.sinks.kafka import KafkaSink
+
+JAAS = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    'username="alice" password="s3cret";'
+)
+SOURCE_OPTIONS = {
+    "kafka.bootstrap.servers": "127.0.0.1:9",
+    "subscribe": "in",
+    "ackstream.topology": "secure",
+    "ackstream.channel": "kafka",
+    "kafka.security.protocol": "SASL_SSL",
+    "kafka.sasl.mechanism": "PLAIN",
+    "kafka.sasl.jaas.config": JAAS,
+    "kafka.ssl.cafile": "/etc/ca.pem",
+    "kafka.request.timeout.ms": "7000",
+    "kafka.fetch.max.bytes": "1000",  # a consumer's own setting
+}
+SECURITY = {
+    "security_protocol": "SASL_SSL",
+    "sasl_mechanism": "PLAIN",
+    "sasl_plain_username": "alice",
+    "sasl_plain_password": "s3cret",
+    "ssl_cafile": "/etc/ca.pem",
+    "request_timeout_ms": 7000,
+}
+
+
+def test_the_shared_settings_are_the_connection_and_security_ones():
+    settings = client_settings({k: v for k, v in SOURCE_OPTIONS.items() if k != "subscribe"})
+    assert settings == SECURITY  # no bootstrap, no consumer-only fetch.max.bytes
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("kafka.ssl.truststore.location", "/x.jks", "kafka.ssl.cafile"),
+        ("kafka.securty.protocol", "SSL", "kafka-python client setting"),
+        ("kafka.request.timeout.ms", "soon", "whole number"),
+    ],
+)
+def test_a_setting_no_client_can_use_is_refused_naming_it(option, value, says):
+    with pytest.raises(OptionError, match=says) as refused:
+        client_settings({option: value})
+    assert refused.value.option == option
+
+
+class Recorder:
+    """Stands in for a kafka-python client class: records the settings it was made with."""
+
+    made: list
+
+    def __init__(self, *topics, **settings):
+        type(self).made.append(settings)
+
+    def __getattr__(self, name):  # send, flush, close, list_topics...: nothing to do
+        return lambda *args, **kwargs: _Done()
+
+
+class _Done:
+    is_done, succeeded = True, staticmethod(lambda: True)
+
+    def get(self, timeout=None):
+        return None
+
+    def __iter__(self):
+        return iter(())
+
+
+@pytest.fixture
+def clients(monkeypatch):
+    """Every kafka-python client made in the test, as (kind, settings)."""
+    import kafka
+    import kafka.admin
+
+    made = []
+    for module, name in (
+        (kafka, "KafkaProducer"),
+        (kafka, "KafkaConsumer"),
+        (kafka.admin, "KafkaAdminClient"),
+    ):
+        real = getattr(module, name)
+        recorder = type(name, (Recorder,), {"made": [], "DEFAULT_CONFIG": real.DEFAULT_CONFIG})
+        monkeypatch.setattr(module, name, recorder)
+        made.append((name, recorder.made))
+    return lambda: [(name, s) for name, settings in made for s in settings]
+
+
+def carries_security(settings: dict) -> bool:
+    return all(settings.get(k) == v for k, v in SECURITY.items())
+
+
+def test_the_sources_channel_takes_its_settings_and_topic_options_even_pickled(clients):
+    config = parse(
+        SOURCE_OPTIONS | {"ackstream.channelReplication": "3", "ackstream.channelRetention": "2 h"}
+    )
+    channel = open_channel(config)  # prepares its topics: an admin client
+    assert (channel.replication_factor, channel.retention_ms) == (3, 7_200_000)
+    executors = pickle.loads(pickle.dumps(channel))  # what a read task gets
+    executors.write_completions(_one_completion())
+    executors.completions_since(None)
+    kinds = [kind for kind, _ in clients()]
+    assert set(kinds) == {"KafkaAdminClient", "KafkaProducer", "KafkaConsumer"}
+    assert all(carries_security(settings) for _, settings in clients()), clients()
+
+
+def _one_completion():
+    from ackstream.records import ACKED, completion_table
+
+    return completion_table([1], [ACKED], topic="in", partition=0, offset=[0], attempt=[0])
+
+
+def test_the_acker_source_and_its_read_tasks_take_the_channels_settings(clients):
+    channel = KafkaChannel("127.0.0.1:9", "secure", kafka_options=SOURCE_OPTIONS)
+    options = {**channel.kafka_options, "kafka.bootstrap.servers": "127.0.0.1:9", "topic": "t"}
+    reader = ChannelSource(options).streamReader(None)
+    reader.latestOffset({}, None)
+    task = pickle.loads(pickle.dumps(reader))  # what an executor runs
+    list(task.read(MessageRange(0, 1, 1)))  # an empty range: its consumer is made
+    assert [kind for kind, _ in clients()] == ["KafkaConsumer", "KafkaConsumer"]
+    assert all(carries_security(settings) for _, settings in clients())
+
+
+def test_dead_letters_and_the_sink_producers_take_the_settings(clients):
+    KafkaDeadLetters("127.0.0.1:9", "dead", "secure", kafka_options=SOURCE_OPTIONS)
+    sink = KafkaSink("127.0.0.1:9", "out", kafka_options=SOURCE_OPTIONS)
+    assert carries_security(sink.producer_config)
+    produce = pickle.loads(pickle.dumps(sink))  # the sink travels to the executors
+    assert produce.producer_config == sink.producer_config
+    assert [kind for kind, _ in clients()] == ["KafkaProducer"]
+    assert carries_security(clients()[0][1])
+
+
+def test_the_channel_creates_its_topics_with_the_brokers_defaults_unless_given(monkeypatch):
+    import kafka.admin
+
+    created = []
+
+    class Admin(Recorder):
+        made = []
+
+        def list_topics(self):
+            return []
+
+        def create_topics(self, topics):
+            created.extend(topics)
+
+    monkeypatch.setattr(kafka.admin, "KafkaAdminClient", Admin)
+    KafkaChannel("127.0.0.1:9", "a").prepare()
+    KafkaChannel("127.0.0.1:9", "b", replication_factor=3, retention_ms=60_000).prepare()
+    got = [(t.name, t.replication_factor, dict(t.topic_configs or {})) for t in created]
+    assert got == [
+        ("a.acks", -1, {}),
+        ("a.done", -1, {}),
+        ("b.acks", 3, {"retention.ms": "60000"}),
+        ("b.done", 3, {"retention.ms": "60000"}),
+    ]

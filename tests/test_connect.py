@@ -1,0 +1,65 @@
+"""Issue 17: test_end_to_end's topology from a Spark Connect client, against the Connect
+server bundled in pyspark (tests/spark_cluster.py), every input offset committed.
+
+The client runs in a process of its own (tests/connect_driver.py): a Connect session
+and the tests' classic local session do not mix in one process. The topology's
+foreachBatch function, its acker's, and the source are pickled to the server's Python
+processes, so this is the test that they carry no session, lock or JVM call.
+"""
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from helpers import consume, sentences
+from spark_cluster import ConnectServer, spark_env
+
+pytestmark = pytest.mark.broker
+
+DRIVER = Path(__file__).resolve().parent / "connect_driver.py"
+
+
+@pytest.fixture(scope="module")
+def connect_server():
+    server = ConnectServer(cores=2).start()
+    yield server
+    server.stop()
+
+
+def test_the_readme_topology_runs_from_a_connect_client_and_commits_every_offset(
+    connect_server, broker, new_topic, tmp_path
+):
+    from kafka import KafkaProducer
+
+    inbox, outbox = new_topic(partitions=2), new_topic(partitions=1)
+    name = f"connect-{uuid.uuid4().hex[:8]}"
+    lines = sentences(40)
+    lines[7] = "poison pill sentence"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for i, line in enumerate(lines):
+        producer.send(inbox, value=line.encode(), partition=i % 2)
+    producer.flush()
+    producer.close()
+
+    args = [connect_server.url, broker.bootstrap, inbox, outbox, name, str(tmp_path / "ckpt")]
+    done = subprocess.run(
+        [sys.executable, str(DRIVER), *args],
+        env=spark_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] is None, result["error"]
+    assert result["committed"] == {"0": 20, "1": 20}, (result, done.stderr[-3000:])
+
+    written = {m.key.decode() for m in consume(broker.bootstrap, outbox)}
+    assert {w for line in lines for w in line.split()} - {"poison"} <= written
+    assert "poison" not in written
+    letters = consume(broker.bootstrap, f"{name}.dead")
+    assert [m.value for m in letters] == [lines[7].encode()]
