@@ -139,12 +139,6 @@ def _add_run(commands) -> None:
         metavar="SECONDS",
         help="stop the queries once they have read rows and then none for this long",
     )
-    run.add_argument(
-        "--cores",
-        type=int,
-        default=_env_int("ACKSTREAM_CORES", 2),
-        help="local[N] cores when run makes the session (env ACKSTREAM_CORES)",
-    )
     _add_session_options(run)
 
 
@@ -231,16 +225,17 @@ def _add_acker(commands) -> None:
     acker.add_argument(
         "--timeout", type=float, default=None, metavar="SECONDS", help="stop after this long"
     )
-    acker.add_argument(
-        "--cores",
-        type=int,
-        default=_env_int("ACKSTREAM_CORES", 2),
-        help="local[N] cores (env ACKSTREAM_CORES)",
-    )
     _add_session_options(acker)
 
 
 def _add_session_options(command) -> None:
+    """Where the command's Spark session runs: local[N], a master, or a Connect server."""
+    command.add_argument(
+        "--cores",
+        type=int,
+        default=_env_int("ACKSTREAM_CORES", 2),
+        help="local[N] cores when the command makes a local session (env ACKSTREAM_CORES)",
+    )
     where = command.add_mutually_exclusive_group()
     where.add_argument(
         "--master",
