@@ -2,6 +2,7 @@
 #   make demo   creates .venv, installs ackstream, runs the main job on the embedded default
 #   make test   creates .venv, installs ackstream with its test extra, brings Apache Kafka
 #               (make kafka), runs the test suite
+#   make test-long  the runs marked long (chaos, broker failures, scale), not in make test
 #   make lint   ruff check and ruff format --check (CI runs it before the tests)
 VENV ?= .venv
 PYTHON ?= python3
@@ -12,7 +13,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test lint format bench bench-e2e java kafka spark-kafka clean
+.PHONY: demo test test-long lint format bench bench-e2e java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -33,6 +34,10 @@ demo: $(VENV)/.installed java
 
 test: $(VENV)/.installed java kafka
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The runs marked `long` (chaos seeds, broker failures, scale), left out of make test.
+test-long: $(VENV)/.installed java kafka
+	$(PY) -m pytest -m long $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)
