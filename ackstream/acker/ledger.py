@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ackstream.records import (
     ACKED,
@@ -139,18 +141,23 @@ class Combined:
     reason: np.ndarray  # object array: a fail's or reject's reason, else None
 
 
-def combine(records: pd.DataFrame) -> Combined:
-    """Pre-combine a batch of ack records per root (order inside the batch is irrelevant)."""
-    root = records["root"].to_numpy(np.int64)
+def combine(records: pa.Table | pd.DataFrame) -> Combined:
+    """Pre-combine a batch of ack records per root (order inside the batch is irrelevant).
+
+    ``records`` is an Arrow table or a pandas frame of ack-record columns with no null
+    root, value, kind or ts. Only the init rows' coordinates and the fail rows' reasons
+    are read row by row: strings of the other rows are never converted."""
+    root = _column(records, "root", np.int64)
     order = np.argsort(root, kind="stable")
     sorted_root = root[order]
     starts = np.flatnonzero(np.r_[True, sorted_root[1:] != sorted_root[:-1]])
     roots = sorted_root[starts]
-    kinds = records["kind"].to_numpy(np.int8)
-    value = np.bitwise_xor.reduceat(records["value"].to_numpy(np.int64)[order], starts)
+    kinds = _column(records, "kind", np.int8)
+    value = np.bitwise_xor.reduceat(_column(records, "value", np.int64)[order], starts)
     kind = np.bitwise_or.reduceat(kinds[order], starts)
     init_odd = np.bitwise_xor.reduceat(kinds[order] & INIT, starts) != 0
-    ts = np.maximum.reduceat(records["ts"].to_numpy(np.int64)[order], starts)
+    record_ts = _column(records, "ts", np.int64)
+    ts = np.maximum.reduceat(record_ts[order], starts)
 
     n = len(roots)
     topic = np.full(n, None, dtype=object)
@@ -160,22 +167,43 @@ def combine(records: pd.DataFrame) -> Combined:
     init_rows = np.flatnonzero(kinds & INIT)
     if len(init_rows):
         group = np.searchsorted(roots, root[init_rows])
-        topic[group] = records["topic"].to_numpy(object)[init_rows]
-        partition[group] = records["partition"].to_numpy()[init_rows]
-        offset[group] = records["offset"].to_numpy()[init_rows]
-        attempt[group] = records["attempt"].to_numpy()[init_rows]
-        ts[group] = records["ts"].to_numpy(np.int64)[init_rows]
+        topic[group] = _column(records, "topic", object, init_rows)
+        partition[group] = _column(records, "partition", np.int64, init_rows)
+        offset[group] = _column(records, "offset", np.int64, init_rows)
+        attempt[group] = _column(records, "attempt", np.int64, init_rows)
+        ts[group] = record_ts[init_rows]
     reason = np.full(n, None, dtype=object)
-    if "reason" in records:
-        why = records["reason"].to_numpy(object)
-        given = np.flatnonzero((kinds & (FAIL | REJECT)) != 0)
-        given = given[pd.notna(why[given])]
-        reason[np.searchsorted(roots, root[given])] = why[given]
+    given = np.flatnonzero((kinds & (FAIL | REJECT)) != 0)
+    if len(given) and "reason" in _names(records):
+        why = _column(records, "reason", object, given)
+        known = pd.notna(why)
+        reason[np.searchsorted(roots, root[given[known]])] = why[known]
     return Combined(roots, value, kind, init_odd, topic, partition, offset, attempt, ts, reason)
 
 
+def _names(records) -> list[str]:
+    return records.column_names if isinstance(records, pa.Table) else list(records.columns)
+
+
+def _column(records, name: str, dtype, rows: np.ndarray | None = None) -> np.ndarray:
+    """Column ``name`` of an Arrow table or a pandas frame as numpy (at ``rows`` only, if
+    given); a null reads 0 in a number column and None in a string column."""
+    if isinstance(records, pa.Table):
+        column = records.column(name)
+        if rows is not None:
+            column = column.take(rows)
+        if dtype is object:
+            return column.to_numpy(zero_copy_only=False).astype(object, copy=False)
+        if column.null_count:
+            column = pc.fill_null(column, 0)
+        return column.to_numpy().astype(dtype, copy=False)
+    values = records[name].to_numpy()
+    values = values if rows is None else values[rows]
+    return values if dtype is object else values.astype(dtype, copy=False)
+
+
 def step(
-    pending: Pending, records: pd.DataFrame | None, now_ms: int, timeout_ms: int
+    pending: Pending, records: pa.Table | pd.DataFrame | None, now_ms: int, timeout_ms: int
 ) -> tuple[Pending, pd.DataFrame]:
     """Merge ``records`` into ``pending`` at time ``now_ms``; return the new table and
     the completions (one row per finished root, columns as ``COMPLETION_SCHEMA``)."""

@@ -1,19 +1,18 @@
-"""The acker as a Spark stateful streaming query.
+"""The acker as a Spark streaming query: ``foreachBatch`` over the ack channel.
 
-Ack records are routed to one of ``ackers`` shards by ``pmod(root, ackers)`` (as
-Storm routes a root to its acker task) and each shard's pending table lives in
-that shard's ``GroupState``. Keying by shard rather than by root is what makes
-this fast: Spark calls Python once per key per batch (1-2 ms), so per-root keys
-cap the acker at about a thousand roots a second, while a few shard keys hand
-the vectorised ledger whole columns.
+Each micro-batch brings the batch's ack records to the driver as one Arrow table,
+checks them, and runs the vectorised ledger (:func:`~ackstream.acker.ledger.step`)
+over them and the pending table the previous batch left; the table lives in
+memory and in the checkpoint (:mod:`ackstream.acker.pending_store`). No shuffle,
+no per-key Python call, no Spark state store: those cost about twenty times the
+ledger itself when the acker was an ``applyInPandasWithState`` keyed by shard (see
+docs/architecture.md). The ledger's time is the batch's timestamp from Spark's
+offset log, so a batch run again after a crash yields the same completions.
 
-A batch runs only when records arrive (Spark's no-data batches are off for this
-query: for a processing-time timeout Spark would run one every trigger, each
-costing about a whole batch of CPU, which the topology then lacks). In a batch,
-a shard whose processing-time timeout has passed is called even without records,
-and expires its overdue roots by their deadlines. So an idle acker needs a record
-to wake it: the source writes a :func:`~ackstream.records.tick` while one of its
-roots is past the message timeout (Storm's tick tuple), and the acker drops it.
+A batch runs only when records arrive and expires overdue roots by their deadlines.
+So an idle acker needs a record to wake it: the source writes a
+:func:`~ackstream.records.tick` while one of its roots is past the message timeout
+(Storm's tick tuple), and the acker drops it.
 
 Any process may write to the ack channel, so the acker trusts nothing: a record
 it cannot use (a null root or value, unknown kind bits, an init without
@@ -28,162 +27,127 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from ackstream.acker.ledger import Pending, step
+from ackstream.acker.file_batch import batch_records
+from ackstream.acker.ledger import step
+from ackstream.acker.pending_store import PendingStore
 from ackstream.channels import check_reach
-from ackstream.config import default_tick_ms
+from ackstream.channels.local import LocalChannel
 from ackstream.errors import OptionError
 from ackstream.files import write_atomically
 from ackstream.records import (
+    ACK_RECORD_SCHEMA,
     ALIVE,
-    COMPLETION_DDL,
+    COMPLETION_SCHEMA,
     INIT,
     INVALID,
     KINDS,
     RESET,
     TICK,
     UNKNOWN,
+    as_table,
     completion_table,
 )
 from ackstream.session import check_picklable, is_connect, master_of
 
-__all__ = ["STATE_DDL", "completions", "shard_function", "start_acker"]
+__all__ = ["Acker", "checked", "start_acker"]
 
-#: A shard's state: the ledger's epoch, topic names and packed pending table.
-STATE_DDL = "epoch_ms long, topics string, pending binary"
-
-SHARD_COLUMN = "_shard"
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 #: In the acker's checkpoint: the shard count it was started with.
 SHARDS_FILE = "ackstream-shards.json"
-_INVALID, _NO_ROOT = "_invalid", "_no_root"
-_NULLABLE_INTS = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
 
 log = logging.getLogger(__name__)
 
 
-def shard_function(message_timeout_ms: int, tick_ms: int | None = None):
-    """The per-shard function for ``applyInPandasWithState``."""
-    tick_ms = tick_ms or default_tick_ms(message_timeout_ms)
+class Acker:
+    """One acker's batches: records in, completions out, the pending table kept."""
 
-    def run_shard(key, frames: Iterator[pd.DataFrame], state: GroupState):
-        now_ms = state.getCurrentProcessingTimeMs()
-        pending = Pending.from_state(state.get) if state.exists else Pending.empty(now_ms)
-        records = None
-        if not state.hasTimedOut:
-            chunks = [f for f in frames if len(f)]
-            if chunks:
-                records = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-        invalid = None
-        if records is not None and records[_INVALID].notna().any():
-            bad = records[_INVALID].notna()
-            invalid, records = _invalid_completions(records[bad], now_ms), records[~bad]
-        pending, done = step(pending, records, now_ms, message_timeout_ms)
-        alive = _alive(records, pending, now_ms)
-        if len(pending):
-            state.update(pending.to_state())
-            state.setTimeoutDuration(tick_ms)
-        else:
-            state.remove()
-        if invalid is not None:
-            yield invalid
-        if alive is not None:
-            yield alive
-        if len(done):
-            yield done
+    def __init__(self, checkpoint: str, message_timeout_ms: int):
+        self.store = PendingStore(checkpoint)
+        self.message_timeout_ms = message_timeout_ms
 
-    return run_shard
+    def run(self, records: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
+        """The completions of batch ``batch_id`` of ack ``records`` at ``now_ms``."""
+        usable, invalid = checked(records, now_ms)
+        before = self.store.before(batch_id, now_ms)
+        pending, done = step(before, usable, now_ms, self.message_timeout_ms)
+        if usable.num_rows or len(done) or pending.epoch_ms != before.epoch_ms:
+            self.store.save(batch_id, pending)
+        alive = _alive(usable, pending, now_ms)
+        done = as_table(done, COMPLETION_SCHEMA)
+        return pa.concat_tables([t for t in (invalid, alive) if t is not None] + [done])
 
 
-def _alive(records: pd.DataFrame | None, pending: Pending, now_ms: int) -> pd.DataFrame | None:
+def _alive(records: pa.Table, pending, now_ms: int) -> pa.Table | None:
     """``alive`` notices for the roots a reset record of this batch kept pending, so that
     the source restarts its own timeout for them too (Storm's resetTimeout)."""
-    if records is None or not len(pending):
+    if not records.num_rows or not len(pending):
         return None
-    reset = records["root"].to_numpy()[(records["kind"].to_numpy() & RESET) != 0]
+    kind = records.column("kind").to_numpy()
+    reset = records.column("root").to_numpy()[(kind & RESET) != 0]
     roots = np.intersect1d(reset, pending.table["root"])
-    if not len(roots):
-        return None
-    return completion_table(roots, ALIVE, completed_ms=now_ms).to_pandas(
-        types_mapper=_NULLABLE_INTS.get
+    return completion_table(roots, ALIVE, completed_ms=now_ms) if len(roots) else None
+
+
+def checked(records: pa.Table, now_ms: int) -> tuple[pa.Table, pa.Table | None]:
+    """Split ack ``records`` into those the ledger can use (ticks dropped, a missing ts
+    set to ``now_ms``) and ``invalid`` completions for the rest, saying why each one
+    is unusable (None if all are usable)."""
+    records = as_table(records, ACK_RECORD_SCHEMA)
+    kind = pc.fill_null(records.column("kind"), 0).to_numpy()
+    is_init = (kind & INIT) != 0
+    bad = (
+        _nulls(records, "root")
+        | _nulls(records, "value")
+        | _nulls(records, "kind")
+        | (kind < 0)
+        | ((kind & ~KINDS & 0x7F) != 0)
+        | (is_init & (_nulls(records, "topic") | _nulls(records, "partition")))
+        | (is_init & _nulls(records, "offset"))
     )
-
-
-def _invalid_completions(rows: pd.DataFrame, now_ms: int) -> pd.DataFrame:
-    root = pa.array(rows["root"].to_numpy(), pa.int64(), mask=rows[_NO_ROOT].to_numpy(bool))
-    table = completion_table(
-        root, INVALID, completed_ms=now_ms, reason=rows[_INVALID].to_numpy(object)
-    )
-    return table.to_pandas(types_mapper=_NULLABLE_INTS.get)  # ids never pass via float
-
-
-def checked(records: DataFrame) -> DataFrame:
-    """``records`` with ``_invalid`` (why the acker cannot use a record; null if it can)
-    and nulls replaced, so that every id column reaches pandas as int64: one null
-    would turn a whole batch's ids into float64 and break them."""
-    root, value, kind, reason = F.col("root"), F.col("value"), F.col("kind"), F.col("reason")
-    no_coords = F.col("topic").isNull() | F.col("partition").isNull() | F.col("offset").isNull()
-    why = (
-        F.when(root.isNull(), F.lit("root is null"))
-        .when(value.isNull(), F.lit("value is null"))
-        .when(kind.isNull(), F.lit("kind is null"))
-        .when(
-            (kind < 0) | (kind.bitwiseAND(F.lit(~KINDS & 0x7F)) != 0),
-            F.concat(F.lit("kind "), kind.cast("string"), F.lit(" has unknown bits")),
+    keep = ~bad & ((kind & TICK) == 0)
+    usable = records if keep.all() else records.filter(pa.array(keep))
+    if usable.column("ts").null_count:
+        usable = usable.set_column(
+            usable.schema.get_field_index("ts"), "ts", pc.fill_null(usable.column("ts"), now_ms)
         )
-        .when(
-            (kind.bitwiseAND(F.lit(INIT)) != 0) & no_coords,
-            F.lit("init record without topic, partition or offset"),
-        )
-    )
-    now = F.unix_millis(F.current_timestamp())
-    return records.select(
-        F.coalesce(root, F.lit(0).cast("long")).alias("root"),
-        F.coalesce(value, F.lit(0).cast("long")).alias("value"),
-        F.coalesce(kind, F.lit(0).cast("byte")).alias("kind"),
-        "topic",
-        F.coalesce("partition", F.lit(0)).alias("partition"),
-        F.coalesce("offset", F.lit(0).cast("long")).alias("offset"),
-        F.coalesce("attempt", F.lit(0)).alias("attempt"),
-        F.coalesce("ts", now).alias("ts"),
-        reason,
-        F.when(why.isNotNull() & reason.isNotNull(), F.concat(why, F.lit(": "), reason))
-        .otherwise(why)
-        .alias(_INVALID),
-        root.isNull().alias(_NO_ROOT),
+    if not bad.any():
+        return usable, None
+    rows = records.filter(pa.array(bad)).to_pylist()  # few: Python is fine here
+    return usable, completion_table(
+        pa.array([r["root"] for r in rows], pa.int64()),
+        INVALID,
+        completed_ms=now_ms,
+        reason=[_why(r) for r in rows],
     )
 
 
-def completions(
-    records: DataFrame, *, ackers: int, message_timeout_ms: int, tick_ms: int | None = None
-) -> DataFrame:
-    """The completion stream of a streaming DataFrame of ack records (``ACK_RECORD_DDL``).
+def _nulls(records: pa.Table, name: str) -> np.ndarray:
+    column = records.column(name)
+    if not column.null_count:
+        return np.zeros(records.num_rows, bool)
+    return pc.is_null(column).to_numpy(zero_copy_only=False)
 
-    ``ackers`` fixes the shard count for the life of the checkpoint: the pending
-    roots of a shard live under its key.
-    """
-    return (
-        checked(records)
-        .where(F.col(_INVALID).isNotNull() | (F.col("kind").bitwiseAND(F.lit(TICK)) == 0))
-        .withColumn(SHARD_COLUMN, F.pmod(F.col("root"), F.lit(ackers).cast("long")))
-        .groupBy(SHARD_COLUMN)
-        .applyInPandasWithState(
-            shard_function(message_timeout_ms, tick_ms),
-            outputStructType=COMPLETION_DDL,
-            stateStructType=STATE_DDL,
-            outputMode="append",
-            timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
-        )
-    )
+
+def _why(record: dict) -> str:
+    """Why the acker cannot use ``record``, with the record's own reason if it has one."""
+    kind = record["kind"]
+    if record["root"] is None:
+        why = "root is null"
+    elif record["value"] is None:
+        why = "value is null"
+    elif kind is None:
+        why = "kind is null"
+    elif kind < 0 or kind & ~KINDS & 0x7F:
+        why = f"kind {kind} has unknown bits"
+    else:
+        why = "init record without topic, partition or offset"
+    return f"{why}: {record['reason']}" if record["reason"] is not None else why
 
 
 def start_acker(
@@ -200,41 +164,37 @@ def start_acker(
 ):
     """Start the acker query: ack records from ``channel`` in, completions to ``channel`` out.
 
-    Restarting with the same ``checkpoint`` resumes every shard's pending roots; it
-    must keep the shard count (``ackers``), which is checked.
+    Restarting with the same ``checkpoint`` resumes every pending root. ``ackers``
+    (shards) and ``tick_ms`` are checked and kept for the callers that pass them; the
+    ledger runs as one table on the driver, where one core handles over a million
+    records a second.
     """
     check_reach(channel, master_of(spark))  # its file stream reads on the executors
     check_shard_count(checkpoint, ackers)
     channel.prepare()
     records = channel.ack_stream(spark, max_files_per_trigger=max_files_per_trigger)
-    done = completions(
-        records, ackers=ackers, message_timeout_ms=message_timeout_ms, tick_ms=tick_ms
-    )
+    acker = Acker(checkpoint, message_timeout_ms)
+    reads_files = isinstance(channel, LocalChannel)  # its batches' files are named by Spark
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        table = batch.toArrow()
+        from ackstream.topology.offset_log import batch_timestamp_ms  # topology imports us
+
+        now_ms = batch_timestamp_ms(batch.sparkSession, checkpoint, batch_id)
+        records = batch_records(checkpoint, batch_id) if reads_files else None
+        table = acker.run(batch.toArrow() if records is None else records, batch_id, now_ms)
         report(table, batch_id)
         channel.write_completions(table, batch_id)
 
     if is_connect(spark):  # the function is pickled to the server with the channel
         check_picklable(write, f"the acker of channel {channel!r}")
     writer = (
-        done.writeStream.foreachBatch(write)
+        records.writeStream.foreachBatch(write)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{trigger_ms} milliseconds")
     )
     if query_name:
         writer = writer.queryName(query_name)
-    # read when the query starts (see the module doc); the session's value is put back
-    previous = spark.conf.get(NO_DATA_BATCHES, None)
-    spark.conf.set(NO_DATA_BATCHES, "false")
-    try:
-        return writer.start()
-    finally:
-        if previous is None:
-            spark.conf.unset(NO_DATA_BATCHES)
-        else:
-            spark.conf.set(NO_DATA_BATCHES, previous)
+    return writer.start()
 
 
 def check_shard_count(checkpoint: str, ackers: int) -> None:

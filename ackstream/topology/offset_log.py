@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 from ackstream.session import is_connect
 
-__all__ = ["logged_offsets"]
+__all__ = ["batch_timestamp_ms", "logged_offsets", "source_offsets"]
 
 
 def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
@@ -26,22 +26,40 @@ def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
     Spark's Hadoop file system, which costs about ten times as much (calls into the JVM);
     under Spark Connect, which has no JVM in this process, a URL is read as a text file
     with ``spark.read`` (a small Spark job per batch)."""
+    return [
+        offset
+        for offset in source_offsets(spark, checkpoint, batch_id)
+        if isinstance(offset, dict) and offset.get("v") == 1 and "parts" in offset
+    ]
+
+
+def source_offsets(spark, checkpoint: str, batch_id: int) -> list:
+    """Every source's end offset for ``batch_id`` as JSON, in the query's source order
+    (None for a source without one)."""
+    out = []
+    for line in _logged(spark, checkpoint, batch_id).splitlines()[2:]:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            out.append(None)  # "-": no offset
+    return out
+
+
+def batch_timestamp_ms(spark, checkpoint: str, batch_id: int) -> int:
+    """The time Spark gave ``batch_id`` when it planned it (its processing time, the same
+    when the batch runs again after a crash)."""
+    metadata = _logged(spark, checkpoint, batch_id).splitlines()[1]
+    return int(json.loads(metadata)["batchTimestampMs"])
+
+
+def _logged(spark, checkpoint: str, batch_id: int) -> str:
+    """The text of the offset log's entry for ``batch_id``."""
     path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
     if not urlparse(path).scheme:
-        text = _read_local(path)
-    elif is_connect(spark):
-        text = _read_with_spark(spark, path)
-    else:
-        text = _read_hadoop(spark, path)
-    out = []
-    for line in text.splitlines()[2:]:
-        try:
-            offset = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(offset, dict) and offset.get("v") == 1 and "parts" in offset:
-            out.append(offset)
-    return out
+        return _read_local(path)
+    if is_connect(spark):
+        return _read_with_spark(spark, path)
+    return _read_hadoop(spark, path)
 
 
 def _read_local(path: str) -> str:

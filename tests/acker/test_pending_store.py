@@ -1,0 +1,54 @@
+"""The acker's pending table saved by batch id in its checkpoint."""
+
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from ackstream.acker.ledger import Pending, step
+from ackstream.acker.pending_store import FOLDER, PendingStore
+from ackstream.records import ACK_RECORD_SCHEMA, INIT
+
+TIMEOUT = 60_000
+
+
+def pending_roots(n, first=0):
+    """A table of ``n`` pending roots: an init each, with a value that keeps it open."""
+    roots = np.arange(first, first + n, dtype=np.int64)
+    inits = pa.table(
+        {
+            "root": roots,
+            "value": roots * 7 + 1,
+            "kind": pa.array(np.full(n, INIT), pa.int8()),
+            "topic": pa.array(["events"] * n),
+            "partition": pa.array(roots % 4, pa.int32()),
+            "offset": roots,
+            "attempt": pa.array(np.zeros(n), pa.int32()),
+            "ts": np.full(n, 1_000, np.int64),
+            "reason": pa.nulls(n, pa.string()),
+        },
+        schema=ACK_RECORD_SCHEMA,
+    )
+    pending, done = step(Pending.empty(1_000), inits, 1_000, TIMEOUT)
+    assert len(done) == 0 and len(pending) == n
+    return pending
+
+
+def test_a_pending_root_costs_at_most_40_bytes_in_the_saved_state(tmp_path):
+    sizes = {n: PendingStore(str(tmp_path / str(n))).save(0, pending_roots(n)) for n in (1, 10_001)}
+    per_root = (sizes[10_001] - sizes[1]) / 10_000  # what one more pending root adds
+    assert per_root <= 40, f"{per_root} bytes per pending root"
+    assert sizes[1] < 2_000  # the fixed part: one file's framing and the topic names
+
+
+def test_a_batch_starts_from_the_newest_table_saved_before_it(tmp_path):
+    store = PendingStore(str(tmp_path))
+    for batch_id, n in ((0, 3), (1, 5), (4, 7)):
+        store.save(batch_id, pending_roots(n))
+    assert sorted(os.listdir(tmp_path / FOLDER)) == ["1", "4"]  # the two newest
+    restarted = PendingStore(str(tmp_path))
+    assert len(restarted.before(5, 0)) == 7
+    assert len(restarted.before(4, 0)) == 5  # batch 4 run again: not its own table
+    assert len(PendingStore(str(tmp_path / "new")).before(0, 123)) == 0
+    saved = restarted.before(5, 0)
+    assert saved.values() == pending_roots(7).values() and saved.topics == ("events",)
