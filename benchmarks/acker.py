@@ -1,7 +1,9 @@
 """Acker benchmark (issue 2): ack records per second, four ways, in one run.
 
 - ``ledger``: the pure vectorised ``step`` in batches;
-- ``spark_shard``: the real ``start_acker`` query (keyed by acker shard) on the local channel;
+- ``acker_query``: the real ``start_acker`` query on the local channel, with where its
+  time goes per batch (Spark's planning and commit, bringing the records to the driver,
+  checking them, the ledger, saving the pending table, writing completions);
 - ``spark_per_root``: the design card's literal form, ``groupBy(root)`` with a per-root state;
 - ``storm_dict``: Storm's Acker.java algorithm as a plain Python dict in rotating buckets.
 
@@ -122,7 +124,7 @@ def bench_ledger(records: pa.Table, n_roots: int, batch_rows: int = 200_000) -> 
     }
 
 
-# --- b. the Spark acker query keyed by shard ----------------------------------------
+# --- b. the Spark acker query ---------------------------------------------------
 
 
 def _write_files(channel, records: pa.Table, files: int) -> None:
@@ -135,7 +137,7 @@ def _measure(channel, query, rows: int, n_roots: int, limit_s: float, what: str)
     """Run ``query`` until every root completed, stop it, check the counts: the rates."""
     try:
         acked, other, seconds = _wait_completions(channel, query, n_roots, limit_s)
-        progress = _progress(_drained(query, rows, limit_s))
+        progress = _progress(query)
     finally:
         query.stop()
     _check(acked, other, n_roots, what)
@@ -165,133 +167,95 @@ def _wait_completions(channel, query, n_roots: int, limit_s: float) -> tuple[int
     return acked, other, time.perf_counter() - start
 
 
-def _drained(query, rows: int, limit_s: float):
-    """``query`` once its progress reports ``rows`` input rows (polled, not slept on)."""
-    deadline = time.perf_counter() + limit_s
-    while sum(p["numInputRows"] for p in query.recentProgress) < rows:
-        if query.exception() or time.perf_counter() > deadline:
-            raise RuntimeError(f"query {query.name} did not read {rows} rows: {query.exception()}")
-        time.sleep(0.02)
-    return query
-
-
 def _progress(query) -> dict:
-    """Batch count, input rows and summed durations (ms) from the query's progress."""
-    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    """Batch count and summed durations (ms) of the batches that did work."""
+    batches = [p for p in query.recentProgress if "addBatch" in p["durationMs"]]
     durations: dict[str, int] = {}
     for p in batches:
         for k, v in p["durationMs"].items():
             durations[k] = durations.get(k, 0) + v
-    state = batches[-1]["stateOperators"][0] if batches and batches[-1]["stateOperators"] else {}
-    return {
-        "batches": len(batches),
-        "input_rows": sum(p["numInputRows"] for p in batches),
-        "duration_ms": durations,
-        "state_memory_bytes": state.get("memoryUsedBytes"),
-    }
+    return {"batches": len(batches), "duration_ms": durations}
 
 
-def bench_spark_shard(
+class PhaseTimer:
+    """Seconds spent in each phase of the acker's batches, by wrapping the functions that
+    run them (in local mode ``foreachBatch`` runs in this process)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._undo = []
+
+    def wrap(self, owner, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def bench_acker_query(
     spark,
     records: pa.Table,
     n_roots: int,
     workdir: str,
     *,
-    ackers: int = 2,
     files: int = 40,
     max_files_per_trigger: int | None = 10,
     limit_s: float = 900,
-    name: str = "shard",
-    before=None,
+    name: str = "acker",
 ) -> dict:
-    """Records/s of the real acker query, from its start to the last root's completion.
-    ``before(acks_dir)`` runs once the files are written, before the query starts."""
-    from ackstream.acker.query import start_acker
+    """Records/s of the real acker query, from its start to the last root's completion,
+    and the seconds of each phase of its batches."""
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    from ackstream.acker import query as acker_query
+    from ackstream.acker.pending_store import PendingStore
     from ackstream.channels.local import LocalChannel
 
     channel = LocalChannel(os.path.join(workdir, f"{name}-channel"))
     _write_files(channel, records, files)
-    extra = before(channel.acks_dir) if before else {}
-    query = start_acker(
-        spark,
-        channel,
-        checkpoint=os.path.join(workdir, f"{name}-ckpt"),
-        ackers=ackers,
-        message_timeout_ms=TIMEOUT_MS,
-        trigger_ms=0,
-        max_files_per_trigger=max_files_per_trigger,
-        query_name=f"bench_{name}",
-    )
+    timer = PhaseTimer()
+    timer.wrap(DataFrame, "toArrow", "records_to_driver_by_spark")
+    timer.wrap(acker_query, "batch_records", "read_batch_files")
+    timer.wrap(acker_query, "checked", "check")
+    timer.wrap(acker_query, "step", "ledger_step")
+    timer.wrap(PendingStore, "save", "save_pending")
+    timer.wrap(acker_query, "report", "report")
+    timer.wrap(channel, "write_completions", "write_completions")
+    try:
+        query = acker_query.start_acker(
+            spark,
+            channel,
+            checkpoint=os.path.join(workdir, f"{name}-ckpt"),
+            message_timeout_ms=TIMEOUT_MS,
+            trigger_ms=0,
+            max_files_per_trigger=max_files_per_trigger,
+            query_name=f"bench_{name}",
+        )
+        measured = _measure(channel, query, records.num_rows, n_roots, limit_s, "acker_query")
+    finally:
+        timer.restore()
+    durations = measured["duration_ms"]
+    phases = {k: round(v, 3) for k, v in timer.seconds.items()}
+    phases["spark_outside_foreach_batch"] = (
+        durations.get("triggerExecution", 0) - durations.get("addBatch", 0)
+    ) / 1000
     return {
-        **_measure(channel, query, records.num_rows, n_roots, limit_s, "spark_shard"),
-        "ackers": ackers,
+        **measured,
         "files": files,
         "max_files_per_trigger": max_files_per_trigger,
-        "before": extra,
+        "phase_seconds": phases,
     }
-
-
-def breakdown(
-    spark,
-    acks_dir: str,
-    rows: int,
-    workdir: str,
-    *,
-    ackers: int = 2,
-    max_files_per_trigger: int | None = 10,
-    limit_s: float = 900,
-) -> dict:
-    """Where the shard query's time goes, by running cut-down queries on the same files:
-    ``jvm``: read, key by shard, shuffle and fold in the JVM, no Python;
-    ``plumbing``: the real ``applyInPandasWithState`` with a function that only
-    consumes its frames (JVM sort, Arrow transfer, pandas conversion, state round trip).
-    The rest of the full query's time is the shard function (``step`` and its state)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    from ackstream.acker.query import SHARD_COLUMN, STATE_DDL
-    from ackstream.records import ACK_RECORD_DDL, COMPLETION_DDL
-
-    def stream():
-        reader = spark.readStream.schema(ACK_RECORD_DDL)
-        if max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-        return reader.parquet(acks_dir).withColumn(
-            SHARD_COLUMN, F.pmod(F.col("root"), F.lit(ackers).cast("long"))
-        )
-
-    def fold(batch, _):
-        batch.groupBy(SHARD_COLUMN).agg(F.bit_xor("value"), F.count("*")).collect()
-
-    def consume(key, frames, state):
-        for _ in frames:
-            pass
-        return iter(())
-
-    variants = {
-        "jvm": stream().writeStream.foreachBatch(fold),
-        "plumbing": stream()
-        .groupBy(SHARD_COLUMN)
-        .applyInPandasWithState(
-            consume, COMPLETION_DDL, STATE_DDL, "append", GroupStateTimeout.NoTimeout
-        )
-        .writeStream.foreachBatch(lambda batch, _: batch.count()),
-    }
-    out = {}
-    for name, writer in variants.items():
-        query = (
-            writer.option("checkpointLocation", os.path.join(workdir, f"bd-{name}"))
-            .trigger(processingTime="0 milliseconds")
-            .start()
-        )
-        try:
-            start = time.perf_counter()
-            _drained(query, rows, limit_s)
-            out[f"{name}_seconds"] = time.perf_counter() - start
-            out[f"{name}_trigger_ms"] = _progress(query)["duration_ms"].get("triggerExecution")
-        finally:
-            query.stop()
-    return out
 
 
 # --- c. the design card's literal form, keyed by root -------------------------------
@@ -455,19 +419,28 @@ def bench_storm_dict(records: pa.Table, n_roots: int) -> dict:
 # --- state size ---------------------------------------------------------------------
 
 
-def state_bytes(n_roots: int = 20_000, fanouts=(2, 100)) -> dict:
-    """Bytes per pending root of a shard's state row (``Pending.to_state()``), with every
-    root's init and half its acks in, for small and big trees."""
+def state_bytes(n_roots: int = 20_000, fanouts=(2, 100), workdir: str | None = None) -> dict:
+    """Bytes per pending root of the acker's saved state (``PendingStore`` files), with
+    every root's init and half its acks in, for small and big trees: the size of the
+    file for ``n_roots`` roots over ``n_roots``, and what each root adds to it."""
+    from ackstream.acker.pending_store import PendingStore
+
     out = {}
-    for fanout in fanouts:
-        records = generate(n_roots, fanout, block_roots=n_roots).to_pandas()
-        nth_ack = records[records["kind"] != INIT].groupby("root").cumcount()
-        keep = (records["kind"] == INIT) | (nth_ack.reindex(records.index) % 2 == 1)
-        pending, done = step(Pending.empty(0), records[keep], 1_000, TIMEOUT_MS)
-        if len(done) or not len(pending):
-            raise AssertionError("state_bytes: roots completed that should be pending")
-        _, topics, blob = pending.to_state()
-        out[f"fanout_{fanout}"] = (8 + len(topics.encode()) + len(blob)) / len(pending)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        for fanout in fanouts:
+            records = generate(n_roots, fanout, block_roots=n_roots).to_pandas()
+            nth_ack = records[records["kind"] != INIT].groupby("root").cumcount()
+            keep = (records["kind"] == INIT) | (nth_ack.reindex(records.index) % 2 == 1)
+            pending, done = step(Pending.empty(0), records[keep], 1_000, TIMEOUT_MS)
+            if len(done) or len(pending) != n_roots:
+                raise AssertionError("state_bytes: roots completed that should be pending")
+            one = Pending(pending.table[:1], pending.epoch_ms, pending.topics)
+            size, size_one = (
+                PendingStore(os.path.join(tmp, f"{fanout}-{len(p)}")).save(0, p)
+                for p in (pending, one)
+            )
+            out[f"fanout_{fanout}"] = size / n_roots
+            out[f"fanout_{fanout}_each_more_root"] = (size - size_one) / (n_roots - 1)
     # the per-root form's state row: value long + init boolean, plus its root key
     out["per_root_form_row"] = 8 + 1 + 8
     return out
@@ -504,11 +477,9 @@ def run(
     roots: int,
     per_root_roots: int,
     fanout: int = 8,
-    ackers: int = 2,
     files: int = 40,
     max_files_per_trigger: int | None = 10,
     state_roots: int = 20_000,
-    with_breakdown: bool = True,
     workdir: str | None = None,
 ) -> dict:
     """Every measurement on ``spark``; returns the result dict (the JSON line)."""
@@ -519,72 +490,46 @@ def run(
         ledger = bench_ledger(records, roots)
         storm = bench_storm_dict(records, roots)
         # a short untimed run first, so the JVM's JIT and Python workers are warm
-        bench_spark_shard(
+        bench_acker_query(
             spark,
             generate(warm_roots, fanout, seed=2),
             warm_roots,
             tmp,
-            ackers=ackers,
             files=4,
             max_files_per_trigger=2,
             name="warmup",
         )
-
-        # the breakdown's cut-down queries read the same files just before the real one
-        def cut_down(acks_dir):
-            return breakdown(
-                spark,
-                acks_dir,
-                records.num_rows,
-                tmp,
-                ackers=ackers,
-                max_files_per_trigger=max_files_per_trigger,
-            )
-
-        shard = bench_spark_shard(
-            spark,
-            records,
-            roots,
-            tmp,
-            ackers=ackers,
-            files=files,
-            max_files_per_trigger=max_files_per_trigger,
-            before=cut_down if with_breakdown else None,
+        acker = bench_acker_query(
+            spark, records, roots, tmp, files=files, max_files_per_trigger=max_files_per_trigger
         )
-        where = shard.pop("before")
         per_root = bench_spark_per_root(spark, small, per_root_roots, tmp)
-    if where:  # raw seconds: on a noisy 2-core box differences of runs are not shares
-        where.update(
-            {
-                "full_trigger_s": shard["duration_ms"].get("triggerExecution", 0) / 1000,
-                "ledger_step_s_same_records": ledger["seconds"],
-            }
-        )
 
     def rate(figures):
         return figures["records_per_s"]
 
+    size = state_bytes(state_roots, workdir=workdir)
     return {
         "benchmark": "acker",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "ledger_records_per_s": rate(ledger),
-        "spark_shard_records_per_s": rate(shard),
-        "spark_shard_roots_per_s": shard["roots_per_s"],
+        "acker_query_records_per_s": rate(acker),
+        "acker_query_roots_per_s": acker["roots_per_s"],
         "spark_per_root_records_per_s": rate(per_root),
         "storm_dict_records_per_s": rate(storm),
         "ratios": {
-            "spark_shard_over_spark_per_root": rate(shard) / rate(per_root),
-            "spark_shard_over_storm_dict": rate(shard) / rate(storm),
+            "acker_query_over_spark_per_root": rate(acker) / rate(per_root),
+            "acker_query_over_storm_dict": rate(acker) / rate(storm),
             "ledger_over_storm_dict": rate(ledger) / rate(storm),
         },
-        "state_bytes_per_pending_root": (size := state_bytes(state_roots)),
-        "targets_met": {  # issue 2: >= 1M records/s on 2 cores, >= 500x per-root, <= 40 B/root
-            "spark_shard_1M_records_per_s": rate(shard) >= 1_000_000,
-            "spark_shard_500x_per_root": rate(shard) >= 500 * rate(per_root),
-            "state_40_bytes_per_root": max(v for k, v in size.items() if k.startswith("fanout"))
-            <= 40.01,
+        "state_bytes_per_pending_root": size,
+        "targets_met": {  # issues 2 and 15: >= 1M records/s on 2 cores, <= 40 B a root
+            "acker_query_1M_records_per_s": rate(acker) >= 1_000_000,
+            "acker_query_500x_per_root": rate(acker) >= 500 * rate(per_root),
+            "state_40_bytes_per_root": max(v for k, v in size.items() if k.endswith("more_root"))
+            <= 40,
         },
-        "spark_shard_breakdown": where,
+        "acker_query_phase_seconds": acker["phase_seconds"],
+        "load_average_1m_at_end": os.getloadavg()[0],
         "records": {
             "main": records.num_rows,
             "per_root_form": small.num_rows,
@@ -598,7 +543,7 @@ def run(
         },
         "detail": {
             "ledger": ledger,
-            "spark_shard": shard,
+            "acker_query": acker,
             "spark_per_root": per_root,
             "storm_dict": storm,
         },
@@ -608,15 +553,13 @@ def run(
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, no breakdown: a smoke test")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     p.add_argument("--records", type=int, help="ack records for ledger/shard/storm runs")
     p.add_argument("--per-root-records", type=int, help="ack records for the per-root form")
     p.add_argument("--fanout", type=int, default=8, help="children of each spout tuple")
-    p.add_argument("--ackers", type=int, default=2)
     p.add_argument("--files", type=int, default=40, help="ack files written for the query")
     p.add_argument("--max-files-per-trigger", type=int, default=10)
     p.add_argument("--cores", type=int, default=2)
-    p.add_argument("--no-breakdown", action="store_true", help="skip the time breakdown runs")
     p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results")
     a = p.parse_args(argv)
     per = a.fanout + 2
@@ -632,11 +575,9 @@ def main(argv=None) -> dict:
             roots=max(1, records // per),
             per_root_roots=max(1, per_root // per),
             fanout=a.fanout,
-            ackers=a.ackers,
             files=a.files,
             max_files_per_trigger=a.max_files_per_trigger,
             state_roots=2_000 if a.quick else 20_000,
-            with_breakdown=not (a.no_breakdown or a.quick),
         )
     finally:
         for q in spark.streams.active:

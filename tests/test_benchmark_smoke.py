@@ -39,26 +39,25 @@ def test_benchmark_run_reports_exact_counts_and_all_keys(spark, tmp_path):
     )
     for key in (
         "ledger_records_per_s",
-        "spark_shard_records_per_s",
-        "spark_shard_roots_per_s",
+        "acker_query_records_per_s",
+        "acker_query_roots_per_s",
         "spark_per_root_records_per_s",
         "storm_dict_records_per_s",
         "ratios",
         "state_bytes_per_pending_root",
-        "spark_shard_breakdown",
+        "acker_query_phase_seconds",
         "machine",
         "tree",
     ):
         assert key in result
     assert set(result["ratios"]) == {
-        "spark_shard_over_spark_per_root",
-        "spark_shard_over_storm_dict",
+        "acker_query_over_spark_per_root",
+        "acker_query_over_storm_dict",
         "ledger_over_storm_dict",
     }
     assert result["records"]["main"] == 60 * 5 and result["records"]["per_root_form"] == 12 * 5
-    assert result["detail"]["spark_shard"]["input_rows"] == 60 * 5
-    assert result["detail"]["spark_per_root"]["input_rows"] == 12 * 5
-    assert result["state_bytes_per_pending_root"]["fanout_100"] <= 40 + 1
+    assert result["acker_query_phase_seconds"]["ledger_step"] > 0
+    assert result["state_bytes_per_pending_root"]["fanout_100_each_more_root"] <= 40
     assert {"nproc", "cpu", "python", "pyspark"} <= set(result["machine"])
     assert not spark.streams.active
 
