@@ -13,8 +13,9 @@ No Spark, no Kafka, time passed in. The source's driver-side reader owns one
   offset not done: everything below it may be committed to the consumer group,
   nothing above it is (Storm's KafkaSpout commits the same way).
 
-:meth:`Tracker.snapshot` and :meth:`Tracker.restore` turn the state into JSON
-that the source stores inside its Spark offsets, so a restart resumes it.
+:meth:`Tracker.snapshot` (positions, in the Spark offset) and
+:meth:`Tracker.unfinished` (the records not done, in the source's state files, see
+:mod:`ackstream.sources.state`) are what :meth:`Tracker.restore` resumes from.
 """
 
 from __future__ import annotations
@@ -32,15 +33,13 @@ from ackstream.config import RetryPolicy
 from ackstream.records import ACKED, ALIVE, INVALID, REJECTED, TIMED_OUT, one_outcome_per_root
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 from ackstream.sources.rows import TP
+from ackstream.sources.state import Unfinished
 
 __all__ = ["METADATA_LIMIT", "DeadLetter", "Tracker", "ranges"]
 
 
 #: Bytes of commit metadata we allow ourselves (brokers default to 4096).
 METADATA_LIMIT = 3800
-#: Done ranges above the watermark kept per partition in a snapshot (Spark writes one
-#: per batch); beyond that, facts are dropped: those records replay after a restart.
-SNAPSHOT_RANGES = 1000
 
 
 @dataclass(frozen=True)
@@ -283,7 +282,7 @@ class Tracker:
 
     def commit_metadata(self, tp: TP) -> str:
         """Done offsets above the watermark as JSON ranges, cut to fit the broker's limit."""
-        spans = ranges(self.parts[tp].done)
+        spans = ranges(self.parts[tp].done)[: METADATA_LIMIT // 6]  # "[a,b]," at least
         text = json.dumps({"done": spans}, separators=(",", ":"))
         while len(text.encode()) > METADATA_LIMIT and spans:
             spans = spans[: len(spans) // 2]
@@ -291,57 +290,68 @@ class Tracker:
         return text
 
     def snapshot(self) -> dict:
-        """JSON-able state: per topic and partition the read position, watermark, done
-        ranges, and the records on a retry (in flight at attempt > 0, or scheduled)."""
+        """JSON-able positions, a few dozen bytes a partition whatever is in flight: per
+        topic and partition the read position and watermark (:meth:`unfinished` has
+        the records between the two that are not done)."""
         out: dict = {}
-        retry: dict[TP, list] = {}
-        rows = self.flights.rows
-        again = rows.attempt > 0
-        for part, off, att in zip(*(col[again].tolist() for col in rows[1:4])):
-            retry.setdefault(self._tps[part], []).append([off, att, -1])
-        for (tp, off), (att, due) in self.scheduled.items():
-            retry.setdefault(tp, []).append([off, att, due])
-        for (tp, off), letter in self.dead.items():
-            retry.setdefault(tp, []).append([off, letter.attempts - 1, -1])
         for tp, part in sorted(self.parts.items()):
-            entry = {"end": part.end, "wm": part.watermark}
-            if part.done:
-                entry["done"] = ranges(part.done)[:SNAPSHOT_RANGES]
-            if tp in retry:
-                entry["retry"] = sorted(retry[tp])
-            out.setdefault(tp[0], {})[str(tp[1])] = entry
+            out.setdefault(tp[0], {})[str(tp[1])] = {"end": part.end, "wm": part.watermark}
         return out
 
-    def restore(self, snapshot: dict, now_ms: int) -> None:
-        """Rebuild from :meth:`snapshot`: every offset between the watermark and the read
-        position that is not done is in flight again (its completion may still come;
-        if not, the source timeout replays it), scheduled replays stay scheduled."""
+    def unfinished(self) -> Unfinished:
+        """Every record between a watermark and its read position that is not done:
+        in flight, scheduled (with its due time) or dead (its letter unwritten: in
+        flight again after a restore). Columns, so its cost is a few numpy passes."""
+        rows = self.flights.rows
+        waiting = [
+            (self._index[tp], off, att, due) for (tp, off), (att, due) in self.scheduled.items()
+        ]
+        waiting += [
+            (self._index[tp], off, letter.attempts - 1, -1)
+            for (tp, off), letter in self.dead.items()
+        ]
+        extra = np.array(waiting, np.int64).reshape(-1, 4)
+        return Unfinished(
+            list(self._tps),
+            np.concatenate([rows.part, extra[:, 0]]),
+            np.concatenate([rows.offset, extra[:, 1]]),
+            np.concatenate([rows.attempt, extra[:, 2]]),
+            np.concatenate([np.full(len(rows.part), -1, np.int64), extra[:, 3]]),
+        )
+
+    def restore(self, snapshot: dict, now_ms: int, unfinished: Unfinished | None) -> None:
+        """Rebuild from :meth:`snapshot` and :meth:`unfinished`: records in flight then
+        are in flight again (their completion may still come; if not, the source
+        timeout replays them), scheduled replays stay scheduled, the rest between a
+        watermark and its read position is done. Without ``unfinished`` (lost), every
+        record between the two is in flight again at attempt 0."""
         for topic, parts in snapshot.items():
             for p, entry in parts.items():
                 tp = (topic, int(p))
-                part = self.parts[tp] = _Partition(entry["wm"], entry["end"])
-                index = self._number(tp)
-                for a, b in entry.get("done", ()):
-                    part.done.update(range(a, b))
-                attempts = {}
-                for off, att, due in entry.get("retry", ()):
-                    if due >= 0:
-                        self.scheduled[(tp, off)] = (att, due)
-                    else:
-                        attempts[off] = att
+                self.parts[tp] = _Partition(entry["wm"], entry["end"])
+                self._number(tp)
+        if unfinished is None:
+            for tp, part in self.parts.items():
                 live = np.arange(part.watermark, part.end)
-                if part.done or self.scheduled:
-                    live = np.array(
-                        [
-                            o
-                            for o in live.tolist()
-                            if o not in part.done and (tp, o) not in self.scheduled
-                        ],
-                        np.int64,
-                    )
-                self._add_roots(
-                    index, live, [attempts.get(o, 0) for o in live.tolist()], now_ms, started=True
-                )
+                self._add_roots(self._index[tp], live, 0, now_ms, started=True)
+            return
+        index = np.array([self._number(tp) for tp in unfinished.tps], np.int64)
+        part = index[unfinished.part] if len(index) else unfinished.part
+        offset, attempt, due = unfinished.offset, unfinished.attempt, unfinished.due
+        scheduled = due >= 0
+        for i, off, att, at in zip(
+            *(col[scheduled].tolist() for col in (part, offset, attempt, due))
+        ):
+            self.scheduled[(self._tps[i], off)] = (att, at)
+        live = ~scheduled
+        self._add_roots(part[live], offset[live], attempt[live], now_ms, started=True)
+        order = np.argsort(part, kind="stable")
+        starts = np.searchsorted(part[order], np.arange(len(self._tps) + 1))
+        for i, tp in enumerate(self._tps):
+            if tp in self.parts:
+                p = self.parts[tp]
+                left = offset[order[starts[i] : starts[i + 1]]]
+                p.done = set(np.setdiff1d(np.arange(p.watermark, p.end), left).tolist())
 
 
 def ranges(offsets) -> list[list[int]]:
@@ -350,10 +360,10 @@ def ranges(offsets) -> list[list[int]]:
     >>> ranges({1, 2, 3, 7})
     [[1, 4], [7, 8]]
     """
-    out: list[list[int]] = []
-    for off in sorted(offsets):
-        if out and out[-1][1] == off:
-            out[-1][1] = off + 1
-        else:
-            out.append([off, off + 1])
-    return out
+    offsets = np.unique(np.fromiter(offsets, np.int64))
+    if not len(offsets):
+        return []
+    cuts = np.flatnonzero(np.diff(offsets) != 1) + 1
+    starts = offsets[np.concatenate([[0], cuts])]
+    ends = offsets[np.concatenate([cuts - 1, [len(offsets) - 1]])] + 1
+    return np.stack([starts, ends], axis=1).tolist()
