@@ -169,14 +169,14 @@ class Spout:
         lags = {tp: max(0, latest[tp] - positions[tp]) for tp in tps}
         shares = share_by_lag(budget, lags)
         read: dict = {}
-        for tp, n in shares.items():
-            if n:
-                if self.config.tracking:
-                    tracker.emit_range(tp, positions[tp], positions[tp] + n, now)
-                else:
-                    part = tracker.parts[tp]
-                    part.end = part.watermark = positions[tp] + n
-                read.setdefault(tp[0], {})[str(tp[1])] = [positions[tp], positions[tp] + n]
+        spans = [(tp, positions[tp], positions[tp] + n) for tp, n in shares.items() if n]
+        for tp, start, end in spans:
+            read.setdefault(tp[0], {})[str(tp[1])] = [start, end]
+        if self.config.tracking:
+            tracker.emit_ranges(spans, now)
+        else:
+            for tp, _, end in spans:
+                tracker.parts[tp].end = tracker.parts[tp].watermark = end
         if not replays and not read and not self._dead_since_snapshot:
             return None
         # a new offset persists the snapshot, dead letters written included: a restart

@@ -20,6 +20,7 @@ read position is in flight again, at attempt 0.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -97,7 +98,5 @@ class SourceState:
         for name in names:
             match = _FILE.match(name)
             if match and int(match.group(1)) < seq:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(self.directory, name))
-                except FileNotFoundError:
-                    pass
