@@ -62,6 +62,7 @@ _OURS = {
         "ackstream.channelShared",
         "ackstream.channelReplication",
         "ackstream.channelRetention",
+        "ackstream.stateDir",
         "ackstream.messageTimeout",
         "ackstream.sourceTimeout",
         "ackstream.maxPending",
@@ -173,6 +174,10 @@ class SourceConfig:
     #: replication factor and retention of the Kafka channel's topics (None: broker's)
     channel_replication: int | None = None
     channel_retention_ms: int | None = None
+    #: where the source keeps the unfinished records behind each offset (see
+    #: ``ackstream.sources.state``); "" = <channel>/source_state, or with the Kafka
+    #: channel <tmp>/ackstream/<topology>/source_state
+    state_dir_option: str = ""
     tracking: bool = True
     message_timeout_ms: int = 30_000
     source_timeout_ms: int = 60_000  #: in-flight roots with no completion replay after this
@@ -190,6 +195,15 @@ class SourceConfig:
     def dead_letter_dir(self) -> str:
         """Parquet folder for dead letters when no dead-letter topic is configured."""
         return os.path.join(self.channel, "dead_letters")
+
+    @property
+    def state_dir(self) -> str:
+        """The folder of the source's state files (read and written on the driver only)."""
+        if self.state_dir_option:
+            return self.state_dir_option
+        if self.channel == "kafka":
+            return os.path.join(tempfile.gettempdir(), "ackstream", self.topology, "source_state")
+        return os.path.join(self.channel, "source_state")
 
     def starting_map(self) -> dict[str, dict[int, int]] | None:
         """The JSON form of ``startingOffsets`` as ``{topic: {partition: offset}}``, or None."""
@@ -283,6 +297,7 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
         )
         if kw[field] < 1:
             raise OptionError(name, ours(name), "a positive value")
+    kw["state_dir_option"] = ours("ackstream.stateDir") or ""
     kw["tracking"] = _bool("ackstream.tracking", ours("ackstream.tracking"), True)
 
     if ours("ackstream.messageTimeout") is not None:

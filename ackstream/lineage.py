@@ -6,7 +6,8 @@ A tracked row is a Storm tuple. The ``ackstream`` source emits each record with
 ``_anchors`` instead of a single root when every edge is acked (per-stage acks),
 or only ``_group``, the aggregate group it came from, when acks telescope: its
 roots are looked up from the aggregate's input only if the row fails. A failed
-or rejected row carries ``_reason`` for its dead letter. Sinks drop these
+or rejected row carries ``_reason`` for its dead letter; so does a row the source
+held back from the bolts (``ackstream.sources.rows``). Sinks drop these
 columns before they show rows to users; stages keep them.
 """
 
@@ -18,6 +19,7 @@ __all__ = [
     "EDGE",
     "GROUP",
     "LINEAGE_COLUMNS",
+    "NO_RECORD",
     "REASON",
     "ROOT",
     "TRACKED_COLUMNS",
@@ -31,6 +33,9 @@ ANCHORS = "_anchors"  #: ``array<struct<root, edge>>`` of a multi-anchored row
 #: a row came from; its roots are found from that stage's input when it fails
 GROUP = "_group"
 REASON = "_reason"  #: on failed or rejected rows: why, for the dead letter
+#: ``_reason`` of a source row held back because its offset holds no record (compacted
+#: away, a transaction marker): nothing to process, its tree is done
+NO_RECORD = "no record at this offset"
 
 #: Columns a stage keeps and a sink drops.
 LINEAGE_COLUMNS = (ROOT, EDGE, ANCHORS, GROUP)

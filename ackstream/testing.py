@@ -17,7 +17,7 @@ import pandas as pd
 
 from ackstream import ids
 from ackstream.clock import now_ms
-from ackstream.lineage import ATTEMPT, EDGE, ROOT
+from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
 
 __all__ = [
@@ -158,9 +158,11 @@ class SpoutAcker:
     (``lose(frame)``: the tree times out). ``rows`` keeps every row seen, as dicts.
 
     ``fail`` and ``lose`` get a pandas frame with ``topic, partition, offset, _attempt``.
+    Rows the source held back are settled as a topology settles them: an offset with
+    no record is acked, any other is rejected with its ``_reason``.
     """
 
-    COLUMNS = ("topic", "partition", "offset", ROOT, EDGE, ATTEMPT)
+    COLUMNS = ("topic", "partition", "offset", ROOT, EDGE, ATTEMPT, REASON)
 
     def __init__(self, channel, fail=None, lose=None):
         self.channel, self.fail, self.lose = channel, fail, lose
@@ -187,13 +189,17 @@ class SpoutAcker:
                 "ts": now,
             }
         )
+        rejected = (frame[REASON].notna() & (frame[REASON] != NO_RECORD)).to_numpy()
+        failing, losing = failing & ~rejected, losing & ~rejected
         done = frame[~losing]
+        kind = np.where(failing, FAIL, np.where(rejected, REJECT, ACK))[~losing]
         ends = pd.DataFrame(
             {
                 "root": done[ROOT],
-                "value": np.where(failing[~losing], 0, done[EDGE]),
-                "kind": np.where(failing[~losing], FAIL, ACK),
+                "value": np.where(kind == ACK, done[EDGE], 0),
+                "kind": kind,
                 "ts": now,
+                "reason": done[REASON].where(kind == REJECT, None),
             }
         )
         self.channel.write_acks(ack_records(inits.to_dict("records") + ends.to_dict("records")))

@@ -15,16 +15,12 @@ from collections.abc import Iterator
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from ackstream import ids
-from ackstream.channels import open_channel
-from ackstream.clock import now_ms
 from ackstream.config import SourceConfig
 from ackstream.errors import AckstreamError, EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.reading import MAX_RECORDS, read_ranges
 from ackstream.kafka.settings import consumer_settings
-from ackstream.records import ACKED, REJECTED, completion_table
-from ackstream.sources.rows import TP, ReadTask, spout_batch
+from ackstream.sources.rows import NO_RECORD, TP, ReadTask, held_batch, spout_batch
 from ackstream.sources.tracking import ranges
 
 __all__ = ["KafkaUpstream"]
@@ -167,18 +163,17 @@ class KafkaUpstream:
         """Arrow batches of one task: the range at attempt 0, then the replays.
 
         Batches are bounded by rows and bytes (an Arrow binary column holds at most
-        2 GiB). With tracking on, two kinds of offset never reach the bolts, and the
-        task reports their outcome itself to the completion channel: a record whose
-        value is over ``ackstream.maxValueBytes`` is rejected (dead-lettered at once),
-        and an offset with no record (a compacted topic, a transaction marker) is
-        acked, so neither holds its partition's commit back. A topology that settles
-        the batch's roots from its offset reports those roots acked later; the source
-        lets a rejection win over an ack (see ``records.one_outcome_per_root``).
+        2 GiB). With tracking on, two kinds of offset never reach the bolts: a record
+        whose value is over ``ackstream.maxValueBytes`` (rejected) and an offset with
+        no record (a compacted topic, a transaction marker: done). They end the task
+        as held-back rows whose ``_reason`` says which (``ackstream.sources.rows``):
+        the driver learns of them from the batch itself, as no executor writes to a
+        channel the driver may not see.
         """
         config = self.config
         consumer = KafkaConsumer(group_id=None, **self.settings)
         tp = (task.topic, task.partition)
-        skipped = _Skipped(config, tp)
+        held: list[tuple[int, int, str]] = []  # (offset, attempt, reason)
         try:
             replayed = dict(task.replays)
             passes = [
@@ -197,7 +192,7 @@ class KafkaUpstream:
                         and value is not None
                         and len(value) > config.max_value_bytes
                     ):
-                        skipped.reject(offset, attempt, len(value))
+                        held.append((offset, attempt, _too_big(config, len(value))))
                         continue
                     rows.append((offset, attempt, key, value, ts))
                     size += len(value or b"") + len(key or b"")
@@ -206,60 +201,18 @@ class KafkaUpstream:
                         rows, size = [], 0
                 if rows:
                     yield _batch(config, task, rows)
-                for offset in set(offsets) - seen:
-                    skipped.gap(offset, attempts.get(offset, 0))
-            if config.tracking:
-                skipped.write()
+                held += [(off, attempts.get(off, 0), NO_RECORD) for off in set(offsets) - seen]
+            if config.tracking and held:
+                yield held_batch(config.topology, *tp, *zip(*sorted(held)))
         finally:
             consumer.close(autocommit=False)
 
 
-class _Skipped:
-    """Offsets of one task that never reach the bolts, and their completions."""
-
-    def __init__(self, config: SourceConfig, tp: TP):
-        self.config, self.tp = config, tp
-        self.offsets, self.attempts, self.statuses, self.reasons = [], [], [], []
-
-    def reject(self, offset: int, attempt: int, size: int) -> None:
-        self._add(
-            offset,
-            attempt,
-            REJECTED,
-            f"value of {size} bytes is over ackstream.maxValueBytes "
-            f"({self.config.max_value_bytes}); raise that option to process it",
-        )
-
-    def gap(self, offset: int, attempt: int) -> None:
-        self._add(offset, attempt, ACKED, None)  # nothing to process
-
-    def _add(self, offset, attempt, status, reason) -> None:
-        self.offsets.append(offset)
-        self.attempts.append(attempt)
-        self.statuses.append(status)
-        self.reasons.append(reason)
-
-    def write(self) -> None:
-        if not self.offsets:
-            return
-        topic, partition = self.tp
-        roots = ids.root_ids(self.config.topology, topic, partition, self.offsets, self.attempts)
-        table = completion_table(
-            roots,
-            self.statuses,
-            topic=topic,
-            partition=partition,
-            offset=self.offsets,
-            attempt=self.attempts,
-            latency_ms=0,
-            completed_ms=now_ms(),
-            reason=self.reasons,
-        )
-        channel = open_channel(self.config)
-        try:
-            channel.write_completions(table)
-        finally:
-            channel.close()
+def _too_big(config: SourceConfig, size: int) -> str:
+    return (
+        f"value of {size} bytes is over ackstream.maxValueBytes "
+        f"({config.max_value_bytes}); raise that option to process it"
+    )
 
 
 def _batch(config, task, rows):

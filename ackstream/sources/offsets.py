@@ -7,7 +7,9 @@ Spark writes to the query's offset log before the batch runs::
      "source": "<topology>",             # only with tracking on: the id namespace,
      "channel": "<ackstream.channel>",   #   the channel and the message timeout, which
      "timeout": <message timeout ms>,    #   the topology reading it checks against its own
-     "parts": <Tracker.snapshot()>,      # the whole tracking state, for a restart
+     "parts": <Tracker.snapshot()>,      # read position and watermark per partition
+     "seq": <n>,                         # with tracking on: the state file of the records
+                                         #   not done (ackstream.sources.state), for a restart
      "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch
      "replays": [[topic, partition, offset, attempt], ...],  # replays of this batch
      "done": <position in the completion channel>,

@@ -1,4 +1,15 @@
-"""The rows the ``ackstream`` source emits: Spark's Kafka columns plus root, edge, attempt."""
+"""The rows the ``ackstream`` source emits: Spark's Kafka columns plus root, edge, attempt.
+
+With tracking on, a read task holds back two kinds of offset from the bolts and says
+why in ``_reason`` (null on every other row): an offset with no record
+(:data:`NO_RECORD`: compacted away, a transaction marker), whose tree is simply
+done, and a value over ``ackstream.maxValueBytes``, which is rejected (dead-lettered
+with that reason, no replay). Such a row has no key, value or timestamp. The
+topology settles held-back rows before any stage sees them
+(``topology.batch.run_batch``); a plain ``foreachBatch`` must do the same (ack the
+first kind, reject the second), or their roots time out and replay. They travel in
+the batch's own rows, never through a side channel an executor writes: on a
+cluster the driver may not see an executor's files."""
 
 from __future__ import annotations
 
@@ -8,9 +19,17 @@ import numpy as np
 import pyarrow as pa
 
 from ackstream import ids
-from ackstream.lineage import ATTEMPT, EDGE, ROOT
+from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 
-__all__ = ["SOURCE_DDL", "SOURCE_SCHEMA", "TP", "ReadTask", "spout_batch"]
+__all__ = [
+    "NO_RECORD",  # re-exported: the source's rows carry it
+    "SOURCE_DDL",
+    "SOURCE_SCHEMA",
+    "TP",
+    "ReadTask",
+    "held_batch",
+    "spout_batch",
+]
 
 TP = tuple[str, int]  #: an upstream partition: (topic, partition)
 
@@ -25,11 +44,12 @@ SOURCE_SCHEMA = pa.schema(
         pa.field(ROOT, pa.int64()),
         pa.field(EDGE, pa.int64()),
         pa.field(ATTEMPT, pa.int64()),
+        pa.field(REASON, pa.string()),
     ]
 )
 SOURCE_DDL = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-    f"{ROOT} long, {EDGE} long, {ATTEMPT} long"
+    f"{ROOT} long, {EDGE} long, {ATTEMPT} long, {REASON} string"
 )
 
 
@@ -67,6 +87,18 @@ def spout_batch(
             pa.array(roots),
             pa.array(ids.spout_edges(roots)),
             pa.array(attempts),
+            pa.nulls(n, pa.string()),
         ],
         schema=SOURCE_SCHEMA,
     )
+
+
+def held_batch(source: str, topic: str, partition: int, offsets, attempts, reasons):
+    """One Arrow batch of held-back rows (see the module doc): no key, value or time."""
+    n = len(offsets)
+    rows = spout_batch(source, topic, partition, offsets, attempts, [None] * n, [None] * n, [0] * n)
+    for name, column in (("timestamp", None), (REASON, reasons)):
+        field = SOURCE_SCHEMA.field(name)
+        column = pa.array(column, field.type) if column else pa.nulls(n, field.type)
+        rows = rows.set_column(SOURCE_SCHEMA.get_field_index(name), field, column)
+    return rows

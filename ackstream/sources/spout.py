@@ -9,8 +9,10 @@ On each call it applies the completions that arrived (acked offsets move the
 commit watermark; failures are scheduled for replay with backoff or
 dead-lettered), wakes the acker while a root is overdue, then plans the next
 batch: due replays first, then new offsets, within ``maxPending`` and the read
-limit, split over partitions by lag. The whole tracking state goes into the
-offset it returns (see :mod:`ackstream.sources.offsets`).
+limit, split over partitions by lag. The offset it returns holds each partition's
+read position and watermark (see :mod:`ackstream.sources.offsets`); the records
+between the two that are not done go to the source's state file that the offset
+names (:mod:`ackstream.sources.state`), written before the offset is returned.
 
 Guarantees: a group commit never covers an offset that is not acked or
 dead-lettered. A dead letter is written once, then its record is done; writing
@@ -24,6 +26,7 @@ headers' (topic, partition, offset) then identify the duplicate.
 from __future__ import annotations
 
 import json
+import os
 
 from ackstream.channels.base import Channel
 from ackstream.clock import Clock, now_ms
@@ -33,6 +36,7 @@ from ackstream.kafka.settings import kafka_options_of
 from ackstream.records import tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
+from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
 
@@ -110,16 +114,19 @@ class Spout:
         clock: Clock = now_ms,
     ):
         self.config, self.upstream, self.channel, self.clock = config, upstream, channel, clock
+        owner = offset.get("owner") or new_owner()  # an offset from before owners
+        self.claim = GroupClaim(config.topology, config.group_id, owner)
+        self.state = SourceState(os.path.join(config.state_dir, owner))
+        self.seq = offset.get("seq", 0)
+        unfinished = self.state.read(self.seq) if "seq" in offset else None
         self.tracker = _new_tracker(config)
-        self.tracker.restore(offset["parts"], clock())
+        self.tracker.restore(offset["parts"], clock(), unfinished)
         self.tracker.clock_on_commit = True
         self.position = offset.get("done", -1)
         self.letters = None
         self._dead_since_snapshot = False
         self._ticked_ms = 0
         self.committed: dict = {}  # {tp: (offset, metadata without the claim)}
-        owner = offset.get("owner") or new_owner()  # an offset from before owners
-        self.claim = GroupClaim(config.topology, config.group_id, owner)
         if config.tracking:
             self._merge_group_commits()
 
@@ -162,14 +169,14 @@ class Spout:
         lags = {tp: max(0, latest[tp] - positions[tp]) for tp in tps}
         shares = share_by_lag(budget, lags)
         read: dict = {}
-        for tp, n in shares.items():
-            if n:
-                if self.config.tracking:
-                    tracker.emit_range(tp, positions[tp], positions[tp] + n, now)
-                else:
-                    part = tracker.parts[tp]
-                    part.end = part.watermark = positions[tp] + n
-                read.setdefault(tp[0], {})[str(tp[1])] = [positions[tp], positions[tp] + n]
+        spans = [(tp, positions[tp], positions[tp] + n) for tp, n in shares.items() if n]
+        for tp, start, end in spans:
+            read.setdefault(tp[0], {})[str(tp[1])] = [start, end]
+        if self.config.tracking:
+            tracker.emit_ranges(spans, now)
+        else:
+            for tp, _, end in spans:
+                tracker.parts[tp].end = tracker.parts[tp].watermark = end
         if not replays and not read and not self._dead_since_snapshot:
             return None
         # a new offset persists the snapshot, dead letters written included: a restart
@@ -184,7 +191,10 @@ class Spout:
             "owner": self.claim.owner,
         }
         if self.config.tracking:  # the batch's roots are waited for, on these terms
+            self.seq += 1
+            self.state.write(self.seq, tracker.unfinished())  # before Spark logs the offset
             offset.update(
+                seq=self.seq,
                 source=self.config.topology,
                 channel=self.config.channel,
                 timeout=self.config.message_timeout_ms,
@@ -293,6 +303,8 @@ class Spout:
             now = self.clock()
             self.tracker.started(now)
             self._poll(now)
+            if "seq" in end:  # a restart resumes from this offset or a later one
+                self.state.forget_before(end["seq"])
         else:
             self._commit_positions(
                 {

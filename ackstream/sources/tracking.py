@@ -13,8 +13,9 @@ No Spark, no Kafka, time passed in. The source's driver-side reader owns one
   offset not done: everything below it may be committed to the consumer group,
   nothing above it is (Storm's KafkaSpout commits the same way).
 
-:meth:`Tracker.snapshot` and :meth:`Tracker.restore` turn the state into JSON
-that the source stores inside its Spark offsets, so a restart resumes it.
+:meth:`Tracker.snapshot` (positions, in the Spark offset) and
+:meth:`Tracker.unfinished` (the records not done, in the source's state files, see
+:mod:`ackstream.sources.state`) are what :meth:`Tracker.restore` resumes from.
 """
 
 from __future__ import annotations
@@ -32,15 +33,13 @@ from ackstream.config import RetryPolicy
 from ackstream.records import ACKED, ALIVE, INVALID, REJECTED, TIMED_OUT, one_outcome_per_root
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 from ackstream.sources.rows import TP
+from ackstream.sources.state import Unfinished
 
 __all__ = ["METADATA_LIMIT", "DeadLetter", "Tracker", "ranges"]
 
 
 #: Bytes of commit metadata we allow ourselves (brokers default to 4096).
 METADATA_LIMIT = 3800
-#: Done ranges above the watermark kept per partition in a snapshot (Spark writes one
-#: per batch); beyond that, facts are dropped: those records replay after a restart.
-SNAPSHOT_RANGES = 1000
 
 
 @dataclass(frozen=True)
@@ -60,22 +59,18 @@ class DeadLetter:
 class _Partition:
     watermark: int  # lowest offset not done
     end: int  # next offset to read from upstream
-    done: set[int] = field(default_factory=set)  # done offsets above the watermark
+    #: done offsets above the watermark, sorted: numpy, so a partition with many done
+    #: around a few slow ones costs a merge per batch, not a Python object per offset
+    done: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     def mark_done(self, offsets) -> None:
         """These offsets are done; the watermark moves over any run of done ones."""
-        offsets = np.sort(np.asarray(offsets, np.int64))
-        offsets = offsets[offsets >= self.watermark]
-        offsets = offsets[np.diff(offsets, prepend=offsets[:1] - 1) != 0]  # unique, faster
-        if not self.done and len(offsets):  # the usual case: a run from the watermark
-            run = offsets - self.watermark == np.arange(len(offsets))
-            ahead = len(offsets) if run.all() else int(np.argmin(run))
-            self.watermark += ahead
-            offsets = offsets[ahead:]
-        self.done.update(offsets.tolist())
-        while self.watermark in self.done:
-            self.done.remove(self.watermark)
-            self.watermark += 1
+        offsets = np.asarray(offsets, np.int64)
+        done = _sorted_unique(np.concatenate([self.done, offsets[offsets >= self.watermark]]))
+        run = done - self.watermark == np.arange(len(done))
+        ahead = len(done) if run.all() else int(np.argmin(run))
+        self.watermark += ahead
+        self.done = done[ahead:]
 
 
 class Tracker:
@@ -133,11 +128,24 @@ class Tracker:
 
     def emit_range(self, tp: TP, start: int, end: int, now_ms: int) -> None:
         """Offsets ``[start, end)`` of ``tp`` were emitted for the first time (attempt 0)."""
-        part = self.parts[tp]
-        if start != part.end:
-            raise ValueError(f"{tp}: emit from {start} but the next offset to read is {part.end}")
-        self._add_roots(self._index[tp], np.arange(start, end), 0, now_ms)
-        part.end = end
+        self.emit_ranges([(tp, start, end)], now_ms)
+
+    def emit_ranges(self, spans: list[tuple[TP, int, int]], now_ms: int) -> None:
+        """:meth:`emit_range` of several partitions at once (one insert into the table)."""
+        for tp, start, _ in spans:
+            if start != self.parts[tp].end:
+                raise ValueError(
+                    f"{tp}: emit from {start} but the next offset to read is {self.parts[tp].end}"
+                )
+        if spans:
+            self._add_roots(
+                np.repeat([self._index[tp] for tp, *_ in spans], [b - a for _, a, b in spans]),
+                np.concatenate([np.arange(a, b) for _, a, b in spans]),
+                0,
+                now_ms,
+            )
+        for tp, _, end in spans:
+            self.parts[tp].end = end
 
     def skip_to(self, tp: TP, offset: int) -> None:
         """Offsets below ``offset`` no longer exist upstream (retention): count them as done."""
@@ -146,7 +154,8 @@ class Tracker:
         self._forget(tp, gone)
         part.mark_done(gone)
         part.watermark = max(part.watermark, offset)
-        part.done = {o for o in part.done if o >= part.watermark}
+        part.done = part.done[part.done >= part.watermark]
+        part.mark_done([])  # the watermark moves over done offsets just above it
         part.end = max(part.end, offset)
 
     def _add_roots(self, part, offsets, attempts, now_ms: int, started=False) -> None:
@@ -156,11 +165,11 @@ class Tracker:
         if not len(offsets):
             return
         part = np.broadcast_to(np.asarray(part, np.int64), offsets.shape)
-        if (part == part[0]).all():  # one partition: its topic is hashed once
-            topic, partition = self._tps[part[0]]
-        else:
-            topic = np.array([self._tps[i][0] for i in part.tolist()], dtype=object)
-            partition = np.array([self._tps[i][1] for i in part.tolist()])
+        topics = np.array([t for t, _ in self._tps], dtype=object)
+        partition = np.array([p for _, p in self._tps], np.int64)[part]
+        topic = topics[part]
+        if (topic == topic[0]).all():  # one topic: hashed once
+            topic = topic[0]
         roots = ids.root_ids(self.source, topic, partition, offsets, attempts)
         emitted = now_ms if started or not self.clock_on_commit else NOT_STARTED
         self.flights.add(Roots.of(roots, part, offsets, attempts, emitted))
@@ -282,78 +291,112 @@ class Tracker:
         return {tp: p.watermark for tp, p in self.parts.items()}
 
     def commit_metadata(self, tp: TP) -> str:
-        """Done offsets above the watermark as JSON ranges, cut to fit the broker's limit."""
-        spans = ranges(self.parts[tp].done)
-        text = json.dumps({"done": spans}, separators=(",", ":"))
-        while len(text.encode()) > METADATA_LIMIT and spans:
-            spans = spans[: len(spans) // 2]
-            text = json.dumps({"done": spans}, separators=(",", ":"))
-        return text
+        """Done offsets above the watermark as JSON ranges, the lowest first, as many as
+        fit the broker's limit."""
+        starts, ends = _spans(self.parts[tp].done)
+        chars = _digits(starts) + _digits(ends) + 4  # "[a,b],"
+        fit = int(np.searchsorted(np.cumsum(chars), METADATA_LIMIT - len('{"done":[]}') + 1))
+        spans = np.stack([starts[:fit], ends[:fit]], axis=1).tolist()
+        return json.dumps({"done": spans}, separators=(",", ":"))
 
     def snapshot(self) -> dict:
-        """JSON-able state: per topic and partition the read position, watermark, done
-        ranges, and the records on a retry (in flight at attempt > 0, or scheduled)."""
+        """JSON-able positions, a few dozen bytes a partition whatever is in flight: per
+        topic and partition the read position and watermark (:meth:`unfinished` has
+        the records between the two that are not done)."""
         out: dict = {}
-        retry: dict[TP, list] = {}
-        rows = self.flights.rows
-        again = rows.attempt > 0
-        for part, off, att in zip(*(col[again].tolist() for col in rows[1:4])):
-            retry.setdefault(self._tps[part], []).append([off, att, -1])
-        for (tp, off), (att, due) in self.scheduled.items():
-            retry.setdefault(tp, []).append([off, att, due])
-        for (tp, off), letter in self.dead.items():
-            retry.setdefault(tp, []).append([off, letter.attempts - 1, -1])
         for tp, part in sorted(self.parts.items()):
-            entry = {"end": part.end, "wm": part.watermark}
-            if part.done:
-                entry["done"] = ranges(part.done)[:SNAPSHOT_RANGES]
-            if tp in retry:
-                entry["retry"] = sorted(retry[tp])
-            out.setdefault(tp[0], {})[str(tp[1])] = entry
+            out.setdefault(tp[0], {})[str(tp[1])] = {"end": part.end, "wm": part.watermark}
         return out
 
-    def restore(self, snapshot: dict, now_ms: int) -> None:
-        """Rebuild from :meth:`snapshot`: every offset between the watermark and the read
-        position that is not done is in flight again (its completion may still come;
-        if not, the source timeout replays it), scheduled replays stay scheduled."""
+    def unfinished(self) -> Unfinished:
+        """Every record between a watermark and its read position that is not done:
+        in flight, scheduled (with its due time) or dead (its letter unwritten: in
+        flight again after a restore). Columns, so its cost is a few numpy passes."""
+        rows = self.flights.rows
+        waiting = [
+            (self._index[tp], off, att, due) for (tp, off), (att, due) in self.scheduled.items()
+        ]
+        waiting += [
+            (self._index[tp], off, letter.attempts - 1, -1)
+            for (tp, off), letter in self.dead.items()
+        ]
+        extra = np.array(waiting, np.int64).reshape(-1, 4)
+        return Unfinished(
+            list(self._tps),
+            np.concatenate([rows.part, extra[:, 0]]),
+            np.concatenate([rows.offset, extra[:, 1]]),
+            np.concatenate([rows.attempt, extra[:, 2]]),
+            np.concatenate([np.full(len(rows.part), -1, np.int64), extra[:, 3]]),
+        )
+
+    def restore(self, snapshot: dict, now_ms: int, unfinished: Unfinished | None) -> None:
+        """Rebuild from :meth:`snapshot` and :meth:`unfinished`: records in flight then
+        are in flight again (their completion may still come; if not, the source
+        timeout replays them), scheduled replays stay scheduled, the rest between a
+        watermark and its read position is done. Without ``unfinished`` (lost), every
+        record between the two is in flight again at attempt 0."""
         for topic, parts in snapshot.items():
             for p, entry in parts.items():
                 tp = (topic, int(p))
-                part = self.parts[tp] = _Partition(entry["wm"], entry["end"])
-                index = self._number(tp)
-                for a, b in entry.get("done", ()):
-                    part.done.update(range(a, b))
-                attempts = {}
-                for off, att, due in entry.get("retry", ()):
-                    if due >= 0:
-                        self.scheduled[(tp, off)] = (att, due)
-                    else:
-                        attempts[off] = att
+                self.parts[tp] = _Partition(entry["wm"], entry["end"])
+                self._number(tp)
+        if unfinished is None:
+            for tp, part in self.parts.items():
                 live = np.arange(part.watermark, part.end)
-                if part.done or self.scheduled:
-                    live = np.array(
-                        [
-                            o
-                            for o in live.tolist()
-                            if o not in part.done and (tp, o) not in self.scheduled
-                        ],
-                        np.int64,
-                    )
-                self._add_roots(
-                    index, live, [attempts.get(o, 0) for o in live.tolist()], now_ms, started=True
-                )
+                self._add_roots(self._index[tp], live, 0, now_ms, started=True)
+            return
+        index = np.array([self._number(tp) for tp in unfinished.tps], np.int64)
+        part = index[unfinished.part] if len(index) else unfinished.part
+        offset, attempt, due = unfinished.offset, unfinished.attempt, unfinished.due
+        scheduled = due >= 0
+        for i, off, att, at in zip(
+            *(col[scheduled].tolist() for col in (part, offset, attempt, due))
+        ):
+            self.scheduled[(self._tps[i], off)] = (att, at)
+        live = ~scheduled
+        self._add_roots(part[live], offset[live], attempt[live], now_ms, started=True)
+        order = np.argsort(part, kind="stable")
+        starts = np.searchsorted(part[order], np.arange(len(self._tps) + 1))
+        for i, tp in enumerate(self._tps):
+            if tp in self.parts:
+                p = self.parts[tp]
+                left = offset[order[starts[i] : starts[i + 1]]]
+                p.done = np.setdiff1d(np.arange(p.watermark, p.end), left)
 
 
 def ranges(offsets) -> list[list[int]]:
-    """Sorted offsets as half-open ``[start, end)`` runs.
+    """Offsets as sorted half-open ``[start, end)`` runs.
 
     >>> ranges({1, 2, 3, 7})
     [[1, 4], [7, 8]]
     """
-    out: list[list[int]] = []
-    for off in sorted(offsets):
-        if out and out[-1][1] == off:
-            out[-1][1] = off + 1
-        else:
-            out.append([off, off + 1])
-    return out
+    if not isinstance(offsets, np.ndarray):
+        offsets = np.fromiter(offsets, np.int64)
+    starts, ends = _spans(_sorted_unique(offsets))
+    return np.stack([starts, ends], axis=1).tolist()
+
+
+def _spans(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends of the runs of sorted, distinct ``offsets``."""
+    cuts = np.flatnonzero(np.diff(offsets) != 1) + 1
+    first = np.concatenate([[0], cuts]).astype(np.int64)
+    last = np.concatenate([cuts - 1, [len(offsets) - 1]]).astype(np.int64)
+    if not len(offsets):
+        return offsets, offsets
+    return offsets[first], offsets[last] + 1
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (``np.unique`` hashes, which is slower on these)."""
+    values = np.sort(np.asarray(values, np.int64))
+    if len(values) < 2:
+        return values
+    return values[np.concatenate([[True], values[1:] != values[:-1]])]
+
+
+_POWERS_OF_TEN = 10 ** np.arange(1, 19, dtype=np.int64)
+
+
+def _digits(values: np.ndarray) -> np.ndarray:
+    """Decimal digits of each non-negative integer."""
+    return 1 + np.searchsorted(_POWERS_OF_TEN, values, side="right")

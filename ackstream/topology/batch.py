@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from ackstream.acker.precombine import precombine, settle
 from ackstream.clock import now_ms
 from ackstream.errors import OptionError, StageError
-from ackstream.lineage import ATTEMPT, EDGE, REASON, ROOT
+from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.topology.bolts import REASON_LIMIT, GroupInput, anchor_pairs, failed_roots
 
@@ -121,9 +121,14 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
 
     try:
         read_inits = tracking and (inits is None or not mode.plans_inits)
+        held = tracking and REASON in batch.columns  # the source's held-back rows
         # then the batch is read more than once (sink, init records): read it once
-        tuples = keep(batch) if read_inits else batch
+        tuples = keep(batch) if read_inits or held else batch
         parts = [init_records(tuples, now, mode.edges)] if read_inits else []
+        if held:
+            parts += held_back_acks(tuples.where(f"{REASON} IS NOT NULL"), mode, now)
+        if REASON in batch.columns:  # no stage sees a held-back row or the column
+            tuples = tuples.where(f"{REASON} IS NULL").drop(REASON)
         groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
         for stage in topology.stages:
             out = stage.run(tuples, tracking, edges=mode.edges)
@@ -175,6 +180,15 @@ def _write_sink(
             unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
         parts.append(ack_records(failed_roots(unwritten, groups), FAIL, now))
     return parts
+
+
+def held_back_acks(held: DataFrame, mode: AckMode, now: int) -> list[DataFrame]:
+    """The ack records of the rows the source held back from the bolts (see
+    ``ackstream.sources.rows``): an offset with no record is acked as if the sink had
+    written it; any other is rejected with its ``_reason`` (no replay)."""
+    no_record = f"{REASON} = '{NO_RECORD}'"
+    rejected = held.where(f"NOT ({no_record})").selectExpr(f"{ROOT} AS root", f"{REASON} AS reason")
+    return [ack_records(rejected, REJECT, now), *mode.sink_acks(held.where(no_record), now)]
 
 
 def init_records(tuples: DataFrame, now: int, with_edges: bool = True) -> DataFrame:

@@ -57,6 +57,7 @@ def test_generator_records_are_tracked_replayed_and_dead_lettered(spark, tmp_pat
         "_root",
         "_edge",
         "_attempt",
+        "_reason",
     ]
     query = run_into(frame, topology, str(tmp_path / "source"))
     try:

@@ -154,7 +154,7 @@ def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
     t.complete(done((root(14, 1), FAILED)), 200)  # 14 scheduled for attempt 2 at 400
     snap = json.loads(json.dumps(t.snapshot()))
     r = tracker()
-    r.restore(snap, now_ms=1000)
+    r.restore(snap, now_ms=1000, unfinished=t.unfinished())
     assert r.watermarks() == {TP: 11}
     assert sorted(zip(r.flights.rows.offset.tolist(), r.flights.rows.attempt.tolist())) == [
         (11, 0),

@@ -97,7 +97,7 @@ def test_every_record_is_in_one_state_and_all_end_committed(ops, clock_on_commit
             t.started(now)
         else:
             restored = new_tracker()
-            restored.restore(json.loads(json.dumps(t.snapshot())), now)
+            restored.restore(json.loads(json.dumps(t.snapshot())), now, t.unfinished())
             restored.clock_on_commit = clock_on_commit
             # a dead letter not written yet is in flight again: it may still complete,
             # else it times out and replays (the source writes letters before snapshots)

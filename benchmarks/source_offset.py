@@ -1,0 +1,119 @@
+"""Source offset benchmark (issue 17): offset size and planning time against work in flight.
+
+The spout alone (generator upstream, local channel, a hand-moved clock; no Spark):
+``--records`` offsets are emitted on each of ``--partitions`` partitions and all but
+every 7th are acked, so a seventh of them stays in flight with done offsets around
+each. Then ``--batches`` steady batches of ``--batch`` new offsets per partition are
+planned, each after the previous one's completions (again all but every 7th acked),
+and each ``next_offset`` call is timed: it applies the completions, commits, writes
+the state file and returns the offset. Prints one JSON line: the offset's size in
+bytes (the Spark offset log holds it per batch), the state file's size, and the
+median and largest planning time (wall clock, and the median in CPU time, which a
+loaded machine inflates less).
+
+    .venv/bin/python benchmarks/source_offset.py [--partitions 100] [--records 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ackstream import ids
+from ackstream.channels.local import LocalChannel
+from ackstream.config import parse
+from ackstream.records import ACKED, completion_table
+from ackstream.sources.generator import TOPIC
+from ackstream.sources.spout import Spout, initial_offset
+from ackstream.sources.upstream import open_upstream
+from ackstream.testing import FakeClock
+
+SOURCE = "bench"
+
+
+def ack_all_but_every_7th(channel: LocalChannel, offset: dict) -> None:
+    """Ack every offset the offset's ``read`` names except multiples of 7."""
+    roots, parts, offsets = [], [], []
+    for p, (lo, hi) in offset["read"][TOPIC].items():
+        offs = np.arange(lo, hi)
+        offs = offs[offs % 7 != 0]
+        roots.append(ids.root_ids(SOURCE, TOPIC, int(p), offs, 0))
+        parts.append(np.full(len(offs), int(p)))
+        offsets.append(offs)
+    offsets = np.concatenate(offsets)
+    channel.write_completions(
+        completion_table(
+            np.concatenate(roots),
+            ACKED,
+            topic=TOPIC,
+            partition=np.concatenate(parts),
+            offset=offsets,
+            attempt=0,
+        )
+    )
+
+
+def run(partitions: int, records: int, batch: int, batches: int, folder: str) -> dict:
+    config = parse(
+        {
+            "ackstream.upstream": "generator",
+            "ackstream.topology": SOURCE,
+            "ackstream.channel": os.path.join(folder, "channel"),
+            "ackstream.generator.partitions": str(partitions),
+            "ackstream.messageTimeout": "1 h",
+        }
+    )
+    channel, clock = LocalChannel(config.channel), FakeClock()
+    upstream = open_upstream(config)
+    spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel), clock)
+    try:
+        offset = spout.next_offset(max_rows=partitions * records)
+        ack_all_but_every_7th(channel, offset)
+        spout.next_offset(max_rows=partitions * batch)  # the big completion applied
+        times, cpu = [], []
+        for _ in range(batches):
+            clock.advance(100)
+            started, started_cpu = time.perf_counter(), time.process_time()
+            offset = spout.next_offset(max_rows=partitions * batch)
+            times.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - started_cpu)
+            ack_all_but_every_7th(channel, offset)
+        return {
+            "benchmark": "source_offset",
+            "partitions": partitions,
+            "records_per_partition": records,
+            "in_flight": spout.tracker.in_flight,
+            "offset_bytes": len(json.dumps(offset).encode()),
+            "state_file_bytes": os.path.getsize(spout.state.path(offset["seq"])),
+            "planning_ms_median": round(1000 * statistics.median(times), 1),
+            "planning_ms_max": round(1000 * max(times), 1),
+            "planning_cpu_ms_median": round(1000 * statistics.median(cpu), 1),
+            "batch_per_partition": batch,
+            "load_average": round(os.getloadavg()[0], 2),
+        }
+    finally:
+        spout.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--partitions", type=int, default=100)
+    parser.add_argument("--records", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=10, help="new offsets per partition")
+    parser.add_argument("--batches", type=int, default=10)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        print(json.dumps(run(args.partitions, args.records, args.batch, args.batches, folder)))
+
+
+if __name__ == "__main__":
+    main()
