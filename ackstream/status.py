@@ -39,6 +39,7 @@ Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -59,7 +60,14 @@ from ackstream.records import (
     one_outcome_per_root,
 )
 
-__all__ = ["PERCENTILES", "Status", "kafka_status", "local_status", "summarize"]
+__all__ = [
+    "PERCENTILES",
+    "Status",
+    "kafka_status",
+    "local_status",
+    "source_metrics",
+    "summarize",
+]
 
 PERCENTILES = (50, 90, 99)
 
@@ -244,3 +252,25 @@ def _init_roots(records: pa.Table) -> np.ndarray:
     is_init = pc.not_equal(pc.bit_wise_and(records.column("kind"), pa.scalar(INIT, pa.int8())), 0)
     roots = records.column("root").filter(pc.fill_null(is_init, False))
     return np.unique(roots.to_numpy(zero_copy_only=False).astype(np.int64))
+
+
+def source_metrics(progress) -> dict | None:
+    """The ``ackstream`` source's metrics in a ``StreamingQueryProgress`` (as
+    ``query.lastProgress`` gives it, or its JSON as a dict): acked, failed, timed_out,
+    rejected, replayed and dead_lettered since the query started, pending roots, and
+    per topic and partition ``end``, ``committed`` and ``lag``. Spark shows them as the
+    source's ``latestOffset`` (see ``Spout.metrics``). None if no source reported them.
+
+    >>> source_metrics({"sources": [{"latestOffset": '{"acked": 3, "pending": 1, '
+    ...                              '"partitions": {"t": {"0": {"lag": 1}}}}'}]})["acked"]
+    3
+    """
+    for source in (progress or {}).get("sources", ()):
+        latest = source.get("latestOffset")
+        try:
+            latest = json.loads(latest) if isinstance(latest, str) else latest
+        except ValueError:
+            continue
+        if isinstance(latest, dict) and {"pending", "partitions"} <= latest.keys():
+            return latest
+    return None

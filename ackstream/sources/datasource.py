@@ -92,6 +92,13 @@ class AckstreamStreamReader(DataSourceStreamReader):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return self._spout_from(start).next_offset(max_rows) or start
 
+    def reportLatestOffset(self) -> dict | None:
+        """The spout's :meth:`~ackstream.sources.spout.Spout.metrics`, shown by Spark as
+        the source's ``latestOffset`` in every ``StreamingQueryProgress``: pyspark's
+        Python data source has no custom metrics, and this is the one dict of the
+        planner's that reaches the progress (``ackstream.source_metrics`` reads it)."""
+        return None if self._spout is None else self._spout.metrics()
+
     def partitions(self, start: dict, end: dict):
         if self.config.tracking:
             self._spout_from(end)  # a restart re-running its last batch starts here
