@@ -3,8 +3,9 @@
 - ``ackstream demo``: the main job on the embedded default (no broker).
 - ``ackstream run FILE``: run a topology file with a local Spark session, wait
   for its queries, stop them cleanly on Ctrl-C, ``--timeout`` or ``--until-idle``.
-- ``ackstream status``: pending, acked, failed, replayed and dead-lettered roots
-  and complete-latency percentiles, read from a topology's channels.
+- ``ackstream status``: pending, acked, failed, replayed and dead-lettered roots,
+  complete-latency percentiles, rates over a window, failures by stage and lag per
+  partition, read from a topology's channels (``--json``, ``--prometheus``).
 - ``ackstream acker``: a topology's acker query in a process of its own (the
   topology started with ``acker=False``), until stopped.
 - ``ackstream bench [acker]``: the benchmark from the source checkout.
@@ -150,7 +151,10 @@ def _add_status(commands) -> None:
         "the ack and completion channels: pending (init record seen, no completion\n"
         "yet), acked, failed, timed out, replayed (failed or timed out and not\n"
         "dead-lettered), dead-lettered, and the complete latency of acked roots\n"
-        "(p50/p90/p99). Reads files or topics only: no Spark session.",
+        "(p50/p90/p99); acked, replayed and dead-lettered a second over --window;\n"
+        "failed roots by the stage their reason names; and per partition the end,\n"
+        "committed offset and lag the source last saved (local channel). Reads\n"
+        "files or topics only: no Spark session.",
         formatter_class=_Formatter,
     )
     status.set_defaults(subparser=status)  # errors name the subcommand
@@ -168,7 +172,16 @@ def _add_status(commands) -> None:
         default=None,
         help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
     )
-    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.add_argument(
+        "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
+    )
+    output = status.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print one JSON object")
+    output.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="print Prometheus' text exposition format (gauges), e.g. for a textfile collector",
+    )
 
 
 def _add_channel_options(command) -> None:
@@ -528,15 +541,21 @@ def _status(parser, args) -> int:
                 "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
                 "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY"
             )
+    if args.window <= 0:
+        parser.error("--window must be a positive number of seconds")
     if args.dead_letter_topic and not args.bootstrap:
         parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     try:
         if args.bootstrap:
             status = kafka_status(
-                args.bootstrap, args.topology, args.dead_letters, args.dead_letter_topic
+                args.bootstrap,
+                args.topology,
+                args.dead_letters,
+                args.dead_letter_topic,
+                window_s=args.window,
             )
         else:
-            status = local_status(channel, args.topology, args.dead_letters)
+            status = local_status(channel, args.topology, args.dead_letters, window_s=args.window)
     except AckstreamError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1
@@ -549,7 +568,10 @@ def _status(parser, args) -> int:
             file=sys.stderr,
         )
         return 1
-    print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
+    if args.prometheus:
+        print(status.prometheus(), end="")
+    else:
+        print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
     return 0
 
 

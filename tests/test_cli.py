@@ -310,3 +310,21 @@ def test_python_m_ackstream_status_json_on_a_filled_channel(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert {k: report[k] for k in EXPECTED} == EXPECTED and report["topology"] == "words"
+
+
+def test_status_prometheus_prints_the_gauges(capsys, tmp_path):
+    from test_status import EXPECTED, fill_channel
+
+    fill_channel(tmp_path / "ch")
+    assert main(["status", "--channel", str(tmp_path / "ch"), "--prometheus"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "# TYPE ackstream_roots gauge" in out
+    assert f'ackstream_roots{{topology="ackstream",outcome="acked"}} {EXPECTED["acked"]}' in out
+    assert any(line.startswith("ackstream_rate_per_second{") for line in out)
+
+
+def test_status_window_must_be_positive(capsys, tmp_path):
+    (tmp_path / "ch").mkdir()
+    with pytest.raises(SystemExit):
+        main(["status", "--channel", str(tmp_path / "ch"), "--window", "0"])
+    assert "--window must be a positive number" in capsys.readouterr().err
