@@ -39,9 +39,11 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
+from ackstream.clock import now_ms
 from ackstream.config import default_channel_dir
 from ackstream.records import ACKED, ALIVE, COMPLETION_SCHEMA
 from ackstream.sources.generator import committed_count
+from ackstream.status import read_source_metrics
 
 __all__ = ["DemoResult", "demo_directory", "run_demo"]
 
@@ -84,6 +86,9 @@ class DemoResult:
     completions: pd.DataFrame = field(repr=False)
     dead_letters: pd.DataFrame = field(repr=False)
     word_counts: pd.DataFrame = field(repr=False)
+    #: The source's offsets summed over partitions, polled once a second: ``ms``,
+    #: ``end`` (upstream) and ``committed`` (everything below acked or dead-lettered).
+    offsets: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
 
     def generated_records(self) -> set:
         """(partition, offset) of every record, split as the generator splits its count."""
@@ -231,6 +236,54 @@ class DemoResult:
             }
         )
 
+    def accounted_timeline(self, step_ms: int = 100) -> pd.DataFrame:
+        """Records accounted for over time, on a grid of ``t_s`` since :attr:`t0_ms`:
+        ``acked`` (by their ack), ``dead_lettered`` (by their last attempt's failure)
+        and ``accounted_for``, their sum, which reaches :attr:`records` at the end.
+
+        >>> from ackstream.records import completion_table
+        >>> from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA
+        >>> done = completion_table([1, 2, 3], ["acked", "failed", "acked"], partition=[0, 1, 1],
+        ...                         offset=0, attempt=[0, 0, 1], latency_ms=[40, 90, 30],
+        ...                         completed_ms=[1_040, 1_090, 1_530]).to_pandas()
+        >>> result = DemoResult(records=2, partitions=2, committed=2, seconds=1.5,
+        ...                     completions=done, dead_letters=DEAD_LETTER_SCHEMA.empty_table()
+        ...                     .to_pandas(), word_counts=pd.DataFrame())
+        >>> result.accounted_timeline(step_ms=500)["accounted_for"].tolist()
+        [0, 1, 2]
+        """
+        c, t0 = self.completions, self.t0_ms
+        acked = c[c["status"] == ACKED].drop_duplicates(["partition", "offset"])
+        last = self.dead_letters.assign(attempt=self.dead_letters["attempts"] - 1)
+        dead = c.merge(
+            last[["partition", "offset", "attempt"]], on=["partition", "offset", "attempt"]
+        )
+        dead = dead[dead["status"] != ACKED].drop_duplicates(["partition", "offset"])
+        times = {
+            k: np.sort(df["completed_ms"].to_numpy(np.int64))
+            for k, df in (("acked", acked), ("dead_lettered", dead))
+        }
+        end = max([t0, *(t[-1] for t in times.values() if len(t))]) + step_ms
+        grid = np.arange(t0, end + 1, step_ms, dtype=np.int64)
+        out = pd.DataFrame({"t_s": (grid - t0) / 1000.0})
+        for name, t in times.items():
+            out[name] = np.searchsorted(t, grid, side="right")
+        return out.assign(accounted_for=out["acked"] + out["dead_lettered"])
+
+    def offsets_timeline(self) -> pd.DataFrame:
+        """:attr:`offsets` with ``t_s`` since :attr:`t0_ms` and ``lag`` (end - committed)."""
+        o = self.offsets
+        if o.empty:
+            return pd.DataFrame(columns=["t_s", "end", "committed", "lag"])
+        return pd.DataFrame(
+            {
+                "t_s": (o["ms"] - self.t0_ms) / 1000.0,
+                "end": o["end"],
+                "committed": o["committed"],
+                "lag": o["end"] - o["committed"],
+            }
+        )
+
     def bucket_ms(self, buckets: int = 30) -> int:
         """A round bucket width giving at most about ``buckets`` buckets over the run."""
         done = self.completions["completed_ms"]
@@ -331,10 +384,16 @@ def run_demo(
     running = topology.start(topology.read_stream(options), checkpoint, trigger_ms=500)
     done, position = COMPLETION_SCHEMA.empty_table(), None
 
+    samples: list[dict] = []
+
     def seen() -> DemoResult:
         nonlocal done, position
         table, position = channel.completions_since(position)
         done = pa.concat_tables([done, table])
+        parts = (read_source_metrics(channel_dir) or {}).get("partitions", {})
+        sums = [sum(p[k] for t in parts.values() for p in t.values()) for k in ("end", "committed")]
+        if parts:
+            samples.append({"ms": now_ms(), "end": sums[0], "committed": sums[1]})
         return DemoResult(
             records=records,
             partitions=partitions,
@@ -345,6 +404,7 @@ def run_demo(
             .to_pandas()
             .drop(columns=["key", "value"]),
             word_counts=sink.to_pandas(),
+            offsets=pd.DataFrame(samples, columns=["ms", "end", "committed"]),
         )
 
     said, said_at = "", 0.0
