@@ -3,8 +3,9 @@
 - ``ackstream demo``: the main job on the embedded default (no broker).
 - ``ackstream run FILE``: run a topology file with a local Spark session, wait
   for its queries, stop them cleanly on Ctrl-C, ``--timeout`` or ``--until-idle``.
-- ``ackstream status``: pending, acked, failed, replayed and dead-lettered roots
-  and complete-latency percentiles, read from a topology's channels.
+- ``ackstream status``: pending, acked, failed, replayed and dead-lettered roots,
+  complete-latency percentiles, rates over a window, failures by stage and lag per
+  partition, read from a topology's channels (``--json``, ``--prometheus``).
 - ``ackstream acker``: a topology's acker query in a process of its own (the
   topology started with ``acker=False``), until stopped.
 - ``ackstream bench [acker]``: the benchmark from the source checkout.
@@ -80,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--max-retries", type=int, default=2, help="replays before a dead letter")
     demo.add_argument(
+        "--max-per-batch",
+        type=int,
+        default=250,
+        help="new records per micro-batch (maxOffsetsPerTrigger): the first batch is cold, "
+        "the later ones show the warm latency",
+    )
+    demo.add_argument(
         "--message-timeout-ms",
         type=int,
         default=10_000,
@@ -150,7 +158,10 @@ def _add_status(commands) -> None:
         "the ack and completion channels: pending (init record seen, no completion\n"
         "yet), acked, failed, timed out, replayed (failed or timed out and not\n"
         "dead-lettered), dead-lettered, and the complete latency of acked roots\n"
-        "(p50/p90/p99). Reads files or topics only: no Spark session.",
+        "(p50/p90/p99); acked, replayed and dead-lettered a second over --window;\n"
+        "failed roots by the stage their reason names; and per partition the end,\n"
+        "committed offset and lag the source last saved (local channel). Reads\n"
+        "files or topics only: no Spark session.",
         formatter_class=_Formatter,
     )
     status.set_defaults(subparser=status)  # errors name the subcommand
@@ -168,7 +179,16 @@ def _add_status(commands) -> None:
         default=None,
         help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
     )
-    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.add_argument(
+        "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
+    )
+    output = status.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print one JSON object")
+    output.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="print Prometheus' text exposition format (gauges), e.g. for a textfile collector",
+    )
 
 
 def _add_channel_options(command) -> None:
@@ -283,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command != "bench":  # only bench passes options on
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "demo":
-        for name in ("records", "poison_every", "message_timeout_ms"):
+        for name in ("records", "poison_every", "message_timeout_ms", "max_per_batch"):
             if getattr(args, name) <= 0:
                 parser.error(f"--{name.replace('_', '-')} must be a positive number")
         return _demo(args)
@@ -319,13 +339,20 @@ def _demo(args) -> int:
             poison_every=args.poison_every,
             max_retries=args.max_retries,
             message_timeout_ms=args.message_timeout_ms,
+            max_per_batch=args.max_per_batch,
         )
     finally:
         spark.stop()
+    warm = (
+        "no later batch"
+        if s.warm_p50_ms != s.warm_p50_ms  # NaN: every record was in the first batch
+        else f"later batches p50 {s.warm_p50_ms:.0f} ms  p99 {s.warm_p99_ms:.0f} ms"
+    )
     print(
         f"\nrecords {s.records} in {s.seconds:.1f}s: acked {s.acked}, dead-lettered "
         f"{s.dead_lettered}, replayed attempts {s.replayed}, committed {s.committed}, "
-        f"lost {s.lost}\ncomplete latency p50 {s.p50_ms:.0f} ms  p99 {s.p99_ms:.0f} ms"
+        f"lost {s.lost}\ncomplete latency: first batch {s.cold_batch_ms:.0f} ms (cold: "
+        f"Spark start-up), {warm}\nnext: ackstream status --topology demo"
     )
     if not s.accounted_for:
         print("ackstream: not every record was accounted for", file=sys.stderr)
@@ -528,15 +555,21 @@ def _status(parser, args) -> int:
                 "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
                 "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY"
             )
+    if args.window <= 0:
+        parser.error("--window must be a positive number of seconds")
     if args.dead_letter_topic and not args.bootstrap:
         parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     try:
         if args.bootstrap:
             status = kafka_status(
-                args.bootstrap, args.topology, args.dead_letters, args.dead_letter_topic
+                args.bootstrap,
+                args.topology,
+                args.dead_letters,
+                args.dead_letter_topic,
+                window_s=args.window,
             )
         else:
-            status = local_status(channel, args.topology, args.dead_letters)
+            status = local_status(channel, args.topology, args.dead_letters, window_s=args.window)
     except AckstreamError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1
@@ -549,7 +582,10 @@ def _status(parser, args) -> int:
             file=sys.stderr,
         )
         return 1
-    print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
+    if args.prometheus:
+        print(status.prometheus(), end="")
+    else:
+        print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
     return 0
 
 

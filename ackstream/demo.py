@@ -14,7 +14,12 @@ dead-lettered and committed, and returns a :class:`DemoResult`: the figures
 ``ackstream demo`` prints, and the completions, dead letters and word counts
 that ``notebooks/quickstart.ipynb`` plots. Its timings come from the records
 themselves: a completion carries its root's end (``completed_ms``) and its
-complete latency, so the root's start is their difference, on one clock.
+complete latency, so the root's start is their difference, on one clock. The
+first batch is cold (Spark plans and compiles it, Python workers start), so its
+latency is reported apart from the later batches' p50 and p99.
+
+The channel and checkpoints stay in :func:`demo_directory` (cleared when a run
+starts), so that ``ackstream status --topology demo`` reads them afterwards.
 
 >>> result = run_demo(spark, records=200)                       # doctest: +SKIP
 >>> result.acked + result.dead_lettered, result.accounted_for  # doctest: +SKIP
@@ -25,7 +30,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -35,10 +39,20 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
+from ackstream.clock import now_ms
+from ackstream.config import default_channel_dir
 from ackstream.records import ACKED, ALIVE, COMPLETION_SCHEMA
 from ackstream.sources.generator import committed_count
+from ackstream.status import read_source_metrics
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "demo_directory", "run_demo"]
+
+
+def demo_directory() -> str:
+    """Where the demo keeps its channel (``channel/``) and checkpoints
+    (``checkpoint/``): the default channel of topology ``demo`` is its ``channel/``,
+    so ``ackstream status --topology demo`` finds it with no option."""
+    return os.path.dirname(default_channel_dir("demo"))
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,8 @@ class DemoResult:
     (2, 1, 0, True)
     >>> result.timeline(step_ms=500)["pending"].tolist()
     [2, 1, 0]
+    >>> result.cold_batch_ms, result.warm_p50_ms  # roots 1 and 2 were the first batch
+    (40.0, 30.0)
     """
 
     records: int  #: generated records
@@ -70,6 +86,9 @@ class DemoResult:
     completions: pd.DataFrame = field(repr=False)
     dead_letters: pd.DataFrame = field(repr=False)
     word_counts: pd.DataFrame = field(repr=False)
+    #: The source's offsets summed over partitions, polled once a second: ``ms``,
+    #: ``end`` (upstream) and ``committed`` (everything below acked or dead-lettered).
+    offsets: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
 
     def generated_records(self) -> set:
         """(partition, offset) of every record, split as the generator splits its count."""
@@ -116,9 +135,42 @@ class DemoResult:
     def p99_ms(self) -> float:
         return self._latency_percentile(99)
 
-    def _latency_percentile(self, q: float) -> float:
-        ok = self.completions.loc[self.completions["status"] == ACKED, "latency_ms"]
+    def _latency_percentile(self, q: float, warm: bool = False) -> float:
+        acked = self.completions["status"] == ACKED
+        if warm:
+            acked &= ~self.completions["root"].isin(self.first_batch_roots())
+        ok = self.completions.loc[acked, "latency_ms"]
         return float(np.percentile(ok.to_numpy(float), q)) if len(ok) else float("nan")
+
+    def first_batch_roots(self) -> set:
+        """The roots of the first (cold) batch: a batch's roots share their init time,
+        and the first batch's is :attr:`t0_ms`."""
+        roots = self.roots()
+        return set(roots.loc[roots["ts"] == self.t0_ms, "root"])
+
+    @property
+    def cold_batch_ms(self) -> float:
+        """Complete latency of the first batch's acked roots (the slowest; NaN if none):
+        Spark plans and compiles its stages and starts Python workers then."""
+        first = self.completions["root"].isin(self.first_batch_roots())
+        ok = self.completions.loc[first & (self.completions["status"] == ACKED), "latency_ms"]
+        return float(ok.max()) if len(ok) else float("nan")
+
+    @property
+    def cold_batch_end_s(self) -> float:
+        """When the first batch's trees were settled, in seconds since :attr:`t0_ms`."""
+        first = self.completions["root"].isin(self.first_batch_roots())
+        ends = self.completions.loc[first, "completed_ms"]
+        return float(ends.max() - self.t0_ms) / 1000 if len(ends) else float("nan")
+
+    @property
+    def warm_p50_ms(self) -> float:
+        """Median complete latency of acked roots after the first batch (NaN if none)."""
+        return self._latency_percentile(50, warm=True)
+
+    @property
+    def warm_p99_ms(self) -> float:
+        return self._latency_percentile(99, warm=True)
 
     @property
     def accounted_for(self) -> bool:
@@ -140,6 +192,9 @@ class DemoResult:
             "committed",
             "p50_ms",
             "p99_ms",
+            "cold_batch_ms",
+            "warm_p50_ms",
+            "warm_p99_ms",
             "seconds",
             "accounted_for",
         )
@@ -178,6 +233,54 @@ class DemoResult:
                 "emitted": emitted_n,
                 "finished": finished_n,
                 "pending": emitted_n - finished_n,
+            }
+        )
+
+    def accounted_timeline(self, step_ms: int = 100) -> pd.DataFrame:
+        """Records accounted for over time, on a grid of ``t_s`` since :attr:`t0_ms`:
+        ``acked`` (by their ack), ``dead_lettered`` (by their last attempt's failure)
+        and ``accounted_for``, their sum, which reaches :attr:`records` at the end.
+
+        >>> from ackstream.records import completion_table
+        >>> from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA
+        >>> done = completion_table([1, 2, 3], ["acked", "failed", "acked"], partition=[0, 1, 1],
+        ...                         offset=0, attempt=[0, 0, 1], latency_ms=[40, 90, 30],
+        ...                         completed_ms=[1_040, 1_090, 1_530]).to_pandas()
+        >>> result = DemoResult(records=2, partitions=2, committed=2, seconds=1.5,
+        ...                     completions=done, dead_letters=DEAD_LETTER_SCHEMA.empty_table()
+        ...                     .to_pandas(), word_counts=pd.DataFrame())
+        >>> result.accounted_timeline(step_ms=500)["accounted_for"].tolist()
+        [0, 1, 2]
+        """
+        c, t0 = self.completions, self.t0_ms
+        acked = c[c["status"] == ACKED].drop_duplicates(["partition", "offset"])
+        last = self.dead_letters.assign(attempt=self.dead_letters["attempts"] - 1)
+        dead = c.merge(
+            last[["partition", "offset", "attempt"]], on=["partition", "offset", "attempt"]
+        )
+        dead = dead[dead["status"] != ACKED].drop_duplicates(["partition", "offset"])
+        times = {
+            k: np.sort(df["completed_ms"].to_numpy(np.int64))
+            for k, df in (("acked", acked), ("dead_lettered", dead))
+        }
+        end = max([t0, *(t[-1] for t in times.values() if len(t))]) + step_ms
+        grid = np.arange(t0, end + 1, step_ms, dtype=np.int64)
+        out = pd.DataFrame({"t_s": (grid - t0) / 1000.0})
+        for name, t in times.items():
+            out[name] = np.searchsorted(t, grid, side="right")
+        return out.assign(accounted_for=out["acked"] + out["dead_lettered"])
+
+    def offsets_timeline(self) -> pd.DataFrame:
+        """:attr:`offsets` with ``t_s`` since :attr:`t0_ms` and ``lag`` (end - committed)."""
+        o = self.offsets
+        if o.empty:
+            return pd.DataFrame(columns=["t_s", "end", "committed", "lag"])
+        return pd.DataFrame(
+            {
+                "t_s": (o["ms"] - self.t0_ms) / 1000.0,
+                "end": o["end"],
+                "committed": o["committed"],
+                "lag": o["end"] - o["committed"],
             }
         )
 
@@ -235,13 +338,22 @@ def run_demo(
     ``fail_percent`` of word tuples fail on their first attempt; the record at offset
     ``poison_every // 2`` of every ``poison_every`` of a partition fails on every
     attempt. ``progress`` gets a line a second. ``max_per_batch`` is the source's
-    ``maxOffsetsPerTrigger`` (None: no limit). ``directory`` (default: a temporary
-    one, removed afterwards) holds the channel and the checkpoints.
+    ``maxOffsetsPerTrigger`` (None: no limit). ``directory`` (default:
+    :func:`demo_directory`) holds the channel and the checkpoints; a run clears them
+    first (an old checkpoint would resume the old query) and leaves them for
+    ``ackstream status``.
     """
-    own_directory = directory is None
-    directory = directory or tempfile.mkdtemp(prefix="ackstream-demo-")
+    directory = directory or demo_directory()
     channel_dir = os.path.join(directory, "channel")
+    checkpoint = os.path.join(directory, "checkpoint")
+    for old in (channel_dir, checkpoint):
+        shutil.rmtree(old, ignore_errors=True)
     channel = LocalChannel(channel_dir)
+    where = "" if channel_dir == default_channel_dir("demo") else f" --channel {channel_dir}"
+    progress(
+        f"channel {channel_dir}, checkpoints {checkpoint}: kept after the run for "
+        f"`ackstream status --topology demo{where}`"
+    )
     sink = MemorySink()
     flaky = (F.col("_attempt") == 0) & (
         F.pmod(F.xxhash64("word", "offset"), F.lit(100)) < fail_percent
@@ -268,15 +380,20 @@ def run_demo(
     if max_per_batch:
         options["maxOffsetsPerTrigger"] = max_per_batch
     started = time.monotonic()
-    running = topology.start(
-        topology.read_stream(options), os.path.join(directory, "checkpoint"), trigger_ms=500
-    )
+    progress("starting the topology and acker queries (Spark start-up)")
+    running = topology.start(topology.read_stream(options), checkpoint, trigger_ms=500)
     done, position = COMPLETION_SCHEMA.empty_table(), None
+
+    samples: list[dict] = []
 
     def seen() -> DemoResult:
         nonlocal done, position
         table, position = channel.completions_since(position)
         done = pa.concat_tables([done, table])
+        parts = (read_source_metrics(channel_dir) or {}).get("partitions", {})
+        sums = [sum(p[k] for t in parts.values() for p in t.values()) for k in ("end", "committed")]
+        if parts:
+            samples.append({"ms": now_ms(), "end": sums[0], "committed": sums[1]})
         return DemoResult(
             records=records,
             partitions=partitions,
@@ -287,24 +404,45 @@ def run_demo(
             .to_pandas()
             .drop(columns=["key", "value"]),
             word_counts=sink.to_pandas(),
+            offsets=pd.DataFrame(samples, columns=["ms", "end", "committed"]),
         )
 
+    said, said_at = "", 0.0
     try:
         while True:
             if running.exception():
                 raise RuntimeError(f"a query of the demo stopped: {running.exception()}")
             now = seen()
-            progress(
-                f"[{now.seconds:5.1f}s] committed {now.committed:>6}/{records}"
-                f"  acked {now.acked:>6}  replayed {now.replayed:>4}"
-                f"  dead-lettered {now.dead_lettered:>3}"
-            )
+            if now.completions.empty:  # Spark start-up, then the cold first batch
+                line = f"waiting for the first batch: {_query_phase(running.query)}"
+                if line != said or now.seconds - said_at >= 5:
+                    progress(f"[{now.seconds:5.1f}s] {line}")
+                    said, said_at = line, now.seconds
+            else:
+                if said:
+                    progress(
+                        f"[{now.seconds:5.1f}s] first batch settled (cold: Spark compiled its "
+                        "plans and started Python workers); later batches are warm"
+                    )
+                    said = ""
+                progress(
+                    f"[{now.seconds:5.1f}s] committed {now.committed:>6}/{records}"
+                    f"  acked {now.acked:>6}  replayed {now.replayed:>4}"
+                    f"  dead-lettered {now.dead_lettered:>3}"
+                )
             if (now.lost == 0 and now.committed >= records) or now.seconds > timeout_s:
                 break
             time.sleep(1.0)
     finally:
         running.stop()
-    result = seen()
-    if own_directory:
-        shutil.rmtree(directory, ignore_errors=True)
-    return result
+    return seen()
+
+
+def _query_phase(query) -> str:
+    """What Spark says the topology query is doing, in words for the demo's progress."""
+    status = query.status
+    if query.lastProgress is None and not status.get("isTriggerActive"):
+        return "Spark is starting the query"
+    if query.lastProgress is None:
+        return f"batch 0 is running ({status.get('message', '').lower()})"
+    return f"batch {query.lastProgress['batchId'] + 1} ({status.get('message', '').lower()})"

@@ -24,6 +24,15 @@ channel counts each root once, with its first completion.
 - ``latency_ms``: complete latency (init to ack, as Storm's ``complete latency``)
   percentiles of the acked roots; ``None`` when nothing was acked.
 
+- ``rates_per_s``: acked, replayed and dead-lettered roots a second over the last
+  ``window_s`` seconds, by their completions' time.
+- ``failed_by_stage``: failed and rejected roots by the stage their reason names
+  (``"timed out"`` for timeouts): Storm UI's failed count per bolt.
+- ``partitions``: per topic and partition the upstream's ``end``, the ``committed``
+  offset (everything below it acked or dead-lettered) and ``lag`` (end - committed),
+  as the source last saw them (:data:`SOURCE_METRICS_FILE` in a local channel);
+  ``None`` when unknown.
+
 Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
 
 >>> import pyarrow as pa
@@ -39,6 +48,7 @@ Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -47,6 +57,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ackstream.clock import now_ms
 from ackstream.errors import EnvironmentProblem
 from ackstream.records import (
     ACKED,
@@ -59,9 +70,19 @@ from ackstream.records import (
     one_outcome_per_root,
 )
 
-__all__ = ["PERCENTILES", "Status", "kafka_status", "local_status", "summarize"]
+__all__ = [
+    "PERCENTILES",
+    "SOURCE_METRICS_FILE",
+    "Status",
+    "kafka_status",
+    "local_status",
+    "source_metrics",
+    "summarize",
+]
 
 PERCENTILES = (50, 90, 99)
+#: The source's latest metrics (``Spout.metrics``), JSON, in a local channel directory.
+SOURCE_METRICS_FILE = "source-metrics.json"
 
 
 @dataclass(frozen=True)
@@ -81,6 +102,10 @@ class Status:
     invalid: int
     dead_lettered: int | None
     latency_ms: dict[str, float] | None  #: {"p50": .., "p90": .., "p99": ..}
+    window_s: float = 60.0
+    rates_per_s: dict[str, float] | None = None  #: {"acked": .., "replayed": .., ..}
+    failed_by_stage: dict[str, int] | None = None
+    partitions: dict | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,7 +143,80 @@ class Status:
                 "  complete latency (acked)  "
                 + "  ".join(f"{k} {v:.0f} ms" for k, v in self.latency_ms.items())
             )
+        if self.rates_per_s is not None:
+            out.append(
+                f"  last {self.window_s:g} s  "
+                + "  ".join(f"{k.replace('_', '-')} {v:.1f}/s" for k, v in self.rates_per_s.items())
+            )
+        if self.failed_by_stage:
+            out.append("  failed by stage")
+            out += [f"    {stage:<24}{n:>8}" for stage, n in self.failed_by_stage.items()]
+        if self.partitions is None:
+            out.append("  lag: unknown (no source metrics in this channel yet)")
+        else:
+            out.append(f"  {'partition':<24}{'end':>10}{'committed':>11}{'lag':>8}")
+            for topic, parts in self.partitions.items():
+                for p, m in parts.items():
+                    name = f"{topic}[{p}]"
+                    out.append(f"  {name:<24}{m['end']:>10}{m['committed']:>11}{m['lag']:>8}")
         return out
+
+    def prometheus(self) -> str:
+        """The figures in Prometheus' text exposition format (gauges), for a textfile
+        collector or a scrape through a small HTTP wrapper."""
+        label = f'topology="{_escape(self.topology)}"'
+        lines = ["# TYPE ackstream_roots gauge"]
+        outcomes = ("pending", "acked", "failed", "timed_out", "replayed", "rejected")
+        lines += [
+            f'ackstream_roots{{{label},outcome="{name}"}} {getattr(self, name)}'
+            for name in outcomes
+        ]
+        if self.dead_lettered is not None:
+            lines.append(f'ackstream_roots{{{label},outcome="dead_lettered"}} {self.dead_lettered}')
+        if self.rates_per_s is not None:
+            lines.append("# TYPE ackstream_rate_per_second gauge")
+            lines += [
+                f'ackstream_rate_per_second{{{label},outcome="{k}",window_s="{self.window_s:g}"}} '
+                f"{v:g}"
+                for k, v in self.rates_per_s.items()
+            ]
+        if self.failed_by_stage:
+            lines.append("# TYPE ackstream_failed_by_stage gauge")
+            lines += [
+                f'ackstream_failed_by_stage{{{label},stage="{_escape(stage)}"}} {n}'
+                for stage, n in self.failed_by_stage.items()
+            ]
+        if self.latency_ms is not None:
+            lines.append("# TYPE ackstream_complete_latency_ms gauge")
+            lines += [
+                f'ackstream_complete_latency_ms{{{label},quantile="0.{k[1:]}"}} {v:g}'
+                for k, v in self.latency_ms.items()
+            ]
+        for name in ("end", "committed", "lag") if self.partitions else ():
+            lines.append(f"# TYPE ackstream_partition_{name} gauge")
+            lines += [
+                f'ackstream_partition_{name}{{{label},topic="{_escape(topic)}",partition="{p}"}} '
+                f"{m[name]}"
+                for topic, parts in self.partitions.items()
+                for p, m in parts.items()
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def stage_of(status: str, reason: str | None) -> str:
+    """The stage a failed root's reason names: the text before its first colon
+    (``"poison: (offset % 10) = 5"`` -> ``"poison"``; a sink's reason names the sink).
+
+    >>> stage_of("failed", "parse#2: ValueError: bad"), stage_of("timed_out", None)
+    ('parse#2', 'timed out')
+    """
+    if status == TIMED_OUT:
+        return "timed out"
+    return (reason or "").split(":", 1)[0].strip() or "(no reason)"
 
 
 def summarize(
@@ -128,10 +226,14 @@ def summarize(
     *,
     topology: str = "ackstream",
     channel: str = "",
+    now_ms: int | None = None,
+    window_s: float = 60.0,
+    partitions: dict | None = None,
 ) -> Status:
     """Count roots by outcome from the roots of init records, the completions
     (``COMPLETION_SCHEMA``) and the dead letters (``DEAD_LETTER_SCHEMA``, or None if
-    unknown). Pure: no I/O."""
+    unknown); rates over the ``window_s`` seconds before ``now_ms`` (None: no rates);
+    ``partitions`` as the source reported them. Pure: no I/O."""
     inits = np.unique(
         np.asarray(
             list(init_roots) if not isinstance(init_roots, np.ndarray) else init_roots,
@@ -149,12 +251,23 @@ def summarize(
     if dead_letters is not None:
         for d in dead_letters.select(["topic", "partition", "offset", "attempts"]).to_pylist():
             dead_keys.add((d["topic"], d["partition"], d["offset"], d["attempts"] - 1))
-    replayed = sum(
-        1
-        for c in done.select(["status", "topic", "partition", "offset", "attempt"]).to_pylist()
-        if c["status"] in (FAILED, TIMED_OUT)
-        and (c["topic"], c["partition"], c["offset"], c["attempt"]) not in dead_keys
-    )
+    since = None if now_ms is None else now_ms - window_s * 1000
+    recent = dict.fromkeys(("acked", "replayed", "dead_lettered"), 0)
+    replayed, by_stage = 0, {}
+    columns = ["status", "topic", "partition", "offset", "attempt", "completed_ms", "reason"]
+    for c in done.select(columns).to_pylist():
+        if c["status"] == ACKED:
+            outcome = "acked"
+        elif (c["topic"], c["partition"], c["offset"], c["attempt"]) in dead_keys:
+            outcome = "dead_lettered"
+        else:
+            outcome = "replayed" if c["status"] in (FAILED, TIMED_OUT) else None
+        replayed += outcome == "replayed"
+        if c["status"] in (FAILED, TIMED_OUT, REJECTED):
+            stage = stage_of(c["status"], c["reason"])
+            by_stage[stage] = by_stage.get(stage, 0) + 1
+        if outcome and since is not None and (c["completed_ms"] or 0) > since:
+            recent[outcome] += 1
 
     acked = done.filter(pc.equal(done.column("status"), ACKED))
     latency = acked.column("latency_ms").drop_null().to_numpy().astype(np.float64)
@@ -177,11 +290,18 @@ def summarize(
         invalid=n_invalid,
         dead_lettered=None if dead_letters is None else dead_letters.num_rows,
         latency_ms=percentiles,
+        window_s=window_s,
+        rates_per_s=None if since is None else {k: n / window_s for k, n in recent.items()},
+        failed_by_stage=dict(sorted(by_stage.items(), key=lambda kv: -kv[1])),
+        partitions=partitions,
     )
 
 
 def local_status(
-    directory: str, topology: str = "ackstream", dead_letter_dir: str | None = None
+    directory: str,
+    topology: str = "ackstream",
+    dead_letter_dir: str | None = None,
+    window_s: float = 60.0,
 ) -> Status:
     """The status of the local channel in ``directory`` (dead letters default to
     ``<directory>/dead_letters``, the source's folder when no dead-letter topic is set)."""
@@ -202,7 +322,19 @@ def local_status(
         letters,
         topology=topology,
         channel=directory,
+        now_ms=now_ms(),
+        window_s=window_s,
+        partitions=(read_source_metrics(directory) or {}).get("partitions"),
     )
+
+
+def read_source_metrics(directory: str) -> dict | None:
+    """The metrics the source last saved in the local channel ``directory``, or None."""
+    try:
+        with open(os.path.join(directory, SOURCE_METRICS_FILE)) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def kafka_status(
@@ -210,6 +342,7 @@ def kafka_status(
     topology: str,
     dead_letter_dir: str | None = None,
     dead_letter_topic: str | None = None,
+    window_s: float = 60.0,
 ) -> Status:
     """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
     ``<topology>.done``).
@@ -232,6 +365,8 @@ def kafka_status(
         letters,
         topology=topology,
         channel=f"kafka {bootstrap} {channel.acks_topic}, {channel.done_topic}",
+        now_ms=now_ms(),
+        window_s=window_s,
     )
     if letters is None:
         topic = dead_letter_topic or f"{topology}.dead"
@@ -244,3 +379,25 @@ def _init_roots(records: pa.Table) -> np.ndarray:
     is_init = pc.not_equal(pc.bit_wise_and(records.column("kind"), pa.scalar(INIT, pa.int8())), 0)
     roots = records.column("root").filter(pc.fill_null(is_init, False))
     return np.unique(roots.to_numpy(zero_copy_only=False).astype(np.int64))
+
+
+def source_metrics(progress) -> dict | None:
+    """The ``ackstream`` source's metrics in a ``StreamingQueryProgress`` (as
+    ``query.lastProgress`` gives it, or its JSON as a dict): acked, failed, timed_out,
+    rejected, replayed and dead_lettered since the query started, pending roots, and
+    per topic and partition ``end``, ``committed`` and ``lag``. Spark shows them as the
+    source's ``latestOffset`` (see ``Spout.metrics``). None if no source reported them.
+
+    >>> source_metrics({"sources": [{"latestOffset": '{"acked": 3, "pending": 1, '
+    ...                              '"partitions": {"t": {"0": {"lag": 1}}}}'}]})["acked"]
+    3
+    """
+    for source in (progress or {}).get("sources", ()):
+        latest = source.get("latestOffset")
+        try:
+            latest = json.loads(latest) if isinstance(latest, str) else latest
+        except ValueError:
+            continue
+        if isinstance(latest, dict) and {"pending", "partitions"} <= latest.keys():
+            return latest
+    return None

@@ -19,8 +19,11 @@ def test_bad_demo_argument_names_the_flag(capsys):
 
 
 @pytest.mark.spark
-def test_demo_accounts_for_every_record(spark, tmp_path):
+def test_demo_accounts_for_every_record_and_leaves_its_channel_for_status(spark, tmp_path):
+    import math
+
     from ackstream.demo import run_demo
+    from ackstream.status import local_status
 
     lines = []
     result = run_demo(
@@ -29,6 +32,7 @@ def test_demo_accounts_for_every_record(spark, tmp_path):
         fail_percent=10,
         poison_every=50,
         max_retries=1,
+        max_per_batch=60,
         directory=str(tmp_path),
         progress=lines.append,
         timeout_s=240,
@@ -40,6 +44,17 @@ def test_demo_accounts_for_every_record(spark, tmp_path):
     assert lines and lines[-1].startswith("[") and "committed    120/120" in lines[-1]
     assert result.word_counts["n"].sum() > 0
     assert result.timeline()["finished"].iloc[-1] == len(result.completions)
+    # its first lines say where the channel is and what Spark is doing before a batch ends
+    assert lines[0].startswith(f"channel {tmp_path / 'channel'}")
+    assert any("waiting for the first batch: " in line for line in lines[:5])
+    assert sum("first batch settled" in line for line in lines) == 1
+    assert len(result.first_batch_roots()) == 60  # maxOffsetsPerTrigger
+    assert not math.isnan(result.cold_batch_ms) and not math.isnan(result.warm_p50_ms)
+    status = local_status(str(tmp_path / "channel"), "demo")
+    assert (status.acked, status.dead_lettered) == (118, 2)
+    assert status.partitions == {
+        "generator": {str(p): {"end": 60, "committed": 60, "lag": 0} for p in (0, 1)}
+    }
 
 
 # --- run, status, bench: the parser apart ---------------------------------------------
@@ -310,3 +325,21 @@ def test_python_m_ackstream_status_json_on_a_filled_channel(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert {k: report[k] for k in EXPECTED} == EXPECTED and report["topology"] == "words"
+
+
+def test_status_prometheus_prints_the_gauges(capsys, tmp_path):
+    from test_status import EXPECTED, fill_channel
+
+    fill_channel(tmp_path / "ch")
+    assert main(["status", "--channel", str(tmp_path / "ch"), "--prometheus"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "# TYPE ackstream_roots gauge" in out
+    assert f'ackstream_roots{{topology="ackstream",outcome="acked"}} {EXPECTED["acked"]}' in out
+    assert any(line.startswith("ackstream_rate_per_second{") for line in out)
+
+
+def test_status_window_must_be_positive(capsys, tmp_path):
+    (tmp_path / "ch").mkdir()
+    with pytest.raises(SystemExit):
+        main(["status", "--channel", str(tmp_path / "ch"), "--window", "0"])
+    assert "--window must be a positive number" in capsys.readouterr().err

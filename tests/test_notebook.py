@@ -23,7 +23,14 @@ pytestmark = pytest.mark.notebook
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
 KERNEL = "ackstream-test-python"
-PLOTS = ("latency.png", "pending.png", "per_bucket.png")
+PLOTS = (
+    "accounted.png",
+    "lag.png",
+    "dead_letters.png",
+    "latency.png",
+    "pending.png",
+    "per_bucket.png",
+)
 
 
 def small_parameters(plot_dir: Path) -> str:
@@ -39,6 +46,7 @@ def small_parameters(plot_dir: Path) -> str:
             "MESSAGE_TIMEOUT_MS = 5000",
             "TIMEOUT_S = 150",
             f"PLOT_DIR = {str(plot_dir)!r}",
+            f"DIRECTORY = {str(plot_dir.parent / 'demo')!r}",
         ]
     )
 
@@ -101,6 +109,7 @@ def test_quickstart_notebook_accounts_for_every_record(tmp_path, kernel_name):
     ), figures
     assert figures["dead_lettered"] == 4, figures
     assert figures["replayed"] > 2 * figures["dead_lettered"], figures  # FAIL_PERCENT replays too
+    assert figures["cold_batch_ms"] > 0, figures  # the first batch, marked apart
     for name in PLOTS:
         path = plot_dir / name
         assert path.is_file() and path.stat().st_size > 1000, f"{name} was not saved"

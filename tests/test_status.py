@@ -1,5 +1,6 @@
 """``ackstream status``: counting roots by outcome from the channels, without Spark."""
 
+import json
 import os
 
 import pyarrow as pa
@@ -181,3 +182,62 @@ def test_kafka_status_reads_both_topics(broker, tmp_path):
         1,
     )
     assert status.dead_lettered == 0 and status.latency_ms["p50"] == 7.0
+
+
+def finished(root, status, offset, at_s, attempt=0, reason=None):
+    """A completion at ``at_s`` seconds (epoch ms / 1000), with the stage's reason."""
+    return {**done(root, status, offset, attempt, latency=1), "completed_ms": at_s * 1000} | {
+        "reason": reason
+    }
+
+
+def test_rates_count_the_window_before_now_by_outcome():
+    letters = pa.Table.from_pylist(
+        [{"topic": "t", "partition": 0, "offset": 4, "attempts": 2}], schema=DEAD_LETTER_SCHEMA
+    )
+    rows = [
+        finished(1, ACKED, 1, 85),  # before the window
+        finished(2, ACKED, 2, 95),
+        finished(3, ACKED, 3, 99),
+        finished(4, FAILED, 4, 91, reason="parse: ValueError: x"),  # replayed as root 5
+        finished(5, FAILED, 4, 98, attempt=1, reason="parse: ValueError: x"),  # dead-lettered
+        finished(6, TIMED_OUT, 6, 100),
+    ]
+    status = summarize([], completions(rows), letters, now_ms=100_000, window_s=10)
+    assert status.rates_per_s == {"acked": 0.2, "replayed": 0.2, "dead_lettered": 0.1}
+    assert "  last 10 s  acked 0.2/s  replayed 0.2/s  dead-lettered 0.1/s" in status.lines()
+
+
+def test_failed_roots_are_counted_by_the_stage_their_reason_names():
+    rows = [
+        finished(1, FAILED, 1, 1, reason="poison: (offset % 10) = 5"),
+        finished(2, FAILED, 2, 1, reason="poison: (offset % 10) = 5"),
+        finished(3, REJECTED, 3, 1, reason="parse#2: ValueError: bad"),
+        finished(4, TIMED_OUT, 4, 1),
+        finished(5, ACKED, 5, 1),
+    ]
+    status = summarize([], completions(rows), None)
+    assert status.failed_by_stage == {"poison": 2, "parse#2": 1, "timed out": 1}
+    assert status.rates_per_s is None  # no time given: no rates
+
+
+def test_local_status_shows_the_lag_the_source_saved_and_exposes_it_to_prometheus(tmp_path):
+    from ackstream.status import SOURCE_METRICS_FILE
+
+    fill_channel(tmp_path / "ch")
+    parts = {"t": {"0": {"end": 12, "committed": 6, "lag": 6}}}
+    (tmp_path / "ch" / SOURCE_METRICS_FILE).write_text(json.dumps({"partitions": parts}))
+    status = local_status(str(tmp_path / "ch"), "words")
+    assert status.partitions == parts
+    assert "  t[0]                            12          6       6" in status.lines()
+    exposition = status.prometheus().splitlines()
+    assert 'ackstream_partition_lag{topology="words",topic="t",partition="0"} 6' in exposition
+    assert 'ackstream_roots{topology="words",outcome="pending"} 3' in exposition
+    assert 'ackstream_roots{topology="words",outcome="dead_lettered"} 1' in exposition
+
+
+def test_local_status_without_source_metrics_says_the_lag_is_unknown(tmp_path):
+    fill_channel(tmp_path / "ch")
+    status = local_status(str(tmp_path / "ch"), "words")
+    assert status.partitions is None
+    assert any(line.startswith("  lag: unknown") for line in status.lines())

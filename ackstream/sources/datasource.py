@@ -11,6 +11,8 @@ fresh, pickled reader and gets everything it needs from its
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -18,10 +20,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ackstream.channels import open_channel
 from ackstream.config import SourceConfig
+from ackstream.files import write_atomically
 from ackstream.sources.offsets import read_tasks
 from ackstream.sources.rows import SOURCE_DDL, ReadTask
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import check_options, open_upstream
+from ackstream.status import SOURCE_METRICS_FILE
 
 __all__ = ["AckstreamDataSource", "AckstreamStreamReader", "register"]
 
@@ -92,6 +96,20 @@ class AckstreamStreamReader(DataSourceStreamReader):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return self._spout_from(start).next_offset(max_rows) or start
 
+    def reportLatestOffset(self) -> dict | None:
+        """The spout's :meth:`~ackstream.sources.spout.Spout.metrics`, shown by Spark as
+        the source's ``latestOffset`` in every ``StreamingQueryProgress``: pyspark's
+        Python data source has no custom metrics, and this is the one dict of the
+        planner's that reaches the progress (``ackstream.status.source_metrics`` reads
+        it). A local channel keeps the latest in its folder too, for ``ackstream status``."""
+        if self._spout is None:
+            return None
+        metrics = self._spout.metrics()
+        if self.config.channel != "kafka" and os.path.isdir(self.config.channel):
+            path = os.path.join(self.config.channel, SOURCE_METRICS_FILE)
+            write_atomically(path, lambda hidden: _write_json(hidden, metrics))
+        return metrics
+
     def partitions(self, start: dict, end: dict):
         if self.config.tracking:
             self._spout_from(end)  # a restart re-running its last batch starts here
@@ -110,3 +128,8 @@ class AckstreamStreamReader(DataSourceStreamReader):
 
     def read(self, partition: TaskPartition):
         yield from open_upstream(self.config).read(partition.task)
+
+
+def _write_json(path: str, value: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f)

@@ -127,6 +127,7 @@ class Spout:
         self._dead_since_snapshot = False
         self._ticked_ms = 0
         self.committed: dict = {}  # {tp: (offset, metadata without the claim)}
+        self.latest: dict = {}  # {tp: the upstream's end offset}, as last seen
         if config.tracking:
             self._merge_group_commits()
 
@@ -165,7 +166,7 @@ class Spout:
         tps = list(tracker.parts)
         self._check_retention(tps)
         positions = {tp: tracker.parts[tp].end for tp in tps}
-        latest = self.upstream.latest(tps, positions)
+        latest = self.latest = self.upstream.latest(tps, positions)
         lags = {tp: max(0, latest[tp] - positions[tp]) for tp in tps}
         shares = share_by_lag(budget, lags)
         read: dict = {}
@@ -200,6 +201,28 @@ class Spout:
                 timeout=self.config.message_timeout_ms,
             )
         return offset
+
+    def metrics(self) -> dict:
+        """What this source has seen since its query started, JSON-ready: the
+        :attr:`Tracker.counts <ackstream.sources.tracking.Tracker.counts>`, roots
+        ``pending`` (in flight) and records ``waiting`` for a replay's backoff; per
+        topic and partition its ``end`` (upstream), ``committed`` (the watermark: every
+        offset below it is acked or dead-lettered) and ``lag`` (end - committed)."""
+        tracker = self.tracker
+        parts: dict = {}
+        for tp, part in sorted(tracker.parts.items()):
+            end = self.latest.get(tp, part.end)
+            parts.setdefault(tp[0], {})[str(tp[1])] = {
+                "end": end,
+                "committed": part.watermark,
+                "lag": max(0, end - part.watermark),
+            }
+        return {
+            **tracker.counts,
+            "pending": tracker.in_flight,
+            "waiting": len(tracker.scheduled),
+            "partitions": parts,
+        }
 
     def _add_new_partitions(self) -> None:
         """Partitions added upstream since the start are read from their earliest

@@ -35,11 +35,13 @@ from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 from ackstream.sources.rows import TP
 from ackstream.sources.state import Unfinished
 
-__all__ = ["METADATA_LIMIT", "DeadLetter", "Tracker", "ranges"]
+__all__ = ["METADATA_LIMIT", "OUTCOME_COUNTS", "DeadLetter", "Tracker", "ranges"]
 
 
 #: Bytes of commit metadata we allow ourselves (brokers default to 4096).
 METADATA_LIMIT = 3800
+#: The names of :attr:`Tracker.counts`.
+OUTCOME_COUNTS = ("acked", "failed", "timed_out", "rejected", "replayed", "dead_lettered")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ class Tracker:
         self.flights = InFlight()
         self.scheduled: dict[tuple[TP, int], tuple[int, int]] = {}  # -> (attempt, due_ms)
         self.dead: dict[tuple[TP, int], DeadLetter] = {}
+        #: Outcomes since this tracker was made (a restart starts at 0): roots acked,
+        #: failed, timed out and rejected; records replayed and dead-lettered.
+        self.counts = dict.fromkeys(OUTCOME_COUNTS, 0)
         #: True: a root's source timeout starts at :meth:`started` (when Spark has run
         #: its batch), not when it is planned; the first batch of a query may start late.
         self.clock_on_commit = False
@@ -202,11 +207,13 @@ class Tracker:
         failed = self.flights.take(list(outcomes)).sorted_by("part", "offset")
         for root, part, offset, attempt in zip(*(col.tolist() for col in failed[:4])):
             outcome, reason = outcomes[root]
+            self.counts[outcome if outcome in (REJECTED, TIMED_OUT) else "failed"] += 1
             why = outcome + (f": {reason}" if reason else "")
             new_dead += self._failed(
                 self._tps[part], offset, attempt, why, now_ms, replay=outcome != REJECTED
             )
         done = self.flights.take(completions.filter(acked).column("root").to_numpy())
+        self.counts["acked"] += len(done.root)
         for part in np.flatnonzero(np.bincount(done.part)).tolist():
             self.parts[self._tps[part]].mark_done(done.offset[done.part == part])
         return new_dead
@@ -225,6 +232,7 @@ class Tracker:
             self.flights.started_at_or_before(now_ms - self.source_timeout_ms)
         )
         overdue = overdue.sorted_by("emitted_ms", "part", "offset")
+        self.counts["timed_out"] += len(overdue.root)
         new_dead = []
         for part, offset, attempt in zip(*(col.tolist() for col in overdue[1:4])):
             new_dead += self._failed(self._tps[part], offset, attempt, TIMED_OUT, now_ms)
@@ -239,6 +247,7 @@ class Tracker:
             self.dead[(tp, offset)] = letter
             return [letter]
         self.scheduled[(tp, offset)] = (attempt + 1, now_ms + self.policy.delay_ms(attempt + 1))
+        self.counts["replayed"] += 1
         return []
 
     def _forget(self, tp: TP, offsets) -> None:
@@ -271,6 +280,7 @@ class Tracker:
 
     def dead_lettered(self, letters) -> None:
         """The dead letters were written: their records are done."""
+        self.counts["dead_lettered"] += len(letters)
         by_tp: dict[TP, list[int]] = {}
         for letter in letters:
             by_tp.setdefault((letter.topic, letter.partition), []).append(letter.offset)

@@ -155,3 +155,34 @@ def test_a_restart_from_the_checkpoint_is_the_same_query(make_spout, tmp_path):
         assert restarted.claim.owner == spout.claim.owner
     finally:
         restarted.close()
+
+
+def test_metrics_count_outcomes_and_give_each_partitions_lag(make_spout):
+    """What ``reportLatestOffset`` shows in Spark's progress: 10 records, partition 0's
+    0-4 acked, partition 1's offset 2 failed twice (replayed, then dead-lettered)."""
+    spout, channel, clock = make_spout(maxRetries=1, retryInitialDelay="1s")
+    spout.next_offset()
+    report(channel, ACKED, 0, range(5))
+    report(channel, FAILED, 1, [2])
+    spout.next_offset()
+    assert spout.metrics()["partitions"] == {
+        TOPIC: {
+            "0": {"end": 5, "committed": 5, "lag": 0},
+            "1": {"end": 5, "committed": 0, "lag": 5},
+        }
+    }
+    assert (spout.metrics()["pending"], spout.metrics()["waiting"]) == (4, 1)
+    clock.advance(1_000)
+    spout.next_offset()  # the replay, at attempt 1
+    report(channel, FAILED, 1, [2], attempt=1)
+    report(channel, ACKED, 1, [0, 1, 3])
+    spout.next_offset()
+    metrics = spout.metrics()
+    assert {k: metrics[k] for k in ("acked", "failed", "replayed", "dead_lettered")} == {
+        "acked": 8,
+        "failed": 2,
+        "replayed": 1,
+        "dead_lettered": 1,
+    }
+    assert (metrics["pending"], metrics["waiting"]) == (1, 0)  # partition 1's offset 4
+    assert metrics["partitions"][TOPIC]["1"] == {"end": 5, "committed": 4, "lag": 1}
