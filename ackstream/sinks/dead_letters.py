@@ -245,3 +245,72 @@ def _row_of(rec) -> dict | None:
         "timestamp_ms": int(ours["timestamp"]) if "timestamp" in ours else None,
         "headers": own or None,
     }
+
+
+def select_dead_letters(
+    letters: pa.Table, *, reason: str | None = None, records=(), limit: int | None = None
+) -> list[dict]:
+    """The dead letters whose reason contains ``reason`` (case-insensitive) and whose
+    ``(topic, partition, offset)`` is one of ``records`` (when given), at most ``limit``,
+    in (topic, partition, offset) order."""
+    wanted = {(t, int(p), int(o)) for t, p, o in records}
+    rows = sorted(letters.to_pylist(), key=lambda r: (r["topic"], r["partition"], r["offset"]))
+    out = [
+        r
+        for r in rows
+        if (reason is None or reason.lower() in (r["reason"] or "").lower())
+        and (not wanted or (r["topic"], r["partition"], r["offset"]) in wanted)
+    ]
+    return out if limit is None else out[:limit]
+
+
+#: The header a replayed record carries: where its dead letter came from.
+REPLAY_HEADER = "ackstream.replay_of"
+
+
+def replay_dead_letters(rows: list[dict], bootstrap: str, *, kafka_options=None) -> int:
+    """Send each dead letter's record back to its source topic and partition: key,
+    value and the record's own headers as they were, plus :data:`REPLAY_HEADER`
+    (``topic:partition:offset`` of the original). Waits for every broker ack; returns
+    how many were sent. A letter whose value was not kept (rejected for its size) is
+    refused: its record would come back empty."""
+    from kafka import KafkaProducer
+
+    dropped = [r for r in rows if r["value"] is None or _rejected_for_size(r)]
+    if dropped:
+        first = dropped[0]
+        raise ValueError(
+            f"dead letter {first['topic']}[{first['partition']}]@{first['offset']} has no "
+            "value (it was rejected for its size and only its coordinates were kept): "
+            "leave it out (--reason, --record), read the original from the source topic"
+        )
+    producer = KafkaProducer(
+        **client_settings(kafka_options or {}),
+        bootstrap_servers=bootstrap.split(","),
+        acks="all",
+        client_id="ackstream-dead-letters-replay",
+    )
+    try:
+        futures = []
+        for r in rows:
+            own = [(h["key"], h["value"]) for h in r["headers"] or ()]
+            origin = f"{r['topic']}:{r['partition']}:{r['offset']}".encode()
+            futures.append(
+                producer.send(
+                    r["topic"],
+                    key=r["key"],
+                    value=r["value"],
+                    partition=r["partition"],
+                    headers=own + [(REPLAY_HEADER, origin)],
+                )
+            )
+        producer.flush()
+        for future in futures:
+            future.get(timeout=30)
+    finally:
+        producer.close()
+    return len(rows)
+
+
+def _rejected_for_size(row: dict) -> bool:
+    return (row["reason"] or "").startswith("rejected: value of")
