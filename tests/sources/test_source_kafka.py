@@ -391,7 +391,7 @@ def test_bad_options_fail_at_load_with_the_option_named(spark, option, value):
     assert "OptionError" in str(err.value)
 
 
-@pytest.mark.long  # a query with a replay: 98 s under a load of 28 on 2 cores
+@pytest.mark.long  # a query with a replay: 31 s at a load of 1-3 on 2 cores
 def test_include_headers_through_spark_a_replay_has_the_same_columns(
     spark, broker, new_topic, setup, tmp_path
 ):
