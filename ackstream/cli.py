@@ -6,6 +6,8 @@
 - ``ackstream status``: pending, acked, failed, replayed and dead-lettered roots,
   complete-latency percentiles, rates over a window, failures by stage and lag per
   partition, read from a topology's channels (``--json``, ``--prometheus``).
+- ``ackstream dead-letters list|replay``: read a topology's dead letters, send
+  chosen ones back to their source topic.
 - ``ackstream acker``: a topology's acker query in a process of its own (the
   topology started with ``acker=False``), until stopped.
 - ``ackstream bench [acker]``: the benchmark from the source checkout.
@@ -95,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run(commands)
     _add_status(commands)
+    _add_dead_letters(commands)
     _add_acker(commands)
     _add_bench(commands)
     return parser
@@ -188,6 +191,53 @@ def _add_status(commands) -> None:
         "--prometheus",
         action="store_true",
         help="print Prometheus' text exposition format (gauges), e.g. for a textfile collector",
+    )
+
+
+def _add_dead_letters(commands) -> None:
+    dead = commands.add_parser(
+        "dead-letters",
+        help="list a topology's dead letters, or replay chosen ones to their topic",
+        description="Reads the dead letters a topology wrote: from --dead-letters DIR (Parquet),\n"
+        "else with --bootstrap from its dead-letter topic, else from\n"
+        "<channel>/dead_letters. Reads files or topics only: no Spark session.",
+        formatter_class=_Formatter,
+    )
+    actions = dead.add_subparsers(dest="action", required=True)
+    for name, text in (
+        ("list", "one line per dead letter: where from, attempts, reason"),
+        (
+            "replay",
+            "send chosen dead letters back to their source topic and partition (key, value "
+            "and headers as they were, plus an ackstream.replay_of header); prints what it "
+            "would send unless --yes. The dead letters stay: a second replay sends again",
+        ),
+    ):
+        action = actions.add_parser(name, help=text, description=text, formatter_class=_Formatter)
+        action.set_defaults(subparser=action)  # errors name the subcommand
+        _add_channel_options(action)
+        action.add_argument(
+            "--dead-letters", metavar="DIR", default=None, help="the dead-letter Parquet folder"
+        )
+        action.add_argument(
+            "--dead-letter-topic",
+            metavar="TOPIC",
+            default=None,
+            help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
+        )
+        action.add_argument(
+            "--reason", default=None, help="only letters whose reason contains this text"
+        )
+        action.add_argument(
+            "--record",
+            action="append",
+            default=[],
+            metavar="TOPIC:PARTITION:OFFSET",
+            help="only this record's letter (repeatable)",
+        )
+        action.add_argument("--limit", type=int, default=None, help="at most this many letters")
+    actions.choices["replay"].add_argument(
+        "--yes", action="store_true", help="send them (without it: only say what would be sent)"
     )
 
 
@@ -311,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args.subparser, args)
     if args.command == "status":
         return _status(args.subparser, args)
+    if args.command == "dead-letters":
+        return _dead_letters(args.subparser, args)
     if args.command == "acker":
         return _acker(args.subparser, args)
     if args.command == "bench":
@@ -586,6 +638,65 @@ def _status(parser, args) -> int:
         print(status.prometheus(), end="")
     else:
         print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
+    return 0
+
+
+def _dead_letters(parser, args) -> int:
+    from ackstream.config import default_channel_dir
+    from ackstream.sinks.dead_letters import (
+        read_dead_letters,
+        replay_dead_letters,
+        select_dead_letters,
+    )
+
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be a positive number")
+    records = []
+    for text in args.record:
+        topic, _, rest = text.rpartition(":")
+        match = re.fullmatch(r"(.+):(\d+)", topic) if rest.isdigit() else None
+        if not match:
+            parser.error(f"--record {text!r}: give TOPIC:PARTITION:OFFSET, e.g. orders:0:42")
+        records.append((match.group(1), int(match.group(2)), int(rest)))
+    if args.dead_letter_topic and not args.bootstrap:
+        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    if args.action == "replay" and not args.bootstrap:
+        parser.error("replay needs --bootstrap HOST:PORT: the brokers of the source topics")
+    if args.dead_letters:
+        where, letters = args.dead_letters, read_dead_letters(args.dead_letters)
+    elif args.bootstrap:
+        topic = args.dead_letter_topic or f"{args.topology}.dead"
+        where = f"topic {topic} on {args.bootstrap}"
+        try:
+            letters = read_dead_letters(bootstrap=args.bootstrap, topic=topic)
+        except Exception as problem:  # kafka-python's errors (no broker, timeouts)
+            print(f"ackstream: could not read {where}: {problem}", file=sys.stderr)
+            return 1
+    else:
+        folder = os.path.join(args.channel or default_channel_dir(args.topology), "dead_letters")
+        if not os.path.isdir(folder):
+            parser.error(
+                f"no dead letters at {folder}: pass --dead-letters DIR, --channel DIR (the "
+                "source's ackstream.channel) or --bootstrap HOST:PORT (a dead-letter topic)"
+            )
+        where, letters = folder, read_dead_letters(folder)
+    rows = select_dead_letters(letters, reason=args.reason, records=records, limit=args.limit)
+    for r in rows:
+        print(
+            f"{r['topic']}[{r['partition']}]@{r['offset']}  attempts={r['attempts']}  {r['reason']}"
+        )
+    print(f"{len(rows)} of {letters.num_rows} dead letters in {where}")
+    if args.action == "list":
+        return 0
+    if not args.yes:
+        print(f"dry run: pass --yes to send these {len(rows)} to their source topics")
+        return 0
+    try:
+        sent = replay_dead_letters(rows, args.bootstrap)
+    except ValueError as problem:
+        print(f"ackstream: {problem}", file=sys.stderr)
+        return 1
+    print(f"replayed {sent} to their source topics on {args.bootstrap}")
     return 0
 
 

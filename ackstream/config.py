@@ -81,22 +81,37 @@ _OURS = {
 _NAMED_STARTS = ("earliest", "latest", "committed")
 #: Options of Spark's Kafka source that ackstream takes (besides ``kafka.*``).
 _SPARK_KAFKA = {
-    k.lower(): k for k in ("subscribe", "startingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss")
-}
-#: Options of Spark's Kafka source that ackstream does not take yet.
-_NOT_YET = {
     k.lower(): k
     for k in (
+        "subscribe",
         "assign",
         "subscribePattern",
+        "startingOffsets",
         "startingOffsetsByTimestamp",
         "startingTimestamp",
         "startingOffsetsByTimestampStrategy",
+        "maxOffsetsPerTrigger",
+        "minPartitions",
+        "includeHeaders",
+        "failOnDataLoss",
+    )
+}
+#: Of those, the ones that only mean something to a Kafka upstream.
+_KAFKA_ONLY = (
+    "assign",
+    "subscribePattern",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+)
+#: Options of Spark's Kafka source that ackstream does not take yet (the ending ones
+#: bound a batch query; ackstream's source is a stream only).
+_NOT_YET = {
+    k.lower(): k
+    for k in (
         "endingOffsets",
         "endingOffsetsByTimestamp",
         "endingTimestamp",
-        "includeHeaders",
-        "minPartitions",
         "minOffsetsPerTrigger",
         "maxTriggerDelay",
         "groupIdPrefix",
@@ -104,6 +119,13 @@ _NOT_YET = {
         "fetchOffset.numRetries",
         "fetchOffset.retryIntervalMs",
     )
+}
+
+#: Columns of Spark's Kafka source that users sometimes give as options.
+_COLUMNS = {
+    "timestamptype": "no value: timestampType is a column of the source (0: create time, "
+    "1: log append time), as in Spark's Kafka source, not an option",
+    "headers": "no value: to get the headers column, set includeHeaders=true",
 }
 
 
@@ -159,11 +181,27 @@ class SourceConfig:
 
     upstream: str = "kafka"  #: "kafka" or "generator"
     bootstrap_servers: str | None = None
+    #: exactly one of the three ways to name what to read, as Spark's: ``subscribe``
+    #: (topics), ``assign`` (fixed partitions) or ``subscribePattern`` (a regex matched
+    #: against the brokers' topics on every batch, so new matching topics are read)
     topics: tuple[str, ...] = ()
+    assign: tuple[tuple[str, int], ...] = ()
+    subscribe_pattern: str | None = None
     #: "earliest", "latest", "committed" (group offset, else earliest), or a JSON map
     #: ``{"topic": {"0": offset}}`` with -2 = earliest, -1 = latest (as Spark's).
     starting_offsets: str = "committed"
+    #: ``startingTimestamp`` (ms, every partition) or ``startingOffsetsByTimestamp``
+    #: (JSON ``{"topic": {"0": ms}}``): start at the first offset whose timestamp is at
+    #: or after it (the broker's offsets-for-times); they win over ``startingOffsets``
+    starting_timestamp: int | None = None
+    starting_timestamps: str | None = None
+    #: a partition with no record that late: "error" (fail the start) or "latest"
+    starting_timestamp_strategy: str = "error"
     max_offsets_per_trigger: int | None = None
+    #: at least this many read tasks per batch: big offset ranges are split (Spark's)
+    min_partitions: int | None = None
+    #: a ``headers`` column: array<struct<key: string, value: binary>>, null when none
+    include_headers: bool = False
     group_id: str = "ackstream-ackstream"
     fail_on_data_loss: bool = True
     kafka_options: tuple[tuple[str, str], ...] = ()  #: other ``kafka.*`` settings
@@ -211,6 +249,13 @@ class SourceConfig:
             return None
         raw = json.loads(self.starting_offsets)
         return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
+
+    def timestamp_map(self) -> dict[str, dict[int, int]] | None:
+        """``startingOffsetsByTimestamp`` as ``{topic: {partition: ms}}``, or None."""
+        if self.starting_timestamps is None:
+            return None
+        raw = json.loads(self.starting_timestamps)
+        return {t: {int(p): int(ms) for p, ms in parts.items()} for t, parts in raw.items()}
 
 
 def default_channel_dir(topology: str) -> str:
@@ -343,6 +388,8 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
         "maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), 1
     )
     kw["fail_on_data_loss"] = _bool("failOnDataLoss", opts.get("failondataloss"), True)
+    kw["min_partitions"] = _int("minPartitions", opts.get("minpartitions"), 1)
+    kw["include_headers"] = _bool("includeHeaders", opts.get("includeheaders"), False)
     kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or (
         f"{topology}.dead" if channel == "kafka" else None
     )
@@ -366,6 +413,11 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
                     "records per second, a number >= 0 (0: as fast as possible)",
                 )
         kw["topics"] = ("generator",)
+        for name in _KAFKA_ONLY:
+            if name.lower() in opts:
+                raise OptionError(
+                    name, opts[name.lower()], "no value with ackstream.upstream=generator"
+                )
         if kw["dead_letter_topic"]:
             raise OptionError(
                 "ackstream.deadLetterTopic",
@@ -382,15 +434,10 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
                 "host:port[,host:port...] of the Kafka brokers (required)",
             )
         kw["bootstrap_servers"] = bootstrap
-        topics = tuple(t.strip() for t in (opts.get("subscribe") or "").split(",") if t.strip())
-        if not topics:
-            raise OptionError(
-                "subscribe",
-                opts.get("subscribe"),
-                "a comma-separated list of one or more topics (required)",
-            )
-        kw["topics"] = topics
-        kw["starting_offsets"] = _starting(opts.get("startingoffsets"), topics)
+        kw.update(_what_to_read(opts))
+        named = set(kw.get("topics", ())) | {t for t, _ in kw.get("assign", ())}
+        kw["starting_offsets"] = _starting(opts.get("startingoffsets"), named, kw)
+        kw.update(_starting_by_time(opts, named, kw))
         kw["group_id"] = opts.get("kafka.group.id") or f"ackstream-{topology}"
         kw["kafka_options"] = tuple(
             sorted(
@@ -413,6 +460,8 @@ def _check_name(key: str, value: str) -> None:
             "no value: ackstream does not support this option of Spark's Kafka source yet "
             "(see the README's options table)",
         )
+    if key in _COLUMNS:
+        raise OptionError(key, value, _COLUMNS[key])
     known = {k.lower(): k for k in (*_OURS.values(), *_SPARK_KAFKA.values())}
     near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     allowed = (
@@ -443,7 +492,47 @@ def _bool(option: str, value: str | None, default: bool) -> bool:
     raise OptionError(option, value, '"true" or "false"')
 
 
-def _starting(value: str | None, topics: tuple[str, ...]) -> str:
+def _what_to_read(opts: dict) -> dict:
+    """``subscribe``, ``assign`` or ``subscribePattern``: exactly one, as Spark's."""
+    given = [name for name in ("subscribe", "assign", "subscribePattern") if name.lower() in opts]
+    one_of = (
+        'subscribe (topics), assign (JSON {"topic": [0, 1]}) or subscribePattern '
+        "(a regex of topic names)"
+    )
+    if not given:
+        raise OptionError("subscribe", None, f"one of {one_of} (required)")
+    if len(given) > 1:
+        raise OptionError(
+            given[1], opts[given[1].lower()], f"no value beside {given[0]}: exactly one of {one_of}"
+        )
+    value = opts[given[0].lower()]
+    if given[0] == "subscribe":
+        topics = tuple(t.strip() for t in value.split(",") if t.strip())
+        if not topics:
+            raise OptionError("subscribe", value, "a comma-separated list of one or more topics")
+        return {"topics": topics}
+    if given[0] == "assign":
+        allowed = 'JSON {"topic": [partition, ...]} naming one or more partitions'
+        try:
+            raw = json.loads(value)
+            pairs = sorted({(str(t), int(p)) for t, parts in raw.items() for p in parts})
+        except (ValueError, AttributeError, TypeError):
+            raise OptionError("assign", value, allowed) from None
+        if not pairs or any(p < 0 for _, p in pairs):
+            raise OptionError("assign", value, allowed)
+        return {"assign": tuple(pairs), "topics": tuple(sorted({t for t, _ in pairs}))}
+    try:
+        re.compile(value)
+    except re.error as problem:
+        raise OptionError(
+            "subscribePattern", value, f"a Python regular expression ({problem})"
+        ) from None
+    if not value:
+        raise OptionError("subscribePattern", value, "a regular expression of topic names")
+    return {"subscribe_pattern": value}
+
+
+def _starting(value: str | None, topics: set, kw: dict) -> str:
     allowed = (
         '"earliest", "latest", "committed", or JSON {"topic": {"0": offset}} '
         "with -2 = earliest and -1 = latest"
@@ -457,9 +546,44 @@ def _starting(value: str | None, topics: tuple[str, ...]) -> str:
         parsed = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
     except (ValueError, AttributeError, TypeError):
         raise OptionError("startingOffsets", value, allowed) from None
-    unknown = set(parsed) - set(topics)
-    if unknown or any(o < -2 for parts in parsed.values() for o in parts.values()):
+    if any(o < -2 for parts in parsed.values() for o in parts.values()) or (
+        not kw.get("subscribe_pattern") and set(parsed) - topics
+    ):
         raise OptionError(
-            "startingOffsets", value, allowed + f", naming only subscribed topics {list(topics)}"
+            "startingOffsets", value, allowed + f", naming only topics read {sorted(topics)}"
         )
     return json.dumps(raw, sort_keys=True)
+
+
+def _starting_by_time(opts: dict, topics: set, kw: dict) -> dict:
+    """``startingTimestamp``, ``startingOffsetsByTimestamp`` and their strategy."""
+    out: dict = {}
+    single = opts.get("startingtimestamp")
+    if single is not None:
+        out["starting_timestamp"] = _int("startingTimestamp", single, 0)
+    by_partition = opts.get("startingoffsetsbytimestamp")
+    if by_partition is not None:
+        allowed = 'JSON {"topic": {"0": epoch ms}} naming only topics read'
+        try:
+            raw = json.loads(by_partition)
+            parsed = {t: {int(p): int(ms) for p, ms in parts.items()} for t, parts in raw.items()}
+        except (ValueError, AttributeError, TypeError):
+            raise OptionError("startingOffsetsByTimestamp", by_partition, allowed) from None
+        if any(ms < 0 for parts in parsed.values() for ms in parts.values()) or (
+            not kw.get("subscribe_pattern") and set(parsed) - topics
+        ):
+            raise OptionError("startingOffsetsByTimestamp", by_partition, allowed)
+        out["starting_timestamps"] = json.dumps(
+            {t: {str(p): ms for p, ms in parts.items()} for t, parts in parsed.items()},
+            sort_keys=True,
+        )
+    strategy = opts.get("startingoffsetsbytimestampstrategy")
+    if strategy is not None:
+        if strategy.strip().lower() not in ("error", "latest"):
+            raise OptionError(
+                "startingOffsetsByTimestampStrategy",
+                strategy,
+                '"error" (fail when a partition has no record that late) or "latest"',
+            )
+        out["starting_timestamp_strategy"] = strategy.strip().lower()
+    return out

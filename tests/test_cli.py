@@ -343,3 +343,82 @@ def test_status_window_must_be_positive(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["status", "--channel", str(tmp_path / "ch"), "--window", "0"])
     assert "--window must be a positive number" in capsys.readouterr().err
+
+
+# --- dead letters ------------------------------------------------------------------------
+
+
+def _in_process(capsys, *argv):
+    """``main(argv)`` with its output, shaped as a finished subprocess."""
+    from types import SimpleNamespace
+
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
+def _write_letters(bootstrap, dead_topic, source_topic):
+    from ackstream.sinks.dead_letters import KafkaDeadLetters
+    from ackstream.sources.tracking import DeadLetter
+
+    letters = KafkaDeadLetters(bootstrap, dead_topic, "orders")
+    try:
+        letters.write(
+            [
+                DeadLetter(source_topic, 0, 3, 3, "failed: parse#1: ValueError: bad"),
+                DeadLetter(source_topic, 0, 5, 1, "rejected: value of 99 bytes is over"),
+                DeadLetter(source_topic, 0, 8, 3, "timed_out"),
+            ],
+            {
+                ((source_topic, 0), 3): (b"k3", b"v3", 1000, [("trace", b"t3")]),
+                ((source_topic, 0), 8): (b"k8", b"v8", 1000, None),
+            },
+        )
+    finally:
+        letters.close()
+
+
+@pytest.mark.broker
+def test_dead_letters_list_reads_the_topic_with_filters(broker, new_topic, capsys):
+    dead, source = new_topic(), new_topic()
+    _write_letters(broker.bootstrap, dead, source)
+    base = ("dead-letters", "list", "--bootstrap", broker.bootstrap, "--dead-letter-topic", dead)
+    done = _in_process(capsys, *base)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == [
+        f"{source}[0]@3  attempts=3  failed: parse#1: ValueError: bad",
+        f"{source}[0]@5  attempts=1  rejected: value of 99 bytes is over",
+        f"{source}[0]@8  attempts=3  timed_out",
+    ]
+    assert lines[3].startswith(f"3 of 3 dead letters in topic {dead}")
+    done = _in_process(capsys, *base, "--reason", "VALUEERROR", "--limit", "5")
+    assert done.stdout.splitlines()[0].endswith("ValueError: bad")
+    assert "1 of 3" in done.stdout
+    assert "2 of 3" in _in_process(capsys, *base, "--limit", "2").stdout
+
+
+@pytest.mark.broker
+def test_dead_letters_replay_is_a_dry_run_until_yes_then_sends_the_records_back(
+    broker, new_topic, capsys
+):
+    from helpers import consume
+
+    dead, source = new_topic(), new_topic()
+    _write_letters(broker.bootstrap, dead, source)
+    base = ("dead-letters", "replay", "--bootstrap", broker.bootstrap, "--dead-letter-topic", dead)
+    dry = _in_process(capsys, *base, "--record", f"{source}:0:3", "--record", f"{source}:0:8")
+    assert dry.returncode == 0, dry.stderr
+    assert "dry run" in dry.stdout and consume(broker.bootstrap, source) == []
+    refused = _in_process(capsys, *base, "--reason", "rejected", "--yes")
+    assert refused.returncode == 1 and "rejected for its size" in refused.stderr
+    sent = _in_process(
+        capsys, *base, "--record", f"{source}:0:3", "--record", f"{source}:0:8", "--yes"
+    )
+    assert sent.returncode == 0, sent.stderr
+    back = consume(broker.bootstrap, source)
+    assert [(m.key, m.value) for m in back] == [(b"k3", b"v3"), (b"k8", b"v8")]
+    assert [(k, v.decode()) for k, v in back[0].headers] == [
+        ("trace", "t3"),
+        ("ackstream.replay_of", f"{source}:0:3"),
+    ]

@@ -149,10 +149,61 @@ def test_a_misspelt_option_is_refused_with_the_name_it_resembles(option, meant):
         parse({**KAFKA, option: "1"})
 
 
-@pytest.mark.parametrize("option", ["includeHeaders", "minPartitions", "endingOffsets", "path"])
+@pytest.mark.parametrize(
+    "option", ["endingOffsets", "minOffsetsPerTrigger", "groupIdPrefix", "path"]
+)
 def test_options_ackstream_does_not_take_are_refused_not_ignored(option):
     with pytest.raises(OptionError):
         parse({**KAFKA, option: "true"})
+
+
+def test_timestamp_type_is_a_column_not_an_option():
+    with pytest.raises(OptionError, match="column") as err:
+        parse({**KAFKA, "timestampType": "1"})
+    assert err.value.option == "timestamptype"
+
+
+def test_spark_kafka_options_parse_as_sparks_do():
+    by_time = '{"events": {"0": 1700000000000}}'
+    cfg = parse(
+        {
+            **KAFKA,
+            "includeHeaders": "true",
+            "minPartitions": "8",
+            "startingTimestamp": "1600000000000",
+            "startingOffsetsByTimestamp": by_time,
+            "startingOffsetsByTimestampStrategy": "LATEST",
+        }
+    )
+    assert cfg.include_headers and cfg.min_partitions == 8
+    assert cfg.starting_timestamp == 1_600_000_000_000
+    assert cfg.timestamp_map() == {"events": {0: 1_700_000_000_000}}
+    assert cfg.starting_timestamp_strategy == "latest"
+    assigned = parse({"kafka.bootstrap.servers": "h:1", "assign": '{"a": [1, 0], "b": [2]}'})
+    assert assigned.assign == (("a", 0), ("a", 1), ("b", 2)) and assigned.topics == ("a", "b")
+    pattern = parse({"kafka.bootstrap.servers": "h:1", "subscribePattern": "orders-.*"})
+    assert pattern.subscribe_pattern == "orders-.*" and pattern.topics == ()
+
+
+@pytest.mark.parametrize(
+    "options, option",
+    [
+        ({"assign": '{"a": [0]}'}, "assign"),  # beside KAFKA's subscribe
+        ({"subscribe": None, "assign": "[0, 1]"}, "assign"),
+        ({"subscribe": None, "assign": '{"a": [-1]}'}, "assign"),
+        ({"subscribe": None, "subscribePattern": "orders-("}, "subscribePattern"),
+        ({"minPartitions": "0"}, "minPartitions"),
+        ({"includeHeaders": "yes"}, "includeHeaders"),
+        ({"startingTimestamp": "yesterday"}, "startingTimestamp"),
+        ({"startingOffsetsByTimestamp": '{"other": {"0": 5}}'}, "startingOffsetsByTimestamp"),
+        ({"startingOffsetsByTimestampStrategy": "closest"}, "startingOffsetsByTimestampStrategy"),
+    ],
+)
+def test_bad_spark_kafka_options_name_the_option(options, option):
+    given = {k: v for k, v in {**KAFKA, **options}.items() if v is not None}
+    with pytest.raises(OptionError) as err:
+        parse(given)
+    assert err.value.option == option and err.value.value == options[option]
 
 
 def test_java_client_settings_are_translated_or_refused_without_showing_secrets():

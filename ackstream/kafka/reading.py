@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from ackstream.errors import AckstreamError
 from ackstream.kafka.offsets import end_offsets
 
-__all__ = ["FETCH_TIMEOUT_S", "MAX_RECORDS", "read_ranges", "topic_ranges"]
+__all__ = ["FETCH_TIMEOUT_S", "MAX_RECORDS", "read_ranges", "read_records", "topic_ranges"]
 
 #: A fetch that makes no progress for this long raises (naming the partition).
 FETCH_TIMEOUT_S = 60.0
@@ -18,16 +18,22 @@ MAX_RECORDS = 10_000
 TP = tuple[str, int]
 
 
-def read_ranges(
+def read_ranges(consumer, tp: TP, spans, **options) -> Iterator[tuple]:
+    """``(offset, key, value, timestamp_ms)`` of each record :func:`read_records` reads."""
+    for rec in read_records(consumer, tp, spans, **options):
+        yield rec.offset, rec.key, rec.value, rec.timestamp
+
+
+def read_records(
     consumer,
     tp: TP,
     spans,
     *,
     fail_on_data_loss: bool = True,
     stall_timeout_s: float = FETCH_TIMEOUT_S,
-) -> Iterator[tuple]:
-    """``(offset, key, value, timestamp_ms)`` of every record in the half-open
-    ``[start, end)`` spans of partition ``tp``, in order, as they arrive; one seek per span.
+) -> Iterator:
+    """kafka-python's ``ConsumerRecord`` of every record in the half-open ``[start,
+    end)`` spans of partition ``tp``, in order, as they arrive; one seek per span.
 
     Offsets with no record (a compacted topic, transaction markers) are simply
     absent. Records deleted by retention raise when ``fail_on_data_loss``; so does
@@ -51,7 +57,7 @@ def read_ranges(
                 progressed = True
                 if start <= rec.offset < end:
                     first = rec.offset if first is None else first
-                    yield rec.offset, rec.key, rec.value, rec.timestamp
+                    yield rec
             if progressed:
                 deadline = time.monotonic() + stall_timeout_s
             elif time.monotonic() > deadline:

@@ -4,12 +4,20 @@ Two writers with one ``write(letters, records)`` call, both returning only once 
 letters are durable (the source then counts those records as done):
 
 - :class:`KafkaDeadLetters`: one message per record on the dead-letter topic, the
-  original key and value, and headers ``ackstream.reason``, ``ackstream.attempts``,
-  ``ackstream.topic``, ``ackstream.partition``, ``ackstream.offset``,
-  ``ackstream.topology``. The key stays the record's own; (topic, partition,
-  offset) in the headers is the dedupe key.
+  original key, value and headers, then headers ``ackstream.reason``,
+  ``ackstream.attempts``, ``ackstream.topic``, ``ackstream.partition``,
+  ``ackstream.offset``, ``ackstream.topology`` (and ``ackstream.timestamp``, the
+  record's own, when it was read), and the same facts under Kafka
+  Connect's dead-letter names (``__connect.errors.topic``, ``.partition``,
+  ``.offset``, ``.connector.name`` = the topology, ``.exception.class.name`` =
+  ``ackstream.Failed``, ``ackstream.TimedOut`` or ``ackstream.Rejected``,
+  ``.exception.message`` = the reason), so tools made for Connect's dead letters
+  read them. The key stays the record's own; (topic, partition, offset) in the
+  headers is the dedupe key.
 - :class:`ParquetDeadLetters`: a Parquet file per write in a folder (the generator
   and embedded mode), same fields as columns.
+
+:func:`read_dead_letters` reads either back as one table.
 """
 
 from __future__ import annotations
@@ -23,7 +31,21 @@ from ackstream.files import write_atomically
 from ackstream.ids import content_id, hash_text
 from ackstream.kafka.settings import client_settings
 
-__all__ = ["DEAD_LETTER_SCHEMA", "KafkaDeadLetters", "ParquetDeadLetters", "read_dead_letters"]
+__all__ = [
+    "CONNECT_ERRORS",
+    "DEAD_LETTER_SCHEMA",
+    "KafkaDeadLetters",
+    "ParquetDeadLetters",
+    "read_dead_letters",
+]
+
+#: The prefix of Kafka Connect's dead-letter context headers.
+CONNECT_ERRORS = "__connect.errors."
+#: The status a reason starts with -> the class name Connect's header carries.
+_CLASSES = {"failed": "Failed", "timed_out": "TimedOut", "rejected": "Rejected"}
+#: The headers written beside the record's own, ackstream's and Connect's.
+_OURS = ("ackstream.", CONNECT_ERRORS)
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 DEAD_LETTER_SCHEMA = pa.schema(
     [
@@ -36,15 +58,17 @@ DEAD_LETTER_SCHEMA = pa.schema(
         pa.field("key", pa.binary()),
         pa.field("value", pa.binary()),
         pa.field("timestamp_ms", pa.int64()),
+        pa.field("headers", _HEADERS),  # the record's own, null when it had none
     ]
 )
 
 
 def _rows(topology, letters, records):
     for letter in letters:
-        key, value, ts = records.get(
+        key, value, ts, *rest = records.get(
             ((letter.topic, letter.partition), letter.offset), (None, None, None)
         )
+        headers = rest[0] if rest else None
         yield {
             "topology": topology,
             "topic": letter.topic,
@@ -55,7 +79,29 @@ def _rows(topology, letters, records):
             "key": key,
             "value": value,
             "timestamp_ms": ts,
+            "headers": [{"key": k, "value": v} for k, v in headers] if headers else None,
         }
+
+
+def letter_headers(row: dict) -> list[tuple[str, bytes]]:
+    """A dead letter's Kafka headers: the record's own, ackstream's, Connect's."""
+    own = [(h["key"], h["value"]) for h in row.get("headers") or ()]
+    ours = [
+        (f"ackstream.{k}", str(row[k]).encode())
+        for k in ("reason", "attempts", "topic", "partition", "offset", "topology")
+    ]
+    if row.get("timestamp_ms") is not None:  # the record's own time, not the letter's
+        ours.append(("ackstream.timestamp", str(row["timestamp_ms"]).encode()))
+    status = str(row["reason"]).split(":", 1)[0]
+    connect = {
+        "topic": row["topic"],
+        "partition": row["partition"],
+        "offset": row["offset"],
+        "connector.name": row["topology"],
+        "exception.class.name": f"ackstream.{_CLASSES.get(status, 'Failed')}",
+        "exception.message": row["reason"],
+    }
+    return own + ours + [(CONNECT_ERRORS + k, str(v).encode()) for k, v in connect.items()]
 
 
 class ParquetDeadLetters:
@@ -108,10 +154,7 @@ class KafkaDeadLetters:
     def write(self, letters, records) -> None:
         futures = []
         for row in _rows(self.topology, letters, records):
-            headers = [
-                (f"ackstream.{k}", str(row[k]).encode())
-                for k in ("reason", "attempts", "topic", "partition", "offset", "topology")
-            ]
+            headers = letter_headers(row)
             # Kafka takes no message with neither key nor value (a null record whose
             # value was dropped for its size): an empty value, the headers say the rest
             value = b"" if row["key"] is None and row["value"] is None else row["value"]
@@ -126,12 +169,148 @@ class KafkaDeadLetters:
         self._producer.close()
 
 
-def read_dead_letters(directory: str) -> pa.Table:
-    """Every dead letter written by :class:`ParquetDeadLetters` to ``directory``."""
-    if not os.path.isdir(directory):
+def read_dead_letters(
+    directory: str | None = None,
+    *,
+    bootstrap: str | None = None,
+    topic: str | None = None,
+    kafka_options=None,
+) -> pa.Table:
+    """Every dead letter written by :class:`ParquetDeadLetters` to ``directory``, or by
+    :class:`KafkaDeadLetters` to ``topic`` on the brokers at ``bootstrap`` (a message
+    without ackstream's headers is left out), as one table of ``DEAD_LETTER_SCHEMA``."""
+    if topic is not None:
+        return _read_topic(bootstrap, topic, kafka_options)
+    if directory is None or not os.path.isdir(directory):
         return DEAD_LETTER_SCHEMA.empty_table()
     files = sorted(
         f for f in os.listdir(directory) if f.endswith(".parquet") and not f.startswith(".")
     )
-    tables = [pq.read_table(os.path.join(directory, f), schema=DEAD_LETTER_SCHEMA) for f in files]
+    tables = [_with_every_column(pq.read_table(os.path.join(directory, f))) for f in files]
     return pa.concat_tables(tables) if tables else DEAD_LETTER_SCHEMA.empty_table()
+
+
+def _with_every_column(table: pa.Table) -> pa.Table:
+    """A file written before a column existed (``headers``) gets it, all null."""
+    columns = [
+        table.column(f.name).cast(f.type)
+        if f.name in table.column_names
+        else pa.nulls(len(table), f.type)
+        for f in DEAD_LETTER_SCHEMA
+    ]
+    return pa.Table.from_arrays(columns, schema=DEAD_LETTER_SCHEMA)
+
+
+def _read_topic(bootstrap: str | None, topic: str, kafka_options) -> pa.Table:
+    from kafka import KafkaConsumer
+
+    from ackstream.kafka.reading import read_records, topic_ranges
+
+    if not bootstrap:
+        raise ValueError(f"reading the dead-letter topic {topic!r} needs the brokers' bootstrap")
+    consumer = KafkaConsumer(
+        **client_settings(kafka_options or {}),
+        bootstrap_servers=bootstrap.split(","),
+        enable_auto_commit=False,
+        client_id="ackstream-dead-letters-reader",
+    )
+    rows = []
+    try:
+        for partition, start, end in topic_ranges(consumer, topic, {}):
+            for rec in read_records(consumer, (topic, partition), [(start, end)]):
+                row = _row_of(rec)
+                if row is not None:
+                    rows.append(row)
+    finally:
+        consumer.close(autocommit=False)
+    return pa.Table.from_pylist(rows, schema=DEAD_LETTER_SCHEMA)
+
+
+def _row_of(rec) -> dict | None:
+    """A dead-letter message back as a row; None if it has no ackstream headers."""
+    headers = rec.headers or []
+    ours = {k[len("ackstream.") :]: v.decode() for k, v in headers if k.startswith("ackstream.")}
+    if not {"topic", "partition", "offset"} <= set(ours):
+        return None
+    own = [{"key": k, "value": v} for k, v in headers if not k.startswith(_OURS)]
+    return {
+        "topology": ours.get("topology"),
+        "topic": ours["topic"],
+        "partition": int(ours["partition"]),
+        "offset": int(ours["offset"]),
+        "attempts": int(ours.get("attempts", 0)),
+        "reason": ours.get("reason"),
+        "key": rec.key,
+        "value": rec.value,
+        "timestamp_ms": int(ours["timestamp"]) if "timestamp" in ours else None,
+        "headers": own or None,
+    }
+
+
+def select_dead_letters(
+    letters: pa.Table, *, reason: str | None = None, records=(), limit: int | None = None
+) -> list[dict]:
+    """The dead letters whose reason contains ``reason`` (case-insensitive) and whose
+    ``(topic, partition, offset)`` is one of ``records`` (when given), at most ``limit``,
+    in (topic, partition, offset) order."""
+    wanted = {(t, int(p), int(o)) for t, p, o in records}
+    rows = sorted(letters.to_pylist(), key=lambda r: (r["topic"], r["partition"], r["offset"]))
+    out = [
+        r
+        for r in rows
+        if (reason is None or reason.lower() in (r["reason"] or "").lower())
+        and (not wanted or (r["topic"], r["partition"], r["offset"]) in wanted)
+    ]
+    return out if limit is None else out[:limit]
+
+
+#: The header a replayed record carries: where its dead letter came from.
+REPLAY_HEADER = "ackstream.replay_of"
+
+
+def replay_dead_letters(rows: list[dict], bootstrap: str, *, kafka_options=None) -> int:
+    """Send each dead letter's record back to its source topic and partition: key,
+    value and the record's own headers as they were, plus :data:`REPLAY_HEADER`
+    (``topic:partition:offset`` of the original). Waits for every broker ack; returns
+    how many were sent. A letter whose value was not kept (rejected for its size) is
+    refused: its record would come back empty."""
+    from kafka import KafkaProducer
+
+    dropped = [r for r in rows if r["value"] is None or _rejected_for_size(r)]
+    if dropped:
+        first = dropped[0]
+        raise ValueError(
+            f"dead letter {first['topic']}[{first['partition']}]@{first['offset']} has no "
+            "value (it was rejected for its size and only its coordinates were kept): "
+            "leave it out (--reason, --record), read the original from the source topic"
+        )
+    producer = KafkaProducer(
+        **client_settings(kafka_options or {}),
+        bootstrap_servers=bootstrap.split(","),
+        acks="all",
+        client_id="ackstream-dead-letters-replay",
+    )
+    try:
+        futures = []
+        for r in rows:
+            own = [(h["key"], h["value"]) for h in r["headers"] or ()]
+            origin = f"{r['topic']}:{r['partition']}:{r['offset']}".encode()
+            futures.append(
+                producer.send(
+                    r["topic"],
+                    key=r["key"],
+                    value=r["value"],
+                    partition=r["partition"],
+                    headers=own + [(REPLAY_HEADER, origin)],
+                )
+            )
+        producer.flush()
+        for future in futures:
+            future.get(timeout=30)
+    finally:
+        producer.close()
+    return len(rows)
+
+
+def _rejected_for_size(row: dict) -> bool:
+    return (row["reason"] or "").startswith("rejected: value of")

@@ -22,7 +22,7 @@ from ackstream.channels import open_channel
 from ackstream.config import SourceConfig
 from ackstream.files import write_atomically
 from ackstream.sources.offsets import read_tasks
-from ackstream.sources.rows import SOURCE_DDL, ReadTask
+from ackstream.sources.rows import ReadTask, source_ddl
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import check_options, open_upstream
 from ackstream.status import SOURCE_METRICS_FILE
@@ -48,7 +48,7 @@ class AckstreamDataSource(DataSource):
         return "ackstream"
 
     def schema(self) -> str:
-        return SOURCE_DDL
+        return source_ddl(self.config.include_headers)
 
     def streamReader(self, schema) -> AckstreamStreamReader:
         return AckstreamStreamReader(self.config)
@@ -113,7 +113,8 @@ class AckstreamStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict):
         if self.config.tracking:
             self._spout_from(end)  # a restart re-running its last batch starts here
-        return [TaskPartition(task) for task in read_tasks(start, end)]
+        tasks = read_tasks(start, end, self.config.min_partitions)
+        return [TaskPartition(task) for task in tasks]
 
     def commit(self, end: dict) -> None:
         if self._spout is not None:

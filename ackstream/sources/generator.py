@@ -167,7 +167,12 @@ class GeneratorUpstream:
     def fetch(self, coords):
         out = {}
         for tp, off in coords:
-            out[(tp, off)] = (_key(tp[1], off), sentence(tp[1], off).encode(), EPOCH_MS + off)
+            out[(tp, off)] = (
+                _key(tp[1], off),
+                sentence(tp[1], off).encode(),
+                EPOCH_MS + off,
+                None,  # no headers
+            )
         return out
 
     def read(self, task: ReadTask):
@@ -186,6 +191,7 @@ class GeneratorUpstream:
                 [_key(task.partition, int(o)) for o in offsets],
                 [s.encode() for s in _sentences(task.partition, offsets)],
                 EPOCH_MS + offsets,
+                headers=[None] * len(chunk) if self.config.include_headers else None,
             )
 
     def close(self) -> None:

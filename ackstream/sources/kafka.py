@@ -1,15 +1,19 @@
 """The Kafka upstream, spoken with kafka-python through :mod:`ackstream.kafka`.
 
-Driver side, :class:`KafkaUpstream` lists partitions, asks for earliest/latest
-offsets, reads and writes the consumer group's committed offsets (a standalone
-commit: ``assign()`` plus a group id, never a group join), and fetches single
-records for dead letters. Executor side, :meth:`KafkaUpstream.read` reads one
-:class:`~ackstream.sources.rows.ReadTask` with its own short-lived consumer.
+Driver side, :class:`KafkaUpstream` lists partitions (of the ``subscribe`` topics,
+the ``assign`` partitions, or the topics matching ``subscribePattern``), asks for
+earliest/latest offsets and offsets by time, reads and writes the consumer group's
+committed offsets (a standalone commit: ``assign()`` plus a group id, never a group
+join), and fetches single records for dead letters. Executor side,
+:meth:`KafkaUpstream.read` reads one :class:`~ackstream.sources.rows.ReadTask` with
+its own short-lived consumer.
 """
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Iterator
 
 from kafka import KafkaConsumer, TopicPartition
@@ -18,7 +22,7 @@ from kafka.structs import OffsetAndMetadata
 from ackstream.config import SourceConfig
 from ackstream.errors import AckstreamError, EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
-from ackstream.kafka.reading import MAX_RECORDS, read_ranges
+from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
 from ackstream.sources.rows import NO_RECORD, TP, ReadTask, held_batch, spout_batch
 from ackstream.sources.tracking import ranges
@@ -38,6 +42,7 @@ class KafkaUpstream:
         self.config = config
         self.settings = consumer_settings(config)  # an unknown kafka.* option fails here
         self._client = None
+        self._matched: tuple[float, list[str]] = (float("-inf"), [])  # subscribePattern
 
     @property
     def _consumer(self):
@@ -72,11 +77,17 @@ class KafkaUpstream:
             outcome.append(self._silent())
             return
         try:
+            option = "assign" if config.assign else "subscribe"
             missing = [t for t in config.topics if not consumer.partitions_for_topic(t)]
+            missing += [
+                f"{t}[{p}]"
+                for t, p in config.assign
+                if t not in missing and p not in (consumer.partitions_for_topic(t) or ())
+            ]
             if missing:
                 problem = EnvironmentProblem(
-                    f"topic(s) {', '.join(missing)} (option subscribe) do not exist on "
-                    f"{config.bootstrap_servers}",
+                    f"topic(s) or partition(s) {', '.join(missing)} (option {option}) do not "
+                    f"exist on {config.bootstrap_servers}",
                     "Create them first, or fix the name.",
                 )
         except KafkaError as error:
@@ -103,16 +114,42 @@ class KafkaUpstream:
         )
 
     def partitions(self) -> list[TP]:
+        if self.config.assign:
+            return list(self.config.assign)
         out = []
-        for topic in self.config.topics:
+        for topic in self._topics():
             parts = self._consumer.partitions_for_topic(topic)
-            if not parts:
+            if not parts and not self.config.subscribe_pattern:
                 raise AckstreamError(
                     f"topic {topic!r} (option 'subscribe') does not exist on "
                     f"{self.config.bootstrap_servers}: create it first"
                 )
-            out += [(topic, p) for p in sorted(parts)]
+            out += [(topic, p) for p in sorted(parts or ())]
         return out
+
+    def _topics(self) -> list[str]:
+        """The subscribed topics, or those matching ``subscribePattern`` (whole name, as
+        Java's consumer matches; internal ``__`` topics left out), asked of the brokers
+        at most once per ``kafka.metadata.max.age.ms``, as a Kafka client refreshes."""
+        pattern = self.config.subscribe_pattern
+        if not pattern:
+            return list(self.config.topics)
+        asked, topics = self._matched
+        if time.monotonic() - asked >= self.settings.get("metadata_max_age_ms", 300_000) / 1000:
+            regex = re.compile(pattern)
+            topics = sorted(
+                t for t in self._consumer.topics() if regex.fullmatch(t) and not t.startswith("__")
+            )
+            self._matched = (time.monotonic(), topics)
+        return topics
+
+    def offsets_for_times(self, times: dict[TP, int]) -> dict[TP, int | None]:
+        """The first offset whose timestamp is at or after ``times[tp]`` (ms) per
+        partition (the broker's ListOffsets by time); None where no record is that late."""
+        got = self._consumer.offsets_for_times(
+            {TopicPartition(*tp): ms for tp, ms in times.items()}
+        )
+        return {(k.topic, k.partition): None if v is None else v.offset for k, v in got.items()}
 
     def earliest(self, tps: list[TP]) -> dict[TP, int]:
         got = self._consumer.beginning_offsets([TopicPartition(*tp) for tp in tps])
@@ -142,16 +179,14 @@ class KafkaUpstream:
             )
 
     def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
-        """``(key, value, timestamp_ms)`` of single records (for dead letters)."""
+        """``(key, value, timestamp_ms, headers)`` of single records (for dead letters)."""
         by_tp: dict[TP, list[int]] = {}
         for tp, off in coords:
             by_tp.setdefault(tp, []).append(off)
         out = {}
         for tp, offsets in by_tp.items():
-            for off, key, value, ts in read_ranges(
-                self._consumer, tp, ranges(offsets), fail_on_data_loss=False
-            ):
-                out[(tp, off)] = (key, value, ts)
+            for rec in read_records(self._consumer, tp, ranges(offsets), fail_on_data_loss=False):
+                out[(tp, rec.offset)] = (rec.key, rec.value, rec.timestamp, rec.headers or None)
         return out
 
     def close(self) -> None:
@@ -182,9 +217,10 @@ class KafkaUpstream:
             ]
             for spans, offsets, attempts in passes:
                 rows, size, seen = [], 0, set()
-                for offset, key, value, ts in read_ranges(
+                for rec in read_records(
                     consumer, tp, spans, fail_on_data_loss=config.fail_on_data_loss
                 ):
+                    offset, key, value = rec.offset, rec.key, rec.value
                     seen.add(offset)
                     attempt = attempts.get(offset, 0)
                     if (
@@ -194,7 +230,8 @@ class KafkaUpstream:
                     ):
                         held.append((offset, attempt, _too_big(config, len(value))))
                         continue
-                    rows.append((offset, attempt, key, value, ts))
+                    stamp = (rec.timestamp, rec.timestamp_type, rec.headers)
+                    rows.append((offset, attempt, key, value, *stamp))
                     size += len(value or b"") + len(key or b"")
                     if len(rows) >= MAX_RECORDS or size >= BYTES_PER_BATCH:
                         yield _batch(config, task, rows)
@@ -203,7 +240,12 @@ class KafkaUpstream:
                     yield _batch(config, task, rows)
                 held += [(off, attempts.get(off, 0), NO_RECORD) for off in set(offsets) - seen]
             if config.tracking and held:
-                yield held_batch(config.topology, *tp, *zip(*sorted(held)))
+                yield held_batch(
+                    config.topology,
+                    *tp,
+                    *zip(*sorted(held)),
+                    include_headers=config.include_headers,
+                )
         finally:
             consumer.close(autocommit=False)
 
@@ -216,7 +258,16 @@ def _too_big(config: SourceConfig, size: int) -> str:
 
 
 def _batch(config, task, rows):
-    offsets, attempts, keys, values, stamps = zip(*rows)
+    offsets, attempts, keys, values, stamps, types, headers = zip(*rows)
     return spout_batch(
-        config.topology, task.topic, task.partition, offsets, attempts, keys, values, stamps
+        config.topology,
+        task.topic,
+        task.partition,
+        offsets,
+        attempts,
+        keys,
+        values,
+        stamps,
+        timestamp_types=types,
+        headers=headers if config.include_headers else None,
     )

@@ -39,13 +39,24 @@ __all__ = ["ROWS_PER_TASK", "planned_inits", "read_tasks"]
 ROWS_PER_TASK = 100_000
 
 
-def read_tasks(start: dict, end: dict) -> list[ReadTask]:
+def read_tasks(start: dict, end: dict, min_partitions: int | None = None) -> list[ReadTask]:
     """The Spark tasks of the batch that ends at ``end``: ranges of at most
-    :data:`ROWS_PER_TASK` offsets, then one task per partition for its replays."""
+    :data:`ROWS_PER_TASK` offsets, then one task per partition for its replays.
+
+    With ``min_partitions`` (the ``minPartitions`` option) and fewer ranges than that,
+    each range is cut into pieces in proportion to its share of the batch's offsets,
+    as Spark's Kafka source does, so a batch of one big partition runs on many cores.
+    """
+    spans = list(_ranges(start, end))
+    total = sum(hi - lo for *_, lo, hi in spans)
     tasks = []
-    for topic, p, lo, hi in _ranges(start, end):
-        for first in range(lo, hi, ROWS_PER_TASK):
-            tasks.append(ReadTask(topic, p, first, min(first + ROWS_PER_TASK, hi)))
+    for topic, p, lo, hi in spans:
+        pieces = -(-(hi - lo) // ROWS_PER_TASK)  # ceiling
+        if min_partitions and len(spans) < min_partitions:
+            pieces = max(pieces, round((hi - lo) / total * min_partitions))
+        pieces = min(max(pieces, 1), hi - lo)
+        cuts = [lo + (hi - lo) * i // pieces for i in range(pieces + 1)]
+        tasks += [ReadTask(topic, p, a, b) for a, b in zip(cuts, cuts[1:])]
     replays: dict = {}
     for topic, p, off, att in end.get("replays", ()):
         replays.setdefault((topic, p), []).append((off, att))

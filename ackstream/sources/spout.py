@@ -72,13 +72,45 @@ def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
         for tp in tps:
             off = explicit.get(tp[0], {}).get(tp[1], -1)
             out[tp] = earliest[tp] if off == -2 else latest[tp] if off == -1 else off
-        return out
-    if config.starting_offsets == "earliest":
-        return earliest
-    if config.starting_offsets == "latest":
-        return latest
-    committed = upstream.committed(tps)  # "committed": the group's offset, else earliest
-    return {tp: committed[tp][0] if tp in committed else earliest[tp] for tp in tps}
+    elif config.starting_offsets == "earliest":
+        out = dict(earliest)
+    elif config.starting_offsets == "latest":
+        out = dict(latest)
+    else:
+        committed = upstream.committed(tps)  # "committed": the group's offset, else earliest
+        out = {tp: committed[tp][0] if tp in committed else earliest[tp] for tp in tps}
+    out.update(_positions_by_time(config, upstream, tps, latest))
+    return out
+
+
+def _positions_by_time(config: SourceConfig, upstream, tps, latest) -> dict:
+    """Where ``startingTimestamp`` (every partition) or ``startingOffsetsByTimestamp``
+    (the partitions it names; the others start as ``startingOffsets`` says) start."""
+    by_partition = config.timestamp_map() or {}
+    times = {
+        tp: config.starting_timestamp
+        if config.starting_timestamp is not None
+        else by_partition.get(tp[0], {}).get(tp[1])
+        for tp in tps
+    }
+    times = {tp: ms for tp, ms in times.items() if ms is not None}
+    if not times:
+        return {}
+    out = {}
+    option = (
+        "startingTimestamp"
+        if config.starting_timestamp is not None
+        else ("startingOffsetsByTimestamp")
+    )
+    for tp, offset in upstream.offsets_for_times(times).items():
+        if offset is None and config.starting_timestamp_strategy == "error":
+            raise AckstreamError(
+                f"{tp[0]}[{tp[1]}] has no record at or after {times[tp]} ms (option "
+                f"{option}); give an earlier time, or set "
+                "startingOffsetsByTimestampStrategy=latest to start at its end"
+            )
+        out[tp] = latest[tp] if offset is None else offset
+    return out
 
 
 def share_by_lag(budget: int | None, lags: dict) -> dict:
@@ -286,8 +318,8 @@ class Spout:
         records = self.upstream.fetch([((lt.topic, lt.partition), lt.offset) for lt in letters])
         limit = self.config.max_value_bytes  # a rejected huge value stays upstream only
         records = {
-            k: (key, None if value is not None and len(value) > limit else value, ts)
-            for k, (key, value, ts) in records.items()
+            k: (key, None if value is not None and len(value) > limit else value, *rest)
+            for k, (key, value, *rest) in records.items()
         }
         self.letters.write(letters, records)
         self.tracker.dead_lettered(letters)

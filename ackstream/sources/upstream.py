@@ -44,7 +44,8 @@ class Upstream(Protocol):
         """Commit ``{tp: (offset, metadata)}`` for the group."""
 
     def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
-        """``{(tp, offset): (key, value, timestamp_ms)}`` of single records (dead letters)."""
+        """``{(tp, offset): (key, value, timestamp_ms, headers)}`` of single records (dead
+        letters); headers a list of ``(key, value)`` pairs, or None."""
 
     def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
         """The source rows of one Spark task (``rows.SOURCE_SCHEMA``); runs on executors."""

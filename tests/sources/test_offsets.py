@@ -125,3 +125,16 @@ def test_the_offset_logged_under_a_batch_id_names_that_batch_s_rows(spark, tmp_p
     assert query.exception() is None
     assert [c[:3] for c in compared] == [(i, True, True) for i in range(len(compared))]
     assert len(compared) >= 3 and np.sum([n for *_, n in compared]) == 60
+
+
+def test_min_partitions_cuts_big_ranges_in_proportion_as_sparks_kafka_source():
+    end = {"read": {"t": {"0": [0, 900], "1": [0, 100]}}, "replays": [["t", 1, 5, 1]]}
+    assert len(offsets.read_tasks({}, end)) == 3  # a range per partition, the replays
+    tasks = offsets.read_tasks({}, end, min_partitions=10)
+    ranges = [(t.partition, t.start, t.end) for t in tasks if not t.replays]
+    assert [r for r in ranges if r[0] == 0] == [(0, 100 * i, 100 * i + 100) for i in range(9)]
+    assert [r for r in ranges if r[0] == 1] == [(1, 0, 100)]
+    assert tasks[-1].replays == ((5, 1),)  # replays are not cut
+    # never a task without an offset, whatever the minimum
+    tiny = offsets.read_tasks({}, {"read": {"t": {"0": [7, 10]}}}, min_partitions=50)
+    assert [(t.start, t.end) for t in tiny] == [(7, 8), (8, 9), (9, 10)]

@@ -389,3 +389,48 @@ def test_bad_options_fail_at_load_with_the_option_named(spark, option, value):
         )
     assert option.lower() in str(err.value).lower() and value in str(err.value)
     assert "OptionError" in str(err.value)
+
+
+@pytest.mark.long  # a query with a replay: 31 s at a load of 1-3 on 2 cores
+def test_include_headers_through_spark_a_replay_has_the_same_columns(
+    spark, broker, new_topic, setup, tmp_path
+):
+    """Spark takes the headers column as declared, and a replayed record keeps it."""
+    from kafka import KafkaProducer
+
+    channel, group, queries = setup
+    topic = new_topic(1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    producer.send(topic, value=b"a", headers=[("trace", b"t0")])
+    producer.send(topic, value=b"b")
+    producer.flush()
+    producer.close()
+    topology = SpoutAcker(channel, fail=lambda f: (f["offset"] == 0) & (f["_attempt"] == 0))
+    seen = []
+
+    def collect(batch, batch_id):
+        seen.extend(batch.select("offset", "_attempt", "timestampType", "headers").collect())
+        topology(batch, batch_id)
+
+    frame = source(
+        spark,
+        broker.bootstrap,
+        topic,
+        channel.directory,
+        group,
+        **{"includeHeaders": "true", "ackstream.retryInitialDelay": "0"},
+    )
+    assert frame.schema["headers"].dataType.simpleString() == (
+        "array<struct<key:string,value:binary>>"
+    )
+    queries.append(start(frame, collect, str(tmp_path / "source")))
+    wait_for(lambda: any(r["_attempt"] == 1 for r in seen), timeout=60, what="the replay")
+    rows = {(r["offset"], r["_attempt"]): r for r in seen}
+    headers = [(h["key"], bytes(h["value"])) for h in rows[(0, 1)]["headers"]]
+    assert (
+        headers
+        == [("trace", b"t0")]
+        == [(h["key"], bytes(h["value"])) for h in rows[(0, 0)]["headers"]]
+    )
+    assert rows[(1, 0)]["headers"] is None
+    assert {r["timestampType"] for r in seen} == {0}
