@@ -11,8 +11,10 @@ message timeout the source was given.
 from __future__ import annotations
 
 import json
+import os
 from urllib.parse import urlparse
 
+from ackstream.errors import AckstreamError
 from ackstream.session import is_connect
 
 __all__ = ["logged_offsets"]
@@ -28,6 +30,7 @@ def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
     with ``spark.read`` (a small Spark job per batch)."""
     path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
     if not urlparse(path).scheme:
+        _check_not_deleted(checkpoint)
         text = _read_local(path)
     elif is_connect(spark):
         text = _read_with_spark(spark, path)
@@ -42,6 +45,18 @@ def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
         if isinstance(offset, dict) and offset.get("v") == 1 and "parts" in offset:
             out.append(offset)
     return out
+
+
+def _check_not_deleted(checkpoint: str) -> None:
+    """Spark writes ``<checkpoint>/metadata`` once, when the query first starts, and
+    re-creates the rest of a deleted checkpoint as it goes: without this check the
+    query would run on, and a restart would not know where it was."""
+    if not os.path.exists(os.path.join(checkpoint, "metadata")):
+        raise AckstreamError(
+            f"the checkpoint {checkpoint} was deleted while the query ran (its metadata "
+            "file is gone). Start the query again from a new checkpoint: the source "
+            "resumes from its consumer group's commits (startingOffsets=committed)"
+        )
 
 
 def _read_local(path: str) -> str:
