@@ -3,6 +3,7 @@
 #   make test   creates .venv, installs ackstream with its test extra, brings Apache Kafka
 #               (make kafka), runs the test suite
 #   make test-long  the runs marked long (chaos, broker failures, scale), not in make test
+#   make chaos  the chaos suite at the issue's size, CHAOS_SEEDS seeds (tests/test_chaos.py)
 #   make lint   ruff check and ruff format --check (CI runs it before the tests)
 VENV ?= .venv
 PYTHON ?= python3
@@ -13,7 +14,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-long lint format bench bench-e2e java kafka spark-kafka clean
+.PHONY: demo test test-long chaos lint format bench bench-e2e java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -38,6 +39,15 @@ test: $(VENV)/.installed java kafka
 # The runs marked `long` (chaos seeds, broker failures, scale), left out of make test.
 test-long: $(VENV)/.installed java kafka
 	$(PY) -m pytest -m long $(PYTEST_ARGS)
+
+# The chaos suite at full size (20,000 records, 4 partitions) for CHAOS_SEEDS seeds,
+# each run's figures appended to CHAOS_REPORT; e.g. make chaos CHAOS_SEEDS=3,7
+CHAOS_SEEDS ?= 1-20
+CHAOS_REPORT ?= .cache/chaos-results.jsonl
+chaos: $(VENV)/.installed java kafka
+	@mkdir -p $(dir $(CHAOS_REPORT))
+	ACKSTREAM_CHAOS_SEEDS=$(CHAOS_SEEDS) ACKSTREAM_CHAOS_REPORT=$(CHAOS_REPORT) \
+	  $(PY) -m pytest -m 'chaos and long' -s tests/test_chaos.py $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)

@@ -1,21 +1,25 @@
-"""The fault suite's driver: test_end_to_end's topology in a process of its own, run until killed.
+"""The chaos suite's driver: test_end_to_end's topology in a process of its own, run until killed.
 
     python tests/fault_driver.py BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC TOPOLOGY CHECKPOINT_DIR
 
-Sentences -> words -> a pandas bolt that always fails the word "poison" (so one
-record is dead-lettered after its retries) -> per-batch counts -> Kafka sink, with
-the ack and completion channels on the same broker. The topology query and the
-acker query both run here, so a SIGKILL of this process group is a crash of the
-driver and of the acker at once; both resume from ``CHECKPOINT_DIR``. (Telescoped,
-the topology settles its trees itself; the acker query then gets only ticks.)
+Sentences -> words -> (optionally) a flaky bolt failing a fraction of first attempts
+-> a pandas bolt that always fails the word "poison" (so one record is dead-lettered
+after its retries) -> per-batch counts per (word, record) -> Kafka sink, keyed by the
+word, valued ``partition:offset``, so that a duplicate in the output can be counted.
+The ack and completion channels are on the same broker. Unless told otherwise the
+acker query runs here too, so a SIGKILL of this process group is a crash of the
+driver and of the acker at once; both resume from ``CHECKPOINT_DIR``.
 
-With ``ACKSTREAM_FAULT_KILL_AFTER_SINK=N`` the driver SIGKILLs its own process
-group right after the N-th sink write returns, before that batch's completions
-are written: the window the topology's ordering guarantee is about.
+``ACKSTREAM_FAULT_SETTINGS``, a JSON object, changes the run: ``build``'s keyword
+arguments (``fail_rate``, ``per_batch``, ``ack_mode``, ...), ``"acker": false`` (an
+``ackstream acker`` process runs it), and ``"kill_after_sink": N``: the driver
+SIGKILLs its own process group right after the N-th sink write returns, before that
+batch's completions are written, the window the topology's ordering guarantee is about.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -42,17 +46,20 @@ def build(
     source_timeout: str = SOURCE_TIMEOUT,
     per_batch: int = 10,
     ack_mode: str = "telescoped",
+    fail_rate: float = 0.0,
 ):
-    """The tracked input stream and the topology (the fault tests run it in-process too).
-    ``ack_mode="per_stage"`` puts every tree on the acker query's path."""
+    """The tracked input stream and the topology (tests run it in-process too).
+    ``ack_mode="per_stage"`` puts every tree on the acker query's path; ``fail_rate``
+    is the fraction of words whose first attempt fails (reason ``flaky``)."""
 
     def refuse_poison(frame):
         """A pandas bolt that always fails on the poison word (defined here, so that it is
         pickled by value: Spark's Python workers cannot import this script)."""
         if (frame["word"] == "poison").any():
             raise ValueError("poison word")
-        return frame[["word"]]
+        return frame[["word", "record"]]
 
+    record = F.concat_ws(":", F.col("partition").cast("string"), F.col("offset").cast("string"))
     topology = (
         Topology(
             name,
@@ -63,9 +70,16 @@ def build(
         )
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         .explode(F.split("line", " "), "word")
-        .pandas_bolt(refuse_poison, "word string", name="refuse_poison")
-        .aggregate("word", F.count("*").cast("string").alias("n"))
-        .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
+        .map(lambda df: df.withColumn("record", record))
+    )
+    if fail_rate:
+        topology = topology.fail_where(
+            (F.col("_attempt") == 0) & (F.rand() < fail_rate), "flaky", name="flaky"
+        )
+    topology = (
+        topology.pandas_bolt(refuse_poison, "word string, record string", name="refuse_poison")
+        .aggregate(["word", "record"], F.count("*").alias("n"))
+        .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("record")))
         .sink(KafkaSink(bootstrap, outbox))
     )
     stream = topology.read_stream(
@@ -98,11 +112,12 @@ class KillAfterSink:
 
 
 def start(spark, bootstrap: str, inbox: str, outbox: str, name: str, checkpoint: str):
-    stream, topology = build(spark, bootstrap, inbox, outbox, name)
-    kill_after = int(os.environ.get("ACKSTREAM_FAULT_KILL_AFTER_SINK", "0"))
+    settings = json.loads(os.environ.get("ACKSTREAM_FAULT_SETTINGS") or "{}")
+    kill_after, acker = settings.pop("kill_after_sink", 0), settings.pop("acker", True)
+    stream, topology = build(spark, bootstrap, inbox, outbox, name, **settings)
     if kill_after:
         topology.output = KillAfterSink(topology.output, kill_after)
-    return topology.start(stream, checkpoint, trigger_ms=300)
+    return topology.start(stream, checkpoint, trigger_ms=300, acker=acker)
 
 
 def main(bootstrap: str, inbox: str, outbox: str, name: str, checkpoint: str) -> None:

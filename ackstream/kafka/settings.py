@@ -47,6 +47,9 @@ def consumer_settings(config: SourceConfig) -> dict:
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "client_id": f"ackstream-{config.topology}",
+        # reading must never create a topic: a subscribed topic deleted mid-run would
+        # come back empty, its offsets reset, and the source wait on them silently
+        "allow_auto_create_topics": False,
     }
     for key, value in config.kafka_options:
         option = "kafka." + key

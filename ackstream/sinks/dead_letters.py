@@ -26,6 +26,7 @@ import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from kafka.errors import MessageSizeTooLargeError
 
 from ackstream.files import write_atomically
 from ackstream.ids import content_id, hash_text
@@ -152,18 +153,34 @@ class KafkaDeadLetters:
         )
 
     def write(self, letters, records) -> None:
-        futures = []
-        for row in _rows(self.topology, letters, records):
-            headers = letter_headers(row)
-            # Kafka takes no message with neither key nor value (a null record whose
-            # value was dropped for its size): an empty value, the headers say the rest
-            value = b"" if row["key"] is None and row["value"] is None else row["value"]
-            futures.append(
-                self._producer.send(self.topic, key=row["key"], value=value, headers=headers)
-            )
+        rows = list(_rows(self.topology, letters, records))
+        futures = [self._send(row) for row in rows]
         self._producer.flush()
-        for future in futures:
-            future.get(timeout=30)
+        for row, future in zip(rows, futures):
+            try:
+                future.get(timeout=30)
+            except MessageSizeTooLargeError:  # the broker's limit, below the producer's
+                self._send(row, drop_value=True).get(timeout=30)
+
+    def _send(self, row: dict, drop_value: bool = False):
+        """Produce one letter; a value too large for the topic is dropped (the record
+        stays upstream) and the header ``ackstream.dropped`` says so."""
+        headers = letter_headers(row)
+        value = row["value"]
+        if drop_value:
+            note = f"value of {len(value or b'')} bytes: too large for {self.topic}; the record "
+            headers.append(("ackstream.dropped", f"{note}stays in {row['topic']}".encode()))
+            value = None
+        # Kafka takes no message with neither key nor value (a null record whose
+        # value was dropped for its size): an empty value, the headers say the rest
+        if row["key"] is None and value is None:
+            value = b""
+        try:
+            return self._producer.send(self.topic, key=row["key"], value=value, headers=headers)
+        except MessageSizeTooLargeError:  # over the producer's max_request_size
+            if drop_value:
+                raise
+            return self._send(row, drop_value=True)
 
     def close(self) -> None:
         self._producer.close()

@@ -11,6 +11,7 @@ its own short-lived consumer.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -152,13 +153,37 @@ class KafkaUpstream:
         return {(k.topic, k.partition): None if v is None else v.offset for k, v in got.items()}
 
     def earliest(self, tps: list[TP]) -> dict[TP, int]:
-        got = self._consumer.beginning_offsets([TopicPartition(*tp) for tp in tps])
+        with self._topics_kept():
+            got = self._consumer.beginning_offsets([TopicPartition(*tp) for tp in tps])
         return {(k.topic, k.partition): v for k, v in got.items()}
 
     def latest(self, tps: list[TP], positions: dict[TP, int] | None = None) -> dict[TP, int]:
         """The next offset to be written per partition (see ``ackstream.kafka.offsets``)."""
-        got = end_offsets(self._consumer, [TopicPartition(*tp) for tp in tps])
+        with self._topics_kept():
+            got = end_offsets(self._consumer, [TopicPartition(*tp) for tp in tps])
         return {(part.topic, part.partition): end for part, end in got.items()}
+
+    @contextlib.contextmanager
+    def _topics_kept(self):
+        """Name a subscribed topic deleted under the running query when an offset request
+        fails (kafka-python only times out on it, after ``request_timeout_ms``)."""
+        from kafka.errors import KafkaError
+
+        try:
+            yield
+        except KafkaError as error:
+            try:
+                gone = set(self.config.topics) - self._consumer.topics()  # fresh metadata
+            except KafkaError:  # the brokers are away, not the topic
+                gone = set()
+            if gone:
+                raise AckstreamError(
+                    f"topic {', '.join(repr(t) for t in sorted(gone))} (option subscribe) "
+                    f"was deleted from {self.config.bootstrap_servers} while the query ran; "
+                    "its records not yet committed were not all processed. Re-create it "
+                    "and start the query from a new checkpoint, or remove it from subscribe"
+                ) from error
+            raise
 
     def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
         """The group's committed offset and metadata per partition (absent: no commit)."""

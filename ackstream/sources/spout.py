@@ -199,6 +199,7 @@ class Spout:
         self._check_retention(tps)
         positions = {tp: tracker.parts[tp].end for tp in tps}
         latest = self.latest = self.upstream.latest(tps, positions)
+        self._check_not_reset(latest, positions)
         lags = {tp: max(0, latest[tp] - positions[tp]) for tp in tps}
         shares = share_by_lag(budget, lags)
         read: dict = {}
@@ -278,6 +279,19 @@ class Spout:
                         "failOnDataLoss=false to skip them"
                     )
                 self.tracker.skip_to(tp, earliest[tp])
+
+    @staticmethod
+    def _check_not_reset(latest: dict, positions: dict) -> None:
+        """An end offset below what was already read: the topic was deleted and created
+        again under the query (its records past the old offsets would be skipped)."""
+        for tp, end in latest.items():
+            if end < positions[tp]:
+                raise AckstreamError(
+                    f"{tp[0]}[{tp[1]}] ends at offset {end}, below the {positions[tp]} "
+                    "already read: the topic was deleted and re-created while the query "
+                    "ran. Start the query from a new checkpoint (startingOffsets=earliest "
+                    "to read the new topic from its start)"
+                )
 
     def _poll(self, now: int) -> None:
         """Completions in, replays scheduled, dead letters out, acked offsets committed;

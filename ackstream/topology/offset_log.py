@@ -11,8 +11,10 @@ message timeout the source was given.
 from __future__ import annotations
 
 import json
+import os
 from urllib.parse import urlparse
 
+from ackstream.errors import AckstreamError
 from ackstream.session import is_connect
 
 __all__ = ["batch_timestamp_ms", "logged_offsets", "source_offsets"]
@@ -56,10 +58,23 @@ def _logged(spark, checkpoint: str, batch_id: int) -> str:
     """The text of the offset log's entry for ``batch_id``."""
     path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
     if not urlparse(path).scheme:
+        _check_not_deleted(checkpoint)
         return _read_local(path)
     if is_connect(spark):
         return _read_with_spark(spark, path)
     return _read_hadoop(spark, path)
+
+
+def _check_not_deleted(checkpoint: str) -> None:
+    """Spark writes ``<checkpoint>/metadata`` once, when the query first starts, and
+    re-creates the rest of a deleted checkpoint as it goes: without this check the
+    query would run on, and a restart would not know where it was."""
+    if not os.path.exists(os.path.join(checkpoint, "metadata")):
+        raise AckstreamError(
+            f"the checkpoint {checkpoint} was deleted while the query ran (its metadata "
+            "file is gone). Start the query again from a new checkpoint: the source "
+            "resumes from its consumer group's commits (startingOffsets=committed)"
+        )
 
 
 def _read_local(path: str) -> str:

@@ -127,6 +127,18 @@ def test_partitions_added_upstream_are_read_from_their_start(broker, new_topic, 
         spout.close()
 
 
+def test_a_partition_whose_end_went_back_is_an_error_naming_it(make_spout):
+    """A topic deleted and re-created under the query restarts its offsets at 0."""
+    from ackstream.errors import AckstreamError
+
+    spout, _, _ = make_spout()
+    spout.next_offset()  # read [0, 5) of both partitions
+    latest = spout.upstream.latest
+    spout.upstream.latest = lambda tps, positions: {**latest(tps, positions), (TOPIC, 1): 2}
+    with pytest.raises(AckstreamError, match=r"generator\[1\] ends at offset 2, below the 5"):
+        spout.next_offset()
+
+
 def test_a_second_query_with_the_same_name_is_refused_naming_both(make_spout):
     from ackstream.errors import AckstreamError
 
