@@ -19,7 +19,12 @@ input offsets to its group only after that write. Systems:
   records, after flushing what it produced;
 - ``spark_kafka``: Spark's own Kafka source (``format("kafka")``) with ``foreachBatch``
   doing the same work untracked, committing the batch's offsets to its group by hand
-  (``make spark-kafka`` brings the connector).
+  (``make spark-kafka`` brings the connector);
+- ``share_group``: a Kafka share group (KIP-932, the broker's own per-record ack) read
+  by confluent-kafka's ``ShareConsumer`` (the ``bench`` extra): poll, split, count,
+  produce, flush, then acknowledge every record (ACCEPT) and ``commit_sync``. A share
+  group has no committed offset to poll, so its end is the worker's own report that
+  the broker took the acknowledgements of every input offset.
 
 Each system runs in a process of its own (a child of this one), one after another, in
 an order that alternates across ``--repeats``. Measured from outside the process:
@@ -83,6 +88,7 @@ SYSTEMS = (
     "kafka_python_loop",
     "quix",
     "spark_kafka",
+    "share_group",
 )
 ACKSTREAM_SYSTEMS = SYSTEMS[:3]
 MESSAGE_TIMEOUT_MS = 120_000  # nothing may time out in a run: a replay would be a bug here
@@ -384,8 +390,13 @@ def run_system(system: str, ctx: dict, tag: str, timeout_s: float) -> dict:
     try:
         ready = worker.wait_event("ready", ctx["startup_timeout_s"])
         cpu_ready = worker.cpu_s()
-        poller.start()
         log(f"{system}: ready after {ready['t'] - worker.spawned:.1f} s, working")
+        if system == "share_group":  # no committed offsets: the worker says when it is done
+            poller.done_at = worker.wait_event("acknowledged", timeout_s)["t"]
+            poller.committed = dict(ctx["ends"])
+            poller.done.set()
+        else:
+            poller.start()
         deadline = time.monotonic() + timeout_s
         last_report = time.monotonic()
         while not poller.done.wait(0.05):
@@ -567,6 +578,8 @@ def unavailable(system: str) -> str | None:
     """Why ``system`` cannot run here, or None."""
     if system == "quix" and importlib.util.find_spec("quixstreams") is None:
         return "quixstreams is not installed (pip install -e '.[bench]')"
+    if system == "share_group" and importlib.util.find_spec("confluent_kafka") is None:
+        return "confluent-kafka is not installed (pip install -e '.[bench]')"
     if system == "spark_kafka" and not spark_kafka_jars():
         return "Spark's Kafka connector is not resolved (make spark-kafka)"
     return None
@@ -944,6 +957,73 @@ def work_loop(a, events: Events) -> None:
     events.emit("finished", first_read=first, batches=batches, rows_read=rows)
 
 
+def work_share_group(a, events: Events) -> None:
+    from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    # a share group starts at the latest offset unless its group config says otherwise
+    earliest = ConfigEntry(
+        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+    )
+    group = ConfigResource(ResourceType.GROUP, a.group, incremental_configs=[earliest])
+    admin = AdminClient({"bootstrap.servers": a.bootstrap})  # kept until its answer
+    for future in admin.incremental_alter_configs([group]).values():
+        future.result()
+    consumer = ShareConsumer(
+        {
+            "bootstrap.servers": a.bootstrap,
+            "group.id": a.group,
+            "share.acknowledgement.mode": "explicit",
+            "log_level": 3,  # not the "Preview" notice
+        }
+    )
+    consumer.subscribe([a.input])
+    producer = Producer({"bootstrap.servers": a.bootstrap, "acks": "all", "linger.ms": 5})
+    ends = end_offsets(a.bootstrap, a.input)
+    acked: set[tuple[int, int]] = set()
+    first, batches, rows = None, 0, 0
+    failed: list = []
+
+    def delivered(error, _message):
+        if error is not None:
+            failed.append(error)
+
+    events.emit("ready")
+    events.emit("running")
+    while not events.stop.is_set():
+        polled = [m for m in consumer.poll(0.1) if m.error() is None]
+        if not polled:
+            continue
+        first = first or time.time()
+        rows += len(polled)
+        counts = collections.Counter(word for m in polled for word in m.value().decode().split(" "))
+        for word, n in counts.items():
+            producer.produce(
+                a.output, key=word.encode(), value=str(n).encode(), on_delivery=delivered
+            )
+        if producer.flush(30) or failed:
+            raise RuntimeError(f"counts not written: {failed[:3]}")
+        for m in polled:
+            consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+        errors = [e for e in consumer.commit_sync(30).values() if e is not None]
+        if errors:
+            raise RuntimeError(f"acknowledgements refused: {errors[:3]}")
+        acked.update((m.partition(), m.offset()) for m in polled)
+        batches += 1
+        if len(acked) == sum(ends.values()):
+            events.emit("acknowledged")
+    consumer.close()
+    events.emit(
+        "finished", first_read=first, batches=batches, rows_read=rows, redelivered=rows - len(acked)
+    )
+
+
 def work_quix(a, events: Events) -> None:
     from quixstreams import Application
     from quixstreams.models.serializers import Serializer
@@ -1003,6 +1083,8 @@ def worker_main(argv: list[str]) -> None:
         work_spark_kafka(a, events)
     elif a.system == "kafka_python_loop":
         work_loop(a, events)
+    elif a.system == "share_group":
+        work_share_group(a, events)
     else:
         work_quix(a, events)
 

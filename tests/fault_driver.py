@@ -47,10 +47,14 @@ def build(
     per_batch: int = 10,
     ack_mode: str = "telescoped",
     fail_rate: float = 0.0,
+    kafka_options: dict | None = None,
 ):
     """The tracked input stream and the topology (tests run it in-process too).
     ``ack_mode="per_stage"`` puts every tree on the acker query's path; ``fail_rate``
-    is the fraction of words whose first attempt fails (reason ``flaky``)."""
+    is the fraction of words whose first attempt fails (reason ``flaky``);
+    ``kafka_options`` (``kafka.*`` client settings) go to the source, the channel and
+    the sink alike."""
+    kafka_options = kafka_options or {}
 
     def refuse_poison(frame):
         """A pandas bolt that always fails on the poison word (defined here, so that it is
@@ -64,7 +68,7 @@ def build(
         Topology(
             name,
             spark,
-            KafkaChannel(bootstrap, name),
+            KafkaChannel(bootstrap, name, kafka_options=kafka_options),
             ack_mode=ack_mode,
             message_timeout_ms=message_timeout_ms,
         )
@@ -80,7 +84,7 @@ def build(
         topology.pandas_bolt(refuse_poison, "word string, record string", name="refuse_poison")
         .aggregate(["word", "record"], F.count("*").alias("n"))
         .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("record")))
-        .sink(KafkaSink(bootstrap, outbox))
+        .sink(KafkaSink(bootstrap, outbox, kafka_options=kafka_options))
     )
     stream = topology.read_stream(
         {
@@ -91,6 +95,7 @@ def build(
             "maxOffsetsPerTrigger": per_batch,  # spread the input over many batches
             "ackstream.retryInitialDelay": "200ms",
             "ackstream.maxRetries": "2",
+            **kafka_options,
         }
     )
     return stream, topology

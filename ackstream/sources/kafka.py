@@ -7,15 +7,21 @@ committed offsets (a standalone commit: ``assign()`` plus a group id, never a gr
 join), and fetches single records for dead letters. Executor side,
 :meth:`KafkaUpstream.read` reads one :class:`~ackstream.sources.rows.ReadTask` with
 its own short-lived consumer.
+
+A driver-side call that fails with a Kafka error (a broker lost, a leader moved: the
+consumer may wait out a whole request timeout on a dead connection) is tried again
+with a new consumer, as Spark's Kafka source does (``fetchOffset.numRetries``), so
+that one lost broker costs the planner a pause, not the query.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
@@ -30,10 +36,16 @@ from ackstream.sources.tracking import ranges
 
 __all__ = ["KafkaUpstream"]
 
+log = logging.getLogger(__name__)
+
 #: How long the check before a query starts waits for the brokers to answer.
 CHECK_TIMEOUT_MS = 10_000
 #: Bytes of keys and values per Arrow batch (a binary column holds at most 2 GiB).
 BYTES_PER_BATCH = 64 << 20
+#: Attempts at a driver-side broker call, each with a new consumer, before the query
+#: fails; and the pause between two (Spark's Kafka source: 3 attempts, 1 s apart).
+ATTEMPTS = 3
+RETRY_PAUSE_S = 1.0
 
 
 class KafkaUpstream:
@@ -52,6 +64,26 @@ class KafkaUpstream:
         if self._client is None:
             self._client = KafkaConsumer(group_id=self.config.group_id, **self.settings)
         return self._client
+
+    def _retried(self, what: str, call: Callable[[KafkaConsumer], object]):
+        """``call(consumer)``; after a Kafka error, again with a new consumer, up to
+        ``ATTEMPTS`` times in all."""
+        from kafka.errors import KafkaError
+
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return call(self._consumer)
+            except KafkaError as error:
+                self.close()
+                if attempt == ATTEMPTS:
+                    raise EnvironmentProblem(
+                        f"the Kafka brokers at {self.config.bootstrap_servers} did not "
+                        f"answer ({what}) in {ATTEMPTS} attempts: {error!r}",
+                        "Check that the brokers are up; a slow cluster may need a larger "
+                        "kafka.request.timeout.ms.",
+                    ) from error
+                log.warning("%s failed (attempt %d of %d): %r", what, attempt, ATTEMPTS, error)
+                time.sleep(RETRY_PAUSE_S)
 
     def check(self) -> None:
         """Fail before the query starts if the brokers do not answer or a subscribed topic
@@ -119,7 +151,9 @@ class KafkaUpstream:
             return list(self.config.assign)
         out = []
         for topic in self._topics():
-            parts = self._consumer.partitions_for_topic(topic)
+            parts = self._retried(
+                f"partitions of {topic}", lambda consumer, t=topic: consumer.partitions_for_topic(t)
+            )
             if not parts and not self.config.subscribe_pattern:
                 raise AckstreamError(
                     f"topic {topic!r} (option 'subscribe') does not exist on "
@@ -153,14 +187,24 @@ class KafkaUpstream:
         return {(k.topic, k.partition): None if v is None else v.offset for k, v in got.items()}
 
     def earliest(self, tps: list[TP]) -> dict[TP, int]:
-        with self._topics_kept():
-            got = self._consumer.beginning_offsets([TopicPartition(*tp) for tp in tps])
+        parts = [TopicPartition(*tp) for tp in tps]
+
+        def call(consumer):
+            with self._topics_kept():
+                return consumer.beginning_offsets(parts)
+
+        got = self._retried("earliest offsets", call)
         return {(k.topic, k.partition): v for k, v in got.items()}
 
     def latest(self, tps: list[TP], positions: dict[TP, int] | None = None) -> dict[TP, int]:
         """The next offset to be written per partition (see ``ackstream.kafka.offsets``)."""
-        with self._topics_kept():
-            got = end_offsets(self._consumer, [TopicPartition(*tp) for tp in tps])
+        parts = [TopicPartition(*tp) for tp in tps]
+
+        def call(consumer):
+            with self._topics_kept():
+                return end_offsets(consumer, parts)
+
+        got = self._retried("latest offsets", call)
         return {(part.topic, part.partition): end for part, end in got.items()}
 
     @contextlib.contextmanager
@@ -189,19 +233,21 @@ class KafkaUpstream:
         """The group's committed offset and metadata per partition (absent: no commit)."""
         out = {}
         for tp in tps:
-            got = self._consumer.committed(TopicPartition(*tp), metadata=True)
+            got = self._retried(
+                f"the group's committed offset of {tp[0]}[{tp[1]}]",
+                lambda consumer, tp=tp: consumer.committed(TopicPartition(*tp), metadata=True),
+            )
             if got is not None and got.offset is not None and got.offset >= 0:
                 out[tp] = (got.offset, got.metadata or "")
         return out
 
     def commit(self, offsets: dict[TP, tuple[int, str]]) -> None:
         if offsets:
-            self._consumer.commit(
-                {
-                    TopicPartition(*tp): OffsetAndMetadata(off, meta, -1)
-                    for tp, (off, meta) in offsets.items()
-                }
-            )
+            commits = {
+                TopicPartition(*tp): OffsetAndMetadata(off, meta, -1)
+                for tp, (off, meta) in offsets.items()
+            }
+            self._retried("a commit", lambda consumer: consumer.commit(commits))
 
     def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
         """``(key, value, timestamp_ms, headers)`` of single records (for dead letters)."""

@@ -1,0 +1,76 @@
+"""The source's driver-side Kafka calls survive a broker error with a new consumer, and
+fail, naming the brokers and what to check, only when every attempt failed. A fake
+consumer stands in for kafka-python's (no broker): the lost-leader tests on the
+three-broker cluster (tests/kafka/test_broker_failures.py) run the real thing."""
+
+from __future__ import annotations
+
+import pytest
+from kafka import TopicPartition
+from kafka.errors import KafkaTimeoutError
+
+from ackstream.config import parse
+from ackstream.errors import EnvironmentProblem
+from ackstream.sources import kafka as upstream_module
+from ackstream.sources.kafka import ATTEMPTS, KafkaUpstream
+
+
+class FlakyConsumer:
+    """Answers ``beginning_offsets`` and ``commit`` unless it is one of the first
+    ``failures`` consumers made, which time out as a consumer stuck on a lost broker."""
+
+    made: list[FlakyConsumer] = []
+    failures = 0
+
+    def __init__(self, **settings):
+        self.broken = len(FlakyConsumer.made) < FlakyConsumer.failures
+        self.closed = False
+        self.commits: list[dict] = []
+        FlakyConsumer.made.append(self)
+
+    def _answer(self):
+        if self.broken:
+            raise KafkaTimeoutError("Failed to get offsets by timestamps in 30000 ms")
+
+    def beginning_offsets(self, parts):
+        self._answer()
+        return {part: 7 for part in parts}
+
+    def commit(self, offsets):
+        self._answer()
+        self.commits.append(offsets)
+
+    def close(self, autocommit=True):
+        self.closed = True
+
+
+@pytest.fixture
+def upstream(monkeypatch):
+    FlakyConsumer.made = []
+    monkeypatch.setattr(upstream_module, "KafkaConsumer", FlakyConsumer)
+    monkeypatch.setattr(upstream_module, "RETRY_PAUSE_S", 0.0)
+    config = parse({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "words"})
+    return KafkaUpstream(config)
+
+
+def test_a_call_that_fails_is_made_again_with_a_new_consumer(upstream):
+    FlakyConsumer.failures = ATTEMPTS - 1
+    assert upstream.earliest([("words", 0)]) == {("words", 0): 7}
+    assert len(FlakyConsumer.made) == ATTEMPTS
+    assert all(c.closed for c in FlakyConsumer.made[:-1]) and not FlakyConsumer.made[-1].closed
+
+    upstream.commit({("words", 0): (5, "meta")})  # the working consumer is kept
+    assert len(FlakyConsumer.made) == ATTEMPTS
+    (commit,) = FlakyConsumer.made[-1].commits
+    assert commit[TopicPartition("words", 0)].offset == 5
+
+
+def test_a_call_that_fails_every_attempt_names_the_brokers_and_what_to_check(upstream):
+    FlakyConsumer.failures = ATTEMPTS
+    with pytest.raises(EnvironmentProblem) as raised:
+        upstream.commit({("words", 0): (5, "")})
+    message = str(raised.value)
+    assert "127.0.0.1:1" in message and "a commit" in message
+    assert "kafka.request.timeout.ms" in message
+    assert len(FlakyConsumer.made) == ATTEMPTS
+    assert all(c.closed for c in FlakyConsumer.made)
