@@ -42,9 +42,12 @@ def build(
     source_timeout: str = SOURCE_TIMEOUT,
     per_batch: int = 10,
     ack_mode: str = "telescoped",
+    kafka_options: dict | None = None,
 ):
     """The tracked input stream and the topology (the fault tests run it in-process too).
-    ``ack_mode="per_stage"`` puts every tree on the acker query's path."""
+    ``ack_mode="per_stage"`` puts every tree on the acker query's path; ``kafka_options``
+    (``kafka.*``, security included) go to the source, the channel and the sink alike."""
+    kafka_options = dict(kafka_options or {})
 
     def refuse_poison(frame):
         """A pandas bolt that always fails on the poison word (defined here, so that it is
@@ -57,7 +60,7 @@ def build(
         Topology(
             name,
             spark,
-            KafkaChannel(bootstrap, name),
+            KafkaChannel(bootstrap, name, kafka_options=kafka_options),
             ack_mode=ack_mode,
             message_timeout_ms=message_timeout_ms,
         )
@@ -66,10 +69,11 @@ def build(
         .pandas_bolt(refuse_poison, "word string", name="refuse_poison")
         .aggregate("word", F.count("*").cast("string").alias("n"))
         .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
-        .sink(KafkaSink(bootstrap, outbox))
+        .sink(KafkaSink(bootstrap, outbox, kafka_options=kafka_options))
     )
     stream = topology.read_stream(
         {
+            **kafka_options,
             "kafka.bootstrap.servers": bootstrap,
             "subscribe": inbox,
             "startingOffsets": "earliest",
