@@ -74,7 +74,7 @@ def test_source_channel_dead_letters_and_sink_all_work_through_a_secured_listene
     try:
         wait_for(
             lambda: [group.committed(tp) for tp in partitions] == [15, 15] or running.exception(),
-            timeout=150,
+            timeout=300,  # a loaded machine; about 30 s when idle
             interval=0.5,
             what=f"every input offset committed through {protocol}",
         )
