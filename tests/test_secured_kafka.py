@@ -16,7 +16,7 @@ import pytest
 
 from helpers import consume, sentences, wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.broker]
+pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")
