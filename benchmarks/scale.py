@@ -113,7 +113,7 @@ def run(master: str, executors: int, records: int, batch: int, rounds: int) -> d
             batch_ms = [
                 p["durationMs"]["triggerExecution"] for p in progress if p.get("numInputRows")
             ]
-            seen = len(spark.sparkContext._jsc.sc().getExecutorMemoryStatus()) - 1  # noqa: SLF001
+            seen = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # noqa: SLF001
         finally:
             running.stop()
     finally:
