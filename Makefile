@@ -5,6 +5,7 @@
 #   make test-long  the runs marked long (chaos, broker failures, scale), not in make test
 #   make chaos  the chaos suite at the issue's size, CHAOS_SEEDS seeds (tests/test_chaos.py)
 #   make lint   ruff check and ruff format --check (CI runs it before the tests)
+#   make bench-scale  the same tracked work on 1 and 2 executors of a standalone cluster
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-long chaos lint format bench bench-e2e java kafka spark-kafka clean
+.PHONY: demo test test-long chaos lint format bench bench-e2e bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -66,6 +67,13 @@ bench: $(VENV)/.installed java
 bench-e2e: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/e2e.py $(E2E_ARGS)
+
+# Scale-out (issue 17): 1 and 2 executors of one core on a standalone cluster started from
+# the pyspark package on loopback; a figure for a machine with at least 3 free cores.
+# make bench-scale SCALE_ARGS="--records 40000 --repeat 3"
+SCALE_ARGS ?=
+bench-scale: $(VENV)/.installed java
+	$(PY) benchmarks/scale.py $(SCALE_ARGS)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -8,6 +8,11 @@ SIGKILL comes back from it (:meth:`KafkaNode.restart`).
 - :class:`KafkaBroker`: one node, replication factor 1 (the session's broker).
 - :class:`KafkaCluster`: three nodes, replication factor 3, ``min.insync.replicas=2``.
 
+Either takes ``secured=True``: each node then also listens with TLS (``SSL``) and with
+SASL/PLAIN over TLS (``SASL_SSL``), its certificate signed by a throwaway CA made
+with openssl at start; :meth:`_Nodes.client_options` gives a client's ``kafka.*``
+options for a listener.
+
 Set ``ACKSTREAM_TEST_BOOTSTRAP=host:port`` to run the tests against an external
 Kafka cluster instead (see conftest.py); then nothing is started or stopped here.
 """
@@ -72,6 +77,40 @@ def kafka_libs() -> Path:
     return libs
 
 
+#: The SASL/PLAIN user a secured broker accepts, and its password.
+SASL_USER, SASL_PASSWORD = "ackstream", "ackstream-secret"
+#: The listeners a secured node adds to PLAINTEXT (listener name = security protocol).
+SECURED_LISTENERS = ("SSL", "SASL_SSL")
+
+
+def make_tls(folder: Path) -> tuple[Path, Path]:
+    """A throwaway CA and a certificate for 127.0.0.1 that it signs (openssl, EC keys):
+    returns (the CA's certificate, which clients trust; the broker's PEM keystore, its
+    unencrypted PKCS#8 key and its certificate)."""
+    if shutil.which("openssl") is None:
+        raise RuntimeError(
+            "a secured test broker needs the openssl command to make its certificate"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    ca, ca_key, key, csr, cert, ext = (
+        folder / name
+        for name in ("ca.pem", "ca.key", "broker.key", "broker.csr", "broker.pem", "san.cnf")
+    )
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for command in (
+        ["req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-subj", "/CN=ackstream test CA"],
+        ["req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-out", cert, "-extfile", ext],
+    ):
+        done = subprocess.run(["openssl", *map(str, command)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"openssl {command[0]} failed: {done.stderr}")
+    keystore = folder / "broker-keystore.pem"
+    keystore.write_text(key.read_text() + cert.read_text())
+    return ca, keystore
+
+
 def cluster_id() -> str:
     """A random KRaft cluster id: 16 bytes, URL-safe base64 without padding."""
     while True:
@@ -83,9 +122,11 @@ def cluster_id() -> str:
 class KafkaNode:
     """One KRaft node, broker and controller in one JVM, listening on 127.0.0.1 only."""
 
-    def __init__(self, node_id: int, root: Path, heap: str = "512m"):
+    def __init__(self, node_id: int, root: Path, heap: str = "512m", secured: bool = False):
         self.node_id, self.heap = node_id, heap
         self.port, self.controller_port = free_port(), free_port()
+        #: listener name (= its security protocol) -> port, beside PLAINTEXT
+        self.secured_ports = {name: free_port() for name in SECURED_LISTENERS if secured}
         self.dir = root / f"node-{node_id}"
         self.log_dir = self.dir / "data"
         self.config = self.dir / "server.properties"
@@ -98,16 +139,19 @@ class KafkaNode:
         return f"127.0.0.1:{self.port}"
 
     def configure(self, voters: str, settings: dict) -> None:
+        ports = {"PLAINTEXT": self.port, **self.secured_ports}
+        served = ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items())
         props = {
             "process.roles": "broker,controller",
             "node.id": self.node_id,
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
-            f"CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"{served},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": served,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(
+                ["CONTROLLER:PLAINTEXT", *(f"{name}:{name}" for name in ports)]
+            ),
             "log.dirs": self.log_dir,
             **settings,
         }
@@ -221,9 +265,13 @@ class _Nodes:
     size = 1
     heap = "512m"
 
-    def __init__(self, **settings):
+    def __init__(self, secured: bool = False, **settings):
         self.root = Path(tempfile.mkdtemp(prefix="ackstream-kafka-"))
-        self.nodes = [KafkaNode(i + 1, self.root, self.heap) for i in range(self.size)]
+        self.nodes = [KafkaNode(i + 1, self.root, self.heap, secured) for i in range(self.size)]
+        self.ca_file: Path | None = None
+        if secured:
+            self.ca_file, keystore = make_tls(self.root / "tls")
+            settings = {**self._security(keystore), **settings}
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
         rf = self.size
         defaults = {
@@ -244,6 +292,42 @@ class _Nodes:
             node.configure(voters, {**defaults, **settings})
         self.bootstrap = ",".join(n.bootstrap for n in self.nodes)
         self.started_s: float | None = None
+
+    @staticmethod
+    def _security(keystore: Path) -> dict:
+        """Broker settings of the secured listeners: a PEM keystore, SASL/PLAIN users."""
+        users = (
+            f'username="{SASL_USER}" password="{SASL_PASSWORD}" user_{SASL_USER}="{SASL_PASSWORD}"'
+        )
+        return {
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": keystore,
+            "sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            ),
+        }
+
+    def client_options(self, protocol: str) -> dict[str, str]:
+        """The ``kafka.*`` options (the source's form) of a client of the ``protocol``
+        listener (``SSL`` or ``SASL_SSL``, of a broker started with ``secured=True``);
+        SASL's login is given as Spark's Kafka source takes it, a JAAS config."""
+        if protocol not in self.nodes[0].secured_ports:
+            raise ValueError(f"no {protocol} listener: start the broker with secured=True")
+        options = {
+            "kafka.bootstrap.servers": ",".join(
+                f"127.0.0.1:{n.secured_ports[protocol]}" for n in self.nodes
+            ),
+            "kafka.security.protocol": protocol,
+            "kafka.ssl.cafile": str(self.ca_file),
+        }
+        if protocol.startswith("SASL"):
+            options["kafka.sasl.mechanism"] = "PLAIN"
+            options["kafka.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="{SASL_USER}" password="{SASL_PASSWORD}";'
+            )
+        return options
 
     @property
     def logs(self) -> str:

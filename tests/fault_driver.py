@@ -88,6 +88,7 @@ def build(
     )
     stream = topology.read_stream(
         {
+            **kafka_options,
             "kafka.bootstrap.servers": bootstrap,
             "subscribe": inbox,
             "startingOffsets": "earliest",

@@ -1,5 +1,5 @@
 """Spark processes for tests, from the installed pyspark package: a Spark Connect server
-(and, later, a standalone cluster), each on free loopback ports.
+and a standalone cluster (a Master and Workers), each on free loopback ports.
 
 Each process is started with ``SPARK_HOME`` = the pyspark package folder and
 ``PYSPARK_PYTHON`` = this interpreter, polled until it answers (never a fixed sleep),
@@ -9,6 +9,8 @@ the pid started is the JVM's.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -16,11 +18,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from broker import free_port
 
-__all__ = ["ConnectServer", "spark_env", "spark_home"]
+__all__ = ["ConnectServer", "StandaloneCluster", "spark_env", "spark_home"]
 
 
 def spark_home() -> Path:
@@ -117,3 +120,114 @@ class ConnectServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+class StandaloneCluster:
+    """A Spark standalone Master and ``workers`` Workers of ``cores`` cores each, on
+    127.0.0.1; ``url`` (``spark://...``) is what an application's master takes.
+
+    Each Worker runs in a process group of its own, which its executors and their
+    Python workers join: :meth:`kill_worker` SIGKILLs that group, as if its host
+    died. Executors run this interpreter (``PYSPARK_PYTHON``), so they import
+    ackstream from this environment, as on a cluster where it is installed."""
+
+    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "1g"):
+        self.cores, self.memory = cores, memory
+        self.port, self.ui_port = free_port(), free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="ackstream-standalone-"))
+        self.master: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen | None] = [None] * workers
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _daemon(self, name: str, main: str, *args: str) -> subprocess.Popen:
+        env = {**spark_env(), "SPARK_DAEMON_MEMORY": "256m", "SPARK_LOG_DIR": str(self.dir)}
+        with open(self.dir / f"{name}.log", "wb") as log:
+            return subprocess.Popen(
+                [str(spark_home() / "bin" / "spark-class"), main, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.dir,
+                start_new_session=True,  # the group kill_worker ends
+            )
+
+    def _start_worker(self, index: int) -> None:
+        work = self.dir / f"worker-{index}"
+        work.mkdir(exist_ok=True)
+        self.workers[index] = self._daemon(
+            f"worker-{index}",
+            "org.apache.spark.deploy.worker.Worker",
+            *("--host", "127.0.0.1", "--webui-port", str(free_port())),
+            *("--cores", str(self.cores), "--memory", self.memory),
+            *("--work-dir", str(work), self.url),
+        )
+
+    def alive_workers(self) -> int:
+        """How many Workers the Master counts alive (its JSON status page)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as page:
+            return int(json.load(page).get("aliveworkers", 0))
+
+    def start(self, timeout: float = 180.0) -> StandaloneCluster:
+        self.master = self._daemon(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            *("--host", "127.0.0.1", "--port", str(self.port)),
+            *("--webui-port", str(self.ui_port)),
+        )
+        for index in range(len(self.workers)):
+            self._start_worker(index)
+        deadline = time.monotonic() + timeout
+        while True:
+            for name, process in [("master", self.master)] + [
+                (f"worker-{i}", w) for i, w in enumerate(self.workers)
+            ]:
+                if process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(
+                        f"the standalone {name} exited with {process.returncode}: "
+                        f"{(self.dir / f'{name}.log').read_text(errors='replace')[-3000:]}"
+                    )
+            try:
+                if self.alive_workers() == len(self.workers):
+                    return self
+            except OSError:
+                pass  # the Master's page is not up yet
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"the standalone cluster did not count {len(self.workers)} workers "
+                    f"in {timeout:g}s; logs in {self.dir}"
+                )
+            time.sleep(0.5)
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL Worker ``index`` with its executors and their Python workers."""
+        process, self.workers[index] = self.workers[index], None
+        if process is not None:
+            _kill_group(process, signal.SIGKILL)
+            process.wait()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the Workers (with their groups) and the Master, SIGKILL what is left."""
+        running = [w for w in self.workers if w is not None] + [self.master]
+        running = [p for p in running if p is not None]
+        self.workers, self.master = [None] * len(self.workers), None
+        for process in running:
+            _kill_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.0, deadline - time.monotonic()))
+            _kill_group(process, signal.SIGKILL)  # executors left behind, if any
+            process.wait()
+
+
+def _kill_group(process: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group ``process`` leads (it was started in a session
+    of its own), if it still exists."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)

@@ -1,7 +1,7 @@
 """Issue 17: test_end_to_end's topology from a Spark Connect client, against the Connect
 server bundled in pyspark (tests/spark_cluster.py), every input offset committed.
 
-The client runs in a process of its own (tests/connect_driver.py): a Connect session
+The client runs in a process of its own (tests/remote_driver.py): a Connect session
 and the tests' classic local session do not mix in one process. The topology's
 foreachBatch function, its acker's, and the source are pickled to the server's Python
 processes, so this is the test that they carry no session, lock or JVM call.
@@ -20,7 +20,7 @@ from spark_cluster import ConnectServer, spark_env
 
 pytestmark = pytest.mark.broker
 
-DRIVER = Path(__file__).resolve().parent / "connect_driver.py"
+DRIVER = Path(__file__).resolve().parent / "remote_driver.py"
 
 
 @pytest.fixture(scope="module")
