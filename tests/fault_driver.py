@@ -101,7 +101,7 @@ def start(spark, bootstrap: str, inbox: str, outbox: str, name: str, checkpoint:
     stream, topology = build(spark, bootstrap, inbox, outbox, name)
     kill_after = int(os.environ.get("ACKSTREAM_FAULT_KILL_AFTER_SINK", "0"))
     if kill_after:
-        topology.output = KillAfterSink(topology.output, kill_after)
+        topology.sinks[0].sink = KillAfterSink(topology.sinks[0].sink, kill_after)
     return topology.start(stream, checkpoint, trigger_ms=300)
 
 
