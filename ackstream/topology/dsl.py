@@ -92,6 +92,7 @@ class Topology:
         self.mode = ack_mode_named(ack_mode)
         self.stages: list[Stage] = []
         self.sinks: list[SinkNode] = []
+        self._ends_in_sink = False
 
     def without_session(self) -> Topology:
         """A copy that holds no session: what a ``foreachBatch`` function may carry (under
@@ -106,6 +107,7 @@ class Topology:
         stage = cls(len(self.stages) + 1, *args, name=name)
         stage.after = self._subscribe(stage.name, after, cls.kind)
         self.stages.append(stage)
+        self._ends_in_sink = False
         return self
 
     def _subscribe(self, name: str, after, kind: str) -> tuple[str, ...]:
@@ -115,7 +117,7 @@ class Topology:
         if name in known or name in (s.name for s in self.sinks):
             raise StageError(name, "another stage, sink or the spout has this name: give name=")
         if after is None:
-            if self.sinks and kind != "sink":
+            if kind != "sink" and self._ends_in_sink:
                 raise StageError(
                     name,
                     "the topology already ends in a sink: name the stream this stage "
@@ -203,6 +205,7 @@ class Topology:
         acked at the end of each batch."""
         name = name or f"sink#{len(self.sinks) + 1}"
         self.sinks.append(SinkNode(name, sink, self._subscribe(name, after, "sink")))
+        self._ends_in_sink = True  # what follows says which stream it reads
         return self
 
     # --- the source it reads -----------------------------------------------------------
