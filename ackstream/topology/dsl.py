@@ -73,6 +73,11 @@ class Topology:
     ``ack_mode`` says how a batch's acks are computed, ``"telescoped"`` (the
     default) or ``"per_stage"`` (Storm-faithful, every edge through the acker);
     both give the same outcome for every root (see :mod:`ackstream.topology.batch`).
+
+    ``ackers`` is Storm's ``topology.acker.executors``: the shards of the acker query
+    that :meth:`start` runs. ``ackers=0`` is ``tracking=False``, as Storm with no
+    ackers acks every tuple at emit: :meth:`read_stream` then reads the source
+    untracked (its offsets are committed once Spark ran their batch).
     """
 
     def __init__(
@@ -84,10 +89,16 @@ class Topology:
         message_timeout_ms: int = 30_000,
         tracking: bool = True,
         ack_mode: str = "telescoped",
+        ackers: int = 2,
     ):
         if message_timeout_ms <= 0:
             raise OptionError("message_timeout_ms", message_timeout_ms, "a positive number of ms")
-        self.name, self.spark, self.channel, self.tracking = name, spark, channel, tracking
+        if isinstance(ackers, bool) or not isinstance(ackers, int) or ackers < 0:
+            raise OptionError(
+                "ackers", ackers, "a whole number of acker shards, or 0: tracking off"
+            )
+        self.name, self.spark, self.channel = name, spark, channel
+        self.ackers, self.tracking = ackers, tracking and ackers > 0
         self.message_timeout_ms = message_timeout_ms
         self.mode = ack_mode_named(ack_mode)
         self.stages: list[Stage] = []
@@ -218,6 +229,7 @@ class Topology:
             "ackstream.topology": self.name,
             "ackstream.channel": self.channel.source_option(),
             "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
+            "ackstream.tracking": str(self.tracking).lower(),
         }
         if isinstance(self.channel, LocalChannel):  # a folder one host sees, or all
             ours["ackstream.channelShared"] = str(self.channel.shared).lower()
@@ -283,14 +295,13 @@ class Topology:
         checkpoint: str,
         *,
         trigger_ms: int = 500,
-        ackers: int = 2,
         acker: bool = True,
         acker_trigger_ms: int | None = None,
     ) -> RunningTopology:
         """Start the topology query over the tracked stream ``tuples`` (best made by
         :meth:`read_stream`) and, unless ``acker=False`` (an acker runs elsewhere) or
-        tracking is off, the acker query with ``ackers`` shards. Checkpoints go to
-        ``<checkpoint>/topology`` and ``<checkpoint>/acker``."""
+        tracking is off, the acker query with the topology's ``ackers`` shards.
+        Checkpoints go to ``<checkpoint>/topology`` and ``<checkpoint>/acker``."""
         self.check_reach()
         self._check_input(tuples)
         return start_topology(
@@ -298,7 +309,6 @@ class Topology:
             tuples,
             checkpoint,
             trigger_ms=trigger_ms,
-            ackers=ackers,
             acker=acker,
             acker_trigger_ms=acker_trigger_ms,
         )

@@ -89,3 +89,75 @@ def test_after_names_declared_streams_once():
     topology.filter("true", after="spout", name="second").sink(MemorySink())
     assert [s.after for s in topology.stages] == [("spout",), ("spout",)]
     assert [s.after for s in topology.sinks] == [("first",), ("second",)]
+
+
+@pytest.mark.spark
+@MODES
+def test_a_started_dag_replays_a_record_through_every_branch(spark, tmp_path, ack_mode):
+    """Two branches of the spout on the generator: "first" fails offsets 1 and 6 once
+    (replayed, then acked), "second" fails offset 3 always (dead-lettered after one
+    retry); each replay runs through both branches."""
+    import os
+
+    from ackstream import read_dead_letters
+    from ackstream.channels.local import LocalChannel
+    from ackstream.records import ACKED, FAILED
+
+    from helpers import commits, wait_for
+
+    channel_dir = str(tmp_path / "channel")
+    channel = LocalChannel(channel_dir)
+    first, second = MemorySink(), MemorySink()
+    once = (F.col("offset") % 5 == 1) & (F.col("_attempt") == 0)
+    topology = (
+        Topology("dag-run", spark, channel, ack_mode=ack_mode, message_timeout_ms=60_000)
+        .fail_where(once, "first: once", name="first")
+        .sink(first)
+        .fail_where(F.col("offset") == 3, "second: always", name="second", after="spout")
+        .sink(second)
+    )
+    stream = topology.read_stream(
+        {
+            "ackstream.upstream": "generator",
+            "ackstream.generator.count": "20",
+            "ackstream.maxRetries": "1",
+            "ackstream.retryInitialDelay": "50ms",
+        }
+    )
+    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+    try:
+        wait_for(
+            lambda: (
+                commits(channel_dir) == {"generator/0": 10, "generator/1": 10}
+                or running.exception()
+            ),
+            timeout=600,
+            what="every offset committed",
+        )
+        assert running.exception() is None
+    finally:
+        running.stop()
+    done = channel.completions_since(None)[0].to_pylist()
+    outcomes = sorted((c["partition"], c["offset"], c["attempt"], c["status"]) for c in done)
+    expected = [(p, o, 0, ACKED) for p in (0, 1) for o in range(10) if o not in (1, 3, 6)]
+    expected += [(p, o, 0, FAILED) for p in (0, 1) for o in (1, 3, 6)]
+    expected += [(p, o, 1, ACKED) for p in (0, 1) for o in (1, 6)]
+    expected += [(p, 3, 1, FAILED) for p in (0, 1)]
+    assert outcomes == sorted(expected)
+    letters = read_dead_letters(os.path.join(channel_dir, "dead_letters")).to_pylist()
+    assert sorted((d["partition"], d["offset"], d["attempts"]) for d in letters) == [
+        (0, 3, 2),
+        (1, 3, 2),
+    ]
+    assert all("second: always" in d["reason"] for d in letters)
+
+    def written(sink):
+        return sorted((r["partition"], r["offset"], r["_attempt"]) for r in sink.rows())
+
+    replays = [(p, o, 1) for p in (0, 1) for o in (1, 3, 6)]
+    assert written(first) == sorted(
+        [(p, o, 0) for p in (0, 1) for o in range(10) if o not in (1, 6)] + replays
+    )
+    assert written(second) == sorted(
+        [(p, o, 0) for p in (0, 1) for o in range(10) if o != 3] + replays[:1] + replays[2:]
+    )
