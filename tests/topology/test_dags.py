@@ -92,7 +92,9 @@ def test_after_names_declared_streams_once():
 
 
 @pytest.mark.spark
-@MODES
+@pytest.mark.parametrize(
+    "ack_mode", ["telescoped", pytest.param("per_stage", marks=pytest.mark.long)]
+)
 def test_a_started_dag_replays_a_record_through_every_branch(spark, tmp_path, ack_mode):
     """Two branches of the spout on the generator: "first" fails offsets 1 and 6 once
     (replayed, then acked), "second" fails offset 3 always (dead-lettered after one
