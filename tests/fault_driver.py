@@ -122,7 +122,7 @@ def start(spark, bootstrap: str, inbox: str, outbox: str, name: str, checkpoint:
     kill_after, acker = settings.pop("kill_after_sink", 0), settings.pop("acker", True)
     stream, topology = build(spark, bootstrap, inbox, outbox, name, **settings)
     if kill_after:
-        topology.output = KillAfterSink(topology.output, kill_after)
+        topology.sinks[0].sink = KillAfterSink(topology.sinks[0].sink, kill_after)
     return topology.start(stream, checkpoint, trigger_ms=300, acker=acker)
 
 

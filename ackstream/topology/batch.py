@@ -36,6 +36,7 @@ from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.topology.bolts import REASON_LIMIT, GroupInput, anchor_pairs, failed_roots
+from ackstream.topology.graph import SPOUT, join_streams, subscriber_copies, subscribers
 
 __all__ = ["ACK_MODES", "AckMode", "PerStage", "Telescoped", "ack_mode", "run_batch"]
 
@@ -106,44 +107,67 @@ def ack_mode(name: str) -> AckMode:
 
 def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None) -> pa.Table:
     """Run every stage of ``topology`` on ``batch`` (a static DataFrame), write the
-    sink, and return the batch's ack records (not pre-combined: the ledger combines
+    sinks, and return the batch's ack records (not pre-combined: the ledger combines
     them). ``inits``: the batch's init records when they are known without reading
     the batch (from the source's offset); else they are read from the rows, which
     then costs a cache and a second Spark job."""
     mode, tracking = topology.mode, topology.tracking
+    edges = tracking and mode.edges
     now = now_ms()
     kept: list[DataFrame] = []
+    subs = subscribers(topology.stages, topology.sinks)
+    copies: dict[str, list[DataFrame]] = {}  # per stage or sink, the copies it reads
 
     def keep(df: DataFrame) -> DataFrame:
         df = df.persist()
         kept.append(df)
         return df
 
+    parts: list[DataFrame] = []
+
+    def publish(stream: DataFrame, name: str, number: int) -> None:
+        """Hand ``stream`` to its subscribers; a stream nobody reads is acked."""
+        names = subs[name]
+        if tracking and not names:
+            parts.extend(mode.sink_acks(stream, now))
+        handed = subscriber_copies(stream, number, names, edges)
+        if edges and len(names) > 1:  # the fan-out acks the stream, emits the copies
+            parts.extend(mode.stage_acks(stream, _union_all(list(handed.values())), now))
+        for subscriber, copy in handed.items():
+            copies.setdefault(subscriber, []).append(copy)
+
     try:
         read_inits = tracking and (inits is None or not mode.plans_inits)
         held = tracking and REASON in batch.columns  # the source's held-back rows
         # then the batch is read more than once (sink, init records): read it once
-        tuples = keep(batch) if read_inits or held else batch
-        parts = [init_records(tuples, now, mode.edges)] if read_inits else []
+        spout = keep(batch) if read_inits or held or len(subs[SPOUT]) > 1 else batch
+        if read_inits:
+            parts.append(init_records(spout, now, mode.edges))
         if held:
-            parts += held_back_acks(tuples.where(f"{REASON} IS NOT NULL"), mode, now)
+            parts.extend(held_back_acks(spout.where(f"{REASON} IS NOT NULL"), mode, now))
         if REASON in batch.columns:  # no stage sees a held-back row or the column
-            tuples = tuples.where(f"{REASON} IS NULL").drop(REASON)
+            spout = spout.where(f"{REASON} IS NULL").drop(REASON)
+        publish(spout, SPOUT, 0)
         groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
         for stage in topology.stages:
+            tuples = join_streams(copies.pop(stage.name), edges)
             out = stage.run(tuples, tracking, edges=mode.edges)
             kept.extend(out.cached)
             if out.groups is not None:
                 groups[stage.number] = out.groups
-            children = keep(out.tuples) if tracking and mode.edges else out.tuples
+            # both sides of an edge must see the same rows; subscribers share them
+            shared = edges or len(subs[stage.name]) > 1
+            children = keep(out.tuples) if shared else out.tuples
             if tracking:
                 parts += mode.stage_acks(tuples, children, now)
                 if out.failed is not None:
                     parts.append(ack_records(failed_roots(out.failed, groups), FAIL, now))
                 if out.rejected is not None:
                     parts.append(ack_records(failed_roots(out.rejected, groups), REJECT, now))
-            tuples = children
-        parts += _write_sink(topology, tuples, batch_id, now, groups)
+            publish(children, stage.name, stage.number)
+        for node in topology.sinks:
+            outputs = join_streams(copies.pop(node.name), edges)
+            parts += _write_sink(topology, node.sink, outputs, batch_id, now, groups)
         if not tracking:
             return ACK_RECORD_SCHEMA.empty_table()
         tables = [] if read_inits else [inits]
@@ -156,20 +180,18 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
 
 
 def _write_sink(
-    topology, outputs: DataFrame, batch_id: int, now: int, groups: dict[int, GroupInput]
+    topology, sink, outputs: DataFrame, batch_id: int, now: int, groups: dict[int, GroupInput]
 ) -> list[DataFrame]:
-    """Write the final tuples; return their ack records (and fails for unwritten rows)."""
-    sink = topology.output
+    """Write tuples to ``sink``; return their ack records (and fails for unwritten rows)."""
     unwritten, reason = None, f"sink {type(sink).__name__}: not written"
-    if sink is not None:
-        try:
-            unwritten = sink.write(outputs, batch_id)
-        except Exception as error:  # a failed write fails its roots, Storm-style
-            if isinstance(error, StageError) or "StageError:" in str(error):
-                raise  # a stage's code is wrong (the sink only ran it): stop, say which
-            log.exception("topology %s: sink write of batch %d failed", topology.name, batch_id)
-            unwritten = outputs
-            reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"
+    try:
+        unwritten = sink.write(outputs, batch_id)
+    except Exception as error:  # a failed write fails its roots, Storm-style
+        if isinstance(error, StageError) or "StageError:" in str(error):
+            raise  # a stage's code is wrong (the sink only ran it): stop, say which
+        log.exception("topology %s: sink write of batch %d failed", topology.name, batch_id)
+        unwritten = outputs
+        reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"
     if not topology.tracking:
         return []
     parts = topology.mode.sink_acks(outputs, now)

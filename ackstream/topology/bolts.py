@@ -56,9 +56,11 @@ __all__ = [
     "ExplodeStage",
     "AggregateStage",
     "PandasBoltStage",
+    "anchor_list",
     "anchor_pairs",
     "failed_roots",
     "is_multi_anchored",
+    "mint",
 ]
 
 _ORDINAL, _ERROR, _GROUP_ID = "_ordinal", "_error", "_group_id"
@@ -137,7 +139,7 @@ def _roots_of_row() -> Column:
     return F.array_distinct(F.transform(F.col(ANCHORS), lambda a: a["root"]))
 
 
-def _anchor_list(df: DataFrame, edge: Column) -> Column:
+def anchor_list(df: DataFrame, edge: Column) -> Column:
     """The anchor list a child gets from this row when their pair has edge ``edge``:
     one entry per root of the row (empty for an unanchored row)."""
     if is_multi_anchored(df):
@@ -163,7 +165,7 @@ def mint(df: DataFrame, stage: int, ordinal: Column | int = 0, edges: bool = Tru
     edge = _child_edge(stage, ordinal)
     if is_multi_anchored(df):
         df = df.withColumn(EDGE, edge)
-        return df.withColumn(ANCHORS, _anchor_list(df, F.col(EDGE)))
+        return df.withColumn(ANCHORS, anchor_list(df, F.col(EDGE)))
     return df.withColumn(EDGE, edge)
 
 
@@ -188,6 +190,8 @@ class Stage:
     def __init__(self, number: int, name: str | None = None):
         self.number = number
         self.name = name or f"{self.kind}#{number}"
+        #: the streams it subscribes to (see :mod:`ackstream.topology.graph`)
+        self.after: tuple[str, ...] = ()
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
         """The stage's output for ``df``. ``tracking=False``: no lineage at all;
@@ -333,7 +337,7 @@ class AggregateStage(Stage):
             )
             return StageOutput(out, groups=GroupInput(df, self._group_id))
         pair = _child_edge(self.number)
-        anchors = F.flatten(F.collect_list(_anchor_list(df, pair)))
+        anchors = F.flatten(F.collect_list(anchor_list(df, pair)))
         edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
         # the null root in the same call: each further DataFrame call is another analysis
         return StageOutput(

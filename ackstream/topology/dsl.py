@@ -1,15 +1,22 @@
-"""The topology DSL: bolt stages declared over a tracked stream, ending in a sink.
+"""The topology DSL: bolt stages declared over a tracked stream, ending in sinks.
 
-A topology is Storm's idea in Spark terms: a chain of bolt stages written as
-ordinary DataFrame or SQL code, ending in a sink. Each micro-batch runs the whole
-chain inside ``foreachBatch`` (:mod:`ackstream.topology.batch`); ackstream anchors
-every output tuple to its inputs, acks and fails them.
+A topology is Storm's idea in Spark terms: bolt stages written as ordinary
+DataFrame or SQL code, ending in sinks. Each micro-batch runs every stage inside
+``foreachBatch`` (:mod:`ackstream.topology.batch`); ackstream anchors every output
+tuple to its inputs, acks and fails them.
+
+A stage reads the stream of the stage declared before it, so stages chain like
+DataFrame code; ``after=`` names the stream(s) it subscribes to instead (a stage's
+``name``, or ``"spout"`` for the input), as Storm's bolts name the components they
+subscribe to: several subscribers of one stream fan out, a stage after several
+streams joins them (see :mod:`ackstream.topology.graph`).
 
 >>> topology = (Topology("words", spark, channel)                    # doctest: +SKIP
-...     .explode(F.split("value", " "), "word")
-...     .fail_where(F.col("word") == "boom")
+...     .explode(F.split("value", " "), "word", name="split")
 ...     .aggregate("word", F.count("*").alias("n"))
-...     .sink(MemorySink()))
+...     .sink(counts)
+...     .filter(F.length("word") > 9, after="split")                 # a second subscriber
+...     .sink(long_words))
 >>> running = topology.start(topology.read_stream(), "/tmp/ckpt")   # doctest: +SKIP
 """
 
@@ -40,15 +47,20 @@ from ackstream.topology.bolts import (
     SqlStage,
     Stage,
 )
+from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.running import RunningTopology, same_term, start_topology
 
 __all__ = ["Topology"]
 
 
 class Topology:
-    """A named chain of bolt stages over a tracked stream, with its ack channel.
+    """A named graph of bolt stages over a tracked stream, with its ack channel.
 
-    Declaring methods return the topology, so stages chain like DataFrame code.
+    Declaring methods return the topology, so stages chain like DataFrame code;
+    each takes ``name=`` (unique; default ``<kind>#<n>``) and ``after=``, the stream or
+    streams it reads (default: the stage declared before it). A root completes when
+    every branch has acked its tuples; a fail in any branch fails it, and its replay
+    runs through every branch again.
     ``tracking=False`` runs the same stages and writes no ack records at all (the
     input then needs no lineage columns): the baseline to measure tracking against.
 
@@ -61,6 +73,11 @@ class Topology:
     ``ack_mode`` says how a batch's acks are computed, ``"telescoped"`` (the
     default) or ``"per_stage"`` (Storm-faithful, every edge through the acker);
     both give the same outcome for every root (see :mod:`ackstream.topology.batch`).
+
+    ``ackers`` is Storm's ``topology.acker.executors``: the shards of the acker query
+    that :meth:`start` runs. ``ackers=0`` is ``tracking=False``, as Storm with no
+    ackers acks every tuple at emit: :meth:`read_stream` then reads the source
+    untracked (its offsets are committed once Spark ran their batch).
     """
 
     def __init__(
@@ -72,14 +89,21 @@ class Topology:
         message_timeout_ms: int = 30_000,
         tracking: bool = True,
         ack_mode: str = "telescoped",
+        ackers: int = 2,
     ):
         if message_timeout_ms <= 0:
             raise OptionError("message_timeout_ms", message_timeout_ms, "a positive number of ms")
-        self.name, self.spark, self.channel, self.tracking = name, spark, channel, tracking
+        if isinstance(ackers, bool) or not isinstance(ackers, int) or ackers < 0:
+            raise OptionError(
+                "ackers", ackers, "a whole number of acker shards, or 0: tracking off"
+            )
+        self.name, self.spark, self.channel = name, spark, channel
+        self.ackers, self.tracking = ackers, tracking and ackers > 0
         self.message_timeout_ms = message_timeout_ms
         self.mode = ack_mode_named(ack_mode)
         self.stages: list[Stage] = []
-        self.output = None
+        self.sinks: list[SinkNode] = []
+        self._ends_in_sink = False
 
     def without_session(self) -> Topology:
         """A copy that holds no session: what a ``foreachBatch`` function may carry (under
@@ -90,21 +114,46 @@ class Topology:
 
     # --- declaring stages -----------------------------------------------------------
 
-    def _add(self, cls, *args, name=None) -> Topology:
-        if self.output is not None:
-            raise StageError(cls.kind, "the topology already ends in a sink")
-        self.stages.append(cls(len(self.stages) + 1, *args, name=name))
+    def _add(self, cls, *args, name=None, after=None) -> Topology:
+        stage = cls(len(self.stages) + 1, *args, name=name)
+        stage.after = self._subscribe(stage.name, after, cls.kind)
+        self.stages.append(stage)
+        self._ends_in_sink = False
         return self
 
-    def map(self, fn, *, name: str | None = None) -> Topology:
+    def _subscribe(self, name: str, after, kind: str) -> tuple[str, ...]:
+        """The streams a new stage or sink called ``name`` reads: ``after`` checked, or
+        by default the stream of the last stage declared (the spout's if none)."""
+        known = [SPOUT, *(s.name for s in self.stages)]
+        if name in known or name in (s.name for s in self.sinks):
+            raise StageError(name, "another stage, sink or the spout has this name: give name=")
+        if after is None:
+            if kind != "sink" and self._ends_in_sink:
+                raise StageError(
+                    name,
+                    "the topology already ends in a sink: name the stream this stage "
+                    f"reads with after= (one of {known})",
+                )
+            return (known[-1],)
+        streams = (after,) if isinstance(after, str) else tuple(after)
+        unknown = [s for s in streams if s not in known]
+        if unknown or not streams or len(set(streams)) < len(streams):
+            raise StageError(
+                name,
+                f"after={after!r}: name each stream it reads once, from the spout "
+                f"and the stages declared before it: {known}",
+            )
+        return streams
+
+    def map(self, fn, *, name: str | None = None, after=None) -> Topology:
         """Row-wise DataFrame code, ``fn(df) -> df`` (``withColumn``, ``select('*', ...)``):
         at most one output row per input row, lineage columns kept. For one-to-many
         use :meth:`explode` or :meth:`pandas_bolt`."""
-        return self._add(MapStage, fn, name=name)
+        return self._add(MapStage, fn, name=name, after=after)
 
-    def filter(self, condition: Column | str, *, name: str | None = None) -> Topology:
+    def filter(self, condition: Column | str, *, name: str | None = None, after=None) -> Topology:
         """Keep the rows where ``condition`` holds; every other row is acked."""
-        return self._add(FilterStage, condition, name=name)
+        return self._add(FilterStage, condition, name=name, after=after)
 
     where = filter
 
@@ -114,10 +163,11 @@ class Topology:
         reason: Column | str | None = None,
         *,
         name: str | None = None,
+        after=None,
     ) -> Topology:
         """Fail the tuples where ``condition`` holds: their roots are replayed (after the
         last retry, dead-lettered with ``reason``; default: the stage and condition)."""
-        return self._add(FailWhereStage, condition, reason, name=name)
+        return self._add(FailWhereStage, condition, reason, name=name, after=after)
 
     def reject_where(
         self,
@@ -125,41 +175,48 @@ class Topology:
         reason: Column | str | None = None,
         *,
         name: str | None = None,
+        after=None,
     ) -> Topology:
         """Dead-letter the records whose tuples match ``condition`` at once, with
         ``reason``, without replays: for input that can never succeed (undecodable,
         null, out of range). ``reason`` may be a column, to say what was wrong."""
-        return self._add(RejectWhereStage, condition, reason, name=name)
+        return self._add(RejectWhereStage, condition, reason, name=name, after=after)
 
-    def explode(self, column: Column | str, alias: str, *, name: str | None = None) -> Topology:
+    def explode(
+        self, column: Column | str, alias: str, *, name: str | None = None, after=None
+    ) -> Topology:
         """One child row per element of the array ``column``, in a new column ``alias``."""
-        return self._add(ExplodeStage, column, alias, name=name)
+        return self._add(ExplodeStage, column, alias, name=name, after=after)
 
-    def sql(self, text: str, *, view: str = "tuples", name: str | None = None) -> Topology:
+    def sql(
+        self, text: str, *, view: str = "tuples", name: str | None = None, after=None
+    ) -> Topology:
         """Row-wise SQL over the stage input, visible as the view ``view``; select the
         lineage columns along (``SELECT *, upper(word) AS w FROM tuples``)."""
-        return self._add(SqlStage, text, view, name=name)
+        return self._add(SqlStage, text, view, name=name, after=after)
 
-    def aggregate(self, keys, *aggs: Column, name: str | None = None) -> Topology:
+    def aggregate(self, keys, *aggs: Column, name: str | None = None, after=None) -> Topology:
         """``groupBy(keys).agg(*aggs)`` within each batch; each output row is anchored
         to all of its input tuples (multi-anchoring, across roots)."""
         keys = [keys] if isinstance(keys, str | Column) else list(keys)
-        return self._add(AggregateStage, keys, aggs, name=name)
+        return self._add(AggregateStage, keys, aggs, name=name, after=after)
 
-    def pandas_bolt(self, fn, schema: str, *, name: str | None = None) -> Topology:
+    def pandas_bolt(self, fn, schema: str, *, name: str | None = None, after=None) -> Topology:
         """A pandas bolt, ``fn(frame) -> frame`` indexed by parent row position (Storm's
         ``emit(anchor, values)``; -1: unanchored); ``schema`` is its output DDL. An
         exception fails only the roots of the rows that raise it."""
-        return self._add(PandasBoltStage, fn, schema, name=name)
+        return self._add(PandasBoltStage, fn, schema, name=name, after=after)
 
-    def sink(self, sink) -> Topology:
-        """End the chain in ``sink`` (``MemorySink``, ``ConsoleSink``, ``KafkaSink``, or
-        anything with ``write(outputs, batch_id)``): its output tuples are acked once
-        it returns, except the rows it hands back as not written, whose roots fail.
-        Without a sink the final tuples are acked at the end of each batch."""
-        if self.output is not None:
-            raise StageError("sink", "the topology already ends in a sink")
-        self.output = sink
+    def sink(self, sink, *, name: str | None = None, after=None) -> Topology:
+        """Write a stream to ``sink`` (``MemorySink``, ``ConsoleSink``, ``KafkaSink``, or
+        anything with ``write(outputs, batch_id)``): its tuples are acked once it
+        returns, except the rows it hands back as not written, whose roots fail.
+        ``after``: the stream(s) it writes, by default the last stage's (so a second
+        ``.sink(...)`` writes the same stream). A stream no stage or sink reads is
+        acked at the end of each batch."""
+        name = name or f"sink#{len(self.sinks) + 1}"
+        self.sinks.append(SinkNode(name, sink, self._subscribe(name, after, "sink")))
+        self._ends_in_sink = True  # what follows says which stream it reads
         return self
 
     # --- the source it reads -----------------------------------------------------------
@@ -172,6 +229,7 @@ class Topology:
             "ackstream.topology": self.name,
             "ackstream.channel": self.channel.source_option(),
             "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
+            "ackstream.tracking": str(self.tracking).lower(),
         }
         if isinstance(self.channel, LocalChannel):  # a folder one host sees, or all
             ours["ackstream.channelShared"] = str(self.channel.shared).lower()
@@ -237,14 +295,13 @@ class Topology:
         checkpoint: str,
         *,
         trigger_ms: int = 500,
-        ackers: int = 2,
         acker: bool = True,
         acker_trigger_ms: int | None = None,
     ) -> RunningTopology:
         """Start the topology query over the tracked stream ``tuples`` (best made by
         :meth:`read_stream`) and, unless ``acker=False`` (an acker runs elsewhere) or
-        tracking is off, the acker query with ``ackers`` shards. Checkpoints go to
-        ``<checkpoint>/topology`` and ``<checkpoint>/acker``."""
+        tracking is off, the acker query with the topology's ``ackers`` shards.
+        Checkpoints go to ``<checkpoint>/topology`` and ``<checkpoint>/acker``."""
         self.check_reach()
         self._check_input(tuples)
         return start_topology(
@@ -252,7 +309,6 @@ class Topology:
             tuples,
             checkpoint,
             trigger_ms=trigger_ms,
-            ackers=ackers,
             acker=acker,
             acker_trigger_ms=acker_trigger_ms,
         )

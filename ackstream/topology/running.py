@@ -68,7 +68,7 @@ def same_term(option: str, given, wanted) -> bool:
             return parse_duration_ms(option, str(given)) == parse_duration_ms(option, str(wanted))
         except OptionError:
             return False
-    if option == "ackstream.channelShared":
+    if option in ("ackstream.channelShared", "ackstream.tracking"):
         return str(given).lower() == str(wanted).lower()
     if option == "ackstream.channel":
         given, wanted = str(given), str(wanted)
@@ -129,7 +129,6 @@ def start_topology(
     checkpoint: str,
     *,
     trigger_ms: int,
-    ackers: int,
     acker: bool,
     acker_trigger_ms: int | None,
 ) -> RunningTopology:
@@ -146,7 +145,7 @@ def start_topology(
             topology.spark,
             topology.channel,
             checkpoint=os.path.join(checkpoint, "acker"),
-            ackers=ackers,
+            ackers=topology.ackers,
             message_timeout_ms=topology.message_timeout_ms,
             trigger_ms=acker_trigger_ms or trigger_ms,
             query_name=f"{topology.name}.acker",

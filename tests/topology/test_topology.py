@@ -89,6 +89,66 @@ def test_tracking_off_writes_no_ack_records(spark, tmp_path):
     assert os.listdir(channel.acks_dir) == []
 
 
+@pytest.mark.parametrize("ackers", [-1, 1.5, True])
+def test_ackers_must_be_a_whole_number_of_shards(ackers):
+    import ackstream
+
+    with pytest.raises(ackstream.OptionError, match="ackers.*or 0: tracking off"):
+        Topology("shards", None, None, ackers=ackers)
+
+
+def test_ackers_zero_reads_its_source_untracked_like_tracking_off(tmp_path):
+    """Storm with no ackers acks every tuple at emit: ``ackers=0`` is tracking off, and
+    the source is told so (else it would wait for completions nobody reports)."""
+    import ackstream
+    from ackstream.config import parse
+
+    channel = LocalChannel(tmp_path / "channel")
+    none, off = Topology("t", None, channel, ackers=0), Topology("t", None, channel, tracking=False)
+    options = {"ackstream.upstream": "generator"}
+    assert not none.tracking
+    assert none.source_options(options) == off.source_options(options)
+    assert not parse(none.source_options(options)).tracking
+    assert parse(Topology("t", None, channel).source_options(options)).tracking
+    with pytest.raises(ackstream.OptionError, match="ackstream.tracking"):
+        none.source_options({**options, "ackstream.tracking": "true"})
+
+
+def test_a_topology_with_no_ackers_commits_each_batch_and_writes_no_ack_records(spark, tmp_path):
+    from helpers import commits
+
+    channel_dir = str(tmp_path / "channel")
+    channel = LocalChannel(channel_dir)
+    sink = MemorySink()
+    topology = (
+        Topology("no-ackers", spark, channel, ackers=0)
+        .fail_where(F.col("offset") == 3)  # nothing tracks it: no replay
+        .sink(sink)
+    )
+    stream = topology.read_stream(
+        {"ackstream.upstream": "generator", "ackstream.generator.count": "20"}
+    )
+    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+    try:
+        assert running.acker is None
+        wait_for(
+            lambda: (
+                commits(channel_dir) == {"generator/0": 10, "generator/1": 10}
+                or running.exception()
+            ),
+            timeout=300,
+            what="every offset committed",
+        )
+        assert running.exception() is None
+    finally:
+        running.stop()
+    assert os.listdir(channel.acks_dir) == []
+    assert channel.completions_since(None)[0].num_rows == 0
+    assert sorted((r["partition"], r["offset"]) for r in sink.rows()) == [
+        (p, o) for p in (0, 1) for o in range(10) if o != 3
+    ]
+
+
 def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereading(spark, tmp_path):
     """The roots come from the source's logged offset, not from the rows: a record the
     stream drops before the stages is acked like a filtered tuple, and fails still fail.

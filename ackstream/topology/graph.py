@@ -1,0 +1,81 @@
+"""The topology as a graph: which stages and sinks subscribe to which stream.
+
+A stream is the output of the spout (:data:`SPOUT`) or of a stage; any number of
+stages and sinks may subscribe to it (Storm's several subscribers of one stream),
+and a stage may subscribe to several streams (branches joining again: it reads
+their union). Stages are declared after the streams they read, so declaration
+order is a topological order and a batch runs them in it.
+
+Acking a fan-out: in Storm a tuple emitted to a stream with k subscribers goes
+out as k tuples with k edge ids, all XORed into its anchors' ack, so the root
+completes only when every subscriber has acked its copy. Here each subscriber
+gets its own copy of the stream, re-minted with edge ``xxhash64(edge, producer,
+-i)`` (:func:`subscriber_copies`), and the fan-out point acks the stream's own
+edges XOR the copies' (an extra hop of the tree, same outcome). Telescoped
+topologies carry roots only, so their subscribers share the stream as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ackstream.lineage import ANCHORS, EDGE, ROOT
+from ackstream.topology.bolts import anchor_list, is_multi_anchored, mint
+
+__all__ = ["SPOUT", "SinkNode", "join_streams", "subscriber_copies", "subscribers"]
+
+#: The name of the topology's input stream (what ``after=`` names to read it).
+SPOUT = "spout"
+
+
+@dataclass
+class SinkNode:
+    """A sink and the stream(s) it writes."""
+
+    name: str
+    sink: object
+    after: tuple[str, ...]
+
+
+def subscribers(stages: Sequence, sinks: Sequence[SinkNode]) -> dict[str, list[str]]:
+    """Per stream (the spout's and each stage's), the names of the stages and sinks
+    that read it, in declaration order."""
+    subs: dict[str, list[str]] = {SPOUT: []}
+    subs.update({stage.name: [] for stage in stages})
+    for node in (*stages, *sinks):
+        for stream in node.after:
+            subs[stream].append(node.name)
+    return subs
+
+
+def subscriber_copies(
+    stream: DataFrame, producer: int, names: list[str], edges: bool
+) -> dict[str, DataFrame]:
+    """Each subscriber's copy of ``stream`` (made by stage number ``producer``, 0 for
+    the spout): with edges and several subscribers, re-minted with an edge id of its
+    own, so that each subscriber's ack is needed; else the stream itself."""
+    if not edges or len(names) < 2:
+        return {name: stream for name in names}
+    return {name: mint(stream, producer, -(i + 1)) for i, name in enumerate(names)}
+
+
+def join_streams(streams: list[DataFrame], edges: bool) -> DataFrame:
+    """The union of the streams a stage subscribes to, by column name (a payload
+    column one stream lacks is null in its rows). With edges, if any stream is
+    multi-anchored, single-anchored rows are turned into one-entry anchor lists."""
+    if edges and len(streams) > 1 and any(is_multi_anchored(s) for s in streams):
+        null = F.lit(None).cast("long")
+        streams = [
+            s
+            if is_multi_anchored(s)
+            else s.withColumn(ANCHORS, anchor_list(s, F.col(EDGE))).withColumn(ROOT, null)
+            for s in streams
+        ]
+    joined = streams[0]
+    for stream in streams[1:]:
+        joined = joined.unionByName(stream, allowMissingColumns=True)
+    return joined
