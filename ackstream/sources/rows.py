@@ -139,7 +139,9 @@ def held_batch(
     n = len(offsets)
     none = [None] * n
     headers = none if include_headers else None
-    rows = spout_batch(source, topic, partition, offsets, attempts, none, none, [0] * n, None, headers)
+    rows = spout_batch(
+        source, topic, partition, offsets, attempts, none, none, [0] * n, None, headers
+    )
     schema = rows.schema
     for name, column in (("timestamp", None), (REASON, reasons)):
         field = schema.field(name)
