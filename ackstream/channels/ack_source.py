@@ -10,16 +10,25 @@ reports as ``invalid``.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from ackstream.channels.messages import channel_consumer, decode, fetch_messages, message_ranges
+from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.settings import client_settings
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
-__all__ = ["ChannelSource"]
+__all__ = ["OUTAGE_LIMIT_S", "ChannelSource"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds the brokers may stay silent before the acker's stream fails (a stall, a
+#: leader election, a restart from the log take less; a cluster gone for good, more).
+OUTAGE_LIMIT_S = 120.0
 
 
 @dataclass
@@ -55,6 +64,7 @@ class _ChannelReader(DataSourceStreamReader):
     def __init__(self, bootstrap: str, topic: str, settings: dict | None = None):
         self.bootstrap, self.topic, self.settings = bootstrap, topic, dict(settings or {})
         self._consumer = None  # the planner's, made by the first latestOffset
+        self._failing_since: float | None = None  # monotonic time of the first failure
 
     def __getstate__(self):
         return {**self.__dict__, "_consumer": None}
@@ -63,13 +73,32 @@ class _ChannelReader(DataSourceStreamReader):
         return {}
 
     def latestOffset(self, start: dict, limit) -> dict:
-        if self._consumer is None:
-            self._consumer = channel_consumer(self.bootstrap, self.settings)
+        """The acks topic's end offsets. While the brokers do not answer (a lost leader,
+        a stall), the acker sees no new acks rather than dying: each trigger tries a
+        fresh client, and only an outage longer than :data:`OUTAGE_LIMIT_S` fails it."""
+        from kafka.errors import KafkaError
+
         try:
+            if self._consumer is None:
+                self._consumer = channel_consumer(self.bootstrap, self.settings)
             ranges = message_ranges(self.bootstrap, self.topic, start, consumer=self._consumer)
-        except Exception:  # the next trigger starts from a fresh client
+        except KafkaError as error:
+            self.stop()  # the next trigger starts from a fresh client
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since > OUTAGE_LIMIT_S:
+                raise EnvironmentProblem(
+                    f"the Kafka brokers at {self.bootstrap} did not answer for the acks "
+                    f"topic {self.topic!r} in {now - self._failing_since:.0f} s: {error!r}",
+                    "Check that the brokers are up; a slow cluster may need a larger "
+                    "kafka.request.timeout.ms.",
+                ) from error
+            log.warning("acks topic %s: no answer from the brokers (%r)", self.topic, error)
+            return dict(start)
+        except Exception:
             self.stop()
             raise
+        self._failing_since = None
         ends = dict(start)
         for partition, _, end in ranges:
             ends[str(partition)] = end
