@@ -22,6 +22,7 @@ def test_silent_brokers_give_no_new_acks_then_an_error_naming_them(monkeypatch):
         "kafka.bootstrap.servers": bootstrap,
         "topic": "t.acks",
         "kafka.request.timeout.ms": "1000",
+        "kafka.bootstrap.timeout.ms": "500",
     }
     reader = ack_source.ChannelSource(options).streamReader(None)
     start = {"0": 7}
