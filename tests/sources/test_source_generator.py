@@ -54,6 +54,7 @@ def test_generator_records_are_tracked_replayed_and_dead_lettered(spark, tmp_pat
         "partition",
         "offset",
         "timestamp",
+        "timestampType",
         "_root",
         "_edge",
         "_attempt",
