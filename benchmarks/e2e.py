@@ -578,11 +578,22 @@ def unavailable(system: str) -> str | None:
     """Why ``system`` cannot run here, or None."""
     if system == "quix" and importlib.util.find_spec("quixstreams") is None:
         return "quixstreams is not installed (pip install -e '.[bench]')"
-    if system == "share_group" and importlib.util.find_spec("confluent_kafka") is None:
-        return "confluent-kafka is not installed (pip install -e '.[bench]')"
+    if system == "share_group" and not _has_share_consumer():
+        return (
+            "confluent-kafka >= 2.16 (ShareConsumer) is not installed (pip install -e '.[bench]')"
+        )
     if system == "spark_kafka" and not spark_kafka_jars():
         return "Spark's Kafka connector is not resolved (make spark-kafka)"
     return None
+
+
+def _has_share_consumer() -> bool:
+    """confluent-kafka with ``ShareConsumer`` (2.16 on); an older one has none."""
+    if importlib.util.find_spec("confluent_kafka") is None:
+        return False
+    import confluent_kafka
+
+    return hasattr(confluent_kafka, "ShareConsumer") and hasattr(confluent_kafka, "AcknowledgeType")
 
 
 def version(package: str) -> str | None:
