@@ -12,9 +12,10 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
+
+from test_chaos import CommitRecorder as ChaosCommitRecorder
 
 from ackstream.channels.kafka import KafkaChannel
 
@@ -38,54 +39,11 @@ def produce(bootstrap: str, topic: str) -> list[str]:
     return lines
 
 
-class CommitRecorder(threading.Thread):
-    """Polls the group's committed offsets every ~100 ms: ``(t_ms, partition, offset, meta)``
-    where ``t_ms`` is taken after the answer arrived (the commit happened before it)."""
+class CommitRecorder(ChaosCommitRecorder):
+    """The chaos suite's commit poller on the fault topology's two partitions."""
 
     def __init__(self, bootstrap: str, group: str, topic: str):
-        super().__init__(daemon=True)
-        self.bootstrap, self.group, self.topic = bootstrap, group, topic
-        self.seen: list[tuple[int, int, int, str]] = []
-        self.errors = 0
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.errors import KafkaError
-
-        consumer = None
-        while not self._halt.is_set():
-            try:
-                if consumer is None:
-                    consumer = KafkaConsumer(
-                        bootstrap_servers=self.bootstrap,
-                        group_id=self.group,
-                        enable_auto_commit=False,
-                    )
-                for p in (0, 1):
-                    got = consumer.committed(TopicPartition(self.topic, p), metadata=True)
-                    t_ms = int(time.time() * 1000)
-                    if got is not None and got.offset is not None and got.offset >= 0:
-                        self.seen.append((t_ms, p, got.offset, got.metadata or ""))
-            except (KafkaError, OSError):  # a stalled or restarting broker: keep polling
-                self.errors += 1
-                if consumer is not None:
-                    with contextlib.suppress(KafkaError, OSError):
-                        consumer.close(autocommit=False)
-                    consumer = None
-            self._halt.wait(0.1)
-        if consumer is not None:
-            consumer.close(autocommit=False)
-
-    def latest(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for _, p, off, _ in self.seen:
-            out[p] = off
-        return out
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(15)
+        super().__init__(bootstrap, group, topic, partitions=2)
 
 
 def all_committed(recorder: CommitRecorder) -> bool:
