@@ -169,19 +169,7 @@ def _add_status(commands) -> None:
     )
     status.set_defaults(subparser=status)  # errors name the subcommand
     _add_channel_options(status)
-    status.add_argument(
-        "--dead-letters",
-        metavar="DIR",
-        default=None,
-        help="dead-letter Parquet folder (unset: <channel>/dead_letters with "
-        "--channel, the dead-letter topic with --bootstrap)",
-    )
-    status.add_argument(
-        "--dead-letter-topic",
-        metavar="TOPIC",
-        default=None,
-        help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
-    )
+    _add_dead_letter_options(status)
     status.add_argument(
         "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
     )
@@ -216,15 +204,7 @@ def _add_dead_letters(commands) -> None:
         action = actions.add_parser(name, help=text, description=text, formatter_class=_Formatter)
         action.set_defaults(subparser=action)  # errors name the subcommand
         _add_channel_options(action)
-        action.add_argument(
-            "--dead-letters", metavar="DIR", default=None, help="the dead-letter Parquet folder"
-        )
-        action.add_argument(
-            "--dead-letter-topic",
-            metavar="TOPIC",
-            default=None,
-            help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
-        )
+        _add_dead_letter_options(action)
         action.add_argument(
             "--reason", default=None, help="only letters whose reason contains this text"
         )
@@ -238,6 +218,23 @@ def _add_dead_letters(commands) -> None:
         action.add_argument("--limit", type=int, default=None, help="at most this many letters")
     actions.choices["replay"].add_argument(
         "--yes", action="store_true", help="send them (without it: only say what would be sent)"
+    )
+
+
+def _add_dead_letter_options(command) -> None:
+    """--dead-letters and --dead-letter-topic: where a topology's dead letters are."""
+    command.add_argument(
+        "--dead-letters",
+        metavar="DIR",
+        default=None,
+        help="dead-letter Parquet folder (unset: <channel>/dead_letters with "
+        "--channel, the dead-letter topic with --bootstrap)",
+    )
+    command.add_argument(
+        "--dead-letter-topic",
+        metavar="TOPIC",
+        default=None,
+        help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
     )
 
 
