@@ -19,16 +19,12 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from ackstream.channels.messages import channel_consumer, decode, fetch_messages, message_ranges
 from ackstream.errors import EnvironmentProblem
-from ackstream.kafka.settings import client_settings
+from ackstream.kafka.settings import OUTAGE_LIMIT_S, client_settings
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
-__all__ = ["OUTAGE_LIMIT_S", "ChannelSource"]
+__all__ = ["ChannelSource"]
 
 log = logging.getLogger(__name__)
-
-#: Seconds the brokers may stay silent before the acker's stream fails (a stall, a
-#: leader election, a restart from the log take less; a cluster gone for good, more).
-OUTAGE_LIMIT_S = 120.0
 
 
 @dataclass

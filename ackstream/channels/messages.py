@@ -13,6 +13,7 @@ import logging
 import pyarrow as pa
 
 from ackstream.kafka.reading import read_ranges, topic_ranges
+from ackstream.kafka.settings import client_settings
 from ackstream.records import as_table
 
 __all__ = ["channel_consumer", "decode", "encode", "fetch_messages", "message_ranges"]
@@ -50,7 +51,7 @@ def channel_consumer(bootstrap: str, settings: dict | None = None):
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
-        **(settings or {}),
+        **(settings if settings is not None else client_settings({})),
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         max_partition_fetch_bytes=16 << 20,

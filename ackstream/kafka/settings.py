@@ -16,7 +16,16 @@ import re
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError
 
-__all__ = ["client_settings", "consumer_settings", "kafka_options_of"]
+__all__ = ["OUTAGE_LIMIT_S", "client_settings", "consumer_settings", "kafka_options_of"]
+
+#: Seconds a query's Kafka clients wait for brokers they cannot reach before failing:
+#: a broker restarted from its log, a stall or a leader election take less; a cluster
+#: gone for good, more. Spark's Kafka source waits as long (``spark.network.timeout``).
+#: Every client starts with it as ``bootstrap_timeout_ms`` (kafka-python's 30 s is
+#: shorter than a broker's restart after a SIGKILL, which once ended a query's read
+#: task); ``kafka.bootstrap.timeout.ms`` overrides it.
+OUTAGE_LIMIT_S = 120.0
+_RIDE_OUT = {"bootstrap_timeout_ms": int(OUTAGE_LIMIT_S * 1000)}
 
 #: Java client settings with no kafka-python twin -> what to give instead.
 _JAVA_ONLY = {
@@ -50,6 +59,7 @@ def consumer_settings(config: SourceConfig) -> dict:
         # reading must never create a topic: a subscribed topic deleted mid-run would
         # come back empty, its offsets reset, and the source wait on them silently
         "allow_auto_create_topics": False,
+        **_RIDE_OUT,
     }
     for key, value in config.kafka_options:
         option = "kafka." + key
@@ -80,10 +90,11 @@ def client_settings(kafka_options) -> dict:
     the source's whole options mapping be given). Settings only a consumer
     takes (``fetch_max_bytes``...) are left out; ``bootstrap.servers``, ``group.id``
     and ``client.id`` are each client's own. A setting no client knows is an
-    :class:`OptionError`, as for the source."""
+    :class:`OptionError`, as for the source. Clients wait :data:`OUTAGE_LIMIT_S` for
+    an unreachable broker unless ``kafka.bootstrap.timeout.ms`` says otherwise."""
     shared, known, defaults = _client_names()
     pairs = kafka_options.items() if hasattr(kafka_options, "items") else kafka_options or ()
-    settings = {}
+    settings = dict(_RIDE_OUT)
     for key, value in pairs:
         if not str(key).startswith("kafka."):  # subscribe, ackstream.*: not a client's
             continue

@@ -103,7 +103,7 @@ class KafkaUpstream:
         from kafka.errors import KafkaError
 
         config, problem = self.config, None
-        settings = {"bootstrap_timeout_ms": CHECK_TIMEOUT_MS, **self.settings}
+        settings = {**self.settings, "bootstrap_timeout_ms": CHECK_TIMEOUT_MS}  # bounded
         try:
             consumer = KafkaConsumer(group_id=None, **settings)
         except KafkaError:

@@ -10,7 +10,7 @@ from ackstream import OptionError
 from ackstream.channels import KafkaChannel, open_channel
 from ackstream.channels.ack_source import ChannelSource, MessageRange
 from ackstream.config import parse
-from ackstream.kafka.settings import client_settings
+from ackstream.kafka.settings import client_settings, consumer_settings
 from ackstream.sinks.dead_letters import KafkaDeadLetters
 from ackstream.sinks.kafka import KafkaSink
 
@@ -37,12 +37,26 @@ SECURITY = {
     "sasl_plain_password": "s3cret",
     "ssl_cafile": "/etc/ca.pem",
     "request_timeout_ms": 7000,
+    # not an option given: every client waits out a broker restart (OUTAGE_LIMIT_S)
+    "bootstrap_timeout_ms": 120_000,
 }
 
 
 def test_the_shared_settings_are_the_connection_and_security_ones():
     settings = client_settings({k: v for k, v in SOURCE_OPTIONS.items() if k != "subscribe"})
     assert settings == SECURITY  # no bootstrap, no consumer-only fetch.max.bytes
+
+
+def test_every_client_waits_out_a_broker_restart_unless_told_otherwise():
+    """kafka-python gives up on an unreachable broker after 30 s, less than a broker
+    takes to restart from its log after a SIGKILL: a read task that began meanwhile
+    ended the query (chaos seeds 1 and 2, 2026-11-23)."""
+    source = SOURCE_OPTIONS | {"kafka.bootstrap.servers": "127.0.0.1:9"}
+    assert consumer_settings(parse(source))["bootstrap_timeout_ms"] == 120_000
+    told = client_settings({"kafka.bootstrap.timeout.ms": "5000"})
+    assert told["bootstrap_timeout_ms"] == 5000
+    told = consumer_settings(parse(source | {"kafka.bootstrap.timeout.ms": "5000"}))
+    assert told["bootstrap_timeout_ms"] == 5000
 
 
 @pytest.mark.parametrize(
