@@ -163,8 +163,9 @@ def _add_status(commands) -> None:
         "dead-lettered), dead-lettered, and the complete latency of acked roots\n"
         "(p50/p90/p99); acked, replayed and dead-lettered a second over --window;\n"
         "failed roots by the stage their reason names; and per partition the end,\n"
-        "committed offset and lag the source last saved (local channel). Reads\n"
-        "files or topics only: no Spark session.",
+        "committed offset and lag: as the source last saved them (local channel) or\n"
+        "of the source's consumer group (--bootstrap). Reads files or topics only:\n"
+        "no Spark session.",
         formatter_class=_Formatter,
     )
     status.set_defaults(subparser=status)  # errors name the subcommand
@@ -172,6 +173,12 @@ def _add_status(commands) -> None:
     _add_dead_letter_options(status)
     status.add_argument(
         "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
+    )
+    status.add_argument(
+        "--group",
+        metavar="GROUP",
+        help="with --bootstrap: the source's kafka.group.id, for the lag "
+        "(default ackstream-<topology>)",
     )
     output = status.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print one JSON object")
@@ -606,8 +613,9 @@ def _status(parser, args) -> int:
             )
     if args.window <= 0:
         parser.error("--window must be a positive number of seconds")
-    if args.dead_letter_topic and not args.bootstrap:
-        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    for given, name in ((args.dead_letter_topic, "--dead-letter-topic"), (args.group, "--group")):
+        if given and not args.bootstrap:
+            parser.error(f"{name} needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     try:
         if args.bootstrap:
             status = kafka_status(
@@ -616,6 +624,7 @@ def _status(parser, args) -> int:
                 args.dead_letters,
                 args.dead_letter_topic,
                 window_s=args.window,
+                group_id=args.group,
             )
         else:
             status = local_status(channel, args.topology, args.dead_letters, window_s=args.window)

@@ -30,8 +30,9 @@ channel counts each root once, with its first completion.
   (``"timed out"`` for timeouts): Storm UI's failed count per bolt.
 - ``partitions``: per topic and partition the upstream's ``end``, the ``committed``
   offset (everything below it acked or dead-lettered) and ``lag`` (end - committed),
-  as the source last saw them (:data:`SOURCE_METRICS_FILE` in a local channel);
-  ``None`` when unknown.
+  as the source last saw them (:data:`SOURCE_METRICS_FILE` in a local channel), or
+  with the Kafka channel as the source's consumer group has them on the brokers now
+  (:func:`group_lag`); ``None`` when unknown.
 
 Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
 
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
@@ -152,7 +154,7 @@ class Status:
             out.append("  failed by stage")
             out += [f"    {stage:<24}{n:>8}" for stage, n in self.failed_by_stage.items()]
         if self.partitions is None:
-            out.append("  lag: unknown (no source metrics in this channel yet)")
+            out.append("  lag: unknown (no source metrics or group commits yet)")
         else:
             out.append(f"  {'partition':<24}{'end':>10}{'committed':>11}{'lag':>8}")
             for topic, parts in self.partitions.items():
@@ -343,9 +345,11 @@ def kafka_status(
     dead_letter_dir: str | None = None,
     dead_letter_topic: str | None = None,
     window_s: float = 60.0,
+    group_id: str | None = None,
 ) -> Status:
     """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
-    ``<topology>.done``).
+    ``<topology>.done``), with the lag of the source's consumer group ``group_id``
+    (default ``ackstream-<topology>``, the source's) on the same brokers.
 
     Dead letters come from ``dead_letter_dir`` (Parquet) if given, else from the
     dead-letter topic (default ``<topology>.dead``, the source's default with
@@ -367,12 +371,56 @@ def kafka_status(
         channel=f"kafka {bootstrap} {channel.acks_topic}, {channel.done_topic}",
         now_ms=now_ms(),
         window_s=window_s,
+        partitions=group_lag(bootstrap, group_id or f"ackstream-{topology}"),
     )
     if letters is None:
         topic = dead_letter_topic or f"{topology}.dead"
         count = sum(end - start for _, start, end in message_ranges(bootstrap, topic, {}))
         status = replace(status, dead_lettered=count, replayed=max(0, status.replayed - count))
     return status
+
+
+def group_lag(bootstrap: str, group_id: str) -> dict | None:
+    """``{topic: {partition: {"end", "committed", "lag"}}}`` for every partition the
+    consumer group ``group_id`` has committed (the source commits its acked watermark,
+    so ``lag`` counts the offsets not yet acked or dead-lettered); None when the group
+    has committed nothing."""
+    from kafka import KafkaAdminClient, KafkaConsumer
+    from kafka.errors import KafkaError
+
+    from ackstream.kafka.offsets import end_offsets
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), client_id="ackstream-status")
+    try:
+        for attempt in range(10):
+            try:
+                listed = admin.list_group_offsets(group_id).get(group_id, {})
+                break
+            except KafkaError as error:  # a fresh cluster's coordinator is not up yet
+                if not error.retriable or attempt == 9:
+                    raise
+                time.sleep(0.5)
+    finally:
+        admin.close()
+    committed = {tp: meta for tp, meta in listed.items() if meta.offset >= 0}
+    if not committed:
+        return None
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap.split(","), enable_auto_commit=False, group_id=None
+    )
+    try:
+        ends = end_offsets(consumer, list(committed))
+    finally:
+        consumer.close()
+    partitions: dict = {}
+    for tp in sorted(committed):
+        done, end = committed[tp].offset, ends[tp]
+        partitions.setdefault(tp.topic, {})[str(tp.partition)] = {
+            "end": end,
+            "committed": done,
+            "lag": max(0, end - done),
+        }
+    return partitions
 
 
 def _init_roots(records: pa.Table) -> np.ndarray:

@@ -182,6 +182,30 @@ def test_kafka_status_reads_both_topics(broker, tmp_path):
         1,
     )
     assert status.dead_lettered == 0 and status.latency_ms["p50"] == 7.0
+    assert status.partitions is None  # the source's group has committed nothing yet
+
+
+@pytest.mark.broker
+def test_kafka_status_shows_the_lag_of_the_sources_group(broker):
+    """With the Kafka channel there is no metrics file: the lag is the group's."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    from ackstream.status import kafka_status
+
+    topology = f"lag-{os.urandom(4).hex()}"
+    topic = f"{topology}-in"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for n in range(5):
+        producer.send(topic, b"%d" % n, partition=0)
+    producer.flush()
+    producer.close()
+    group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{topology}")
+    group.commit({TopicPartition(topic, 0): OffsetAndMetadata(2, "", -1)})
+    group.close()
+    status = kafka_status(broker.bootstrap, topology)
+    assert status.partitions == {topic: {"0": {"end": 5, "committed": 2, "lag": 3}}}
+    assert f"{topic}[0]" in "\n".join(status.lines())
 
 
 def finished(root, status, offset, at_s, attempt=0, reason=None):
