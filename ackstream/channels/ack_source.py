@@ -11,15 +11,14 @@ reports as ``invalid``.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from ackstream.channels.messages import channel_consumer, decode, fetch_messages, message_ranges
-from ackstream.errors import EnvironmentProblem
-from ackstream.kafka.settings import OUTAGE_LIMIT_S, client_settings
+from ackstream.kafka.outage import Outage
+from ackstream.kafka.settings import client_settings
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
 __all__ = ["ChannelSource"]
@@ -60,7 +59,7 @@ class _ChannelReader(DataSourceStreamReader):
     def __init__(self, bootstrap: str, topic: str, settings: dict | None = None):
         self.bootstrap, self.topic, self.settings = bootstrap, topic, dict(settings or {})
         self._consumer = None  # the planner's, made by the first latestOffset
-        self._failing_since: float | None = None  # monotonic time of the first failure
+        self._outage = Outage(bootstrap)
 
     def __getstate__(self):
         return {**self.__dict__, "_consumer": None}
@@ -71,7 +70,8 @@ class _ChannelReader(DataSourceStreamReader):
     def latestOffset(self, start: dict, limit) -> dict:
         """The acks topic's end offsets. While the brokers do not answer (a lost leader,
         a stall), the acker sees no new acks rather than dying: each trigger tries a
-        fresh client, and only an outage longer than :data:`OUTAGE_LIMIT_S` fails it."""
+        fresh client, and only an outage longer than ``OUTAGE_LIMIT_S`` fails it
+        (:class:`~ackstream.kafka.outage.Outage`)."""
         from kafka.errors import KafkaError
 
         try:
@@ -80,21 +80,12 @@ class _ChannelReader(DataSourceStreamReader):
             ranges = message_ranges(self.bootstrap, self.topic, start, consumer=self._consumer)
         except KafkaError as error:
             self.stop()  # the next trigger starts from a fresh client
-            now = time.monotonic()
-            self._failing_since = self._failing_since or now
-            if now - self._failing_since > OUTAGE_LIMIT_S:
-                raise EnvironmentProblem(
-                    f"the Kafka brokers at {self.bootstrap} did not answer for the acks "
-                    f"topic {self.topic!r} in {now - self._failing_since:.0f} s: {error!r}",
-                    "Check that the brokers are up; a slow cluster may need a larger "
-                    "kafka.request.timeout.ms.",
-                ) from error
-            log.warning("acks topic %s: no answer from the brokers (%r)", self.topic, error)
+            self._outage.failed(f"the acks topic {self.topic!r}", error)
             return dict(start)
         except Exception:
             self.stop()
             raise
-        self._failing_since = None
+        self._outage.answered()
         ends = dict(start)
         for partition, _, end in ranges:
             ends[str(partition)] = end

@@ -42,6 +42,7 @@ from ackstream.channels.messages import (
     message_ranges,
 )
 from ackstream.errors import OptionError
+from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_settings
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
@@ -91,6 +92,7 @@ class KafkaChannel:
         self.acks_topic, self.done_topic = f"{topology}.acks", f"{topology}.done"
         self._producer = None
         self._consumer = None
+        self._outage = Outage(bootstrap)  # of the completion polls
         self._reading = threading.Lock()  # a consumer is not thread-safe
 
     def __getstate__(self):
@@ -162,8 +164,19 @@ class KafkaChannel:
             self._send(self.done_topic, as_table(table, COMPLETION_SCHEMA), key=key)
 
     def completions_since(self, position: dict | None = None) -> tuple[pa.Table, dict]:
-        """Completions after ``position`` ({partition: next offset}) and the new position."""
-        return self._read(self.done_topic, COMPLETION_SCHEMA, dict(position or {}))
+        """Completions after ``position`` ({partition: next offset}) and the new position.
+        While the brokers do not answer, none and the same position (the spout polls
+        again next trigger); an outage past ``OUTAGE_LIMIT_S`` raises (see
+        :class:`~ackstream.kafka.outage.Outage`)."""
+        from kafka.errors import KafkaError
+
+        try:
+            found = self._read(self.done_topic, COMPLETION_SCHEMA, dict(position or {}))
+        except KafkaError as error:
+            self._outage.failed(f"completions on {self.done_topic!r}", error)
+            return COMPLETION_SCHEMA.empty_table(), dict(position or {})
+        self._outage.answered()
+        return found
 
     def end_position(self) -> dict:
         """The position after every completion written so far (see LocalChannel)."""

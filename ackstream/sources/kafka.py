@@ -10,8 +10,9 @@ its own short-lived consumer.
 
 A driver-side call that fails with a Kafka error (a broker lost, a leader moved: the
 consumer may wait out a whole request timeout on a dead connection) is tried again
-with a new consumer, as Spark's Kafka source does (``fetchOffset.numRetries``), so
-that one lost broker costs the planner a pause, not the query.
+with a new consumer, as Spark's Kafka source does (``fetchOffset.numRetries``), until
+the brokers have failed for longer than ``OUTAGE_LIMIT_S`` (:mod:`ackstream.kafka.outage`), so that
+one lost or stalled broker costs the planner a pause, not the query.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kafka.structs import OffsetAndMetadata
 from ackstream.config import SourceConfig
 from ackstream.errors import AckstreamError, EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
+from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
 from ackstream.sources.rows import NO_RECORD, TP, ReadTask, held_batch, spout_batch
@@ -42,9 +44,7 @@ log = logging.getLogger(__name__)
 CHECK_TIMEOUT_MS = 10_000
 #: Bytes of keys and values per Arrow batch (a binary column holds at most 2 GiB).
 BYTES_PER_BATCH = 64 << 20
-#: Attempts at a driver-side broker call, each with a new consumer, before the query
-#: fails; and the pause between two (Spark's Kafka source: 3 attempts, 1 s apart).
-ATTEMPTS = 3
+#: The pause between two attempts at a driver-side broker call, each with a new consumer.
 RETRY_PAUSE_S = 1.0
 
 
@@ -66,23 +66,18 @@ class KafkaUpstream:
         return self._client
 
     def _retried(self, what: str, call: Callable[[KafkaConsumer], object]):
-        """``call(consumer)``; after a Kafka error, again with a new consumer, up to
-        ``ATTEMPTS`` times in all."""
+        """``call(consumer)``; after a Kafka error, again with a new consumer every
+        ``RETRY_PAUSE_S`` until the brokers have failed for longer than
+        :data:`~ackstream.kafka.settings.OUTAGE_LIMIT_S` (see :class:`Outage`)."""
         from kafka.errors import KafkaError
 
-        for attempt in range(1, ATTEMPTS + 1):
+        outage = Outage(self.config.bootstrap_servers, clock=time.monotonic)
+        while True:
             try:
                 return call(self._consumer)
             except KafkaError as error:
                 self.close()
-                if attempt == ATTEMPTS:
-                    raise EnvironmentProblem(
-                        f"the Kafka brokers at {self.config.bootstrap_servers} did not "
-                        f"answer ({what}) in {ATTEMPTS} attempts: {error!r}",
-                        "Check that the brokers are up; a slow cluster may need a larger "
-                        "kafka.request.timeout.ms.",
-                    ) from error
-                log.warning("%s failed (attempt %d of %d): %r", what, attempt, ATTEMPTS, error)
+                outage.failed(what, error)
                 time.sleep(RETRY_PAUSE_S)
 
     def check(self) -> None:

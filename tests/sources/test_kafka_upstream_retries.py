@@ -1,7 +1,8 @@
 """The source's driver-side Kafka calls survive a broker error with a new consumer, and
-fail, naming the brokers and what to check, only when every attempt failed. A fake
-consumer stands in for kafka-python's (no broker): the lost-leader tests on the
-three-broker cluster (tests/kafka/test_broker_failures.py) run the real thing."""
+fail, naming the brokers and what to check, only when the brokers failed for longer
+than OUTAGE_LIMIT_S. A fake consumer stands in for kafka-python's (no broker) and a
+fake clock for time: the lost-leader and stall tests on the three-broker cluster
+(tests/kafka/test_broker_failures.py) run the real thing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from kafka.errors import KafkaTimeoutError
 
 from ackstream.config import parse
 from ackstream.errors import EnvironmentProblem
+from ackstream.kafka.settings import OUTAGE_LIMIT_S
 from ackstream.sources import kafka as upstream_module
-from ackstream.sources.kafka import ATTEMPTS, KafkaUpstream
+from ackstream.sources.kafka import RETRY_PAUSE_S, KafkaUpstream
 
 
 class FlakyConsumer:
@@ -48,33 +50,61 @@ class FlakyConsumer:
         self.closed = True
 
 
+class FakeTime:
+    """``time`` for the module under test: ``sleep`` moves ``monotonic`` on at once."""
+
+    now = 0.0
+
+    @classmethod
+    def monotonic(cls) -> float:
+        return cls.now
+
+    @classmethod
+    def sleep(cls, seconds: float) -> None:
+        cls.now += seconds
+
+
+#: Failed attempts, one per RETRY_PAUSE_S, that still fit in the outage limit.
+ATTEMPTS_IN_AN_OUTAGE = int(OUTAGE_LIMIT_S / RETRY_PAUSE_S) + 1
+
+
 @pytest.fixture
 def upstream(monkeypatch):
     FlakyConsumer.made = []
     monkeypatch.setattr(upstream_module, "KafkaConsumer", FlakyConsumer)
-    monkeypatch.setattr(upstream_module, "RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr(upstream_module, "time", FakeTime)
     config = parse({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "words"})
     return KafkaUpstream(config)
 
 
 def test_a_call_that_fails_is_made_again_with_a_new_consumer(upstream):
-    FlakyConsumer.failures = ATTEMPTS - 1
+    FlakyConsumer.failures = 15  # a 15 s stall: longer than Spark's three attempts
     assert upstream.earliest([("words", 0)]) == {("words", 0): 7}
-    assert len(FlakyConsumer.made) == ATTEMPTS
+    assert len(FlakyConsumer.made) == 16
     assert all(c.closed for c in FlakyConsumer.made[:-1]) and not FlakyConsumer.made[-1].closed
 
     upstream.commit({("words", 0): (5, "meta")})  # the working consumer is kept
-    assert len(FlakyConsumer.made) == ATTEMPTS
+    assert len(FlakyConsumer.made) == 16
     (commit,) = FlakyConsumer.made[-1].commits
     assert commit[TopicPartition("words", 0)].offset == 5
 
 
-def test_a_call_that_fails_every_attempt_names_the_brokers_and_what_to_check(upstream):
-    FlakyConsumer.failures = ATTEMPTS
+def test_a_call_that_fails_past_the_outage_limit_names_the_brokers_and_what_to_check(
+    upstream,
+):
+    FlakyConsumer.failures = ATTEMPTS_IN_AN_OUTAGE + 10
+    began = FakeTime.now
     with pytest.raises(EnvironmentProblem) as raised:
         upstream.commit({("words", 0): (5, "")})
     message = str(raised.value)
     assert "127.0.0.1:1" in message and "a commit" in message
     assert "kafka.request.timeout.ms" in message
-    assert len(FlakyConsumer.made) == ATTEMPTS
+    assert OUTAGE_LIMIT_S < FakeTime.now - began <= OUTAGE_LIMIT_S + RETRY_PAUSE_S
+    assert len(FlakyConsumer.made) == ATTEMPTS_IN_AN_OUTAGE + 1
     assert all(c.closed for c in FlakyConsumer.made)
+
+
+def test_a_broker_back_just_inside_the_outage_limit_is_waited_for(upstream):
+    FlakyConsumer.failures = ATTEMPTS_IN_AN_OUTAGE - 1
+    upstream.commit({("words", 0): (5, "")})
+    assert len(FlakyConsumer.made) == ATTEMPTS_IN_AN_OUTAGE
