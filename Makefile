@@ -64,9 +64,17 @@ bench: $(VENV)/.installed java
 
 # The end-to-end benchmark (issue 15): every system over one Apache Kafka broker, side
 # by side; small defaults (a few minutes). Quix Streams comes with the bench extra.
-bench-e2e: $(VENV)/.installed java kafka spark-kafka
+# The share group's consumer (confluent-kafka >= 2.16) gets a venv of its own: quixstreams
+# pins confluent-kafka < 2.13, so one environment cannot hold both.
+SHARE_VENV ?= .cache/share-venv
+bench-e2e: $(VENV)/.installed java kafka spark-kafka $(SHARE_VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[bench]'
-	$(PY) benchmarks/e2e.py $(E2E_ARGS)
+	ACKSTREAM_SHARE_PYTHON=$(SHARE_VENV)/bin/python $(PY) benchmarks/e2e.py $(E2E_ARGS)
+
+$(SHARE_VENV)/.installed:
+	$(PYTHON) -m venv $(SHARE_VENV)
+	$(SHARE_VENV)/bin/python -m pip install --quiet 'confluent-kafka>=2.16' numpy kafka-python
+	touch $@
 
 # Scale-out (issue 17): 1 and 2 executors of one core on a standalone cluster started from
 # the pyspark package on loopback; a figure for a machine with at least 3 free cores.

@@ -93,6 +93,10 @@ SYSTEMS = (
 ACKSTREAM_SYSTEMS = SYSTEMS[:3]
 MESSAGE_TIMEOUT_MS = 120_000  # nothing may time out in a run: a replay would be a bug here
 SPARK_KAFKA_PREFIX = os.path.join(ROOT, ".cache", "spark-kafka-")
+#: The interpreter of the share-group worker: confluent-kafka >= 2.16 has ShareConsumer,
+#: and quixstreams pins confluent-kafka < 2.13, so the two need environments of their own
+#: (``make bench-e2e`` makes .cache/share-venv and sets ACKSTREAM_SHARE_PYTHON).
+SHARE_PYTHON = os.environ.get("ACKSTREAM_SHARE_PYTHON", sys.executable)
 MARK = "e2e"  # the key of the worker's event lines on its stdout (Spark's JVM shares it)
 
 
@@ -279,14 +283,14 @@ class Worker:
     """One system's process: started in a session of its own, reporting events as JSON
     lines on stdout, stopped by closing its stdin; its stderr goes to ``log_path``."""
 
-    def __init__(self, system: str, args: list[str], log_path: str):
+    def __init__(self, system: str, args: list[str], log_path: str, python: str = sys.executable):
         self.system, self.log_path = system, log_path
         self.events: dict[str, dict] = {}
         self.changed = threading.Condition()
         self.spawned = time.time()
         with open(log_path, "wb") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "worker", system, *args],
+                [python, os.path.abspath(__file__), "worker", system, *args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log_file,
@@ -468,7 +472,8 @@ def start_worker(system, ctx, topic, output, group, name, workdir) -> Worker:
         "--partitions",
         str(ctx["partitions"]),
     ]
-    return Worker(system, args, os.path.join(ctx["workdir"], f"{name}.log"))
+    python = SHARE_PYTHON if system == "share_group" else sys.executable
+    return Worker(system, args, os.path.join(ctx["workdir"], f"{name}.log"), python)
 
 
 def wait_committed(worker: Worker, poller: CommitPoller, timeout_s: float) -> None:
@@ -578,22 +583,29 @@ def unavailable(system: str) -> str | None:
     """Why ``system`` cannot run here, or None."""
     if system == "quix" and importlib.util.find_spec("quixstreams") is None:
         return "quixstreams is not installed (pip install -e '.[bench]')"
-    if system == "share_group" and not _has_share_consumer():
+    if system == "share_group" and not share_consumer_version():
         return (
-            "confluent-kafka >= 2.16 (ShareConsumer) is not installed (pip install -e '.[bench]')"
+            f"{SHARE_PYTHON} has no confluent-kafka >= 2.16 (ShareConsumer): make bench-e2e "
+            "makes .cache/share-venv for it (quixstreams pins confluent-kafka < 2.13)"
         )
     if system == "spark_kafka" and not spark_kafka_jars():
         return "Spark's Kafka connector is not resolved (make spark-kafka)"
     return None
 
 
-def _has_share_consumer() -> bool:
-    """confluent-kafka with ``ShareConsumer`` (2.16 on); an older one has none."""
-    if importlib.util.find_spec("confluent_kafka") is None:
-        return False
-    import confluent_kafka
-
-    return hasattr(confluent_kafka, "ShareConsumer") and hasattr(confluent_kafka, "AcknowledgeType")
+def share_consumer_version() -> str | None:
+    """The confluent-kafka version of :data:`SHARE_PYTHON` if it has ``ShareConsumer``
+    (2.16 on), else None."""
+    probe = (
+        "import confluent_kafka as c; print(c.__version__ if hasattr(c, 'ShareConsumer') else '')"
+    )
+    try:
+        found = subprocess.run(
+            [SHARE_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None
 
 
 def version(package: str) -> str | None:
@@ -614,7 +626,7 @@ def machine(kafka: str | None) -> dict:
         "crc32c": importlib.util.find_spec("crc32c") is not None,
         "kafka": kafka,
         "quixstreams": version("quixstreams"),
-        "confluent_kafka": version("confluent-kafka"),
+        "confluent_kafka_share_group": share_consumer_version(),
         "spark_kafka_connector": connector,
         "loadavg": os.getloadavg(),
     }
