@@ -266,6 +266,14 @@ def _add_channel_options(command) -> None:
         help="use the Kafka channel (<topology>.acks, <topology>.done) on "
         "this broker instead (env ACKSTREAM_BOOTSTRAP)",
     )
+    command.add_argument(
+        "--command-config",
+        metavar="FILE",
+        default=os.environ.get("ACKSTREAM_COMMAND_CONFIG"),
+        help="with --bootstrap: a Kafka client properties file (security.protocol, "
+        "ssl.*, sasl.jaas.config...), as Kafka's own tools take (env "
+        "ACKSTREAM_COMMAND_CONFIG)",
+    )
 
 
 def _add_acker(commands) -> None:
@@ -539,6 +547,22 @@ def _stop(queries) -> None:
     stop_queries(queries)
 
 
+def _kafka_options(parser, args) -> dict[str, str]:
+    """The ``kafka.*`` client options of ``--command-config`` (none without it); a file
+    that is missing or holds a setting no Kafka client knows stops the command."""
+    from ackstream.errors import OptionError
+    from ackstream.kafka.settings import properties_file_options
+
+    if not args.command_config:
+        return {}
+    if not args.bootstrap:
+        parser.error("--command-config needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    try:
+        return properties_file_options(args.command_config)
+    except OptionError as problem:
+        parser.error(str(problem))
+
+
 def _acker(parser, args) -> int:
     from ackstream.acker.query import start_acker
     from ackstream.config import default_channel_dir, parse_duration_ms
@@ -549,6 +573,7 @@ def _acker(parser, args) -> int:
         parser.error("--channel and --bootstrap are both set: give one")
     if args.ackers < 1 or args.trigger_ms < 1:
         parser.error("--ackers and --trigger-ms must be positive")
+    kafka_options = _kafka_options(parser, args)
     try:
         timeout_ms = parse_duration_ms("--message-timeout", args.message_timeout)
         spark = local_session(
@@ -563,7 +588,7 @@ def _acker(parser, args) -> int:
     if args.bootstrap:
         from ackstream.channels.kafka import KafkaChannel
 
-        channel = KafkaChannel(args.bootstrap, args.topology)
+        channel = KafkaChannel(args.bootstrap, args.topology, kafka_options=kafka_options)
     else:
         from ackstream.channels.local import LocalChannel
 
@@ -613,6 +638,7 @@ def _status(parser, args) -> int:
             )
     if args.window <= 0:
         parser.error("--window must be a positive number of seconds")
+    kafka_options = _kafka_options(parser, args)
     for given, name in ((args.dead_letter_topic, "--dead-letter-topic"), (args.group, "--group")):
         if given and not args.bootstrap:
             parser.error(f"{name} needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
@@ -625,6 +651,7 @@ def _status(parser, args) -> int:
                 args.dead_letter_topic,
                 window_s=args.window,
                 group_id=args.group,
+                kafka_options=kafka_options,
             )
         else:
             status = local_status(channel, args.topology, args.dead_letters, window_s=args.window)
@@ -668,13 +695,16 @@ def _dead_letters(parser, args) -> int:
         parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     if args.action == "replay" and not args.bootstrap:
         parser.error("replay needs --bootstrap HOST:PORT: the brokers of the source topics")
+    kafka_options = _kafka_options(parser, args)
     if args.dead_letters:
         where, letters = args.dead_letters, read_dead_letters(args.dead_letters)
     elif args.bootstrap:
         topic = args.dead_letter_topic or f"{args.topology}.dead"
         where = f"topic {topic} on {args.bootstrap}"
         try:
-            letters = read_dead_letters(bootstrap=args.bootstrap, topic=topic)
+            letters = read_dead_letters(
+                bootstrap=args.bootstrap, topic=topic, kafka_options=kafka_options
+            )
         except Exception as problem:  # kafka-python's errors (no broker, timeouts)
             print(f"ackstream: could not read {where}: {problem}", file=sys.stderr)
             return 1
@@ -698,7 +728,7 @@ def _dead_letters(parser, args) -> int:
         print(f"dry run: pass --yes to send these {len(rows)} to their source topics")
         return 0
     try:
-        sent = replay_dead_letters(rows, args.bootstrap)
+        sent = replay_dead_letters(rows, args.bootstrap, kafka_options=kafka_options)
     except ValueError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1

@@ -346,10 +346,13 @@ def kafka_status(
     dead_letter_topic: str | None = None,
     window_s: float = 60.0,
     group_id: str | None = None,
+    kafka_options=None,
 ) -> Status:
     """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
     ``<topology>.done``), with the lag of the source's consumer group ``group_id``
     (default ``ackstream-<topology>``, the source's) on the same brokers.
+    ``kafka_options``: ``kafka.*`` connection and security options, as a
+    :class:`~ackstream.channels.kafka.KafkaChannel` takes them.
 
     Dead letters come from ``dead_letter_dir`` (Parquet) if given, else from the
     dead-letter topic (default ``<topology>.dead``, the source's default with
@@ -358,9 +361,10 @@ def kafka_status(
     minus that count, as the messages' keys are not read."""
     from ackstream.channels.kafka import KafkaChannel
     from ackstream.channels.messages import message_ranges
+    from ackstream.kafka.settings import client_settings
     from ackstream.sinks.dead_letters import read_dead_letters
 
-    channel = KafkaChannel(bootstrap, topology)
+    channel = KafkaChannel(bootstrap, topology, kafka_options=kafka_options)
     completions, _ = channel.completions_since(None)
     letters = read_dead_letters(dead_letter_dir) if dead_letter_dir else None
     status = summarize(
@@ -371,16 +375,17 @@ def kafka_status(
         channel=f"kafka {bootstrap} {channel.acks_topic}, {channel.done_topic}",
         now_ms=now_ms(),
         window_s=window_s,
-        partitions=group_lag(bootstrap, group_id or f"ackstream-{topology}"),
+        partitions=group_lag(bootstrap, group_id or f"ackstream-{topology}", kafka_options),
     )
     if letters is None:
         topic = dead_letter_topic or f"{topology}.dead"
-        count = sum(end - start for _, start, end in message_ranges(bootstrap, topic, {}))
+        ranges = message_ranges(bootstrap, topic, {}, settings=client_settings(kafka_options or {}))
+        count = sum(end - start for _, start, end in ranges)
         status = replace(status, dead_lettered=count, replayed=max(0, status.replayed - count))
     return status
 
 
-def group_lag(bootstrap: str, group_id: str) -> dict | None:
+def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:
     """``{topic: {partition: {"end", "committed", "lag"}}}`` for every partition the
     consumer group ``group_id`` has committed (the source commits its acked watermark,
     so ``lag`` counts the offsets not yet acked or dead-lettered); None when the group
@@ -389,8 +394,12 @@ def group_lag(bootstrap: str, group_id: str) -> dict | None:
     from kafka.errors import KafkaError
 
     from ackstream.kafka.offsets import end_offsets
+    from ackstream.kafka.settings import client_settings
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), client_id="ackstream-status")
+    settings = client_settings(kafka_options or {})
+    admin = KafkaAdminClient(
+        **settings, bootstrap_servers=bootstrap.split(","), client_id="ackstream-status"
+    )
     try:
         for attempt in range(10):
             try:
@@ -406,7 +415,7 @@ def group_lag(bootstrap: str, group_id: str) -> dict | None:
     if not committed:
         return None
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap.split(","), enable_auto_commit=False, group_id=None
+        **settings, bootstrap_servers=bootstrap.split(","), enable_auto_commit=False, group_id=None
     )
     try:
         ends = end_offsets(consumer, list(committed))

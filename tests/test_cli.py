@@ -422,3 +422,41 @@ def test_dead_letters_replay_is_a_dry_run_until_yes_then_sends_the_records_back(
         ("trace", "t3"),
         ("ackstream.replay_of", f"{source}:0:3"),
     ]
+
+
+@pytest.mark.broker
+def test_status_reads_a_kafka_channel_with_a_command_config_file(broker, tmp_path, capsys):
+    """--command-config is Kafka's tools' client.properties: its settings reach every
+    client status makes (a setting no client takes stops it, naming file and setting)."""
+    import json
+    import os
+
+    import pyarrow as pa
+
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.records import ACKED, COMPLETION_SCHEMA
+
+    topology = f"cmdcfg-{os.urandom(4).hex()}"
+    channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
+    channel.prepare()
+    acked = {"root": 1, "status": ACKED, "topic": "t", "partition": 0, "offset": 1}
+    try:
+        channel.write_completions(pa.Table.from_pylist([acked], schema=COMPLETION_SCHEMA), 0)
+    finally:
+        channel.close()
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=PLAINTEXT\nrequest.timeout.ms=20000\n")
+    base = ("status", "--topology", topology, "--bootstrap", broker.bootstrap)
+    read = _in_process(capsys, *base, "--command-config", str(config), "--json")
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout)["acked"] == 1
+
+    config.write_text("security.protocol=SSL\nssl.keystore.location=/etc/kafka/client.jks\n")
+    for argv, says in [
+        ((*base, "--command-config", str(config)), ["ssl.keystore.location", str(config)]),
+        (("status", "--channel", str(tmp_path), "--command-config", "x"), ["needs --bootstrap"]),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            main(list(argv))
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and all(part in err for part in says), err

@@ -9,10 +9,13 @@ offset committed, the poison dead-lettered and every word written mean every cli
 went through the secured listener.
 """
 
+import json
 import os
 import uuid
 
 import pytest
+
+from ackstream.cli import main
 
 from helpers import consume, sentences, wait_for
 
@@ -37,7 +40,7 @@ def secured_broker():
     [("SSL", "telescoped"), ("SASL_SSL", "per_stage")],  # per_stage: ack records on the channel
 )
 def test_source_channel_dead_letters_and_sink_all_work_through_a_secured_listener(
-    spark, secured_broker, tmp_path, protocol, ack_mode
+    spark, secured_broker, tmp_path, protocol, ack_mode, capsys
 ):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -85,6 +88,20 @@ def test_source_channel_dead_letters_and_sink_all_work_through_a_secured_listene
 
     letters = consume(plain, f"{name}.dead")
     assert [m.value for m in letters] == [lines[11].encode()]
+    # the CLI reads the same channel through the secured listener, settings from a file
+    config = tmp_path / "client.properties"
+    config.write_text(
+        "".join(
+            f"{key.removeprefix('kafka.')}={value}\n"
+            for key, value in options.items()
+            if key != "kafka.bootstrap.servers"
+        )
+    )
+    secured = options["kafka.bootstrap.servers"]
+    argv = ["status", "--topology", name, "--bootstrap", secured, "--json"]
+    assert main([*argv, "--command-config", str(config)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["dead_lettered"] == 1 and status["acked"] >= 29, status
     written = {m.key.decode() for m in consume(plain, outbox)}
     assert {w for line in lines for w in line.split()} - {"poison"} <= written
     assert "poison" not in written

@@ -16,7 +16,13 @@ import re
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError
 
-__all__ = ["OUTAGE_LIMIT_S", "client_settings", "consumer_settings", "kafka_options_of"]
+__all__ = [
+    "OUTAGE_LIMIT_S",
+    "client_settings",
+    "consumer_settings",
+    "kafka_options_of",
+    "properties_file_options",
+]
 
 #: Seconds a query's Kafka clients wait for brokers they cannot reach before failing:
 #: a broker restarted from its log, a stall or a leader election take less; a cluster
@@ -131,6 +137,53 @@ def kafka_options_of(config: SourceConfig) -> dict[str, str]:
     """The source's ``kafka.*`` options (but bootstrap servers and group id), prefixed:
     the form a :class:`~ackstream.channels.kafka.KafkaChannel` and a ``KafkaSink`` take."""
     return {f"kafka.{key}": value for key, value in config.kafka_options}
+
+
+def properties_file_options(path: str) -> dict[str, str]:
+    """The client settings of a Java properties file, the ``--command-config`` file
+    Kafka's own tools take (``security.protocol``, ``ssl.*``, ``sasl.jaas.config``...),
+    as ``kafka.*`` options; checked with :func:`client_settings`, so that a setting no
+    client knows fails here, naming it and the file."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except OSError as error:
+        raise OptionError("--command-config", path, f"a readable file ({error.strerror})") from None
+    options = {f"kafka.{key}": value for key, value in _properties(text)}
+    try:
+        client_settings(options)
+    except OptionError as error:
+        raise OptionError("--command-config", path, f"client settings only: {error}") from None
+    return options
+
+
+#: A properties line: the key (a backslash escapes the next character), then blanks,
+#: at most one ``=`` or ``:``, blanks, and the value.
+_PROPERTY = re.compile(r"((?:[^\\\s=:]|\\.)+)\s*[=:]?\s*(.*)")
+
+
+def _properties(text: str) -> list[tuple[str, str]]:
+    r"""``(key, value)`` pairs of a Java properties text: ``#`` and ``!`` comments, ``=``,
+    ``:`` or blanks between key and value, a line ending in an odd number of
+    backslashes continued on the next (its leading blanks dropped).
+
+    >>> _properties("# client\nsecurity.protocol = SASL_SSL\nsasl.jaas.config: a \\\n    b;")
+    [('security.protocol', 'SASL_SSL'), ('sasl.jaas.config', 'a b;')]
+    """
+    pairs, logical = [], ""
+    for raw in text.splitlines():
+        line = raw.lstrip() if logical else raw.strip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        if (len(line) - len(line.rstrip("\\"))) % 2:
+            logical += line[:-1]
+            continue
+        found = _PROPERTY.fullmatch(logical + line)
+        logical = ""
+        if found:
+            key, value = found.groups()
+            pairs.append((re.sub(r"\\(.)", r"\1", key), re.sub(r"\\(.)", r"\1", value)))
+    return pairs
 
 
 def _from_jaas(option: str, value: str) -> dict:

@@ -183,3 +183,52 @@ def test_the_channel_creates_its_topics_with_the_brokers_defaults_unless_given(m
         ("b.acks", 3, {"retention.ms": "60000"}),
         ("b.done", 3, {"retention.ms": "60000"}),
     ]
+
+
+def test_a_command_config_file_gives_kafka_options_as_kafkas_own_tools_read_it(tmp_path):
+    from ackstream.kafka.settings import properties_file_options
+
+    path = tmp_path / "client.properties"
+    path.write_text(
+        "# what kafka-console-consumer.sh --command-config takes\n"
+        "security.protocol=SASL_SSL\n"
+        "sasl.mechanism : PLAIN\n"
+        "! another comment\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule \\\n"
+        '    required username="app" password="s3cret";\n'
+        "request.timeout.ms 20000\n"
+    )
+    options = properties_file_options(str(path))
+    assert options["kafka.sasl.mechanism"] == "PLAIN"
+    assert options["kafka.request.timeout.ms"] == "20000"
+    settings = client_settings(options)
+    assert settings["security_protocol"] == "SASL_SSL"
+    assert (settings["sasl_plain_username"], settings["sasl_plain_password"]) == ("app", "s3cret")
+    assert settings["request_timeout_ms"] == 20000
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("ssl.truststore.location=/etc/kafka/truststore.jks\n", "kafka.ssl.cafile"),
+        ("securty.protocol=SSL\n", "kafka.securty.protocol"),
+    ],
+)
+def test_a_command_config_file_with_a_setting_no_client_takes_names_the_file_and_it(
+    tmp_path, text, says
+):
+    from ackstream.kafka.settings import properties_file_options
+
+    path = tmp_path / "client.properties"
+    path.write_text(text)
+    with pytest.raises(OptionError, match=says) as refused:
+        properties_file_options(str(path))
+    assert refused.value.option == "--command-config" and str(path) in str(refused.value)
+
+
+def test_a_missing_command_config_file_is_named(tmp_path):
+    from ackstream.kafka.settings import properties_file_options
+
+    with pytest.raises(OptionError, match="a readable file") as refused:
+        properties_file_options(str(tmp_path / "nowhere.properties"))
+    assert "nowhere.properties" in str(refused.value)
