@@ -43,7 +43,7 @@ from ackstream.channels.messages import (
 )
 from ackstream.errors import OptionError
 from ackstream.kafka.outage import Outage
-from ackstream.kafka.settings import client_settings
+from ackstream.kafka.settings import client_options, client_settings
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 __all__ = ["KafkaChannel"]
@@ -97,6 +97,45 @@ class KafkaChannel:
 
     def __getstate__(self):
         return {**self.__dict__, "_producer": None, "_consumer": None, "_reading": None}
+
+    def agreeing_with(self, source_options: Mapping[str, str]) -> KafkaChannel:
+        """This channel as a source with ``source_options`` and ``ackstream.channel=kafka``
+        must see it: the source reaches the channel's topics through its own brokers
+        with its own client settings. Settings of the source's this channel lacks
+        (security, timeouts) are added, in a new channel; other brokers, or a setting
+        both give with different values, are an :class:`OptionError` naming both (the
+        source would read one channel and the topology write another)."""
+        given = {str(k): str(v) for k, v in source_options.items()}
+        brokers = given.get("kafka.bootstrap.servers")
+        if brokers is not None and set(brokers.split(",")) != set(self.bootstrap.split(",")):
+            raise OptionError(
+                "kafka.bootstrap.servers",
+                brokers,
+                f"{self.bootstrap!r}, the brokers of the topology's KafkaChannel (the "
+                "source reads the channel's topics on its own brokers)",
+            )
+        lacking = {}
+        for key, value in client_options(given).items():
+            mine = self.kafka_options.get(key)
+            if mine is None:
+                lacking[key] = value
+            elif mine != value:
+                raise OptionError(
+                    key,
+                    value,
+                    f"{mine!r}, the value the topology's KafkaChannel was given (give it "
+                    "once, to the source: the channel takes it from there)",
+                )
+        if not lacking:
+            return self
+        return KafkaChannel(
+            self.bootstrap,
+            self.topology,
+            self.partitions,
+            kafka_options={**self.kafka_options, **lacking},
+            replication_factor=self.replication_factor,
+            retention_ms=self.retention_ms,
+        )
 
     def __setstate__(self, state):
         self.__dict__.update(state)

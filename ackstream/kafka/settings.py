@@ -12,12 +12,14 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+from collections.abc import Mapping
 
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError
 
 __all__ = [
     "OUTAGE_LIMIT_S",
+    "client_options",
     "client_settings",
     "consumer_settings",
     "kafka_options_of",
@@ -119,6 +121,24 @@ def client_settings(kafka_options) -> dict:
         if name in shared:
             settings[name] = _typed(option=option, value=str(value), default=defaults[name])
     return settings
+
+
+def client_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The ``kafka.*`` options of ``options`` that every client takes (connection and
+    security, see :func:`client_settings`), as given: what a source's channel must share.
+
+    >>> client_options({"kafka.security.protocol": "SSL", "kafka.max.poll.records": "9",
+    ...                 "kafka.bootstrap.servers": "h:1", "subscribe": "t"})
+    {'kafka.security.protocol': 'SSL'}
+    """
+    shared = _client_names()[0]
+    return {
+        key: value
+        for key, value in options.items()
+        if key.startswith("kafka.")
+        and key not in ("kafka.bootstrap.servers", "kafka.group.id", "kafka.client.id")
+        and (key == "kafka.sasl.jaas.config" or key[6:].replace(".", "_") in shared)
+    }
 
 
 @functools.cache

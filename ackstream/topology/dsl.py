@@ -255,10 +255,14 @@ class Topology:
 
     def read_stream(self, options: Mapping[str, str] | None = None) -> DataFrame:
         """``spark.readStream.format("ackstream")`` with :meth:`source_options`, loaded.
-        A bad option raises :class:`OptionError` itself, before Spark would wrap it."""
+        A bad option raises :class:`OptionError` itself, before Spark would wrap it. A
+        :class:`KafkaChannel` takes the source's ``kafka.*`` client settings it lacks
+        (see :meth:`KafkaChannel.agreeing_with`): give security settings once."""
         merged = self.source_options(options)
         check_options(merged)
         self.check_reach()
+        if isinstance(self.channel, KafkaChannel):  # the source's brokers and settings
+            self.channel = self.channel.agreeing_with(merged)
         return self.spark.readStream.format("ackstream").options(**merged).load()
 
     def check_reach(self) -> None:

@@ -258,3 +258,47 @@ def test_a_source_given_other_terms_than_its_topology_is_refused_at_the_first_ba
         running.stop()
     message = str(running.exception())
     assert "ackstream.topology" in message and "'other'" in message and "'mine'" in message
+
+
+@pytest.mark.broker
+def test_a_kafka_channel_takes_the_sources_client_settings_and_refuses_other_ones(
+    spark, broker, new_topic
+):
+    """Security settings are given once, to the source: the topology's KafkaChannel (which
+    writes the completions the source reads) takes those it lacks. Other brokers, or a
+    setting both were given with different values, would have the source read one channel
+    and the topology write another: refused, naming both."""
+    import ackstream
+    from ackstream.channels.kafka import KafkaChannel
+
+    channel = KafkaChannel(
+        broker.bootstrap, "agree", kafka_options={"kafka.reconnect.backoff.ms": "100"}
+    )
+    topology = Topology("agree", spark, channel)
+    options = {
+        "kafka.bootstrap.servers": broker.bootstrap,
+        "subscribe": new_topic(),
+        "kafka.security.protocol": "PLAINTEXT",
+        "kafka.request.timeout.ms": "20000",
+        "kafka.max.poll.records": "50",  # a consumer's setting: not the channel's business
+    }
+    topology.read_stream(options)
+    assert topology.channel.kafka_options == {
+        "kafka.reconnect.backoff.ms": "100",
+        "kafka.security.protocol": "PLAINTEXT",
+        "kafka.request.timeout.ms": "20000",
+    }
+    assert topology.channel.settings["request_timeout_ms"] == 20000
+    assert channel.kafka_options == {
+        "kafka.reconnect.backoff.ms": "100"
+    }  # the user's object is left alone
+
+    with pytest.raises(
+        ackstream.OptionError, match="kafka.reconnect.backoff.ms.*.100., the value the"
+    ):
+        Topology("agree", spark, channel).read_stream(
+            {**options, "kafka.reconnect.backoff.ms": "200"}
+        )
+    elsewhere = KafkaChannel("127.0.0.1:1", "agree")
+    with pytest.raises(ackstream.OptionError, match="kafka.bootstrap.servers.*127.0.0.1:1"):
+        Topology("agree", spark, elsewhere).read_stream(options)
