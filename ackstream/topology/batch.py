@@ -171,6 +171,8 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         if not tracking:
             return ACK_RECORD_SCHEMA.empty_table()
         tables = [] if read_inits else [inits]
+        tables += [p for p in parts if isinstance(p, pa.Table)]  # continued trees' acks
+        parts = [p for p in parts if isinstance(p, DataFrame)]
         if parts:
             tables.append(as_table(_union_all(parts).toArrow(), ACK_RECORD_SCHEMA))
         return pa.concat_tables(tables)
@@ -181,11 +183,17 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
 
 def _write_sink(
     topology, sink, outputs: DataFrame, batch_id: int, now: int, groups: dict[int, GroupInput]
-) -> list[DataFrame]:
-    """Write tuples to ``sink``; return their ack records (and fails for unwritten rows)."""
+) -> list[DataFrame | pa.Table]:
+    """Write tuples to ``sink``; return their ack records (and fails for unwritten rows).
+    A sink with ``continue_trees`` also gives the ack records of the tuples it emitted
+    to another process (an Arrow table): their trees stay open until that process acks."""
     unwritten, reason = None, f"sink {type(sink).__name__}: not written"
+    continued = None  # a sink that continues the trees: its messages' (root, edge) acks
     try:
-        unwritten = sink.write(outputs, batch_id)
+        if topology.tracking and getattr(sink, "continue_trees", False):
+            unwritten, continued = sink.write_continued(outputs, batch_id, groups)
+        else:
+            unwritten = sink.write(outputs, batch_id)
     except Exception as error:  # a failed write fails its roots, Storm-style
         if isinstance(error, StageError) or "StageError:" in str(error):
             raise  # a stage's code is wrong (the sink only ran it): stop, say which
@@ -201,6 +209,8 @@ def _write_sink(
         if REASON not in unwritten.columns:
             unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
         parts.append(ack_records(failed_roots(unwritten, groups), FAIL, now))
+    if continued is not None and continued.num_rows:
+        parts.append(continued)
     return parts
 
 
