@@ -125,7 +125,8 @@ class TreeClient:
     message once its work is done; fail it to have its upstream records replayed;
     a message neither acked nor failed within the topology's message timeout times
     its roots out (they are replayed too). An ack delivered twice cancels itself, so
-    it costs a timeout and a replay, never a false ack.
+    it costs a timeout and a replay, never a false ack (or, written after its tree
+    completed, the acker reports it as ``unknown`` and nothing else happens).
 
     >>> client = TreeClient(channel)                        # doctest: +SKIP
     >>> for message in consumer:                            # doctest: +SKIP
