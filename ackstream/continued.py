@@ -23,7 +23,17 @@ new messages, which must not be acked by the acks of the first ones.
 :class:`TreeClient` is the downstream side for a plain Python consumer: it reads
 the headers of a consumed message and writes its ack or fail to the upstream
 topology's channel. A message without the headers is not part of any tree: the
-client says so (returns False) and writes nothing.
+client says so (returns 0) and writes nothing.
+
+A downstream ackstream topology continues the trees with
+``Topology(name, spark, upstream_channel, continue_trees=True)``: its source reads
+the topic untracked (its own offsets are committed as Spark runs their batches, as
+Storm's workers do not track a tuple's transfer) and with headers; its rows keep
+root ids of their own, so that stages, aggregates and the batch's ledger work as
+they always do, and :func:`translate` maps each batch's records from those local
+roots onto the upstream trees named by the headers before they go to the upstream
+channel. A record without the headers is processed untracked, as Storm's
+unanchored tuple: nothing acks, fails or replays it (the batch logs how many).
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from ackstream.clock import Clock, now_ms
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT
 
 __all__ = [
     "EDGE_HEADER",
@@ -47,6 +57,7 @@ __all__ = [
     "lineage_headers",
     "lineage_of",
     "mint_edges",
+    "translate",
 ]
 
 ROOTS_HEADER = "ackstream.roots"
@@ -115,6 +126,35 @@ def edge_acks(roots, values, kind: int, now: int, reason: str | None = None) -> 
         },
         schema=ACK_RECORD_SCHEMA,
     )
+
+
+def translate(records: pa.Table, local: dict[int, Lineage], now: int) -> pa.Table:
+    """A downstream batch's ack records (pre-combined: one per local root) as records of
+    the upstream trees: a local root continues ``local[root] = (roots, edge)``, and each
+    of its records goes to every upstream root, its init standing for the ack of the
+    incoming message (its value XOR the edge). A finished local tree (value 0) thus
+    acks the message; one left open keeps the upstream roots open as well; a fail or
+    reject fails or rejects them. Records of local roots with no lineage are dropped:
+    nothing upstream tracks them."""
+    roots, values, kinds, reasons = [], [], [], []
+    for row in records.select(["root", "value", "kind", "reason"]).to_pylist():
+        lineage = local.get(row["root"])
+        if lineage is None:
+            continue
+        upstream, edge = lineage
+        value = row["value"] ^ (edge if row["kind"] & INIT else 0)
+        for root in upstream:
+            roots.append(root)
+            values.append(value)
+            kinds.append(row["kind"] & ~INIT)
+            reasons.append(row["reason"])
+    table = edge_acks(roots, values, ACK, now)
+    kind, reason = (
+        ACK_RECORD_SCHEMA.get_field_index("kind"),
+        ACK_RECORD_SCHEMA.get_field_index("reason"),
+    )
+    table = table.set_column(kind, ACK_RECORD_SCHEMA.field(kind), pa.array(kinds, pa.int8()))
+    return table.set_column(reason, ACK_RECORD_SCHEMA.field(reason), pa.array(reasons, pa.string()))
 
 
 class TreeClient:
