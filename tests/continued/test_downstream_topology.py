@@ -145,3 +145,14 @@ def test_two_queries_every_upstream_record_is_acked_once_downstream_wrote_it(
     assert sorted((r["offset"], r["status"]) for r in done.to_pylist()) == [
         (i, "acked") for i in range(n)
     ]
+
+
+def test_a_downstream_topology_cannot_yet_continue_the_trees_again():
+    from ackstream.errors import OptionError
+
+    channel = KafkaChannel("127.0.0.1:9", "up")  # makes no connection until used
+    topology = Topology("down", None, channel, continue_trees=True)
+    with pytest.raises(OptionError, match="third process"):
+        topology.sink(KafkaSink("127.0.0.1:9", "next", continue_trees=True))
+    assert topology.source_options()["includeHeaders"] == "true"
+    assert topology.source_options()["ackstream.tracking"] == "false"
