@@ -26,6 +26,7 @@ _EXPORTS = {
     "KafkaSink": "ackstream.sinks.kafka",
     "LocalChannel": "ackstream.channels.local",
     "KafkaChannel": "ackstream.channels.kafka",
+    "TreeClient": "ackstream.continued",
     "local_session": "ackstream.session",
     "check_options": "ackstream.sources.upstream",
     "register": "ackstream.sources.datasource",

@@ -6,6 +6,12 @@ flushes, and yields only the rows the broker did not confirm, with their lineage
 columns and a ``_reason``. The driver collects just those, so a clean batch moves
 no rows to the driver (issues 15 and 17), and ackstream fails their roots (they are
 replayed) and acks the rest. A row is never acked before the broker confirmed it.
+
+With ``continue_trees=True`` each message also carries its row's lineage as headers
+(:mod:`ackstream.continued`: its roots and a fresh random edge id), and its trees stay
+open until the message's consumer acks it: every confirmed row then comes back to
+the driver as its roots and edge (16 bytes a root), which the batch reports as the
+ack records ``(root, edge)`` (:meth:`KafkaSink.write_continued`).
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from ackstream.continued import edge_acks, lineage_headers, mint_edges
 from ackstream.kafka.settings import client_settings
 from ackstream.lineage import LINEAGE_COLUMNS, REASON
+from ackstream.records import ACK
 
 __all__ = ["KafkaSink", "ProduceTask", "carried_columns"]
 
@@ -26,6 +35,9 @@ log = logging.getLogger(__name__)
 #: Characters of a ``_reason`` kept, as ``topology.bolts.REASON_LIMIT`` (not imported:
 #: executors unpickling the task would import the whole topology package).
 REASON_CHARS = 500
+#: roots of a row (``topology.bolts.ROOTS``) and the edge id of its message, on the rows
+#: a continuing write hands back
+ROOTS, SENT_EDGE = "_roots", "_sent_edge"
 
 
 class KafkaSink:
@@ -39,6 +51,11 @@ class KafkaSink:
     ``max_request_size``) and wins; ``flush_timeout_s`` bounds each task's wait for
     confirmations. The sink holds only these settings, so it pickles (Spark Connect
     pickles the ``foreachBatch`` function with it).
+
+    ``continue_trees=True``: the messages continue their rows' tuple trees in whatever
+    process consumes the topic (see :mod:`ackstream.continued`); a topology's batch
+    then calls :meth:`write_continued`, and the upstream records are acked only when
+    the consumer acks the messages (``ackstream.continued.TreeClient``).
     """
 
     def __init__(
@@ -51,6 +68,7 @@ class KafkaSink:
         kafka_options: dict | None = None,
         producer_config: dict | None = None,
         flush_timeout_s: float = 30.0,
+        continue_trees: bool = False,
     ):
         self.bootstrap, self.topic = bootstrap, topic
         self.key, self.value = key, value
@@ -60,14 +78,30 @@ class KafkaSink:
         # a bad setting fails here, on the driver, not in every task
         self.producer_config = {**client_settings(kafka_options), **(producer_config or {})}
         self.flush_timeout_s = flush_timeout_s
+        self.continue_trees = continue_trees
 
     def write(self, outputs, batch_id: int):
-        from pyspark.sql.types import StringType
+        """Write ``outputs``; return the rows the broker did not confirm (or None)."""
+        return self._write(outputs, batch_id, continued=False)[0]
+
+    def write_continued(self, outputs, batch_id: int, groups=None):
+        """Write ``outputs`` with their lineage as headers, leaving their trees open:
+        returns the unwritten rows (or None) and the ack records ``(root, edge)`` of
+        every confirmed message, one per root of its row. ``groups``: the batch's
+        aggregate inputs, where a row carrying ``_group`` finds its roots."""
+        from ackstream.topology.bolts import with_tree_roots
+
+        return self._write(with_tree_roots(outputs, groups), batch_id, continued=True)
+
+    def _write(self, outputs, batch_id: int, continued: bool):
+        from pyspark.sql.types import LongType, StringType
 
         key = self.key if self.key and self.key in outputs.columns else None
         payload = [*([key] if key else []), self.value]
         carried = carried_columns(outputs.columns, payload)
         schema = outputs.select(*carried).schema.add(REASON, StringType())
+        if continued:
+            schema = schema.add(SENT_EDGE, LongType())
         produce = ProduceTask(
             self.bootstrap,
             self.topic,
@@ -76,8 +110,18 @@ class KafkaSink:
             tuple(carried),
             self.producer_config,
             self.flush_timeout_s,
+            continued,
         )
-        unwritten = outputs.select(*payload, *carried).mapInArrow(produce, schema).toArrow()
+        rows = outputs.select(*payload, *carried).mapInArrow(produce, schema).toArrow()
+        acks = None
+        if continued:
+            sent = pc.is_valid(rows.column(SENT_EDGE))
+            acks = sent_acks(rows.filter(sent))
+            unwritten = pc.is_valid(rows.column(REASON))
+            rows = rows.filter(unwritten).drop_columns([SENT_EDGE, ROOTS])
+        return self._unwritten(rows, batch_id), acks
+
+    def _unwritten(self, unwritten: pa.Table, batch_id: int):
         if not unwritten.num_rows:
             return None
         log.warning(
@@ -91,6 +135,16 @@ class KafkaSink:
 
     def close(self) -> None:
         """Nothing to release: every producer lives and dies inside one task."""
+
+
+def sent_acks(sent: pa.Table) -> pa.Table:
+    """The ack records of confirmed continued messages: per root of a row, its edge."""
+    from ackstream.clock import now_ms
+
+    roots = sent.column(ROOTS)
+    counts = pc.fill_null(pc.list_value_length(roots), 0).to_numpy()
+    edges = np.repeat(sent.column(SENT_EDGE).to_numpy(), counts)
+    return edge_acks(pc.list_flatten(roots).to_numpy(), edges, ACK, now_ms())
 
 
 def carried_columns(columns, payload) -> list[str]:
@@ -116,6 +170,8 @@ class ProduceTask:
     carried: tuple[str, ...]
     producer_config: dict
     flush_timeout_s: float
+    #: headers with the lineage and every row handed back with its edge (or why not)
+    continued: bool = False
 
     def __call__(self, batches):
         try:
@@ -124,13 +180,14 @@ class ProduceTask:
             refused = _reason("no producer", error)
             for batch in batches:
                 if batch.num_rows:
-                    yield self._unwritten(batch, [refused] * batch.num_rows)
+                    yield self._handed_back(batch, [refused] * batch.num_rows, None)
             return
         try:
             for batch in batches:
-                reasons = self._send(producer, batch)
-                if any(r is not None for r in reasons):
-                    yield self._unwritten(batch, reasons)
+                edges = mint_edges(batch.num_rows) if self.continued else None
+                reasons = self._send(producer, batch, edges)
+                if self.continued or any(r is not None for r in reasons):
+                    yield self._handed_back(batch, reasons, edges)
         finally:
             producer.close(timeout=self.flush_timeout_s)
 
@@ -140,16 +197,20 @@ class ProduceTask:
         config = {"acks": "all", "client_id": "ackstream-sink", **self.producer_config}
         return KafkaProducer(bootstrap_servers=self.bootstrap, **config)
 
-    def _send(self, producer, batch: pa.RecordBatch) -> list[str | None]:
-        """Send every row of ``batch`` and flush: per row, None once the broker
-        confirmed it, else why not."""
+    def _send(self, producer, batch: pa.RecordBatch, edges) -> list[str | None]:
+        """Send every row of ``batch`` (with ``edges``: and its lineage headers) and
+        flush: per row, None once the broker confirmed it, else why not."""
         n = batch.num_rows
         keys = batch.column(self.key).to_pylist() if self.key else [None] * n
         values = batch.column(self.value).to_pylist()
+        roots = batch.column(ROOTS).to_pylist() if edges is not None else [None] * n
         futures, reasons = [], [None] * n
         for i, (key, value) in enumerate(zip(keys, values)):
+            headers = lineage_headers(roots[i], edges[i]) if roots[i] else None
             try:
-                futures.append(producer.send(self.topic, key=_bytes(key), value=_bytes(value)))
+                futures.append(
+                    producer.send(self.topic, key=_bytes(key), value=_bytes(value), headers=headers)
+                )
             except Exception as error:  # e.g. MessageSizeTooLargeError: this row only
                 futures.append(None)
                 reasons[i] = _reason("refused by the producer", error)
@@ -167,12 +228,25 @@ class ProduceTask:
             )
         return reasons
 
-    def _unwritten(self, batch: pa.RecordBatch, reasons: list) -> pa.RecordBatch:
+    def _handed_back(self, batch: pa.RecordBatch, reasons: list, edges) -> pa.RecordBatch:
+        """The rows that go back to the driver: the unwritten ones with why; with
+        ``edges`` (a continuing write) every row, the confirmed ones with their edge
+        (null for a row with no roots: nothing tracks it)."""
         failed = np.array([r is not None for r in reasons], dtype=bool)
-        rows = batch.select(list(self.carried)).filter(pa.array(failed))
-        why = [f"KafkaSink to {self.topic}: {r}"[:REASON_CHARS] for r in reasons if r is not None]
+        why = [f"KafkaSink to {self.topic}: {r}"[:REASON_CHARS] if r else None for r in reasons]
+        if edges is None:
+            rows = batch.select(list(self.carried)).filter(pa.array(failed))
+            why = [w for w in why if w is not None]
+            return pa.RecordBatch.from_arrays(
+                [*rows.columns, pa.array(why, pa.string())], names=[*self.carried, REASON]
+            )
+        rows = batch.select(list(self.carried))
+        tracked = pc.fill_null(pc.greater(pc.list_value_length(batch.column(ROOTS)), 0), False)
+        sent = pc.and_(pa.array(~failed), tracked)
+        edge = pa.array(edges, pa.int64(), mask=~sent.to_numpy(zero_copy_only=False))
         return pa.RecordBatch.from_arrays(
-            [*rows.columns, pa.array(why, pa.string())], names=[*self.carried, REASON]
+            [*rows.columns, pa.array(why, pa.string()), edge],
+            names=[*self.carried, REASON, SENT_EDGE],
         )
 
 

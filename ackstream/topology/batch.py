@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 
 from ackstream.acker.precombine import precombine, settle
 from ackstream.clock import now_ms
+from ackstream.continued import lineage_of, translate
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
@@ -137,10 +138,12 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
             copies.setdefault(subscriber, []).append(copy)
 
     try:
-        read_inits = tracking and (inits is None or not mode.plans_inits)
+        continues = tracking and topology.continue_trees
+        read_inits = tracking and (inits is None or not mode.plans_inits or continues)
         held = tracking and REASON in batch.columns  # the source's held-back rows
         # then the batch is read more than once (sink, init records): read it once
         spout = keep(batch) if read_inits or held or len(subs[SPOUT]) > 1 else batch
+        upstream = continued_lineage(spout, topology.name) if continues else None
         if read_inits:
             parts.append(init_records(spout, now, mode.edges))
         if held:
@@ -171,9 +174,14 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         if not tracking:
             return ACK_RECORD_SCHEMA.empty_table()
         tables = [] if read_inits else [inits]
+        tables += [p for p in parts if isinstance(p, pa.Table)]  # continued trees' acks
+        parts = [p for p in parts if isinstance(p, DataFrame)]
         if parts:
             tables.append(as_table(_union_all(parts).toArrow(), ACK_RECORD_SCHEMA))
-        return pa.concat_tables(tables)
+        records = pa.concat_tables(tables)
+        if upstream is not None:  # the upstream trees' records, for the upstream acker
+            records = translate(precombine(records), upstream, now)
+        return records
     finally:
         for df in kept:
             df.unpersist()
@@ -181,11 +189,17 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
 
 def _write_sink(
     topology, sink, outputs: DataFrame, batch_id: int, now: int, groups: dict[int, GroupInput]
-) -> list[DataFrame]:
-    """Write tuples to ``sink``; return their ack records (and fails for unwritten rows)."""
+) -> list[DataFrame | pa.Table]:
+    """Write tuples to ``sink``; return their ack records (and fails for unwritten rows).
+    A sink with ``continue_trees`` also gives the ack records of the tuples it emitted
+    to another process (an Arrow table): their trees stay open until that process acks."""
     unwritten, reason = None, f"sink {type(sink).__name__}: not written"
+    continued = None  # a sink that continues the trees: its messages' (root, edge) acks
     try:
-        unwritten = sink.write(outputs, batch_id)
+        if topology.tracking and getattr(sink, "continue_trees", False):
+            unwritten, continued = sink.write_continued(outputs, batch_id, groups)
+        else:
+            unwritten = sink.write(outputs, batch_id)
     except Exception as error:  # a failed write fails its roots, Storm-style
         if isinstance(error, StageError) or "StageError:" in str(error):
             raise  # a stage's code is wrong (the sink only ran it): stop, say which
@@ -201,7 +215,37 @@ def _write_sink(
         if REASON not in unwritten.columns:
             unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
         parts.append(ack_records(failed_roots(unwritten, groups), FAIL, now))
+    if continued is not None and continued.num_rows:
+        parts.append(continued)
     return parts
+
+
+def continued_lineage(spout: DataFrame, name: str) -> dict:
+    """Per root of a downstream topology's input rows, the upstream roots and edge its
+    message's headers name (:mod:`ackstream.continued`); rows without are counted and
+    logged: they are processed untracked."""
+    if "headers" not in spout.columns:
+        raise OptionError(
+            "includeHeaders",
+            "false",
+            "true: a topology with continue_trees reads the upstream lineage from the "
+            "headers (read the stream with topology.read_stream(...))",
+        )
+    rows = spout.where(f"{ROOT} IS NOT NULL").select(ROOT, "headers").toArrow().to_pylist()
+    found = {}
+    for row in rows:
+        pairs = [(h["key"], h["value"]) for h in row["headers"] or ()]
+        lineage = lineage_of(pairs)
+        if lineage is not None:
+            found[row[ROOT]] = lineage
+    if len(found) < len(rows):
+        log.warning(
+            "topology %s: %d input record(s) carry no upstream lineage headers; they are "
+            "processed untracked",
+            name,
+            len(rows) - len(found),
+        )
+    return found
 
 
 def held_back_acks(held: DataFrame, mode: AckMode, now: int) -> list[DataFrame]:

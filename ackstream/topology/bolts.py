@@ -61,9 +61,13 @@ __all__ = [
     "failed_roots",
     "is_multi_anchored",
     "mint",
+    "with_tree_roots",
 ]
 
 _ORDINAL, _ERROR, _GROUP_ID = "_ordinal", "_error", "_group_id"
+_GROUP_ROOTS, _GROUP_STAGE = "_group_roots", "_group_stage"
+#: the column :func:`with_tree_roots` adds
+ROOTS = "_roots"
 #: Characters of an exception's text kept as a reason.
 REASON_LIMIT = 500
 _ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
@@ -132,6 +136,39 @@ def failed_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) -> 
         earlier = {s: g for s, g in groups.items() if s < stage}
         pairs = pairs.unionByName(failed_roots(inputs, earlier))
     return pairs
+
+
+def with_tree_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) -> DataFrame:
+    """``df`` with ``_roots``: the distinct roots each row is anchored to, as an array
+    (empty for an unanchored row). A row that carries ``_group`` gets the roots of its
+    group's input rows in ``groups``, as :func:`failed_roots` finds them for a failed
+    row; here every row needs them (a sink that continues the trees writes them)."""
+    empty = F.array().cast("array<bigint>")
+    own = F.when(F.col(ROOT).isNotNull(), F.array(F.col(ROOT))) if ROOT in df.columns else None
+    own = empty if own is None else own.otherwise(empty)
+    if is_multi_anchored(df):
+        own = F.array_distinct(F.concat(F.coalesce(_roots_of_row(), empty), own))
+    out = df.withColumn(ROOTS, own)
+    if GROUP not in df.columns:
+        return out
+    for stage, source in (groups or {}).items():
+        earlier = {s: g for s, g in groups.items() if s < stage}
+        inputs = with_tree_roots(source.tuples.withColumn(_GROUP_ID, source.group_id), earlier)
+        by_group = (
+            inputs.select(_GROUP_ID, F.explode(ROOTS).alias("root"))
+            .groupBy(_GROUP_ID)
+            .agg(F.collect_set("root").alias(_GROUP_ROOTS))
+            .withColumn(_GROUP_STAGE, F.lit(stage))
+        )
+        match = (F.col(GROUP)["stage"] == F.col(_GROUP_STAGE)) & (
+            F.col(GROUP)["id"] == F.col(_GROUP_ID)
+        )
+        out = (
+            out.join(by_group, match, "left")
+            .withColumn(ROOTS, F.array_distinct(F.concat(ROOTS, F.coalesce(_GROUP_ROOTS, empty))))
+            .drop(_GROUP_ID, _GROUP_ROOTS, _GROUP_STAGE)
+        )
+    return out
 
 
 def _roots_of_row() -> Column:

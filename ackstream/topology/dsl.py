@@ -78,6 +78,13 @@ class Topology:
     that :meth:`start` runs. ``ackers=0`` is ``tracking=False``, as Storm with no
     ackers acks every tuple at emit: :meth:`read_stream` then reads the source
     untracked (its offsets are committed once Spark ran their batch).
+
+    ``continue_trees=True`` makes it the downstream half of trees an upstream topology
+    left open with ``KafkaSink(..., continue_trees=True)`` (see
+    :mod:`ackstream.continued`): ``channel`` is then the *upstream* topology's channel,
+    where its acks go, to the upstream acker; its source reads untracked and with
+    headers (its offsets are committed as Spark runs their batches; replays come from
+    upstream), and :meth:`start` runs no acker of its own.
     """
 
     def __init__(
@@ -90,6 +97,7 @@ class Topology:
         tracking: bool = True,
         ack_mode: str = "telescoped",
         ackers: int = 2,
+        continue_trees: bool = False,
     ):
         if message_timeout_ms <= 0:
             raise OptionError("message_timeout_ms", message_timeout_ms, "a positive number of ms")
@@ -101,6 +109,7 @@ class Topology:
         self.ackers, self.tracking = ackers, tracking and ackers > 0
         self.message_timeout_ms = message_timeout_ms
         self.mode = ack_mode_named(ack_mode)
+        self.continue_trees = continue_trees
         self.stages: list[Stage] = []
         self.sinks: list[SinkNode] = []
         self._ends_in_sink = False
@@ -214,6 +223,13 @@ class Topology:
         ``after``: the stream(s) it writes, by default the last stage's (so a second
         ``.sink(...)`` writes the same stream). A stream no stage or sink reads is
         acked at the end of each batch."""
+        if self.continue_trees and getattr(sink, "continue_trees", False):
+            raise OptionError(
+                "continue_trees",
+                "True on both the topology and its sink",
+                "one of them: a topology that continues upstream trees cannot yet pass "
+                "them on to a third process",
+            )
         name = name or f"sink#{len(self.sinks) + 1}"
         self.sinks.append(SinkNode(name, sink, self._subscribe(name, after, "sink")))
         self._ends_in_sink = True  # what follows says which stream it reads
@@ -229,8 +245,10 @@ class Topology:
             "ackstream.topology": self.name,
             "ackstream.channel": self.channel.source_option(),
             "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
-            "ackstream.tracking": str(self.tracking).lower(),
+            "ackstream.tracking": str(self.tracking and not self.continue_trees).lower(),
         }
+        if self.continue_trees:  # the upstream lineage travels in the headers
+            ours["includeHeaders"] = "true"
         if isinstance(self.channel, LocalChannel):  # a folder one host sees, or all
             ours["ackstream.channelShared"] = str(self.channel.shared).lower()
         if isinstance(self.channel, KafkaChannel):  # its topics, whoever creates them
@@ -313,6 +331,6 @@ class Topology:
             tuples,
             checkpoint,
             trigger_ms=trigger_ms,
-            acker=acker,
+            acker=acker and not self.continue_trees,  # the upstream topology's acker acks
             acker_trigger_ms=acker_trigger_ms,
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
+from ackstream.acker.precombine import precombine
 from ackstream.acker.query import start_acker
 from ackstream.clock import now_ms
 from ackstream.config import parse_duration_ms
@@ -68,7 +69,7 @@ def same_term(option: str, given, wanted) -> bool:
             return parse_duration_ms(option, str(given)) == parse_duration_ms(option, str(wanted))
         except OptionError:
             return False
-    if option in ("ackstream.channelShared", "ackstream.tracking"):
+    if option in ("ackstream.channelShared", "ackstream.tracking", "includeHeaders"):
         return str(given).lower() == str(wanted).lower()
     if option == "ackstream.channel":
         given, wanted = str(given), str(wanted)
@@ -91,9 +92,13 @@ class BatchFunction:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         topology = self.topology
-        inits = self._planned_inits(batch, batch_id) if topology.tracking else None
+        plans = topology.tracking and not topology.continue_trees  # its source tracks roots
+        inits = self._planned_inits(batch, batch_id) if plans else None
         records = run_batch(topology, batch, batch_id, inits)
-        if topology.tracking:
+        if topology.continue_trees and topology.tracking:  # upstream trees: their acker
+            if records.num_rows:
+                topology.channel.write_acks(precombine(records))
+        elif topology.tracking:
             topology.mode.report(records, topology.channel, batch_id)
 
     def _planned_inits(self, batch: DataFrame, batch_id: int) -> pa.Table | None:
