@@ -5,12 +5,14 @@ store in memory) and feed each batch's ack records through the acker's ledger, a
 the acker query would; the started tests run the generator source, the topology and
 acker queries on a local channel."""
 
+import os
+
 import pytest
 from pyspark.sql import functions as F
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.errors import StageError
-from ackstream.records import ACKED, FAILED
+from ackstream.records import ACKED, FAILED, TIMED_OUT
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology
@@ -107,3 +109,118 @@ def test_window_arguments_are_checked(spark):
     )
     with pytest.raises(StageError, match="after an aggregate"):
         after_aggregate.run_batch(tracked_frame(spark, ["a"]))
+
+
+def started(spark, tmp_path, count, timeout_ms=60_000, **options):
+    """The generator (one partition, ``count`` records) through a count window of 3 over
+    one key, with the offsets and attempts of each window, into a memory sink."""
+    from ackstream.channels.local import LocalChannel
+
+    channel = LocalChannel(str(tmp_path / "channel"))
+    sink = MemorySink()
+    topology = (
+        Topology("held", spark, channel, message_timeout_ms=timeout_ms)
+        .map(lambda df: df.withColumn("k", F.lit("all")))
+        .window(
+            "k",
+            F.sort_array(F.collect_list("offset")).alias("offsets"),
+            F.sort_array(F.collect_list("_attempt")).alias("attempts"),
+            count=3,
+            name="w",
+        )
+        .sink(sink)
+    )
+    stream = topology.read_stream(
+        {
+            "ackstream.upstream": "generator",
+            "ackstream.generator.count": str(count),
+            "ackstream.generator.partitions": "1",
+            "ackstream.retryInitialDelay": "50ms",
+            **options,
+        }
+    )
+    return topology, sink, topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+
+
+def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path):
+    """Two records held (no completion, nothing committed, status shows them); the query
+    stops and starts again from its checkpoint with four more records: the first window
+    holds the two from before the restart and one new, the second three new; all six
+    roots are acked once and every offset committed."""
+    from ackstream.status import held_in, local_status
+
+    from helpers import commits, wait_for
+
+    channel_dir, checkpoint = str(tmp_path / "channel"), str(tmp_path / "ckpt")
+    topology, sink, running = started(spark, tmp_path, 2)
+    try:
+        wait_for(
+            lambda: held_in(checkpoint).get("w", {}).get("tuples") == 2 or running.exception(),
+            timeout=120,
+            what="two tuples held",
+        )
+        assert running.exception() is None
+        # the acker has read the open trees: the roots are pending, not acked
+        wait_for(lambda: local_status(channel_dir, "held").pending == 2, what="2 roots pending")
+    finally:
+        running.stop()
+    status = local_status(channel_dir, "held")
+    assert (status.acked, status.failed, status.timed_out) == (0, 0, 0)
+    assert commits(channel_dir).get("generator/0", 0) == 0
+    assert sink.rows() == []
+    assert held_in(checkpoint) == {"w": {"tuples": 2, "roots": 2}}
+
+    topology, sink, running = started(spark, tmp_path, 6)
+    try:
+        wait_for(
+            lambda: commits(channel_dir) == {"generator/0": 6} or running.exception(),
+            timeout=120,
+            what="every offset committed",
+        )
+        assert running.exception() is None
+    finally:
+        running.stop()
+    assert sorted((r["offsets"], r["attempts"]) for r in sink.rows()) == [
+        ([0, 1, 2], [0, 0, 0]),
+        ([3, 4, 5], [0, 0, 0]),
+    ]
+    done = topology.channel.completions_since(None)[0].to_pylist()
+    assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == [
+        (o, 0, ACKED) for o in range(6)
+    ]
+    assert held_in(checkpoint) == {"w": {"tuples": 0, "roots": 0}}
+
+
+def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spark, tmp_path):
+    """Two records for a window of three: both time out in the acker (3 s), are replayed
+    and held again (not beside their first attempts: that would fill the window), time
+    out again and are dead-lettered after one retry. Nothing is written. (The source's
+    own timeout is set long, so that every timeout is the acker's, with a completion.)"""
+    from ackstream import read_dead_letters
+
+    from helpers import commits, wait_for
+
+    channel_dir = str(tmp_path / "channel")
+    topology, sink, running = started(
+        spark,
+        tmp_path,
+        2,
+        timeout_ms=3_000,
+        **{"ackstream.maxRetries": "1", "ackstream.sourceTimeout": "120s"},
+    )
+    try:
+        wait_for(
+            lambda: commits(channel_dir) == {"generator/0": 2} or running.exception(),
+            timeout=180,
+            what="both offsets dead-lettered",
+        )
+        assert running.exception() is None
+    finally:
+        running.stop()
+    done = topology.channel.completions_since(None)[0].to_pylist()
+    assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == [
+        (o, a, TIMED_OUT) for o in (0, 1) for a in (0, 1)
+    ]
+    letters = read_dead_letters(os.path.join(channel_dir, "dead_letters")).to_pylist()
+    assert sorted((d["offset"], d["attempts"]) for d in letters) == [(0, 2), (1, 2)]
+    assert sink.rows() == []
