@@ -96,6 +96,28 @@ def test_a_batch_run_again_starts_from_the_held_tuples_before_it(spark, ack_mode
     assert stage.store(None).before(2).rows.num_rows == 0
 
 
+def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
+    """Two "a" held; the first's root fails elsewhere (a completion on the channel): the
+    next batch's "a" does not fill the window with it, as its record is replayed."""
+    from ackstream.channels.local import LocalChannel
+    from ackstream.records import completion_table
+
+    channel = LocalChannel(str(tmp_path / "channel"))
+    channel.prepare()
+    sink = MemorySink()
+    topology = Topology("win", spark, channel).window(
+        "value", F.sort_array(F.collect_list("offset")).alias("offsets"), count=3, name="w"
+    )
+    topology = topology.sink(sink)
+    first = tracked_frame(spark, ["a", "a"], partition=0)
+    topology.run_batch(first, 0)
+    channel.write_completions(completion_table([roots(first)[0]], FAILED, reason="elsewhere"))
+    topology.run_batch(tracked_frame(spark, ["a"], partition=1), 1)
+    assert sink.rows() == []
+    held = topology.stages[0].store(None).before(2).rows
+    assert sorted(held.column("offset").to_pylist()) == [0, 1]  # offset 1 of p0, 0 of p1
+
+
 def test_window_arguments_are_checked(spark):
     with pytest.raises(StageError, match="count=0: give a whole number"):
         Topology("w", spark, None).window("value", F.count("*"), count=0)
