@@ -246,3 +246,81 @@ def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spa
     letters = read_dead_letters(os.path.join(channel_dir, "dead_letters")).to_pylist()
     assert sorted((d["offset"], d["attempts"]) for d in letters) == [(0, 2), (1, 2)]
     assert sink.rows() == []
+
+
+@pytest.mark.broker
+def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
+    spark, broker, new_topic, tmp_path
+):
+    """Kafka upstream and channel, two records a batch: "a" at offsets 0, 2, 4 and "b"
+    at 1, 3, 5 each fill a window only in the third batch. A stage fails the "a" window
+    on its first attempt: its three roots, read in three batches, all fail and replay,
+    fill the window again and are acked; "b" is acked at once. Every offset committed."""
+    import uuid
+
+    from kafka import KafkaProducer
+
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.status import group_lag
+
+    from helpers import wait_for
+
+    inbox, name = new_topic(partitions=1), f"win-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for value in "ababab":
+        producer.send(inbox, value=value.encode(), partition=0)
+    producer.flush()
+    producer.close()
+    channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
+    topology = (
+        Topology(name, spark, channel, message_timeout_ms=60_000)
+        .map(lambda df: df.withColumn("v", F.col("value").cast("string")))
+        .window(
+            "v",
+            F.sort_array(F.collect_list("offset")).alias("offsets"),
+            F.max("_attempt").alias("attempt"),
+            count=3,
+        )
+        .fail_where((F.col("v") == "a") & (F.col("attempt") == 0), "a: first attempt")
+        .sink(sink)
+    )
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": inbox,
+            "startingOffsets": "earliest",
+            "maxOffsetsPerTrigger": "2",
+            "ackstream.sourceTimeout": "120s",
+            "ackstream.retryInitialDelay": "50ms",
+        }
+    )
+    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+
+    def committed(group):
+        return (
+            (group_lag(broker.bootstrap, group) or {}).get(inbox, {}).get("0", {}).get("committed")
+        )
+
+    def settled():
+        done = channel.completions_since(None)[0].to_pylist()
+        return len([c for c in done if c["status"] == ACKED]) >= 6 and done
+
+    try:
+        done = wait_for(lambda: settled() or running.exception(), timeout=240, what="6 acks")
+        assert running.exception() is None
+        wait_for(
+            lambda: committed(f"ackstream-{name}") == 6 or running.exception(),
+            timeout=60,
+            what="the group's commit at 6",
+        )
+    finally:
+        running.stop()
+    assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == sorted(
+        [(o, 0, FAILED) for o in (0, 2, 4)]
+        + [(o, 1, ACKED) for o in (0, 2, 4)]
+        + [(o, 0, ACKED) for o in (1, 3, 5)]
+    )
+    assert sorted((r["v"], r["offsets"], r["attempt"]) for r in sink.rows()) == [
+        ("a", [0, 2, 4], 1),
+        ("b", [1, 3, 5], 0),
+    ]
