@@ -133,7 +133,7 @@ def test_window_arguments_are_checked(spark):
         after_aggregate.run_batch(tracked_frame(spark, ["a"]))
 
 
-def started(spark, tmp_path, count, timeout_ms=60_000, **options):
+def started(spark, tmp_path, count, timeout_ms=60_000, ack_mode="telescoped", **options):
     """The generator (one partition, ``count`` records) through a count window of 3 over
     one key, with the offsets and attempts of each window, into a memory sink."""
     from ackstream.channels.local import LocalChannel
@@ -141,7 +141,7 @@ def started(spark, tmp_path, count, timeout_ms=60_000, **options):
     channel = LocalChannel(str(tmp_path / "channel"))
     sink = MemorySink()
     topology = (
-        Topology("held", spark, channel, message_timeout_ms=timeout_ms)
+        Topology("held", spark, channel, message_timeout_ms=timeout_ms, ack_mode=ack_mode)
         .map(lambda df: df.withColumn("k", F.lit("all")))
         .window(
             "k",
@@ -164,7 +164,10 @@ def started(spark, tmp_path, count, timeout_ms=60_000, **options):
     return topology, sink, topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
 
 
-def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path):
+@pytest.mark.parametrize(
+    "ack_mode", ["telescoped", pytest.param("per_stage", marks=pytest.mark.long)]
+)
+def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mode):
     """Two records held (no completion, nothing committed, status shows them); the query
     stops and starts again from its checkpoint with four more records: the first window
     holds the two from before the restart and one new, the second three new; all six
@@ -174,7 +177,7 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path):
     from helpers import commits, wait_for
 
     channel_dir, checkpoint = str(tmp_path / "channel"), str(tmp_path / "ckpt")
-    topology, sink, running = started(spark, tmp_path, 2)
+    topology, sink, running = started(spark, tmp_path, 2, ack_mode=ack_mode)
     try:
         wait_for(
             lambda: held_in(checkpoint).get("w", {}).get("tuples") == 2 or running.exception(),
@@ -192,7 +195,7 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path):
     assert sink.rows() == []
     assert held_in(checkpoint) == {"w": {"tuples": 2, "roots": 2}}
 
-    topology, sink, running = started(spark, tmp_path, 6)
+    topology, sink, running = started(spark, tmp_path, 6, ack_mode=ack_mode)
     try:
         wait_for(
             lambda: commits(channel_dir) == {"generator/0": 6} or running.exception(),
