@@ -118,6 +118,20 @@ def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
     assert sorted(held.column("offset").to_pylist()) == [0, 1]  # offset 1 of p0, 0 of p1
 
 
+def test_with_tracking_off_a_window_still_holds_across_batches(spark):
+    sink = MemorySink()
+    topology = (
+        Topology("plain", spark, None, tracking=False)
+        .window("value", F.sort_array(F.collect_list("offset")).alias("offsets"), count=2)
+        .sink(sink)
+    )
+    assert topology.run_batch(tracked_frame(spark, ["a", "b", "a", "a"]), 0).num_rows == 0
+    assert [r["offsets"] for r in sink.rows()] == [[0, 2]]
+    topology.run_batch(tracked_frame(spark, ["b", "a"], partition=1), 1)
+    # "b" held from offset 1 with the new one at 0; "a" held from 3 with the new one at 1
+    assert sorted(r["offsets"] for r in sink.rows()) == [[0, 1], [0, 2], [1, 3]]
+
+
 def test_window_arguments_are_checked(spark):
     with pytest.raises(StageError, match="count=0: give a whole number"):
         Topology("w", spark, None).window("value", F.count("*"), count=0)
