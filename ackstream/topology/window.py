@@ -119,6 +119,8 @@ class WindowStage(Stage):
         self.keys, self.aggs, self.count = list(keys), list(aggs), count
         if not self.aggs:
             raise StageError(self.name, "needs at least one aggregate expression")
+        if "/" in self.name or self.name.startswith("."):  # its held store's folder name
+            raise StageError(self.name, "a window's name may not hold '/' or start with '.'")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise StageError(self.name, f"count={count!r}: give a whole number of tuples >= 1")
         self._stores: dict[str | None, HeldStore] = {}

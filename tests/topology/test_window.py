@@ -135,6 +135,8 @@ def test_with_tracking_off_a_window_still_holds_across_batches(spark):
 def test_window_arguments_are_checked(spark):
     with pytest.raises(StageError, match="count=0: give a whole number"):
         Topology("w", spark, None).window("value", F.count("*"), count=0)
+    with pytest.raises(StageError, match="may not hold '/'"):
+        Topology("w", spark, None).window("value", F.count("*"), count=2, name="a/b")
     with pytest.raises(StageError, match="at least one aggregate"):
         Topology("w", spark, None).window("value", count=2)
     after_aggregate = (
