@@ -175,6 +175,12 @@ def _add_status(commands) -> None:
         "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
     )
     status.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="the topology's checkpoint (as given to Topology.start): adds the tuples "
+        "and roots its window stages hold",
+    )
+    status.add_argument(
         "--group",
         metavar="GROUP",
         help="with --bootstrap: the source's kafka.group.id, for the lag "
@@ -639,6 +645,8 @@ def _status(parser, args) -> int:
     if args.window <= 0:
         parser.error("--window must be a positive number of seconds")
     kafka_options = _kafka_options(parser, args)
+    if args.checkpoint and not os.path.isdir(args.checkpoint):
+        parser.error(f"--checkpoint {args.checkpoint}: no such directory")
     for given, name in ((args.dead_letter_topic, "--dead-letter-topic"), (args.group, "--group")):
         if given and not args.bootstrap:
             parser.error(f"{name} needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
@@ -667,6 +675,12 @@ def _status(parser, args) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.checkpoint:
+        from dataclasses import replace
+
+        from ackstream.status import held_in
+
+        status = replace(status, held=held_in(args.checkpoint))
     if args.prometheus:
         print(status.prometheus(), end="")
     else:

@@ -33,6 +33,9 @@ channel counts each root once, with its first completion.
   as the source last saw them (:data:`SOURCE_METRICS_FILE` in a local channel), or
   with the Kafka channel as the source's consumer group has them on the brokers now
   (:func:`group_lag`); ``None`` when unknown.
+- ``held``: per window stage, the ``tuples`` it holds across batches and their
+  distinct ``roots`` (pending until the window emits), as its newest saved state in
+  the topology's checkpoint has them (:func:`held_in`); ``None`` without a checkpoint.
 
 Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
 
@@ -78,6 +81,7 @@ __all__ = [
     "Status",
     "kafka_status",
     "local_status",
+    "held_in",
     "source_metrics",
     "summarize",
 ]
@@ -108,6 +112,7 @@ class Status:
     rates_per_s: dict[str, float] | None = None  #: {"acked": .., "replayed": .., ..}
     failed_by_stage: dict[str, int] | None = None
     partitions: dict | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
+    held: dict | None = None  #: {stage: {"tuples": n, "roots": n}}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -153,6 +158,11 @@ class Status:
         if self.failed_by_stage:
             out.append("  failed by stage")
             out += [f"    {stage:<24}{n:>8}" for stage, n in self.failed_by_stage.items()]
+        for stage, n in (self.held or {}).items():
+            out.append(
+                f"  held by {stage}: {n['tuples']} tuples of {n['roots']} roots "
+                "(pending until the window emits)"
+            )
         if self.partitions is None:
             out.append("  lag: unknown (no source metrics or group commits yet)")
         else:
@@ -193,6 +203,13 @@ class Status:
             lines += [
                 f'ackstream_complete_latency_ms{{{label},quantile="0.{k[1:]}"}} {v:g}'
                 for k, v in self.latency_ms.items()
+            ]
+        if self.held:
+            lines.append("# TYPE ackstream_held gauge")
+            lines += [
+                f'ackstream_held{{{label},stage="{_escape(stage)}",of="{what}"}} {n[what]}'
+                for stage, n in self.held.items()
+                for what in ("tuples", "roots")
             ]
         for name in ("end", "committed", "lag") if self.partitions else ():
             lines.append(f"# TYPE ackstream_partition_{name} gauge")
@@ -328,6 +345,15 @@ def local_status(
         window_s=window_s,
         partitions=(read_source_metrics(directory) or {}).get("partitions"),
     )
+
+
+def held_in(checkpoint: str) -> dict:
+    """Per window stage of the topology started with ``checkpoint`` (the directory given
+    to ``Topology.start``), the tuples and distinct roots it holds now: ``{stage:
+    {"tuples": n, "roots": n}}``, {} when it has no window stage or has run none."""
+    from ackstream.topology.held_store import FOLDER, held_counts
+
+    return held_counts(os.path.join(checkpoint, "topology", FOLDER))
 
 
 def read_source_metrics(directory: str) -> dict | None:

@@ -460,3 +460,28 @@ def test_status_reads_a_kafka_channel_with_a_command_config_file(broker, tmp_pat
             main(list(argv))
         err = capsys.readouterr().err
         assert stop.value.code == 2 and all(part in err for part in says), err
+
+
+def test_status_with_a_checkpoint_shows_the_tuples_its_windows_hold(capsys, tmp_path):
+    import json
+
+    import pyarrow as pa
+
+    from ackstream.topology.held_store import FOLDER, HeldState, HeldStore
+
+    from test_status import fill_channel
+
+    fill_channel(tmp_path / "ch")
+    store = HeldStore(str(tmp_path / "ckpt" / "topology" / FOLDER / "w"))
+    store.save(0, HeldState(pa.table({"_root": [1, 2, 2, 3], "v": list("abcd")}), None))
+    store.save(1, HeldState(pa.table({"_root": [7, 7, 8], "v": list("abc")}), None))
+    argv = ["status", "--channel", str(tmp_path / "ch"), "--checkpoint", str(tmp_path / "ckpt")]
+    assert main(argv) == 0
+    assert "held by w: 3 tuples of 2 roots" in capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["held"] == {"w": {"tuples": 3, "roots": 2}}
+    assert main([*argv, "--prometheus"]) == 0
+    assert 'ackstream_held{topology="ackstream",stage="w",of="roots"} 2' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*argv[:-1], str(tmp_path / "nowhere")])
+    assert "no such directory" in capsys.readouterr().err

@@ -38,6 +38,7 @@ from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.topology.bolts import REASON_LIMIT, GroupInput, anchor_pairs, failed_roots
 from ackstream.topology.graph import SPOUT, join_streams, subscriber_copies, subscribers
+from ackstream.topology.window import HoldContext
 
 __all__ = ["ACK_MODES", "AckMode", "PerStage", "Telescoped", "ack_mode", "run_batch"]
 
@@ -125,6 +126,7 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         return df
 
     parts: list[DataFrame] = []
+    made: list[pa.Table] = []  # ack records stages made on the driver (window holds)
 
     def publish(stream: DataFrame, name: str, number: int) -> None:
         """Hand ``stream`` to its subscribers; a stream nobody reads is acked."""
@@ -154,7 +156,17 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
         for stage in topology.stages:
             tuples = join_streams(copies.pop(stage.name), edges)
-            out = stage.run(tuples, tracking, edges=mode.edges)
+            if getattr(stage, "holds", False):
+                context = HoldContext(
+                    batch_id,
+                    now,
+                    topology.channel,
+                    topology.message_timeout_ms,
+                    getattr(topology, "held_folder", None),
+                )
+                out = stage.run_holding(tuples, tracking, mode.edges, context)
+            else:
+                out = stage.run(tuples, tracking, edges=mode.edges)
             kept.extend(out.cached)
             if out.groups is not None:
                 groups[stage.number] = out.groups
@@ -162,7 +174,12 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
             shared = edges or len(subs[stage.name]) > 1
             children = keep(out.tuples) if shared else out.tuples
             if tracking:
-                parts += mode.stage_acks(tuples, children, now)
+                acked = tuples if out.acked is None else out.acked
+                parts += mode.stage_acks(acked, children, now)
+                if out.holds is not None:
+                    parts.append(ack_records(out.holds, ACK, now))
+                if out.records is not None:
+                    made.append(out.records)
                 if out.failed is not None:
                     parts.append(ack_records(failed_roots(out.failed, groups), FAIL, now))
                 if out.rejected is not None:
@@ -173,7 +190,7 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
             parts += _write_sink(topology, node.sink, outputs, batch_id, now, groups)
         if not tracking:
             return ACK_RECORD_SCHEMA.empty_table()
-        tables = [] if read_inits else [inits]
+        tables = ([] if read_inits else [inits]) + made
         tables += [p for p in parts if isinstance(p, pa.Table)]  # continued trees' acks
         parts = [p for p in parts if isinstance(p, DataFrame)]
         if parts:

@@ -87,13 +87,19 @@ class StageOutput:
     """What a stage made of a batch: the children that go on, the tuples it failed
     (their roots fail at once and replay) and the tuples it rejected (their roots
     are dead-lettered without a replay); failed and rejected carry ``_reason``.
-    ``groups``: an aggregate's input, when its rows carry ``_group``."""
+    ``groups``: an aggregate's input, when its rows carry ``_group``. A stage that
+    holds tuples across batches (:mod:`ackstream.topology.window`) also says which
+    tuples it ``acked`` (released; default: its whole input), the ack ``records`` it
+    made itself (Arrow) and the ``holds``, ``(root, value)`` pairs to ack."""
 
     tuples: DataFrame
     failed: DataFrame | None = None
     rejected: DataFrame | None = None
     cached: tuple = ()  # DataFrames the stage persisted, to unpersist after the batch
     groups: GroupInput | None = None
+    acked: DataFrame | None = None
+    records: object = None  # pa.Table of ACK_RECORD_SCHEMA
+    holds: DataFrame | None = None
 
 
 def is_multi_anchored(df: DataFrame) -> bool:

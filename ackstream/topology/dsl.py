@@ -49,6 +49,7 @@ from ackstream.topology.bolts import (
 )
 from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.running import RunningTopology, same_term, start_topology
+from ackstream.topology.window import WindowStage
 
 __all__ = ["Topology"]
 
@@ -111,6 +112,9 @@ class Topology:
         self.mode = ack_mode_named(ack_mode)
         self.continue_trees = continue_trees
         self.stages: list[Stage] = []
+        #: where window stages keep their held tuples (set by :meth:`start` beside the
+        #: checkpoint; None: in memory, as :meth:`run_batch` in tests)
+        self.held_folder: str | None = None
         self.sinks: list[SinkNode] = []
         self._ends_in_sink = False
 
@@ -210,6 +214,19 @@ class Topology:
         keys = [keys] if isinstance(keys, str | Column) else list(keys)
         return self._add(AggregateStage, keys, aggs, name=name, after=after)
 
+    def window(
+        self, keys, *aggs: Column, count: int, name: str | None = None, after=None
+    ) -> Topology:
+        """Storm's tumbling count window per key: hold the tuples of each key, across
+        micro-batches, until ``count`` have arrived; then emit ``groupBy(keys).agg(*aggs)``
+        over them, anchored to all of them (across roots and batches). Held tuples stay
+        un-acked (their offsets uncommitted) until their window emits; a root held
+        longer than the message timeout times out and is replayed. The held tuples are
+        kept beside the checkpoint and survive a restart (see
+        :mod:`ackstream.topology.window`)."""
+        keys = [keys] if isinstance(keys, str | Column) else list(keys)
+        return self._add(WindowStage, keys, aggs, count, name=name, after=after)
+
     def pandas_bolt(self, fn, schema: str, *, name: str | None = None, after=None) -> Topology:
         """A pandas bolt, ``fn(frame) -> frame`` indexed by parent row position (Storm's
         ``emit(anchor, values)``; -1: unanchored); ``schema`` is its output DDL. An
@@ -279,7 +296,9 @@ class Topology:
         merged = self.source_options(options)
         check_options(merged)
         self.check_reach()
-        if isinstance(self.channel, KafkaChannel):  # the source's brokers and settings
+        # the source's brokers and settings; a downstream topology's channel is the
+        # upstream's, which its untracked source does not read
+        if isinstance(self.channel, KafkaChannel) and not self.continue_trees:
             self.channel = self.channel.agreeing_with(merged)
         return self.spark.readStream.format("ackstream").options(**merged).load()
 

@@ -26,6 +26,7 @@ from ackstream.errors import OptionError
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import planned_inits
 from ackstream.topology.batch import run_batch
+from ackstream.topology.held_store import FOLDER
 from ackstream.topology.offset_log import logged_offsets
 
 __all__ = [
@@ -89,6 +90,7 @@ class BatchFunction:
 
     def __init__(self, topology, offset_log: str):
         self.topology, self.offset_log = topology.without_session(), offset_log
+        self.topology.held_folder = os.path.join(offset_log, FOLDER)  # window stages' state
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         topology = self.topology

@@ -1,0 +1,127 @@
+"""The tuples a window stage holds between micro-batches, saved beside the checkpoint.
+
+A topology runs in ``foreachBatch``, where Spark keeps no state for it, so a stage
+that holds tuples across batches keeps them itself: after each batch that changed
+them, the held rows (payload and lineage, as Arrow) and the completion channel's
+position the stage had read up to are written whole to
+``<checkpoint>/topology/ackstream-held/<stage>/<batch id>`` (under a hidden name,
+then moved into place). A batch starts from the newest file saved by an *earlier*
+batch, so a batch that Spark runs again after a crash starts from the state before
+it and never holds a tuple twice. The two newest files are kept. Without a folder
+(``Topology.run_batch`` in tests) the state lives in memory, by batch id alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+__all__ = ["FOLDER", "HeldState", "HeldStore", "held_counts"]
+
+#: The folder of the held stores in a topology query's checkpoint.
+FOLDER = "ackstream-held"
+_SAVED = re.compile(r"^(\d+)$")
+_KEEP = 2
+_POSITION = b"ackstream.position"
+
+
+@dataclass(frozen=True)
+class HeldState:
+    """A window stage's held rows after a batch, and the completion position it had
+    read up to (None: it has read none yet)."""
+
+    rows: pa.Table | None
+    position: object = None
+
+
+class HeldStore:
+    """Saves and restores one stage's :class:`HeldState` by batch id in ``directory``
+    (a plain path or a URL pyarrow can write to), or in memory when it is None."""
+
+    def __init__(self, directory: str | None):
+        self.directory = directory
+        self._memory: dict[int, HeldState] = {}
+        self._fs, self._root = None, ""
+
+    def __getstate__(self):  # pickled to Spark Connect's server: no file system handle
+        return {**self.__dict__, "_fs": None}
+
+    def before(self, batch_id: int) -> HeldState | None:
+        """The state the newest batch before ``batch_id`` saved (None if none did)."""
+        saved = [b for b in self._saved() if b < batch_id]
+        if not saved:
+            return None
+        if self.directory is None:
+            return self._memory[max(saved)]
+        with self._filesystem().open_input_file(self._path(max(saved))) as f:
+            table = pa.ipc.open_file(f).read_all()
+        position = json.loads((table.schema.metadata or {}).get(_POSITION, b"null"))
+        return HeldState(table.replace_schema_metadata(None), position)
+
+    def latest(self) -> HeldState | None:
+        """The newest saved state (None if there is none)."""
+        saved = self._saved()
+        return self.before(max(saved) + 1) if saved else None
+
+    def save(self, batch_id: int, state: HeldState) -> None:
+        """Save ``state`` as batch ``batch_id`` left it; drop all but the two newest."""
+        if self.directory is None:
+            self._memory[batch_id] = state
+            for old in sorted(self._memory)[:-_KEEP]:
+                del self._memory[old]
+            return
+        rows = state.rows if state.rows is not None else pa.table({})
+        rows = rows.replace_schema_metadata({_POSITION: json.dumps(state.position).encode()})
+        fs, hidden = self._filesystem(), self._path(f".{batch_id}")
+        with fs.open_output_stream(hidden) as sink, pa.ipc.new_file(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        fs.move(hidden, self._path(batch_id))
+        for old in sorted(self._saved())[:-_KEEP]:
+            fs.delete_file(self._path(old))
+
+    def _saved(self) -> list[int]:
+        if self.directory is None:
+            return list(self._memory)
+        selector = pafs.FileSelector(self._path(""), allow_not_found=True)
+        names = (os.path.basename(info.path) for info in self._filesystem().get_file_info(selector))
+        return [int(m.group(1)) for m in map(_SAVED.match, names) if m]
+
+    def _path(self, name) -> str:
+        self._filesystem()
+        return f"{self._root}/{name}" if name != "" else self._root
+
+    def _filesystem(self):
+        if self._fs is None:
+            if urlparse(self.directory).scheme:
+                self._fs, base = pafs.FileSystem.from_uri(self.directory)
+            else:
+                self._fs, base = pafs.LocalFileSystem(), os.path.abspath(self.directory)
+            self._root = base.rstrip("/")
+            self._fs.create_dir(self._root, recursive=True)
+        return self._fs
+
+
+def held_counts(folder: str, root_column: str = "_root") -> dict[str, dict[str, int]]:
+    """Per stage, the ``tuples`` and distinct ``roots`` its newest saved state holds,
+    read from a held-store ``folder`` (``<checkpoint>/topology/ackstream-held``); {}
+    when there is none. Plain paths only; no Spark."""
+    import pyarrow.compute as pc
+
+    out: dict[str, dict[str, int]] = {}
+    if not os.path.isdir(folder):
+        return out
+    for stage in sorted(os.listdir(folder)):
+        state = HeldStore(os.path.join(folder, stage)).latest()
+        rows = state.rows if state is not None else None
+        if rows is None or root_column not in rows.column_names:
+            out[stage] = {"tuples": 0, "roots": 0}
+            continue
+        roots = pc.count_distinct(rows.column(root_column).drop_null()).as_py()
+        out[stage] = {"tuples": rows.num_rows, "roots": roots}
+    return out

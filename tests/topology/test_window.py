@@ -1,0 +1,345 @@
+"""Count windows: tuples held across micro-batches, acked when their window emits.
+
+The batch-level tests run ``Topology.run_batch`` twice on a real session (the held
+store in memory) and feed each batch's ack records through the acker's ledger, as
+the acker query would; the started tests run the generator source, the topology and
+acker queries on a local channel."""
+
+import os
+
+import pytest
+from pyspark.sql import functions as F
+
+from ackstream.acker.ledger import Pending, step
+from ackstream.errors import StageError
+from ackstream.records import ACKED, FAILED, TIMED_OUT
+from ackstream.sinks.memory import MemorySink
+from ackstream.testing import settle, tracked_frame
+from ackstream.topology import Topology
+from ackstream.topology.batch import ACK_MODES
+
+pytestmark = pytest.mark.spark
+MODES = pytest.mark.parametrize("ack_mode", sorted(ACK_MODES))
+
+
+def ledger(batches):
+    """Each batch's ack records through the acker's ledger in turn: the outcome per root
+    that completed, and the roots still pending."""
+    pending, outcome = Pending.empty(0), {}
+    for i, records in enumerate(batches):
+        pending, done = step(pending, records.to_pandas(), i, 60_000)
+        outcome.update(zip(done["root"], done["status"]))
+    return outcome, set(pending.values())
+
+
+def roots(frame):
+    return [r["_root"] for r in frame.orderBy("offset").collect()]
+
+
+def windowed(spark, ack_mode, sink, fail=None):
+    topology = Topology("win", spark, None, ack_mode=ack_mode).window(
+        "value", F.sort_array(F.collect_list("offset")).alias("offsets"), count=3, name="w"
+    )
+    if fail is not None:
+        topology = topology.fail_where(fail, "downstream")
+    return topology.sink(sink)
+
+
+@MODES
+def test_held_tuples_keep_their_roots_open_until_the_window_emits(spark, ack_mode):
+    """Batch 0 brings two "a" (held) and one "b" (held); batch 1 one more "a": the "a"
+    window emits offsets from both batches and both batches' "a" roots are acked; the
+    "b" root stays pending in the acker, its tuple held."""
+    sink = MemorySink()
+    topology = windowed(spark, ack_mode, sink)
+    first = tracked_frame(spark, ["a", "b", "a"], partition=0)
+    second = tracked_frame(spark, ["a"], partition=1)
+    records0 = topology.run_batch(first, 0)
+    assert set(settle(records0).values()) == {"pending"}  # nothing closes in batch 0
+    assert sink.rows() == []
+    records1 = topology.run_batch(second, 1)
+    assert [r["offsets"] for r in sink.rows()] == [[0, 0, 2]]
+    a0, b, a2 = roots(first)
+    (a1,) = roots(second)
+    outcome, pending = ledger([records0, records1])
+    assert outcome == {a0: ACKED, a2: ACKED, a1: ACKED}
+    assert pending == {b}
+
+
+@MODES
+def test_a_failed_window_row_fails_every_root_it_was_anchored_to(spark, ack_mode):
+    """The window's row is anchored to tuples of two batches; a stage after it fails the
+    row, and all three roots fail (their records replay); nothing is written."""
+    sink = MemorySink()
+    topology = windowed(spark, ack_mode, sink, fail=F.size("offsets") == 3)
+    first = tracked_frame(spark, ["a", "a"], partition=0)
+    second = tracked_frame(spark, ["a"], partition=1)
+    records = [topology.run_batch(first, 0), topology.run_batch(second, 1)]
+    outcome, pending = ledger(records)
+    assert outcome == dict.fromkeys(roots(first) + roots(second), FAILED)
+    assert pending == set()
+    assert sink.rows() == []
+
+
+@MODES
+def test_a_batch_run_again_starts_from_the_held_tuples_before_it(spark, ack_mode):
+    """Spark re-runs a batch after a crash: the window must not hold its tuples twice
+    (two "a" held, then batch 1 run twice with one more "a": one window each time)."""
+    sink = MemorySink()
+    topology = windowed(spark, ack_mode, sink)
+    topology.run_batch(tracked_frame(spark, ["a", "a"], partition=0), 0)
+    again = tracked_frame(spark, ["a"], partition=1)
+    topology.run_batch(again, 1)
+    topology.run_batch(again, 1)
+    assert [r["offsets"] for r in sink.rows()] == [[0, 0, 1], [0, 0, 1]]
+    (stage,) = topology.stages
+    assert stage.store(None).before(2).rows.num_rows == 0
+
+
+def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
+    """Two "a" held; the first's root fails elsewhere (a completion on the channel): the
+    next batch's "a" does not fill the window with it, as its record is replayed."""
+    from ackstream.channels.local import LocalChannel
+    from ackstream.records import completion_table
+
+    channel = LocalChannel(str(tmp_path / "channel"))
+    channel.prepare()
+    sink = MemorySink()
+    topology = Topology("win", spark, channel).window(
+        "value", F.sort_array(F.collect_list("offset")).alias("offsets"), count=3, name="w"
+    )
+    topology = topology.sink(sink)
+    first = tracked_frame(spark, ["a", "a"], partition=0)
+    topology.run_batch(first, 0)
+    channel.write_completions(completion_table([roots(first)[0]], FAILED, reason="elsewhere"))
+    topology.run_batch(tracked_frame(spark, ["a"], partition=1), 1)
+    assert sink.rows() == []
+    held = topology.stages[0].store(None).before(2).rows
+    assert sorted(held.column("offset").to_pylist()) == [0, 1]  # offset 1 of p0, 0 of p1
+
+
+def test_with_tracking_off_a_window_still_holds_across_batches(spark):
+    sink = MemorySink()
+    topology = (
+        Topology("plain", spark, None, tracking=False)
+        .window("value", F.sort_array(F.collect_list("offset")).alias("offsets"), count=2)
+        .sink(sink)
+    )
+    assert topology.run_batch(tracked_frame(spark, ["a", "b", "a", "a"]), 0).num_rows == 0
+    assert [r["offsets"] for r in sink.rows()] == [[0, 2]]
+    topology.run_batch(tracked_frame(spark, ["b", "a"], partition=1), 1)
+    # "b" held from offset 1 with the new one at 0; "a" held from 3 with the new one at 1
+    assert sorted(r["offsets"] for r in sink.rows()) == [[0, 1], [0, 2], [1, 3]]
+
+
+def test_window_arguments_are_checked(spark):
+    with pytest.raises(StageError, match="count=0: give a whole number"):
+        Topology("w", spark, None).window("value", F.count("*"), count=0)
+    with pytest.raises(StageError, match="may not hold '/'"):
+        Topology("w", spark, None).window("value", F.count("*"), count=2, name="a/b")
+    with pytest.raises(StageError, match="at least one aggregate"):
+        Topology("w", spark, None).window("value", count=2)
+    after_aggregate = (
+        Topology("w", spark, None)
+        .aggregate("value", F.count("*").alias("n"))
+        .window("value", F.sum("n"), count=2)
+        .sink(MemorySink())
+    )
+    with pytest.raises(StageError, match="after an aggregate"):
+        after_aggregate.run_batch(tracked_frame(spark, ["a"]))
+
+
+def started(spark, tmp_path, count, timeout_ms=60_000, ack_mode="telescoped", **options):
+    """The generator (one partition, ``count`` records) through a count window of 3 over
+    one key, with the offsets and attempts of each window, into a memory sink."""
+    from ackstream.channels.local import LocalChannel
+
+    channel = LocalChannel(str(tmp_path / "channel"))
+    sink = MemorySink()
+    topology = (
+        Topology("held", spark, channel, message_timeout_ms=timeout_ms, ack_mode=ack_mode)
+        .map(lambda df: df.withColumn("k", F.lit("all")))
+        .window(
+            "k",
+            F.sort_array(F.collect_list("offset")).alias("offsets"),
+            F.sort_array(F.collect_list("_attempt")).alias("attempts"),
+            count=3,
+            name="w",
+        )
+        .sink(sink)
+    )
+    stream = topology.read_stream(
+        {
+            "ackstream.upstream": "generator",
+            "ackstream.generator.count": str(count),
+            "ackstream.generator.partitions": "1",
+            "ackstream.retryInitialDelay": "50ms",
+            **options,
+        }
+    )
+    return topology, sink, topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+
+
+@pytest.mark.parametrize(
+    "ack_mode", ["telescoped", pytest.param("per_stage", marks=pytest.mark.long)]
+)
+def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mode):
+    """Two records held (no completion, nothing committed, status shows them); the query
+    stops and starts again from its checkpoint with four more records: the first window
+    holds the two from before the restart and one new, the second three new; all six
+    roots are acked once and every offset committed."""
+    from ackstream.status import held_in, local_status
+
+    from helpers import commits, wait_for
+
+    channel_dir, checkpoint = str(tmp_path / "channel"), str(tmp_path / "ckpt")
+    topology, sink, running = started(spark, tmp_path, 2, ack_mode=ack_mode)
+    try:
+        wait_for(
+            lambda: held_in(checkpoint).get("w", {}).get("tuples") == 2 or running.exception(),
+            timeout=120,
+            what="two tuples held",
+        )
+        assert running.exception() is None
+        # the acker has read the open trees: the roots are pending, not acked
+        wait_for(lambda: local_status(channel_dir, "held").pending == 2, what="2 roots pending")
+    finally:
+        running.stop()
+    status = local_status(channel_dir, "held")
+    assert (status.acked, status.failed, status.timed_out) == (0, 0, 0)
+    assert commits(channel_dir).get("generator/0", 0) == 0
+    assert sink.rows() == []
+    assert held_in(checkpoint) == {"w": {"tuples": 2, "roots": 2}}
+
+    topology, sink, running = started(spark, tmp_path, 6, ack_mode=ack_mode)
+    try:
+        wait_for(
+            lambda: commits(channel_dir) == {"generator/0": 6} or running.exception(),
+            timeout=120,
+            what="every offset committed",
+        )
+        assert running.exception() is None
+    finally:
+        running.stop()
+    assert sorted((r["offsets"], r["attempts"]) for r in sink.rows()) == [
+        ([0, 1, 2], [0, 0, 0]),
+        ([3, 4, 5], [0, 0, 0]),
+    ]
+    done = topology.channel.completions_since(None)[0].to_pylist()
+    assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == [
+        (o, 0, ACKED) for o in range(6)
+    ]
+    assert held_in(checkpoint) == {"w": {"tuples": 0, "roots": 0}}
+
+
+def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spark, tmp_path):
+    """Two records for a window of three: both time out in the acker (3 s), are replayed
+    and held again (not beside their first attempts: that would fill the window), time
+    out again and are dead-lettered after one retry. Nothing is written. (The source's
+    own timeout is set long, so that every timeout is the acker's, with a completion.)"""
+    from ackstream import read_dead_letters
+
+    from helpers import commits, wait_for
+
+    channel_dir = str(tmp_path / "channel")
+    topology, sink, running = started(
+        spark,
+        tmp_path,
+        2,
+        timeout_ms=3_000,
+        **{"ackstream.maxRetries": "1", "ackstream.sourceTimeout": "120s"},
+    )
+    try:
+        wait_for(
+            lambda: commits(channel_dir) == {"generator/0": 2} or running.exception(),
+            timeout=180,
+            what="both offsets dead-lettered",
+        )
+        assert running.exception() is None
+    finally:
+        running.stop()
+    done = topology.channel.completions_since(None)[0].to_pylist()
+    assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == [
+        (o, a, TIMED_OUT) for o in (0, 1) for a in (0, 1)
+    ]
+    letters = read_dead_letters(os.path.join(channel_dir, "dead_letters")).to_pylist()
+    assert sorted((d["offset"], d["attempts"]) for d in letters) == [(0, 2), (1, 2)]
+    assert sink.rows() == []
+
+
+@pytest.mark.broker
+def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
+    spark, broker, new_topic, tmp_path
+):
+    """Kafka upstream and channel, two records a batch: "a" at offsets 0, 2, 4 and "b"
+    at 1, 3, 5 each fill a window only in the third batch. A stage fails the "a" window
+    on its first attempt: its three roots, read in three batches, all fail and replay,
+    fill the window again and are acked; "b" is acked at once. Every offset committed."""
+    import uuid
+
+    from kafka import KafkaProducer
+
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.status import group_lag
+
+    from helpers import wait_for
+
+    inbox, name = new_topic(partitions=1), f"win-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for value in "ababab":
+        producer.send(inbox, value=value.encode(), partition=0)
+    producer.flush()
+    producer.close()
+    channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
+    topology = (
+        Topology(name, spark, channel, message_timeout_ms=60_000)
+        .map(lambda df: df.withColumn("v", F.col("value").cast("string")))
+        .window(
+            "v",
+            F.sort_array(F.collect_list("offset")).alias("offsets"),
+            F.max("_attempt").alias("attempt"),
+            count=3,
+        )
+        .fail_where((F.col("v") == "a") & (F.col("attempt") == 0), "a: first attempt")
+        .sink(sink)
+    )
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": inbox,
+            "startingOffsets": "earliest",
+            "maxOffsetsPerTrigger": "2",
+            "ackstream.sourceTimeout": "120s",
+            "ackstream.retryInitialDelay": "50ms",
+        }
+    )
+    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+
+    def committed(group):
+        return (
+            (group_lag(broker.bootstrap, group) or {}).get(inbox, {}).get("0", {}).get("committed")
+        )
+
+    def settled():
+        done = channel.completions_since(None)[0].to_pylist()
+        return len([c for c in done if c["status"] == ACKED]) >= 6 and done
+
+    try:
+        done = wait_for(lambda: settled() or running.exception(), timeout=240, what="6 acks")
+        assert running.exception() is None
+        wait_for(
+            lambda: committed(f"ackstream-{name}") == 6 or running.exception(),
+            timeout=60,
+            what="the group's commit at 6",
+        )
+    finally:
+        running.stop()
+    assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == sorted(
+        [(o, 0, FAILED) for o in (0, 2, 4)]
+        + [(o, 1, ACKED) for o in (0, 2, 4)]
+        + [(o, 0, ACKED) for o in (1, 3, 5)]
+    )
+    assert sorted((r["v"], r["offsets"], r["attempt"]) for r in sink.rows()) == [
+        ("a", [0, 2, 4], 1),
+        ("b", [1, 3, 5], 0),
+    ]
