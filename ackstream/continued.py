@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from ackstream.clock import Clock, now_ms
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, RESET
 
 __all__ = [
     "EDGE_HEADER",
@@ -171,6 +171,9 @@ class TreeClient:
     >>> client = TreeClient(channel)                        # doctest: +SKIP
     >>> for message in consumer:                            # doctest: +SKIP
     ...     client.ack(message) if handle(message) else client.fail(message, "bad")
+
+    A message whose work outlasts the message timeout stays alive with
+    :meth:`reset_timeout`, called more often than the timeout.
     """
 
     def __init__(self, channel, clock: Clock = now_ms):
@@ -185,6 +188,13 @@ class TreeClient:
         """Fail the trees of ``messages``: their upstream records are replayed (or
         dead-lettered after ``maxRetries``, with ``reason``)."""
         return self._write(messages, FAIL, reason)
+
+    def reset_timeout(self, *messages) -> int:
+        """Restart the message timeout of the trees of ``messages`` (Storm's
+        ``collector.resetTimeout``): for work that takes longer than the timeout, call
+        it more often than the timeout, then ack or fail as usual. The acker extends
+        the roots' deadlines and tells the upstream source, which restarts its own."""
+        return self._write(messages, RESET, None)
 
     def _write(self, messages, kind: int, reason: str | None) -> int:
         lineages = [lineage_of(getattr(m, "headers", None)) for m in messages]

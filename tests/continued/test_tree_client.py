@@ -2,6 +2,7 @@
 upstream topology writes to a topic with ``continue_trees``, a kafka-python consumer
 acks or fails what it reads with ``TreeClient``, and the upstream offsets follow."""
 
+import time
 import uuid
 from collections import Counter
 
@@ -171,3 +172,27 @@ def test_a_message_never_acked_times_out_and_is_replayed(pipeline):
         {(5, 0, "timed_out"): 1, (5, 1, "acked"): 1}
     )
     assert p.seen == Counter({f"R{i}": 2 if i == 5 else 1 for i in range(N)})
+
+
+def test_a_consumer_resetting_the_timeout_keeps_a_slow_message_alive(pipeline):
+    """Storm's resetTimeout from a plain consumer: R5's work takes 2.5 message timeouts,
+    the consumer resets its tree's timeout every quarter of one, then acks: acked at its
+    first attempt, never timed out, never replayed, and its offset committed only then."""
+    timeout_s = 6
+    p = pipeline(timeout_ms=timeout_s * 1000)
+    p.serve(
+        lambda value, _: None if value == "R5" else "ack",
+        until=lambda: len(p.seen) == N and p.committed() == 5,
+        what="every other message acked and the commit held at R5",
+    )
+    (slow,) = p.held
+    began = time.monotonic()
+    while time.monotonic() - began < 2.5 * timeout_s:  # the slow work itself
+        assert p.client.reset_timeout(slow) == 1
+        assert p.running.exception() is None
+        time.sleep(timeout_s / 4)
+    assert p.committed() == 5  # still held: alive, not acked
+    p.client.ack(slow)
+    wait_for(lambda: p.committed() == N, timeout=60, interval=0.2, what="R5 committed")
+    assert p.outcomes() == acked_once_each()
+    assert p.seen == Counter({f"R{i}": 1 for i in range(N)})
