@@ -1116,4 +1116,7 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
         worker_main(sys.argv[2:])
     else:
+        # a SIGTERM (timeout, kill) ends the run through main's finally blocks, so that
+        # the broker and the workers it started are stopped, not left behind
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         main()
