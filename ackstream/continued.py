@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from ackstream.clock import Clock, now_ms
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, RESET
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, RESET, ack_table
 
 __all__ = [
     "EDGE_HEADER",
@@ -53,7 +53,6 @@ __all__ = [
     "Lineage",
     "TreeClient",
     "continued_acks",
-    "edge_acks",
     "lineage_headers",
     "lineage_of",
     "mint_edges",
@@ -106,26 +105,7 @@ def continued_acks(
     is the edge, or with ``kind=FAIL`` a fail of each root with ``reason``."""
     roots = np.array([r for rs, _ in lineages for r in rs], np.int64)
     edges = np.array([edge for rs, edge in lineages for _ in rs], np.int64)
-    return edge_acks(roots, edges if kind == ACK else np.zeros_like(edges), kind, now, reason)
-
-
-def edge_acks(roots, values, kind: int, now: int, reason: str | None = None) -> pa.Table:
-    """Ack records ``(root, value)`` of one ``kind``, with no coordinates."""
-    n = len(roots)
-    return pa.table(
-        {
-            "root": pa.array(roots, pa.int64()),
-            "value": pa.array(values, pa.int64()),
-            "kind": pa.array(np.full(n, kind, np.int8)),
-            "topic": pa.nulls(n, pa.string()),
-            "partition": pa.nulls(n, pa.int32()),
-            "offset": pa.nulls(n, pa.int64()),
-            "attempt": pa.nulls(n, pa.int32()),
-            "ts": pa.array(np.full(n, now, np.int64)),
-            "reason": pa.array([reason if kind != ACK else None] * n, pa.string()),
-        },
-        schema=ACK_RECORD_SCHEMA,
-    )
+    return ack_table(roots, edges if kind == ACK else np.zeros_like(edges), kind, now, reason)
 
 
 def translate(records: pa.Table, local: dict[int, Lineage], now: int) -> pa.Table:
@@ -148,7 +128,7 @@ def translate(records: pa.Table, local: dict[int, Lineage], now: int) -> pa.Tabl
             values.append(value)
             kinds.append(row["kind"] & ~INIT)
             reasons.append(row["reason"])
-    table = edge_acks(roots, values, ACK, now)
+    table = ack_table(roots, values, ACK, now)
     kind, reason = (
         ACK_RECORD_SCHEMA.get_field_index("kind"),
         ACK_RECORD_SCHEMA.get_field_index("reason"),

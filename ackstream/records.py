@@ -36,6 +36,7 @@ __all__ = [
     "TICK",
     "TIMED_OUT",
     "UNKNOWN",
+    "ack_table",
     "as_table",
     "completion_table",
     "one_outcome_per_root",
@@ -204,3 +205,23 @@ def one_outcome_per_root(completions: pa.Table) -> pa.Table:
     roots = pc.fill_null(completions.column("root"), 0).to_numpy()[order]
     _, first = np.unique(roots, return_index=True)
     return completions.take(pa.array(np.sort(order[first])))
+
+
+def ack_table(roots, values, kind: int, now_ms: int, reason: str | None = None) -> pa.Table:
+    """Ack records ``(root, value)`` of one ``kind`` at ``now_ms``, with no source
+    coordinates; ``reason`` goes on every record but plain acks."""
+    n = len(roots)
+    return pa.table(
+        {
+            "root": pa.array(roots, pa.int64()),
+            "value": pa.array(values, pa.int64()),
+            "kind": pa.array(np.full(n, kind, np.int8)),
+            "topic": pa.nulls(n, pa.string()),
+            "partition": pa.nulls(n, pa.int32()),
+            "offset": pa.nulls(n, pa.int64()),
+            "attempt": pa.nulls(n, pa.int32()),
+            "ts": pa.array(np.full(n, now_ms, np.int64)),
+            "reason": pa.array([reason if kind != ACK else None] * n, pa.string()),
+        },
+        schema=ACK_RECORD_SCHEMA,
+    )

@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream.continued import edge_acks, lineage_headers, mint_edges
+from ackstream.continued import lineage_headers, mint_edges
 from ackstream.kafka.settings import client_settings
 from ackstream.lineage import LINEAGE_COLUMNS, REASON
-from ackstream.records import ACK
+from ackstream.records import ACK, ack_table
 
 __all__ = ["KafkaSink", "ProduceTask", "carried_columns"]
 
@@ -144,7 +144,7 @@ def sent_acks(sent: pa.Table) -> pa.Table:
     roots = sent.column(ROOTS)
     counts = pc.fill_null(pc.list_value_length(roots), 0).to_numpy()
     edges = np.repeat(sent.column(SENT_EDGE).to_numpy(), counts)
-    return edge_acks(pc.list_flatten(roots).to_numpy(), edges, ACK, now_ms())
+    return ack_table(pc.list_flatten(roots).to_numpy(), edges, ACK, now_ms())
 
 
 def carried_columns(columns, payload) -> list[str]:

@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from ackstream import ids
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, ROOT
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, ALIVE
+from ackstream.records import ACK, ALIVE, ack_table
 from ackstream.topology.bolts import (
     GroupInput,
     Stage,
@@ -53,7 +53,7 @@ from ackstream.topology.bolts import (
 )
 from ackstream.topology.held_store import HeldState, HeldStore
 
-__all__ = ["HoldContext", "WindowStage", "edge_records", "finished_roots", "hold_ids"]
+__all__ = ["HoldContext", "WindowStage", "finished_roots", "hold_ids"]
 
 # columns of a held row besides the stage input's: its hold id (telescoped acks),
 # the batch it arrived in and its place there (arrival order), and when it was held
@@ -80,25 +80,6 @@ def hold_ids(roots: np.ndarray, batch_id: int, stage: int) -> np.ndarray:
     root cancel each other in its XOR."""
     roots = np.asarray(roots, dtype=np.int64)
     return ids.hash_longs(roots, batch_id, stage, np.arange(len(roots), dtype=np.int64))
-
-
-def edge_records(roots: np.ndarray, values: np.ndarray, now_ms: int) -> pa.Table:
-    """``ACK (root, value)`` records, no coordinates (``ACK_RECORD_SCHEMA``)."""
-    n = len(roots)
-    return pa.table(
-        {
-            "root": pa.array(roots, pa.int64()),
-            "value": pa.array(values, pa.int64()),
-            "kind": pa.array(np.full(n, ACK, np.int8)),
-            "topic": pa.nulls(n, pa.string()),
-            "partition": pa.nulls(n, pa.int32()),
-            "offset": pa.nulls(n, pa.int64()),
-            "attempt": pa.nulls(n, pa.int32()),
-            "ts": pa.array(np.full(n, now_ms, np.int64)),
-            "reason": pa.nulls(n, pa.string()),
-        },
-        schema=ACK_RECORD_SCHEMA,
-    )
 
 
 def finished_roots(completions: pa.Table) -> pa.Array:
@@ -242,4 +223,4 @@ class WindowStage(Stage):
         mask[fresh] = False
         column = pa.array(hold, pa.int64(), mask=mask)
         kept = kept.set_column(kept.schema.get_field_index(HOLD), HOLD, column)
-        return kept, edge_records(roots, given, ctx.now_ms)
+        return kept, ack_table(roots, given, ACK, ctx.now_ms)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.acker.precombine import precombine
-from ackstream.continued import continued_acks, edge_acks, lineage_headers, lineage_of, mint_edges
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, ACKED, TIMED_OUT
+from ackstream.continued import continued_acks, lineage_headers, lineage_of, mint_edges
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, ACKED, TIMED_OUT, ack_table
 from ackstream.testing import ack_records, init
 
 TIMEOUT = 30_000
@@ -96,4 +96,4 @@ def test_edges_are_random_and_never_zero():
     edges = mint_edges(100_000)
     assert edges.all() and len(set(edges.tolist())) == len(edges)
     assert not (mint_edges(8) == mint_edges(8)).all()  # fresh draws, not a fixed seed
-    assert edge_acks([1], [5], ACK, 0).schema == ACK_RECORD_SCHEMA
+    assert ack_table([1], [5], ACK, 0).schema == ACK_RECORD_SCHEMA

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream.acker.ledger import Pending, step
-from ackstream.records import ACK_RECORD_SCHEMA, ACKED, as_table
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, ACKED, ack_table, as_table
 from ackstream.testing import ack_records, init
-from ackstream.topology.window import edge_records, hold_ids
+from ackstream.topology.window import hold_ids
 
 STAGE = 3
 
@@ -42,11 +42,11 @@ def batch_records(tuples, batch, holds):
         roots = np.array([tuples[i][0] for i in newly], np.int64)
         ids = hold_ids(roots, batch, STAGE)
         holds.update(zip(newly, ids.tolist()))
-        tables.append(edge_records(roots, ids, batch))
+        tables.append(ack_table(roots, ids, ACK, batch))
     back = [i for i, (_, read, out) in enumerate(tuples) if out == batch and read < batch]
     if back:
         roots = np.array([tuples[i][0] for i in back], np.int64)
-        tables.append(edge_records(roots, np.array([holds[i] for i in back]), batch))
+        tables.append(ack_table(roots, np.array([holds[i] for i in back]), ACK, batch))
     return pa.concat_tables(tables).to_pandas() if tables else None
 
 
