@@ -111,6 +111,11 @@ class InFlight:
         emitted = self.rows.emitted_ms
         emitted[emitted == NOT_STARTED] = now_ms
 
+    def delay(self, ms: int) -> None:
+        """Started roots start their timeout ``ms`` later (time that does not count)."""
+        emitted = self.rows.emitted_ms
+        emitted[emitted != NOT_STARTED] += ms
+
     def started_at_or_before(self, ms: int) -> np.ndarray:
         """Mask of the roots started at ``ms`` or earlier."""
         emitted = self.rows.emitted_ms

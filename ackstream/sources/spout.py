@@ -25,6 +25,7 @@ headers' (topic, partition, offset) then identify the duplicate.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -40,7 +41,10 @@ from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
 
-__all__ = ["Spout", "initial_offset", "share_by_lag"]
+__all__ = ["BLOCKED_MS", "Spout", "initial_offset", "share_by_lag"]
+
+#: A driver call slower than this (ms) waited for brokers; see ``Spout._blocked_time_not_charged``.
+BLOCKED_MS = 1_000
 
 
 def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -> dict:
@@ -181,6 +185,25 @@ class Spout:
     def next_offset(self, max_rows: int | None = None) -> dict | None:
         """Apply completions, then plan the next batch of at most ``max_rows`` new roots;
         None when there is nothing to read."""
+        with self._blocked_time_not_charged():
+            return self._next_offset(max_rows)
+
+    @contextlib.contextmanager
+    def _blocked_time_not_charged(self):
+        """A driver call that took longer than ``BLOCKED_MS`` waited for brokers that did
+        not answer (a restart, an election, a stall: Kafka calls are retried for up to
+        ``OUTAGE_LIMIT_S``); no completion could be heard meanwhile, so that time is not
+        charged to the source timeouts of the roots in flight. Otherwise a long broker
+        restart would time out every root whose ack is written just after it."""
+        started = self.clock()
+        try:
+            yield
+        finally:
+            blocked = self.clock() - started
+            if blocked > BLOCKED_MS and self.config.tracking:
+                self.tracker.paused(blocked)
+
+    def _next_offset(self, max_rows: int | None) -> dict | None:
         now = self.clock()
         tracker = self.tracker
         # Spark plans a batch only after the previous one ran (and it calls commit() for
@@ -371,7 +394,8 @@ class Spout:
         if self.config.tracking:
             now = self.clock()
             self.tracker.started(now)
-            self._poll(now)
+            with self._blocked_time_not_charged():
+                self._poll(now)
             if "seq" in end:  # a restart resumes from this offset or a later one
                 self.state.forget_before(end["seq"])
         else:

@@ -212,15 +212,45 @@ class Tracker:
             new_dead += self._failed(
                 self._tps[part], offset, attempt, why, now_ms, replay=outcome != REJECTED
             )
-        done = self.flights.take(completions.filter(acked).column("root").to_numpy())
+        acks = completions.filter(acked)
+        done = self.flights.take(acks.column("root").to_numpy())
         self.counts["acked"] += len(done.root)
         for part in np.flatnonzero(np.bincount(done.part)).tolist():
             self.parts[self._tps[part]].mark_done(done.offset[done.part == part])
+        if len(done.root) < acks.num_rows:  # some were not in flight
+            found = pc.is_in(acks.column("root"), pa.array(done.root))
+            self._late_acks(acks.filter(pc.invert(found)))
         return new_dead
+
+    def _late_acks(self, acks: pa.Table) -> None:
+        """Acks of an earlier attempt of a record that is not done yet (timed out, its
+        replay scheduled or in flight): that attempt's tree was fully processed, so
+        the record is done, as if its replay had been acked. Only ids this source
+        mints for those coordinates count."""
+        columns = ["root", "topic", "partition", "offset", "attempt"]
+        acks = acks.select(columns).drop_null()
+        root, topic, partition, offset, attempt = (
+            acks.column(c).to_numpy(zero_copy_only=False) for c in columns
+        )
+        mine = ids.root_ids(self.source, topic, partition, offset, attempt) == root
+        for tp in set(zip(topic[mine].tolist(), partition[mine].tolist())):
+            part = self.parts.get(tp)
+            if part is None:
+                continue
+            offsets = offset[mine & (topic == tp[0]) & (partition == tp[1])]
+            offsets = offsets[(offsets >= part.watermark) & (offsets < part.end)]
+            offsets = np.setdiff1d(offsets, part.done)
+            self.counts["acked"] += len(offsets)
+            self.mark_done(tp, offsets)
 
     def started(self, now_ms: int) -> None:
         """Spark ran every batch planned so far: start their roots' source timeout."""
         self.flights.start(now_ms)
+
+    def paused(self, ms: int) -> None:
+        """For ``ms`` no completion could be heard (the brokers did not answer): the
+        source timeouts of the roots in flight do not count that time."""
+        self.flights.delay(ms)
 
     def overdue(self, before_ms: int) -> bool:
         """Whether a root in flight was emitted at ``before_ms`` or earlier."""

@@ -84,6 +84,31 @@ def test_a_root_past_the_message_timeout_wakes_the_acker_then_times_out(make_spo
     assert sorted(replays) == sorted([TOPIC, p, o, 1] for p in (0, 1) for o in range(5))
 
 
+def test_time_the_planner_waits_for_brokers_is_not_charged_to_the_roots(make_spout):
+    """A broker restart blocks the planner's Kafka calls for 60 s (they are retried): no
+    completion can be heard meanwhile, so the roots in flight keep the 10 s of source
+    timeout they had left, and time out only once those have passed."""
+    spout, _, clock = make_spout(sourceTimeout="30s")
+    spout.next_offset()
+    spout.on_spark_commit({})  # the batch ran: the roots' timeouts start
+    clock.advance(20_000)
+    latest = spout.upstream.latest
+
+    def blocked_for_a_minute(tps, positions):
+        clock.advance(60_000)
+        return latest(tps, positions)
+
+    spout.upstream.latest = blocked_for_a_minute
+    spout.next_offset()
+    spout.upstream.latest = latest
+    clock.advance(9_000)
+    spout.next_offset()
+    assert spout.metrics()["timed_out"] == 0 and spout.metrics()["pending"] == 10
+    clock.advance(1_000)
+    spout.next_offset()
+    assert spout.metrics()["timed_out"] == 10
+
+
 @pytest.mark.broker
 def test_partitions_added_upstream_are_read_from_their_start(broker, new_topic, tmp_path):
     from kafka import KafkaProducer

@@ -243,3 +243,59 @@ def test_an_alive_notice_is_no_outcome():
 
     table = completions({"root": 1, "status": ALIVE}, {"root": 1, "status": ACKED})
     assert one_outcome_per_root(table).column("status").to_pylist() == [ACKED]
+
+
+def acks_with_coordinates(*pairs, tp=TP, minted_by="topo"):
+    """Acks of ``(offset, attempt)`` pairs carrying their coordinates, as the acker writes them."""
+    return completions(
+        *(
+            {
+                "root": int(ids.root_ids(minted_by, tp[0], tp[1], [o], [a])[0]),
+                "status": ACKED,
+                "topic": tp[0],
+                "partition": tp[1],
+                "offset": o,
+                "attempt": a,
+            }
+            for o, a in pairs
+        )
+    )
+
+
+def test_a_late_ack_of_an_earlier_attempt_settles_the_record():
+    """Offset 10 timed out (replay scheduled), 11 timed out and is replayed (in flight at
+    attempt 1); the acks of their first attempts come after: both are done, no replay
+    runs and the later attempt's outcome is ignored."""
+    t = tracker(timeout=5_000)
+    t.emit_range(TP, 10, 13, now_ms=0)
+    t.expire(5_000)
+    assert [r[2] for r in t.due(5_100, budget=1)] == [10]  # replayed at attempt 1
+    t.complete(acks_with_coordinates((10, 0), (11, 0)), 5_200)
+    assert t.watermarks() == {TP: 12} and not t.in_flight
+    assert set(t.scheduled) == {(TP, 12)}  # its ack has not come
+    assert t.counts["acked"] == 2
+    t.complete(done((root(10, 1), FAILED)), 5_300)  # the replay's tree fails after all
+    assert t.watermarks() == {TP: 12} and set(t.scheduled) == {(TP, 12)}
+
+
+def test_a_late_ack_is_only_taken_from_roots_this_source_minted():
+    t = tracker(timeout=5_000)
+    t.emit_range(TP, 10, 12, now_ms=0)
+    t.expire(5_000)
+    t.complete(acks_with_coordinates((10, 0), minted_by="another-topology"), 5_100)
+    forged = acks_with_coordinates((11, 0))
+    forged = forged.set_column(4, "offset", pa.array([10], pa.int64()))
+    t.complete(forged, 5_100)  # a root of offset 11 claiming to be offset 10
+    assert t.watermarks() == {TP: 10} and set(t.scheduled) == {(TP, 10), (TP, 11)}
+
+
+def test_a_pause_is_not_charged_to_the_roots_in_flight():
+    """The brokers did not answer for 60 s: a root emitted 4 s before has 1 s left after."""
+    t = tracker(timeout=5_000)
+    t.emit_range(TP, 10, 11, now_ms=0)
+    t.clock_on_commit = True
+    t.emit_range(TP, 11, 12, now_ms=0)  # planned, its batch not run: not started
+    t.paused(60_000)
+    assert t.expire(64_999) == [] and in_flight_offsets(t) == [10, 11]
+    t.expire(65_000)
+    assert in_flight_offsets(t) == [11]
