@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
-from urllib.parse import urlparse
 
 import pyarrow as pa
-import pyarrow.fs as pafs
+
+from ackstream.files import BatchFiles
 
 __all__ = ["FOLDER", "HeldState", "HeldStore", "held_counts"]
 
 #: The folder of the held stores in a topology query's checkpoint.
 FOLDER = "ackstream-held"
-_SAVED = re.compile(r"^(\d+)$")
 _KEEP = 2
 _POSITION = b"ackstream.position"
 
@@ -46,65 +44,36 @@ class HeldStore:
 
     def __init__(self, directory: str | None):
         self.directory = directory
+        self.files = BatchFiles(directory, keep=_KEEP) if directory is not None else None
         self._memory: dict[int, HeldState] = {}
-        self._fs, self._root = None, ""
-
-    def __getstate__(self):  # pickled to Spark Connect's server: no file system handle
-        return {**self.__dict__, "_fs": None}
 
     def before(self, batch_id: int) -> HeldState | None:
         """The state the newest batch before ``batch_id`` saved (None if none did)."""
-        saved = [b for b in self._saved() if b < batch_id]
-        if not saved:
+        if self.files is None:
+            earlier = max((b for b in self._memory if b < batch_id), default=None)
+            return None if earlier is None else self._memory[earlier]
+        earlier = self.files.newest_before(batch_id)
+        if earlier is None:
             return None
-        if self.directory is None:
-            return self._memory[max(saved)]
-        with self._filesystem().open_input_file(self._path(max(saved))) as f:
-            table = pa.ipc.open_file(f).read_all()
+        table = self.files.read(earlier)
         position = json.loads((table.schema.metadata or {}).get(_POSITION, b"null"))
         return HeldState(table.replace_schema_metadata(None), position)
 
     def latest(self) -> HeldState | None:
         """The newest saved state (None if there is none)."""
-        saved = self._saved()
+        saved = list(self._memory) if self.files is None else self.files.batch_ids()
         return self.before(max(saved) + 1) if saved else None
 
     def save(self, batch_id: int, state: HeldState) -> None:
         """Save ``state`` as batch ``batch_id`` left it; drop all but the two newest."""
-        if self.directory is None:
+        if self.files is None:
             self._memory[batch_id] = state
             for old in sorted(self._memory)[:-_KEEP]:
                 del self._memory[old]
             return
         rows = state.rows if state.rows is not None else pa.table({})
         rows = rows.replace_schema_metadata({_POSITION: json.dumps(state.position).encode()})
-        fs, hidden = self._filesystem(), self._path(f".{batch_id}")
-        with fs.open_output_stream(hidden) as sink, pa.ipc.new_file(sink, rows.schema) as writer:
-            writer.write_table(rows)
-        fs.move(hidden, self._path(batch_id))
-        for old in sorted(self._saved())[:-_KEEP]:
-            fs.delete_file(self._path(old))
-
-    def _saved(self) -> list[int]:
-        if self.directory is None:
-            return list(self._memory)
-        selector = pafs.FileSelector(self._path(""), allow_not_found=True)
-        names = (os.path.basename(info.path) for info in self._filesystem().get_file_info(selector))
-        return [int(m.group(1)) for m in map(_SAVED.match, names) if m]
-
-    def _path(self, name) -> str:
-        self._filesystem()
-        return f"{self._root}/{name}" if name != "" else self._root
-
-    def _filesystem(self):
-        if self._fs is None:
-            if urlparse(self.directory).scheme:
-                self._fs, base = pafs.FileSystem.from_uri(self.directory)
-            else:
-                self._fs, base = pafs.LocalFileSystem(), os.path.abspath(self.directory)
-            self._root = base.rstrip("/")
-            self._fs.create_dir(self._root, recursive=True)
-        return self._fs
+        self.files.write(batch_id, rows)
 
 
 def held_counts(folder: str, root_column: str = "_root") -> dict[str, dict[str, int]]:
