@@ -3,7 +3,8 @@
 #   make test   creates .venv, installs ackstream with its test extra, brings Apache Kafka
 #               (make kafka), runs the test suite
 #   make test-long  the runs marked long (chaos, broker failures, scale), not in make test
-#   make test-cluster  the long runs CI makes too: broker, Spark worker and security failures
+#   make test-cluster  the long runs CI makes too: broker, Spark worker and security
+#               failures, one small chaos seed
 #   make chaos  the chaos suite at the issue's size, CHAOS_SEEDS seeds (tests/test_chaos.py)
 #   make lint   ruff check and ruff format --check (CI runs it before the tests)
 #   make bench-scale  the same tracked work on 1 and 2 executors of a standalone cluster
@@ -43,10 +44,11 @@ test-long: $(VENV)/.installed java kafka
 	$(PY) -m pytest -m long $(PYTEST_ARGS)
 
 # What CI runs after make test: the runs only a real cluster allows, at small sizes
-# (issues 14 and 17): the three-broker cluster's failures, a standalone Spark cluster
-# losing a Worker, TLS and SASL listeners. About 15 minutes on 2 idle cores.
+# (issues 14, 17, 18): the three-broker cluster's failures, a standalone Spark cluster
+# losing a Worker, TLS and SASL listeners, one small chaos seed. About 15 minutes on
+# 2 idle cores.
 CLUSTER_TESTS := tests/kafka/test_broker_failures.py tests/test_standalone_cluster.py \
-	tests/test_secured_kafka.py
+	tests/test_secured_kafka.py tests/test_chaos.py::test_chaos_small
 test-cluster: $(VENV)/.installed java kafka
 	$(PY) -m pytest -m long $(CLUSTER_TESTS) $(PYTEST_ARGS)
 
