@@ -24,8 +24,8 @@ every (word, record) pair reached the output. Duplicates in the output and spuri
 replays (completions that timed out or came back unknown: the crashes' cost) are
 counted and reported, not asserted on.
 
-Sizes: ``make test-cluster`` (and so CI) runs one small seed (:func:`test_chaos_small`); ``make chaos``
-runs the issue's size, 20,000 records on 4 partitions, for the seeds in
+Sizes: ``make test-cluster`` (and so CI) runs one small seed (:func:`test_chaos_small`);
+``make chaos`` runs the issue's size, 20,000 records on 4 partitions, for the seeds in
 ``ACKSTREAM_CHAOS_SEEDS`` ("1-20" by default; also "3,5,8"), ``ACKSTREAM_CHAOS_RECORDS``
 and ``ACKSTREAM_CHAOS_PARTITIONS`` override the size; ``ACKSTREAM_CHAOS_REPORT``
 names a JSON-lines file each run's figures are appended to.
@@ -201,6 +201,16 @@ def outcome(bootstrap: str, name: str, outbox: str, lines, size: Size, poison, r
         "lost": len(everything - set(first_ack) - set(dead)),
         "committed_early": early_commits(recorder.seen, {**first_ack, **dead}),
         "acked_and_dead": len(set(first_ack) & set(dead)),
+        # what happened to the first few of those, to tell a late ack from a wrong one
+        "acked_and_dead_history": {
+            f"{p}:{o}": [
+                (r["attempt"], r["status"], r["completed_ms"], r["reason"])
+                for r in rows
+                if (r["partition"], r["offset"]) == (p, o)
+            ]
+            + [("dead letter", dead[(p, o)])]
+            for p, o in sorted(set(first_ack) & set(dead))[:3]
+        },
         "dead_lettered": sorted(dead),
         "outputs_missing": len(expected - set(written)),
         "duplicates": len(written) - len(set(written)),
