@@ -51,6 +51,11 @@ class Channel(Protocol):
         """Completions written after ``position`` (None: from the first) and the position
         after them, to pass next time. Nothing written after a position is ever missed."""
 
+    def answering(self) -> bool:
+        """Whether the last :meth:`completions_since` reached the completions (False while
+        the transport's servers do not answer: an empty read then means nothing). The
+        source stops timing roots out while it cannot hear their completions."""
+
     def end_position(self) -> Position:
         """The position after every completion written so far (where a new reader
         starts: old completions in a reused channel carry the same root ids)."""

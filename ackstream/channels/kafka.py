@@ -217,6 +217,10 @@ class KafkaChannel:
         self._outage.answered()
         return found
 
+    def answering(self) -> bool:
+        """False from a completions read the brokers did not answer until one they did."""
+        return self._outage.since is None
+
     def end_position(self) -> dict:
         """The position after every completion written so far (see LocalChannel)."""
         with self._reader() as consumer:

@@ -144,6 +144,10 @@ class LocalChannel:
                 number += 1
         os.remove(hidden)
 
+    def answering(self) -> bool:
+        """Always: a folder read either works or raises."""
+        return True
+
     def completions_since(self, after: int | None = None) -> tuple[pa.Table, int]:
         """Completions in files numbered after ``after`` (None: from the first), and the
         last number read: the position to pass next time."""

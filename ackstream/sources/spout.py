@@ -162,6 +162,9 @@ class Spout:
         self.letters = None
         self._dead_since_snapshot = False
         self._ticked_ms = 0
+        self._deaf = False  # the channel did not answer the last completions read
+        self._heard_ms = clock()  # the last time it did
+        self._paused_since_heard = 0  # ms paused since then for blocked calls
         self.committed: dict = {}  # {tp: (offset, metadata without the claim)}
         self.latest: dict = {}  # {tp: the upstream's end offset}, as last seen
         if config.tracking:
@@ -202,6 +205,7 @@ class Spout:
             blocked = self.clock() - started
             if blocked > BLOCKED_MS and self.config.tracking:
                 self.tracker.paused(blocked)
+                self._paused_since_heard += blocked
 
     def _next_offset(self, max_rows: int | None) -> dict | None:
         now = self.clock()
@@ -323,11 +327,25 @@ class Spout:
         table, self.position = self.channel.completions_since(self.position)
         if table.num_rows:
             self.tracker.complete(table, now)
-        self.tracker.expire(now)
-        self._tick(now)
+        if self._can_hear(now):
+            self.tracker.expire(now)
+            self._tick(now)
         if self.tracker.dead:
             self._write_dead_letters()
         self._commit(renew)
+
+    def _can_hear(self, now: int) -> bool:
+        """Whether completions reach the spout. While the channel does not answer, no
+        root times out (its ack may be waiting there), and once it answers again the
+        roots in flight are not charged the time since it last answered."""
+        if not self.channel.answering():
+            self._deaf = True
+            return False
+        if self._deaf:
+            self.tracker.paused(max(0, now - self._heard_ms - self._paused_since_heard))
+            self._deaf = False
+        self._heard_ms, self._paused_since_heard = now, 0
+        return True
 
     def _tick(self, now: int) -> None:
         """Wake the acker, at most once per its tick, while a root is past the message

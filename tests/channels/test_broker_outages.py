@@ -49,3 +49,15 @@ def test_silent_brokers_give_no_new_completions_then_an_error_naming_them(monkey
     monkeypatch.setattr(outage, "OUTAGE_LIMIT_S", 0.0)  # the outage has lasted too long
     with pytest.raises(EnvironmentProblem, match=bootstrap):
         channel.completions_since(position)
+
+
+def test_a_channel_says_whether_its_last_read_was_answered():
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    channel = KafkaChannel(
+        bootstrap,
+        "outage",
+        kafka_options={"kafka.request.timeout.ms": "1000", "kafka.bootstrap.timeout.ms": "500"},
+    )
+    assert channel.answering()  # nothing read yet, nothing failed
+    channel.completions_since({"0": 3})
+    assert not channel.answering()

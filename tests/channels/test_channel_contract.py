@@ -211,6 +211,7 @@ def test_completions_are_read_once_from_a_position_and_a_new_reader_starts_at_th
     assert sorted(first.column("root").to_pylist()) == [1, 2]
     assert later.column("root").to_pylist() == [3]
     assert channel.completions_since(position)[0].num_rows == 0
+    assert channel.answering()  # an empty read of a working channel means nothing new
     assert channel.end_position() == position
 
 

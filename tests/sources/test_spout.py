@@ -109,6 +109,30 @@ def test_time_the_planner_waits_for_brokers_is_not_charged_to_the_roots(make_spo
     assert spout.metrics()["timed_out"] == 10
 
 
+def test_no_root_times_out_while_the_channel_does_not_answer(make_spout):
+    """The brokers of the completion channel are silent for 60 s while the planner keeps
+    running: no root times out meanwhile (its ack may be waiting), and afterwards the
+    roots keep the 10 s of source timeout they had left."""
+    spout, channel, clock = make_spout(sourceTimeout="30s")
+    spout.next_offset()
+    spout.on_spark_commit({})
+    clock.advance(20_000)
+    spout.next_offset()
+    channel.answering = lambda: False
+    for _ in range(6):
+        clock.advance(10_000)
+        spout.next_offset()
+        assert spout.metrics()["timed_out"] == 0
+    channel.answering = lambda: True
+    spout.next_offset()  # heard again: 60 s not charged
+    clock.advance(9_000)
+    spout.next_offset()
+    assert spout.metrics()["timed_out"] == 0 and spout.metrics()["pending"] == 10
+    clock.advance(1_000)
+    spout.next_offset()
+    assert spout.metrics()["timed_out"] == 10
+
+
 @pytest.mark.broker
 def test_partitions_added_upstream_are_read_from_their_start(broker, new_topic, tmp_path):
     from kafka import KafkaProducer
