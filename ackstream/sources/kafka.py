@@ -6,7 +6,7 @@ earliest/latest offsets and offsets by time, reads and writes the consumer group
 committed offsets (a standalone commit: ``assign()`` plus a group id, never a group
 join), and fetches single records for dead letters. Executor side,
 :meth:`KafkaUpstream.read` reads one :class:`~ackstream.sources.rows.ReadTask` with
-its own short-lived consumer.
+the consumer its Python worker's previous task left idle (or a new one).
 
 A driver-side call that fails with a Kafka error (a broker lost, a leader moved: the
 consumer may wait out a whole request timeout on a dead connection) is tried again
@@ -272,7 +272,8 @@ class KafkaUpstream:
         channel the driver may not see.
         """
         config = self.config
-        consumer = KafkaConsumer(group_id=None, **self.settings)
+        consumer = _pooled_reader(self.settings)
+        finished = False
         tp = (task.topic, task.partition)
         held: list[tuple[int, int, str]] = []  # (offset, attempt, reason)
         try:
@@ -312,8 +313,37 @@ class KafkaUpstream:
                     *zip(*sorted(held)),
                     include_headers=config.include_headers,
                 )
+            finished = True
         finally:
-            consumer.close(autocommit=False)
+            _return_reader(self.settings, consumer, keep=finished)
+
+
+#: Idle reading consumers of this Python process by client settings. Spark reuses its
+#: Python workers, so a task takes the consumer the worker's previous task used: a new
+#: consumer costs its connections and a metadata round trip, and kafka-python then
+#: backs off 100 ms (``retry_backoff_ms``) before its first fetch, on every task. An
+#: idle consumer sends nothing (kafka-python fetches inside ``poll``) and holds at most
+#: the records of its last fetch beyond its task's range, dropped on the next seek.
+_IDLE_READERS: dict[str, list[KafkaConsumer]] = {}
+_IDLE_LOCK = threading.Lock()
+
+
+def _pooled_reader(settings: dict) -> KafkaConsumer:
+    with _IDLE_LOCK:
+        idle = _IDLE_READERS.get(repr(sorted(settings.items())))
+        if idle:
+            return idle.pop()
+    return KafkaConsumer(group_id=None, **settings)
+
+
+def _return_reader(settings: dict, consumer: KafkaConsumer, keep: bool) -> None:
+    """Keep a consumer whose task read to its end for the next task; close any other
+    (an error or an abandoned read may leave it in any state)."""
+    if keep:
+        with _IDLE_LOCK:
+            _IDLE_READERS.setdefault(repr(sorted(settings.items())), []).append(consumer)
+    else:
+        consumer.close(autocommit=False)
 
 
 def _too_big(config: SourceConfig, size: int) -> str:
