@@ -467,7 +467,7 @@ def _init_roots(records: pa.Table) -> np.ndarray:
 def source_metrics(progress) -> dict | None:
     """The ``ackstream`` source's metrics in a ``StreamingQueryProgress`` (as
     ``query.lastProgress`` gives it, or its JSON as a dict): acked, failed, timed_out,
-    rejected, replayed and dead_lettered since the query started, pending roots, and
+    rejected, replayed and dead_lettered since the checkpoint began, pending roots, and
     per topic and partition ``end``, ``committed`` and ``lag``. Spark shows them as the
     source's ``latestOffset`` (see ``Spout.metrics``). None if no source reported them.
 

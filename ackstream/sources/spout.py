@@ -158,6 +158,8 @@ class Spout:
         self.tracker = _new_tracker(config)
         self.tracker.restore(offset["parts"], clock(), unfinished)
         self.tracker.clock_on_commit = True
+        # outcomes counted up to the logged position, whose later completions are read again
+        self.tracker.counts.update(offset.get("counts", {}))
         self.position = offset.get("done", -1)
         self.letters = None
         self._dead_since_snapshot = False
@@ -256,6 +258,7 @@ class Spout:
             self.state.write(self.seq, tracker.unfinished())  # before Spark logs the offset
             offset.update(
                 seq=self.seq,
+                counts=dict(tracker.counts),
                 source=self.config.topology,
                 channel=self.config.channel,
                 timeout=self.config.message_timeout_ms,
@@ -263,7 +266,7 @@ class Spout:
         return offset
 
     def metrics(self) -> dict:
-        """What this source has seen since its query started, JSON-ready: the
+        """What this source has seen since its checkpoint began, JSON-ready: the
         :attr:`Tracker.counts <ackstream.sources.tracking.Tracker.counts>`, roots
         ``pending`` (in flight) and records ``waiting`` for a replay's backoff; per
         topic and partition its ``end`` (upstream), ``committed`` (the watermark: every

@@ -93,8 +93,9 @@ class Tracker:
         self.flights = InFlight()
         self.scheduled: dict[tuple[TP, int], tuple[int, int]] = {}  # -> (attempt, due_ms)
         self.dead: dict[tuple[TP, int], DeadLetter] = {}
-        #: Outcomes since this tracker was made (a restart starts at 0): roots acked,
-        #: failed, timed out and rejected; records replayed and dead-lettered.
+        #: Outcomes counted by this tracker (the spout keeps them in its Spark offset, so
+        #: a restart goes on from them): roots acked, failed, timed out and rejected;
+        #: records replayed and dead-lettered.
         self.counts = dict.fromkeys(OUTCOME_COUNTS, 0)
         #: True: a root's source timeout starts at :meth:`started` (when Spark has run
         #: its batch), not when it is planned; the first batch of a query may start late.

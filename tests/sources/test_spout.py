@@ -218,6 +218,25 @@ def test_a_restart_from_the_checkpoint_is_the_same_query(make_spout, tmp_path):
         restarted.close()
 
 
+def test_a_restart_goes_on_counting_from_the_logged_offset(make_spout):
+    """Outcomes read before Spark logged the offset are in it (an ack read after it and
+    already covered by the group's commit is not counted again: it is done, not re-read
+    as an outcome)."""
+    spout, channel, clock = make_spout()
+    spout.next_offset(max_rows=4)  # offsets 0-1 of each partition
+    report(channel, ACKED, 0, [0, 1])
+    offset = spout.next_offset(max_rows=4)  # 2-3 of each
+    assert spout.metrics()["acked"] == 2
+    restarted = Spout(spout.config, open_upstream(spout.config), channel, offset, clock)
+    try:
+        assert restarted.metrics()["acked"] == 2
+        report(channel, ACKED, 1, [0, 1, 2])
+        restarted.on_spark_commit({})
+        assert restarted.metrics()["acked"] == 5
+    finally:
+        restarted.close()
+
+
 def test_metrics_count_outcomes_and_give_each_partitions_lag(make_spout):
     """What ``reportLatestOffset`` shows in Spark's progress: 10 records, partition 0's
     0-4 acked, partition 1's offset 2 failed twice (replayed, then dead-lettered)."""
