@@ -20,6 +20,7 @@ __all__ = [
     "ACK",
     "ACKED",
     "ALIVE",
+    "CAUGHT_UP",
     "ACK_RECORD_DDL",
     "ACK_RECORD_SCHEMA",
     "COMPLETION_DDL",
@@ -29,6 +30,7 @@ __all__ = [
     "INIT",
     "INVALID",
     "KINDS",
+    "NOTICES",
     "REJECT",
     "REJECTED",
     "RESET",
@@ -38,6 +40,7 @@ __all__ = [
     "UNKNOWN",
     "ack_table",
     "as_table",
+    "caught_up_ms",
     "completion_table",
     "one_outcome_per_root",
     "tick",
@@ -67,7 +70,11 @@ INVALID = "invalid"
 #: not an outcome: the acker still holds this root and a reset extended its deadline
 #: (Storm's resetTimeout); the source restarts its own timeout for the root
 ALIVE = "alive"
-STATUSES = (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN, INVALID, ALIVE)
+#: not an outcome: the acker has read every ack record written before the tick of
+#: ``completed_ms`` (a tick's echo, ``root`` 0); the source times a root out only
+#: once the acker has caught up past its deadline
+CAUGHT_UP = "caught_up"
+STATUSES = (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN, INVALID, ALIVE, CAUGHT_UP)
 
 # Every field is nullable on the Arrow side because Spark's DDL schemas are, and a
 # Python data source must return exactly its declared schema.
@@ -184,20 +191,32 @@ def completion_table(
     return pa.Table.from_arrays(arrays, schema=COMPLETION_SCHEMA)
 
 
+#: Completion statuses that are no outcome of their root.
+NOTICES = (ALIVE, CAUGHT_UP)
+
+
+def caught_up_ms(completions: pa.Table) -> int | None:
+    """The latest tick the acker has caught up to in ``completions`` (None: no echo)."""
+    echoes = completions.filter(pc.equal(completions.column("status"), CAUGHT_UP))
+    return pc.max(echoes.column("completed_ms")).as_py() if echoes.num_rows else None
+
+
 def one_outcome_per_root(completions: pa.Table) -> pa.Table:
     """One completion per root: of several, any outcome but an ack before an ack, else
     the first read. Two writers may report one root (a read task rejects a record of a
     batch that its topology acks whole), and a wrong ack loses a record where a wrong
-    fail only replays it. ``alive`` notices are not outcomes and are left out. Rows
+    fail only replays it. Notices (``alive``, ``caught_up``) are not outcomes and are
+    left out. Rows
     keep the order they had.
 
     >>> done = completion_table([7, 8, 7], ["acked", "acked", "rejected"])
     >>> one_outcome_per_root(done).column("status").to_pylist()
     ['acked', 'rejected']
     """
-    alive = pc.fill_null(pc.equal(completions.column("status"), ALIVE), False)
-    if pc.any(alive).as_py():
-        completions = completions.filter(pc.invert(alive))
+    notice = pc.is_in(completions.column("status"), value_set=pa.array(NOTICES))
+    notice = pc.fill_null(notice, False)
+    if pc.any(notice).as_py():
+        completions = completions.filter(pc.invert(notice))
     if not completions.num_rows:
         return completions
     acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)

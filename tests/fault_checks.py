@@ -18,6 +18,7 @@ from pathlib import Path
 from test_chaos import CommitRecorder as ChaosCommitRecorder
 
 from ackstream.channels.kafka import KafkaChannel
+from ackstream.records import NOTICES
 
 from helpers import consume, sentences, wait_for
 
@@ -114,7 +115,7 @@ def check_end_state(
         {
             (r["partition"], r["offset"], r["attempt"], r["status"])
             for r in rows
-            if r["status"] != "acked" and (r["partition"], r["offset"]) != poison
+            if r["status"] not in ("acked", *NOTICES) and (r["partition"], r["offset"]) != poison
         }
     )
     return {

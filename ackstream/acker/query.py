@@ -12,7 +12,10 @@ offset log, so a batch run again after a crash yields the same completions.
 A batch runs only when records arrive and expires overdue roots by their deadlines.
 So an idle acker needs a record to wake it: the source writes a
 :func:`~ackstream.records.tick` while one of its roots is past the message timeout
-(Storm's tick tuple), and the acker drops it.
+(Storm's tick tuple). The acker answers the batch's latest tick with a ``caught_up``
+completion carrying the tick's time: it has read every ack record written before
+it, so the source may time out what is still open then (and only then: an acker
+that is down or behind never makes the source give up on trees it will settle).
 
 Any process may write to the ack channel, so the acker trusts nothing: a record
 it cannot use (a null root or value, unknown kind bits, an init without
@@ -44,6 +47,7 @@ from ackstream.files import write_atomically
 from ackstream.records import (
     ACK_RECORD_SCHEMA,
     ALIVE,
+    CAUGHT_UP,
     COMPLETION_SCHEMA,
     INIT,
     INVALID,
@@ -80,7 +84,19 @@ class Acker:
             self.store.save(batch_id, pending)
         alive = _alive(usable, pending, now_ms)
         done = as_table(done, COMPLETION_SCHEMA)
-        return pa.concat_tables([t for t in (invalid, alive) if t is not None] + [done])
+        echo = _caught_up(records)
+        return pa.concat_tables([t for t in (invalid, alive, done, echo) if t is not None])
+
+
+def _caught_up(records: pa.Table) -> pa.Table | None:
+    """The echo of the batch's latest tick (its ``value`` is the source's time when it
+    wrote it): every ack record written before that tick was in this batch or an
+    earlier one, so the source may time out roots whose deadline is before it."""
+    records = as_table(records, ACK_RECORD_SCHEMA)
+    kind = pc.fill_null(records.column("kind"), 0)
+    ticks = records.filter(pc.not_equal(pc.bit_wise_and(kind, TICK), 0))
+    latest = pc.max(ticks.column("value")).as_py() if ticks.num_rows else None
+    return None if latest is None else completion_table([0], CAUGHT_UP, completed_ms=latest)
 
 
 def _alive(records: pa.Table, pending, now_ms: int) -> pa.Table | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 
 from ackstream.channels.base import Channel
@@ -34,12 +35,14 @@ from ackstream.clock import Clock, now_ms
 from ackstream.config import SourceConfig, default_tick_ms
 from ackstream.errors import AckstreamError
 from ackstream.kafka.settings import kafka_options_of
-from ackstream.records import tick
+from ackstream.records import caught_up_ms, tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BLOCKED_MS", "Spout", "initial_offset", "share_by_lag"]
 
@@ -164,6 +167,11 @@ class Spout:
         self.letters = None
         self._dead_since_snapshot = False
         self._ticked_ms = 0
+        #: the latest tick the acker echoed: no root times out before the acker has read
+        #: every ack record written until its deadline (a slow acker restart must not
+        #: replay trees the acker will settle once it is back)
+        self._acker_caught_up_ms = 0
+        self._started_ms, self._warned_ms = clock(), 0
         self._deaf = False  # the channel did not answer the last completions read
         self._heard_ms = clock()  # the last time it did
         self._paused_since_heard = 0  # ms paused since then for blocked calls
@@ -330,9 +338,16 @@ class Spout:
         table, self.position = self.channel.completions_since(self.position)
         if table.num_rows:
             self.tracker.complete(table, now)
+            # a read takes every completion written before its end (the channel lists
+            # where it ends first), so one with the echo has what the acker wrote before it
+            echo = caught_up_ms(table)
+            if echo is not None:
+                self._acker_caught_up_ms = max(self._acker_caught_up_ms, echo)
+        caught_up = self._acker_caught_up_ms
         if self._can_hear(now):
-            self.tracker.expire(now)
+            self.tracker.expire(min(now, caught_up))
             self._tick(now)
+            self._warn_if_no_acker(now, caught_up)
         if self.tracker.dead:
             self._write_dead_letters()
         self._commit(renew)
@@ -349,6 +364,21 @@ class Spout:
             self._deaf = False
         self._heard_ms, self._paused_since_heard = now, 0
         return True
+
+    def _warn_if_no_acker(self, now: int, caught_up: int) -> None:
+        """Say so, once a minute, while roots wait past twice the source timeout because
+        no acker has answered the source's ticks: their timeouts wait for one."""
+        waited = now - max(caught_up, self._started_ms)
+        if waited < 2 * self.config.source_timeout_ms or now - self._warned_ms < 60_000:
+            return
+        if self.tracker.overdue(now - 2 * self.config.source_timeout_ms):
+            log.warning(
+                "topology %s: no acker has answered the source's ticks for %d s; roots in "
+                "flight wait for it (is the acker query of this topology running?)",
+                self.config.topology,
+                waited // 1000,
+            )
+            self._warned_ms = now
 
     def _tick(self, now: int) -> None:
         """Wake the acker, at most once per its tick, while a root is past the message

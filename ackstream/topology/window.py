@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from ackstream import ids
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, ROOT
-from ackstream.records import ACK, ALIVE, ack_table
+from ackstream.records import ACK, NOTICES, ack_table
 from ackstream.topology.bolts import (
     GroupInput,
     Stage,
@@ -83,9 +83,10 @@ def hold_ids(roots: np.ndarray, batch_id: int, stage: int) -> np.ndarray:
 
 
 def finished_roots(completions: pa.Table) -> pa.Array:
-    """The roots that have an outcome in ``completions`` (an ``alive`` notice is none)."""
-    alive = pc.fill_null(pc.equal(completions.column("status"), ALIVE), False)
-    return completions.filter(pc.invert(alive)).column("root").combine_chunks()
+    """The roots that have an outcome in ``completions`` (a notice is none)."""
+    notice = pc.is_in(completions.column("status"), value_set=pa.array(NOTICES))
+    notice = pc.fill_null(notice, False)
+    return completions.filter(pc.invert(notice)).column("root").combine_chunks()
 
 
 class WindowStage(Stage):

@@ -6,7 +6,7 @@ import pytest
 
 from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
-from ackstream.records import ACKED, TIMED_OUT, tick
+from ackstream.records import ACKED, CAUGHT_UP, TIMED_OUT, tick
 from ackstream.testing import TupleGraph, ack_records
 
 from helpers import wait_for
@@ -97,8 +97,11 @@ def test_idle_shards_tick_and_time_out_incomplete_trees(spark, tmp_path):
         trigger_ms=100,
     )
 
+    ticks = []
+
     def timed_out():
-        channel.write_acks(tick(int(time.time() * 1000)))  # as the source does, once a second
+        ticks.append(int(time.time() * 1000))
+        channel.write_acks(tick(ticks[-1]))  # as the source does, once a second
         return [c for c in completions.poll() if c["status"] == TIMED_OUT]
 
     try:
@@ -107,6 +110,9 @@ def test_idle_shards_tick_and_time_out_incomplete_trees(spark, tmp_path):
         query.stop()
     assert [(c["root"], c["offset"]) for c in rows] == [(10, 10)]
     assert sorted(c["root"] for c in completions.rows if c["status"] == ACKED) == list(range(1, 10))
+    # each batch with ticks echoes its latest: the source learns how far the acker has read
+    echoes = [c["completed_ms"] for c in completions.rows if c["status"] == CAUGHT_UP]
+    assert echoes and set(echoes) <= set(ticks) and echoes == sorted(echoes)
 
 
 def test_unusable_records_and_stray_acks_are_reported_and_never_stop_the_acker(spark, tmp_path):

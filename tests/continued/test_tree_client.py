@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.continued import TreeClient
+from ackstream.records import CAUGHT_UP
 
 from helpers import consume, wait_for
 
@@ -94,9 +95,14 @@ class Pipeline:
         wait_for(step, timeout=timeout, interval=0, what=what)
 
     def outcomes(self) -> Counter:
-        """``(offset, attempt, status)`` of every upstream completion."""
+        """``(offset, attempt, status)`` of every upstream completion but the acker's
+        ``caught_up`` echoes of ticks."""
         done, _ = KafkaChannel(self.bootstrap, self.name).completions_since(None)
-        return Counter((r["offset"], r["attempt"], r["status"]) for r in done.to_pylist())
+        return Counter(
+            (r["offset"], r["attempt"], r["status"])
+            for r in done.to_pylist()
+            if r["status"] != CAUGHT_UP
+        )
 
     def close(self):
         self.running.stop()

@@ -31,6 +31,7 @@ import pytest
 from fault_checks import CommitRecorder, N, all_committed, check_end_state, output_count, produce
 
 from ackstream.channels.kafka import KafkaChannel
+from ackstream.records import NOTICES
 
 from fault_driver import build
 from helpers import consume, wait_for
@@ -92,6 +93,7 @@ def duplicates(bootstrap: str, name: str, outbox: str, lines: list[str]) -> dict
     """What the failures cost beyond the guarantee: offsets read more than once, offsets
     acked more than once, and output messages written more than once."""
     rows = KafkaChannel(bootstrap, name).completions_since(None)[0].to_pylist()
+    rows = [r for r in rows if r["status"] not in NOTICES]
     outcomes = collections.Counter((r["partition"], r["offset"]) for r in rows)
     acks = collections.Counter(
         (r["partition"], r["offset"]) for r in rows if r["status"] == "acked"

@@ -6,7 +6,7 @@ import pytest
 from ackstream import ids
 from ackstream.channels.local import LocalChannel
 from ackstream.config import parse
-from ackstream.records import ACKED, FAILED, TICK, completion_table
+from ackstream.records import ACKED, CAUGHT_UP, FAILED, TICK, completion_table
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream
@@ -30,6 +30,12 @@ def report(channel, status, partition, offsets, attempt=0, reason=None):
             reason=reason,
         )
     )
+
+
+def acker_catches_up(channel):
+    """What a running acker does with the ticks the spout wrote: echo the latest."""
+    ticks = [r["value"] for r in channel.ack_records().to_pylist() if r["kind"] == TICK]
+    channel.write_completions(completion_table([0], CAUGHT_UP, completed_ms=max(ticks)))
 
 
 def test_a_new_spout_plans_every_record_and_names_its_terms_in_the_offset(make_spout):
@@ -77,8 +83,11 @@ def test_a_root_past_the_message_timeout_wakes_the_acker_then_times_out(make_spo
     clock.advance(10_000)
     spout.next_offset()
     assert TICK in set(channel.ack_records().column("kind").to_pylist())
-    clock.advance(20_000)  # past the source timeout: every root failed, replays scheduled
-    assert spout.next_offset() is None
+    clock.advance(20_000)  # past the source timeout, but the acker has not caught up
+    assert spout.next_offset() is None and spout.metrics()["timed_out"] == 0
+    acker_catches_up(channel)  # to the tick written at 30 s
+    assert spout.next_offset() is None  # every root failed, replays scheduled
+    assert spout.metrics()["timed_out"] == 10
     clock.advance(500)  # the first backoff
     replays = spout.next_offset()["replays"]
     assert sorted(replays) == sorted([TOPIC, p, o, 1] for p in (0, 1) for o in range(5))
@@ -88,7 +97,7 @@ def test_time_the_planner_waits_for_brokers_is_not_charged_to_the_roots(make_spo
     """A broker restart blocks the planner's Kafka calls for 60 s (they are retried): no
     completion can be heard meanwhile, so the roots in flight keep the 10 s of source
     timeout they had left, and time out only once those have passed."""
-    spout, _, clock = make_spout(sourceTimeout="30s")
+    spout, channel, clock = make_spout(sourceTimeout="30s")
     spout.next_offset()
     spout.on_spark_commit({})  # the batch ran: the roots' timeouts start
     clock.advance(20_000)
@@ -102,9 +111,13 @@ def test_time_the_planner_waits_for_brokers_is_not_charged_to_the_roots(make_spo
     spout.next_offset()
     spout.upstream.latest = latest
     clock.advance(9_000)
+    spout.next_offset()  # ticks the acker
+    acker_catches_up(channel)
     spout.next_offset()
     assert spout.metrics()["timed_out"] == 0 and spout.metrics()["pending"] == 10
     clock.advance(1_000)
+    spout.next_offset()
+    acker_catches_up(channel)
     spout.next_offset()
     assert spout.metrics()["timed_out"] == 10
 
@@ -121,16 +134,39 @@ def test_no_root_times_out_while_the_channel_does_not_answer(make_spout):
     channel.answering = lambda: False
     for _ in range(6):
         clock.advance(10_000)
+        acker_catches_up(channel)  # were it heard, the acker is up to date
         spout.next_offset()
         assert spout.metrics()["timed_out"] == 0
     channel.answering = lambda: True
     spout.next_offset()  # heard again: 60 s not charged
     clock.advance(9_000)
     spout.next_offset()
+    acker_catches_up(channel)
+    spout.next_offset()
     assert spout.metrics()["timed_out"] == 0 and spout.metrics()["pending"] == 10
     clock.advance(1_000)
     spout.next_offset()
+    acker_catches_up(channel)
+    spout.next_offset()
     assert spout.metrics()["timed_out"] == 10
+
+
+def test_no_root_times_out_before_the_acker_has_caught_up_past_its_deadline(make_spout):
+    """The acker is down for two minutes (a slow restart): every tree's acks wait in the
+    channel for it, so no root times out at the source until the acker has echoed a tick
+    written after the root's deadline; then the roots with no outcome do."""
+    spout, channel, clock = make_spout(sourceTimeout="30s")
+    spout.next_offset()
+    spout.on_spark_commit({})
+    for _ in range(12):
+        clock.advance(10_000)
+        spout.next_offset()  # ticks, unanswered
+    assert spout.metrics()["timed_out"] == 0 and spout.metrics()["pending"] == 10
+    report(channel, ACKED, 0, range(5))  # the acker is back: it settles what it got
+    acker_catches_up(channel)
+    spout.next_offset()
+    metrics = spout.metrics()
+    assert (metrics["acked"], metrics["timed_out"], metrics["pending"]) == (5, 5, 0)
 
 
 @pytest.mark.broker
