@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
 from ackstream.clock import now_ms
 from ackstream.config import default_channel_dir
-from ackstream.records import ACKED, ALIVE, CAUGHT_UP, COMPLETION_SCHEMA
+from ackstream.records import ACKED, COMPLETION_SCHEMA, NOTICES
 from ackstream.sources.generator import committed_count
 from ackstream.status import read_source_metrics
 
@@ -114,7 +114,7 @@ class DemoResult:
     @property
     def replayed(self) -> int:
         """Failed or timed-out attempts, each replayed or dead-lettered."""
-        return int((~self.completions["status"].isin([ACKED, ALIVE, CAUGHT_UP])).sum())
+        return int((~self.completions["status"].isin([ACKED, *NOTICES])).sum())
 
     @property
     def lost(self) -> int:
@@ -306,9 +306,7 @@ class DemoResult:
         out = pd.DataFrame(
             {
                 "acked": counts(c.loc[c["status"] == ACKED, "completed_ms"]),
-                "failed": counts(
-                    c.loc[~c["status"].isin([ACKED, ALIVE, CAUGHT_UP]), "completed_ms"]
-                ),
+                "failed": counts(c.loc[~c["status"].isin([ACKED, *NOTICES]), "completed_ms"]),
                 "replayed": counts(r.loc[r["attempt"] > 0, "ts"]),
             }
         )

@@ -206,8 +206,7 @@ def one_outcome_per_root(completions: pa.Table) -> pa.Table:
     the first read. Two writers may report one root (a read task rejects a record of a
     batch that its topology acks whole), and a wrong ack loses a record where a wrong
     fail only replays it. Notices (``alive``, ``caught_up``) are not outcomes and are
-    left out. Rows
-    keep the order they had.
+    left out. Rows keep the order they had.
 
     >>> done = completion_table([7, 8, 7], ["acked", "acked", "rejected"])
     >>> one_outcome_per_root(done).column("status").to_pylist()

@@ -38,6 +38,17 @@ def acker_catches_up(channel):
     channel.write_completions(completion_table([0], CAUGHT_UP, completed_ms=max(ticks)))
 
 
+def ten_seconds_are_left(spout, channel, clock):
+    """The roots time out 10 s from now, not before, once the acker has caught up."""
+    for step, timed_out in ((9_000, 0), (1_000, 10)):
+        clock.advance(step)
+        spout.next_offset()  # ticks the acker
+        acker_catches_up(channel)
+        spout.next_offset()
+        assert spout.metrics()["timed_out"] == timed_out
+        assert spout.metrics()["pending"] == 10 - timed_out
+
+
 def test_a_new_spout_plans_every_record_and_names_its_terms_in_the_offset(make_spout):
     spout, _, _ = make_spout()
     offset = spout.next_offset()
@@ -110,16 +121,7 @@ def test_time_the_planner_waits_for_brokers_is_not_charged_to_the_roots(make_spo
     spout.upstream.latest = blocked_for_a_minute
     spout.next_offset()
     spout.upstream.latest = latest
-    clock.advance(9_000)
-    spout.next_offset()  # ticks the acker
-    acker_catches_up(channel)
-    spout.next_offset()
-    assert spout.metrics()["timed_out"] == 0 and spout.metrics()["pending"] == 10
-    clock.advance(1_000)
-    spout.next_offset()
-    acker_catches_up(channel)
-    spout.next_offset()
-    assert spout.metrics()["timed_out"] == 10
+    ten_seconds_are_left(spout, channel, clock)
 
 
 def test_no_root_times_out_while_the_channel_does_not_answer(make_spout):
@@ -139,16 +141,7 @@ def test_no_root_times_out_while_the_channel_does_not_answer(make_spout):
         assert spout.metrics()["timed_out"] == 0
     channel.answering = lambda: True
     spout.next_offset()  # heard again: 60 s not charged
-    clock.advance(9_000)
-    spout.next_offset()
-    acker_catches_up(channel)
-    spout.next_offset()
-    assert spout.metrics()["timed_out"] == 0 and spout.metrics()["pending"] == 10
-    clock.advance(1_000)
-    spout.next_offset()
-    acker_catches_up(channel)
-    spout.next_offset()
-    assert spout.metrics()["timed_out"] == 10
+    ten_seconds_are_left(spout, channel, clock)
 
 
 def test_no_root_times_out_before_the_acker_has_caught_up_past_its_deadline(make_spout):
