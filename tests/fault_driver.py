@@ -15,6 +15,8 @@ arguments (``fail_rate``, ``per_batch``, ``ack_mode``, ...), ``"acker": false`` 
 ``ackstream acker`` process runs it), and ``"kill_after_sink": N``: the driver
 SIGKILLs its own process group right after the N-th sink write returns, before that
 batch's completions are written, the window the topology's ordering guarantee is about.
+``ACKSTREAM_FAULT_MASTER`` (a ``spark://`` URL) runs the application on that standalone
+cluster instead of ``local[2]``.
 """
 
 from __future__ import annotations
@@ -127,7 +129,13 @@ def start(spark, bootstrap: str, inbox: str, outbox: str, name: str, checkpoint:
 
 
 def main(bootstrap: str, inbox: str, outbox: str, name: str, checkpoint: str) -> None:
-    spark = ackstream.local_session(f"fault-{name}", cores=2)
+    master = os.environ.get("ACKSTREAM_FAULT_MASTER")
+    if master:
+        from spark_cluster import APPLICATION_CONF
+
+        spark = ackstream.local_session(f"fault-{name}", master=master, conf=APPLICATION_CONF)
+    else:
+        spark = ackstream.local_session(f"fault-{name}", cores=2)
     running = start(spark, bootstrap, inbox, outbox, name, checkpoint)
     print("fault_driver: started", flush=True)
     while running.is_active():

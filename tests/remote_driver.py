@@ -26,14 +26,7 @@ import ackstream
 from ackstream.session import is_connect
 
 from fault_driver import build
-
-#: Settings of an application on a standalone Master: one core and a small heap an
-#: executor, the driver on loopback.
-CLUSTER_CONF = {
-    "spark.driver.host": "127.0.0.1",
-    "spark.executor.cores": "1",
-    "spark.executor.memory": "512m",
-}
+from spark_cluster import APPLICATION_CONF
 
 
 def session(url: str, name: str):
@@ -41,7 +34,7 @@ def session(url: str, name: str):
         spark = ackstream.local_session(f"remote-{name}", remote=url)
         assert is_connect(spark), type(spark)
         return spark
-    return ackstream.local_session(f"remote-{name}", master=url, conf=CLUSTER_CONF)
+    return ackstream.local_session(f"remote-{name}", master=url, conf=APPLICATION_CONF)
 
 
 def main(

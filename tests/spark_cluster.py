@@ -23,7 +23,15 @@ from pathlib import Path
 
 from broker import free_port
 
-__all__ = ["ConnectServer", "StandaloneCluster", "spark_env", "spark_home"]
+__all__ = ["APPLICATION_CONF", "ConnectServer", "StandaloneCluster", "spark_env", "spark_home"]
+
+#: Settings of an application on a :class:`StandaloneCluster`: one core and a small heap
+#: an executor, the driver on loopback.
+APPLICATION_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "512m",
+}
 
 
 def spark_home() -> Path:
@@ -210,6 +218,12 @@ class StandaloneCluster:
         if process is not None:
             _kill_group(process, signal.SIGKILL)
             process.wait()
+
+    def restart_worker(self, index: int) -> None:
+        """Start Worker ``index`` again (after :meth:`kill_worker`), as a host coming
+        back; the Master hands it executors of running applications from then on."""
+        if self.workers[index] is None:
+            self._start_worker(index)
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the Workers (with their groups) and the Master, SIGKILL what is left."""

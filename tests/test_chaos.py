@@ -5,7 +5,8 @@ One chaos run, for one seed, on a broker of its own (:func:`chaos_broker`, so th
 killing it spares the session's): the topology of ``tests/fault_driver.py`` (per-stage
 acks, so that every tree goes through the acker; a flaky bolt failing a fraction of
 first attempts; a poison record, always failed, so exactly one dead letter exists) in
-a driver process, and its acker as ``ackstream acker`` in another. The seed decides
+a driver process whose executors run on a standalone cluster of two one-core Workers
+(:func:`chaos_cluster`), and its acker as ``ackstream acker`` in another. The seed decides
 where the poison is, the order of the faults and the delays before them:
 
 - the driver kills itself right after its N-th sink write (N in 1-3), before that
@@ -13,9 +14,9 @@ where the poison is, the order of the faults and the delays before them:
 - the driver's process group SIGKILLed a random moment after the commits moved;
 - the acker SIGKILLed the same way, and restarted from its checkpoint;
 - the broker SIGSTOPped for longer than the message timeout, then resumed;
-- the broker SIGKILLed and restarted from its log.
-
-A Spark worker SIGKILL is not here: it needs a standalone cluster (issue 17).
+- the broker SIGKILLed and restarted from its log;
+- a Spark Worker SIGKILLed with its executor and their Python workers, as if its host
+  died; it comes back once the commits have moved on the other Worker alone.
 
 After the run, :func:`outcome` measures, and the test then asserts: every offset is
 acked or dead-lettered (only the poison), never both (``lost``); no group commit,
@@ -51,6 +52,7 @@ import pytest
 from ackstream.channels.kafka import KafkaChannel
 
 from helpers import consume, sentences, wait_for
+from spark_cluster import StandaloneCluster, spark_env
 
 pytestmark = [pytest.mark.chaos]
 
@@ -58,7 +60,7 @@ DRIVER = Path(__file__).with_name("fault_driver.py")
 MESSAGE_TIMEOUT_MS = 5_000
 #: longer than the message timeout and kafka-python's request timeouts of the clients
 STALL_S = 8.0
-FAULTS = ("driver_kill", "acker_kill", "broker_stall", "broker_restart")
+FAULTS = ("driver_kill", "acker_kill", "broker_stall", "broker_restart", "worker_kill")
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,14 @@ def chaos_broker():
     from broker import KafkaBroker
 
     running = KafkaBroker().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def chaos_cluster():
+    """A standalone cluster the drivers' executors run on; its Workers are killed."""
+    running = StandaloneCluster(workers=2, cores=1).start()
     yield running
     running.stop()
 
@@ -261,10 +271,10 @@ def kill_group(process: subprocess.Popen) -> None:
 class Chaos:
     """One run's processes, faults and waits (see the module doc)."""
 
-    def __init__(self, broker, size: Size, seed: int, workdir: Path):
+    def __init__(self, broker, cluster, size: Size, seed: int, workdir: Path):
         from broker import create_topic
 
-        self.broker, self.size, self.workdir = broker, size, workdir
+        self.broker, self.cluster, self.size, self.workdir = broker, cluster, size, workdir
         self.rng = random.Random(seed)
         self.bootstrap = broker.bootstrap
         self.inbox = create_topic(self.bootstrap, size.partitions)
@@ -297,7 +307,11 @@ class Chaos:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "ACKSTREAM_FAULT_SETTINGS": json.dumps(settings)},
+            env={
+                **spark_env(),
+                "ACKSTREAM_FAULT_SETTINGS": json.dumps(settings),
+                "ACKSTREAM_FAULT_MASTER": self.cluster.url,
+            },
         )
 
     def spawn_acker(self) -> None:
@@ -367,6 +381,12 @@ class Chaos:
                 self.broker.resume()
         elif fault == "broker_restart":
             self.broker.restart()
+        elif fault == "worker_kill":
+            worker = self.rng.randrange(len(self.cluster.workers))
+            self.cluster.kill_worker(worker)
+            self.events.append(f"worker {worker} killed at {self.recorder.latest()}")
+            self.after_progress("worker's return")
+            self.cluster.restart_worker(worker)
         self.events.append(f"{fault} at {self.recorder.latest()}")
 
     def run(self) -> dict:
@@ -410,9 +430,9 @@ class Chaos:
         self.log.close()
 
 
-def chaos_run(broker, size: Size, seed: int, workdir: Path) -> None:
+def chaos_run(broker, cluster, size: Size, seed: int, workdir: Path) -> None:
     started = time.monotonic()
-    chaos = Chaos(broker, size, seed, workdir)
+    chaos = Chaos(broker, cluster, size, seed, workdir)
     figures = chaos.run()
     figures = {"seed": seed, "seconds": round(time.monotonic() - started), **figures}
     figures["events"] = chaos.events
@@ -429,16 +449,16 @@ def chaos_run(broker, size: Size, seed: int, workdir: Path) -> None:
 
 
 @pytest.mark.long
-def test_chaos_small(chaos_broker, tmp_path):
+def test_chaos_small(chaos_broker, chaos_cluster, tmp_path):
     """One seed at a small size, in ``make test-cluster`` (which CI runs; about five
     minutes, too long for the 20-minute suite): random unless ``ACKSTREAM_CHAOS_SEED``
     is set, printed for a rerun."""
     seed = int(os.environ.get("ACKSTREAM_CHAOS_SEED", time.time_ns() % 1_000_000))
     print(f"\nchaos seed: {seed} (rerun with ACKSTREAM_CHAOS_SEED={seed})")
-    chaos_run(chaos_broker, SMALL, seed, tmp_path)
+    chaos_run(chaos_broker, chaos_cluster, SMALL, seed, tmp_path)
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("seed", chaos_seeds())
-def test_chaos_full(chaos_broker, seed, tmp_path):
-    chaos_run(chaos_broker, full_size(), seed, tmp_path)
+def test_chaos_full(chaos_broker, chaos_cluster, seed, tmp_path):
+    chaos_run(chaos_broker, chaos_cluster, full_size(), seed, tmp_path)
