@@ -328,9 +328,13 @@ _IDLE_READERS: dict[str, list[KafkaConsumer]] = {}
 _IDLE_LOCK = threading.Lock()
 
 
+def _pool_key(settings: dict) -> str:
+    return repr(sorted(settings.items()))
+
+
 def _pooled_reader(settings: dict) -> KafkaConsumer:
     with _IDLE_LOCK:
-        idle = _IDLE_READERS.get(repr(sorted(settings.items())))
+        idle = _IDLE_READERS.get(_pool_key(settings))
         if idle:
             return idle.pop()
     return KafkaConsumer(group_id=None, **settings)
@@ -341,7 +345,7 @@ def _return_reader(settings: dict, consumer: KafkaConsumer, keep: bool) -> None:
     (an error or an abandoned read may leave it in any state)."""
     if keep:
         with _IDLE_LOCK:
-            _IDLE_READERS.setdefault(repr(sorted(settings.items())), []).append(consumer)
+            _IDLE_READERS.setdefault(_pool_key(settings), []).append(consumer)
     else:
         consumer.close(autocommit=False)
 
