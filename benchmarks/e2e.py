@@ -814,6 +814,14 @@ def spark_summary(query) -> dict:
         "first_read": first_batch_start(progress),
         "first_batch_s": batches[0]["durationMs"]["triggerExecution"] / 1000 if batches else None,
         "first_batch_rows": int(batches[0]["numInputRows"]) if batches else None,
+        # where the first batch's time went (Spark's phases: latestOffset, addBatch, ...)
+        "first_batch_ms": dict(batches[0]["durationMs"]) if batches else None,
+        "batch_ms": [p["durationMs"]["triggerExecution"] for p in batches],
+        # the later batches' phases, medians (addBatch: the topology's batch function)
+        "later_batch_phase_ms_median": {
+            phase: float(np.median([p["durationMs"].get(phase, 0) for p in batches[1:]]))
+            for phase in (batches[1]["durationMs"] if len(batches) > 1 else ())
+        },
         "batches": len(batches),
         "rows_read": int(sum(p["numInputRows"] for p in batches)),
         "batch_ms_median": (
