@@ -207,7 +207,10 @@ class Spout:
         not answer (a restart, an election, a stall: Kafka calls are retried for up to
         ``OUTAGE_LIMIT_S``); no completion could be heard meanwhile, so that time is not
         charged to the source timeouts of the roots in flight. Otherwise a long broker
-        restart would time out every root whose ack is written just after it."""
+        restart would time out every root whose ack is written just after it. (The
+        acker's ``caught_up`` echo alone covers trees a batch settles, whose acks are
+        written before their roots start; not trees open across batches or processes,
+        a window's or a continued tree's, whose acks a stalled broker also delays.)"""
         started = self.clock()
         try:
             yield

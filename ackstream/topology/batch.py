@@ -38,6 +38,7 @@ from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.topology.bolts import REASON_LIMIT, GroupInput, anchor_pairs, failed_roots
 from ackstream.topology.graph import SPOUT, join_streams, subscriber_copies, subscribers
+from ackstream.topology.held_watch import HeldWatch
 from ackstream.topology.window import HoldContext
 
 __all__ = ["ACK_MODES", "AckMode", "PerStage", "Telescoped", "ack_mode", "run_batch"]
@@ -143,12 +144,16 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         continues = tracking and topology.continue_trees
         read_inits = tracking and (inits is None or not mode.plans_inits or continues)
         held = tracking and REASON in batch.columns  # the source's held-back rows
-        # then the batch is read more than once (sink, init records): read it once
-        spout = keep(batch) if read_inits or held or len(subs[SPOUT]) > 1 else batch
+        watch = None  # counts them as the sink reads the batch, when nothing else does
+        if held and not read_inits and len(subs[SPOUT]) == 1:
+            watch = HeldWatch(batch, inits.num_rows)
+            spout = watch.frame
+        else:  # the batch is read more than once (init records, held rows): read it once
+            spout = keep(batch) if read_inits or held or len(subs[SPOUT]) > 1 else batch
         upstream = continued_lineage(spout, topology.name) if continues else None
         if read_inits:
             parts.append(init_records(spout, now, mode.edges))
-        if held:
+        if held and watch is None:
             parts.extend(held_back_acks(spout.where(f"{REASON} IS NOT NULL"), mode, now))
         if REASON in batch.columns:  # no stage sees a held-back row or the column
             spout = spout.where(f"{REASON} IS NULL").drop(REASON)
@@ -188,6 +193,8 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         for node in topology.sinks:
             outputs = join_streams(copies.pop(node.name), edges)
             parts += _write_sink(topology, node.sink, outputs, batch_id, now, groups)
+        if watch is not None and watch.held() != 0:  # some, or not counted: read them
+            parts.extend(held_back_acks(batch.where(f"{REASON} IS NOT NULL"), mode, now))
         if not tracking:
             return ACK_RECORD_SCHEMA.empty_table()
         tables = ([] if read_inits else [inits]) + made
