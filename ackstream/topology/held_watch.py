@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import uuid
 
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.lineage import REASON
+from ackstream.session import is_connect
 
 __all__ = ["HeldWatch"]
 
@@ -31,7 +32,7 @@ class HeldWatch:
 
     def __init__(self, batch: DataFrame, planned: int):
         self.planned = planned
-        self._observation = Observation(f"ackstream-held-{uuid.uuid4().hex}")
+        self._observation = _observation(batch, f"ackstream-held-{uuid.uuid4().hex}")
         #: the batch to read instead of ``batch``: reading it counts
         self.frame = batch.observe(
             self._observation, F.count(F.lit(1)).alias("rows"), F.count(REASON).alias("held")
@@ -45,7 +46,17 @@ class HeldWatch:
         return seen["held"]
 
 
-def _metrics(observation: Observation) -> dict | None:
+def _observation(batch: DataFrame, name: str):
+    """An Observation of the batch's kind: a batch function under Connect runs in a
+    process where pyspark may not know it is a Connect client."""
+    if is_connect(batch.sparkSession):
+        from pyspark.sql.connect.observation import Observation
+    else:
+        from pyspark.sql.observation import Observation
+    return Observation(name)
+
+
+def _metrics(observation) -> dict | None:
     """The observation's metrics if its first job has finished, else None; never waits
     (classic PySpark's ``get`` would wait for a job that may never come)."""
     job = getattr(observation, "_jo", None)  # classic: the JVM Observation
