@@ -4,7 +4,7 @@ the batch anyway.
 Held-back rows (``ackstream.sources.rows``: an offset with no record, a value over
 ``ackstream.maxValueBytes``) are rare, but a batch must settle every one. Looking
 for them with a job of their own costs a cache of the whole batch and a Spark job,
-a fifth of a batch of the README's pipeline (benchmarks/e2e.py). Instead a Spark
+160-300 ms of a 1.3 s batch of the README's pipeline (benchmarks/e2e.py). Instead a Spark
 ``Observation`` counts them, and the rows seen, in the first job that reads the
 batch (the sink's). The count is trusted only when that job saw every row the
 offset planned: a first job that read part of the batch (``isEmpty()``, ``limit``)
