@@ -40,6 +40,8 @@ class HeldWatch:
 
     def held(self) -> int | None:
         """How many rows were held back; None when no finished job saw every row."""
+        if not self.planned:  # an empty batch: no job need read it
+            return 0
         seen = _metrics(self._observation)
         if seen is None or seen.get("rows") != self.planned:
             return None

@@ -86,3 +86,5 @@ def test_the_watch_counts_held_back_rows_only_from_a_job_that_read_every_row(spa
     other = HeldWatch(batch, planned=7)  # rows planned that the job did not see
     other.frame.toArrow()
     assert other.held() is None
+
+    assert HeldWatch(batch.limit(0), planned=0).held() == 0  # nothing planned, nothing read
