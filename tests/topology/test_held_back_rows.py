@@ -26,7 +26,7 @@ class PeekingSink(MemorySink):
             super().write(outputs, batch_id)
 
 
-def held_batch(spark, values):
+def with_held_rows(spark, values):
     """``values`` at offsets 0, 1, ...; offset 1 held back as too big, 2 as no record."""
     offset = F.col("offset")
     return tracked_frame(spark, values).withColumn(
@@ -47,7 +47,7 @@ def test_held_back_rows_are_rejected_or_acked_and_no_stage_sees_them(
     spark, ack_mode, planned, sink
 ):
     values = ["a", None, None, "d"]
-    batch = held_batch(spark, values)
+    batch = with_held_rows(spark, values)
     sink = sink()
     topology = (
         Topology("held", spark, None, ack_mode=ack_mode)
@@ -71,7 +71,7 @@ def test_held_back_rows_are_rejected_or_acked_and_no_stage_sees_them(
 
 
 def test_the_watch_counts_held_back_rows_only_from_a_job_that_read_every_row(spark):
-    batch = held_batch(spark, ["a", None, None, "d", "e", "f"]).repartition(3)
+    batch = with_held_rows(spark, ["a", None, None, "d", "e", "f"]).repartition(3)
     unread = HeldWatch(batch, planned=6)
     assert unread.held() is None  # no job yet: unknown, never a wait
 
