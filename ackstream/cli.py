@@ -178,13 +178,21 @@ def _add_status(commands) -> None:
         "--checkpoint",
         metavar="DIR",
         help="the topology's checkpoint (as given to Topology.start): adds the tuples "
-        "and roots its window stages hold",
+        "each stage and sink read and emitted, and the tuples and roots its window "
+        "stages hold",
     )
     status.add_argument(
         "--group",
         metavar="GROUP",
-        help="with --bootstrap: the source's kafka.group.id, for the lag "
-        "(default ackstream-<topology>)",
+        help="with --bootstrap or --upstream-bootstrap: the source's kafka.group.id, for "
+        "the lag (default ackstream-<topology>)",
+    )
+    status.add_argument(
+        "--upstream-bootstrap",
+        metavar="HOST:PORT",
+        help="the brokers of the topics the source reads, where its group commits, when "
+        "they are not the channel's (--bootstrap): the lag is read there (with a local "
+        "channel too, instead of the figures the source saved)",
     )
     output = status.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print one JSON object")
@@ -211,7 +219,9 @@ def _add_dead_letters(commands) -> None:
             "replay",
             "send chosen dead letters back to their source topic and partition (key, value "
             "and headers as they were, plus an ackstream.replay_of header); prints what it "
-            "would send unless --yes. The dead letters stay: a second replay sends again",
+            "would send unless --yes. The dead letters stay and are marked replayed "
+            "(_replayed.jsonl in their folder, or the topic <dead-letter topic>.replayed): "
+            "a second replay leaves them out unless --again",
         ),
     ):
         action = actions.add_parser(name, help=text, description=text, formatter_class=_Formatter)
@@ -231,6 +241,9 @@ def _add_dead_letters(commands) -> None:
         action.add_argument("--limit", type=int, default=None, help="at most this many letters")
     actions.choices["replay"].add_argument(
         "--yes", action="store_true", help="send them (without it: only say what would be sent)"
+    )
+    actions.choices["replay"].add_argument(
+        "--again", action="store_true", help="send letters that were replayed before too"
     )
 
 
@@ -561,7 +574,7 @@ def _kafka_options(parser, args) -> dict[str, str]:
 
     if not args.command_config:
         return {}
-    if not args.bootstrap:
+    if not (args.bootstrap or getattr(args, "upstream_bootstrap", None)):
         parser.error("--command-config needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     try:
         return properties_file_options(args.command_config)
@@ -647,9 +660,10 @@ def _status(parser, args) -> int:
     kafka_options = _kafka_options(parser, args)
     if args.checkpoint and not os.path.isdir(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such directory")
-    for given, name in ((args.dead_letter_topic, "--dead-letter-topic"), (args.group, "--group")):
-        if given and not args.bootstrap:
-            parser.error(f"{name} needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    if args.dead_letter_topic and not args.bootstrap:
+        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    if args.group and not (args.bootstrap or args.upstream_bootstrap):
+        parser.error("--group needs --bootstrap or --upstream-bootstrap HOST:PORT")
     try:
         if args.bootstrap:
             status = kafka_status(
@@ -660,17 +674,27 @@ def _status(parser, args) -> int:
                 window_s=args.window,
                 group_id=args.group,
                 kafka_options=kafka_options,
+                upstream_bootstrap=args.upstream_bootstrap,
             )
         else:
             status = local_status(channel, args.topology, args.dead_letters, window_s=args.window)
+            if args.upstream_bootstrap:
+                from dataclasses import replace
+
+                from ackstream.status import group_lag
+
+                group = args.group or f"ackstream-{args.topology}"
+                lag = group_lag(args.upstream_bootstrap, group, kafka_options)
+                status = replace(status, partitions=lag)
     except AckstreamError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1
     except Exception as problem:  # kafka-python's errors (no broker, timeouts)
-        if not args.bootstrap:
+        if not (args.bootstrap or args.upstream_bootstrap):
             raise
+        brokers = " or ".join(b for b in (args.bootstrap, args.upstream_bootstrap) if b)
         print(
-            f"ackstream: could not read the Kafka channel on {args.bootstrap}: "
+            f"ackstream: could not read from the brokers at {brokers}: "
             f"{type(problem).__name__}: {problem}",
             file=sys.stderr,
         )
@@ -678,9 +702,9 @@ def _status(parser, args) -> int:
     if args.checkpoint:
         from dataclasses import replace
 
-        from ackstream.status import held_in
+        from ackstream.status import held_in, stages_in
 
-        status = replace(status, held=held_in(args.checkpoint))
+        status = replace(status, held=held_in(args.checkpoint), stages=stages_in(args.checkpoint))
     if args.prometheus:
         print(status.prometheus(), end="")
     else:
@@ -689,12 +713,14 @@ def _status(parser, args) -> int:
 
 
 def _dead_letters(parser, args) -> int:
+    from ackstream.clock import now_ms
     from ackstream.config import default_channel_dir
     from ackstream.sinks.dead_letters import (
         read_dead_letters,
         replay_dead_letters,
         select_dead_letters,
     )
+    from ackstream.sinks.replay_log import FileReplayLog, TopicReplayLog, letter_name
 
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be a positive number")
@@ -712,9 +738,11 @@ def _dead_letters(parser, args) -> int:
     kafka_options = _kafka_options(parser, args)
     if args.dead_letters:
         where, letters = args.dead_letters, read_dead_letters(args.dead_letters)
+        marks = FileReplayLog(args.dead_letters)
     elif args.bootstrap:
         topic = args.dead_letter_topic or f"{args.topology}.dead"
         where = f"topic {topic} on {args.bootstrap}"
+        marks = TopicReplayLog(args.bootstrap, topic, kafka_options)
         try:
             letters = read_dead_letters(
                 bootstrap=args.bootstrap, topic=topic, kafka_options=kafka_options
@@ -729,15 +757,23 @@ def _dead_letters(parser, args) -> int:
                 f"no dead letters at {folder}: pass --dead-letters DIR, --channel DIR (the "
                 "source's ackstream.channel) or --bootstrap HOST:PORT (a dead-letter topic)"
             )
-        where, letters = folder, read_dead_letters(folder)
+        where, letters, marks = folder, read_dead_letters(folder), FileReplayLog(folder)
     rows = select_dead_letters(letters, reason=args.reason, records=records, limit=args.limit)
+    replayed = marks.replayed()
     for r in rows:
+        at = replayed.get(letter_name(r))
+        mark = "" if at is None else f"  (replayed {_utc(at)})"
         print(
-            f"{r['topic']}[{r['partition']}]@{r['offset']}  attempts={r['attempts']}  {r['reason']}"
+            f"{r['topic']}[{r['partition']}]@{r['offset']}  attempts={r['attempts']}  "
+            f"{r['reason']}{mark}"
         )
     print(f"{len(rows)} of {letters.num_rows} dead letters in {where}")
     if args.action == "list":
         return 0
+    done = [r for r in rows if letter_name(r) in replayed]
+    if done and not args.again:
+        rows = [r for r in rows if letter_name(r) not in replayed]
+        print(f"{len(done)} of them replayed before: left out (--again sends them again)")
     if not args.yes:
         print(f"dry run: pass --yes to send these {len(rows)} to their source topics")
         return 0
@@ -746,8 +782,16 @@ def _dead_letters(parser, args) -> int:
     except ValueError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1
+    marks.mark([letter_name(r) for r in rows], now_ms())
     print(f"replayed {sent} to their source topics on {args.bootstrap}")
     return 0
+
+
+def _utc(ms: int) -> str:
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _bench(args, extra: list[str]) -> int:

@@ -36,6 +36,9 @@ channel counts each root once, with its first completion.
 - ``held``: per window stage, the ``tuples`` it holds across batches and their
   distinct ``roots`` (pending until the window emits), as its newest saved state in
   the topology's checkpoint has them (:func:`held_in`); ``None`` without a checkpoint.
+- ``stages``: per stage and sink, the tuples it read (``in``, Storm UI's executed)
+  and emitted (``out``) since its checkpoint began, as the topology saved them there
+  (:func:`stages_in`); ``None`` without a checkpoint.
 
 Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
 
@@ -82,6 +85,7 @@ __all__ = [
     "kafka_status",
     "local_status",
     "held_in",
+    "stages_in",
     "source_metrics",
     "summarize",
 ]
@@ -113,6 +117,7 @@ class Status:
     failed_by_stage: dict[str, int] | None = None
     partitions: dict | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
     held: dict | None = None  #: {stage: {"tuples": n, "roots": n}}
+    stages: dict | None = None  #: {stage or sink: {"in": n, "out": n}}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -158,6 +163,11 @@ class Status:
         if self.failed_by_stage:
             out.append("  failed by stage")
             out += [f"    {stage:<24}{n:>8}" for stage, n in self.failed_by_stage.items()]
+        if self.stages:
+            out.append(f"  {'tuples by stage':<26}{'in':>10}{'out':>10}")
+            for stage, n in self.stages.items():
+                counted = "".join(f"{n.get(side, '-'):>10}" for side in ("in", "out"))
+                out.append(f"    {stage:<24}{counted}")
         for stage, n in (self.held or {}).items():
             out.append(
                 f"  held by {stage}: {n['tuples']} tuples of {n['roots']} roots "
@@ -210,6 +220,14 @@ class Status:
                 f'ackstream_held{{{label},stage="{_escape(stage)}",of="{what}"}} {n[what]}'
                 for stage, n in self.held.items()
                 for what in ("tuples", "roots")
+            ]
+        if self.stages:
+            lines.append("# TYPE ackstream_stage_tuples_total counter")
+            lines += [
+                f'ackstream_stage_tuples_total{{{label},stage="{_escape(stage)}",side="{side}"}} '
+                f"{n}"
+                for stage, sides in self.stages.items()
+                for side, n in sides.items()
             ]
         for name in ("end", "committed", "lag") if self.partitions else ():
             lines.append(f"# TYPE ackstream_partition_{name} gauge")
@@ -356,6 +374,15 @@ def held_in(checkpoint: str) -> dict:
     return held_counts(os.path.join(checkpoint, "topology", FOLDER))
 
 
+def stages_in(checkpoint: str) -> dict:
+    """Per stage and sink of the topology started with ``checkpoint``, the tuples it
+    read and emitted since the checkpoint began: ``{node: {"in": n, "out": n}}``, {}
+    before its first counted batch."""
+    from ackstream.topology.stage_counts import FILE, read_stage_counts
+
+    return read_stage_counts(os.path.join(checkpoint, "topology", FILE))
+
+
 def read_source_metrics(directory: str) -> dict | None:
     """The metrics the source last saved in the local channel ``directory``, or None."""
     try:
@@ -373,10 +400,12 @@ def kafka_status(
     window_s: float = 60.0,
     group_id: str | None = None,
     kafka_options=None,
+    upstream_bootstrap: str | None = None,
 ) -> Status:
     """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
     ``<topology>.done``), with the lag of the source's consumer group ``group_id``
-    (default ``ackstream-<topology>``, the source's) on the same brokers.
+    (default ``ackstream-<topology>``, the source's) on the same brokers, or on
+    ``upstream_bootstrap`` when the source reads topics on other brokers.
     ``kafka_options``: ``kafka.*`` connection and security options, as a
     :class:`~ackstream.channels.kafka.KafkaChannel` takes them.
 
@@ -401,7 +430,9 @@ def kafka_status(
         channel=f"kafka {bootstrap} {channel.acks_topic}, {channel.done_topic}",
         now_ms=now_ms(),
         window_s=window_s,
-        partitions=group_lag(bootstrap, group_id or f"ackstream-{topology}", kafka_options),
+        partitions=group_lag(
+            upstream_bootstrap or bootstrap, group_id or f"ackstream-{topology}", kafka_options
+        ),
     )
     if letters is None:
         topic = dead_letter_topic or f"{topology}.dead"

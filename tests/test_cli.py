@@ -1,5 +1,7 @@
 """The command line: argument parsing apart, and the demo end to end in-process."""
 
+import re
+
 import pytest
 
 from ackstream.cli import build_parser, main
@@ -422,6 +424,16 @@ def test_dead_letters_replay_is_a_dry_run_until_yes_then_sends_the_records_back(
         ("trace", "t3"),
         ("ackstream.replay_of", f"{source}:0:3"),
     ]
+    # marked: listed as replayed, left out of a second replay unless --again
+    listed = _in_process(capsys, "dead-letters", "list", *base[2:]).stdout.splitlines()
+    assert ["(replayed" in line for line in listed[:3]] == [True, False, True]
+    twice = (*base, "--record", f"{source}:0:3", "--record", f"{source}:0:8", "--yes")
+    again = _in_process(capsys, *twice)
+    assert again.returncode == 0, again.stderr
+    assert "2 of them replayed before: left out" in again.stdout
+    assert len(consume(broker.bootstrap, source)) == 2
+    assert _in_process(capsys, *twice, "--again").returncode == 0
+    assert len(consume(broker.bootstrap, source)) == 4
 
 
 @pytest.mark.broker
@@ -462,12 +474,15 @@ def test_status_reads_a_kafka_channel_with_a_command_config_file(broker, tmp_pat
         assert stop.value.code == 2 and all(part in err for part in says), err
 
 
-def test_status_with_a_checkpoint_shows_the_tuples_its_windows_hold(capsys, tmp_path):
+def test_status_with_a_checkpoint_shows_its_stage_counts_and_what_its_windows_hold(
+    capsys, tmp_path
+):
     import json
 
     import pyarrow as pa
 
     from ackstream.topology.held_store import FOLDER, HeldState, HeldStore
+    from ackstream.topology.stage_counts import FILE
 
     from test_status import fill_channel
 
@@ -475,13 +490,20 @@ def test_status_with_a_checkpoint_shows_the_tuples_its_windows_hold(capsys, tmp_
     store = HeldStore(str(tmp_path / "ckpt" / "topology" / FOLDER / "w"))
     store.save(0, HeldState(pa.table({"_root": [1, 2, 2, 3], "v": list("abcd")}), None))
     store.save(1, HeldState(pa.table({"_root": [7, 7, 8], "v": list("abc")}), None))
+    counted = {"w": {"in": 9, "out": 2}, "sink#1": {"in": 2}}
+    (tmp_path / "ckpt" / "topology" / FILE).write_text(json.dumps(counted))
     argv = ["status", "--channel", str(tmp_path / "ch"), "--checkpoint", str(tmp_path / "ckpt")]
     assert main(argv) == 0
-    assert "held by w: 3 tuples of 2 roots" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "held by w: 3 tuples of 2 roots" in out
+    assert re.search(r"^ +w +9 +2$", out, re.M) and re.search(r"^ +sink#1 +2 +-$", out, re.M)
     assert main([*argv, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["held"] == {"w": {"tuples": 3, "roots": 2}}
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["held"], shown["stages"]) == ({"w": {"tuples": 3, "roots": 2}}, counted)
     assert main([*argv, "--prometheus"]) == 0
-    assert 'ackstream_held{topology="ackstream",stage="w",of="roots"} 2' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert 'ackstream_held{topology="ackstream",stage="w",of="roots"} 2' in out
+    assert 'ackstream_stage_tuples_total{topology="ackstream",stage="w",side="in"} 9' in out
     with pytest.raises(SystemExit):
         main([*argv[:-1], str(tmp_path / "nowhere")])
     assert "no such directory" in capsys.readouterr().err

@@ -185,27 +185,57 @@ def test_kafka_status_reads_both_topics(broker, tmp_path):
     assert status.partitions is None  # the source's group has committed nothing yet
 
 
-@pytest.mark.broker
-def test_kafka_status_shows_the_lag_of_the_sources_group(broker):
-    """With the Kafka channel there is no metrics file: the lag is the group's."""
+def committed_group(bootstrap: str, topology: str) -> str:
+    """A topic of 5 records whose group ``ackstream-<topology>`` committed offset 2."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    from ackstream.status import kafka_status
-
-    topology = f"lag-{os.urandom(4).hex()}"
     topic = f"{topology}-in"
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
     for n in range(5):
         producer.send(topic, b"%d" % n, partition=0)
     producer.flush()
     producer.close()
-    group = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{topology}")
+    group = KafkaConsumer(bootstrap_servers=bootstrap, group_id=f"ackstream-{topology}")
     group.commit({TopicPartition(topic, 0): OffsetAndMetadata(2, "", -1)})
     group.close()
+    return topic
+
+
+@pytest.mark.broker
+def test_kafka_status_shows_the_lag_of_the_sources_group(broker, monkeypatch):
+    """With the Kafka channel there is no metrics file: the lag is the group's."""
+    import ackstream.status
+    from ackstream.status import kafka_status
+
+    topology = f"lag-{os.urandom(4).hex()}"
+    topic = committed_group(broker.bootstrap, topology)
     status = kafka_status(broker.bootstrap, topology)
     assert status.partitions == {topic: {"0": {"end": 5, "committed": 2, "lag": 3}}}
     assert f"{topic}[0]" in "\n".join(status.lines())
+    # an upstream on other brokers: the group is read there, not on the channel's (one
+    # broker in the suite: the call is watched; the local channel's test reads it for real)
+    asked = []
+    monkeypatch.setattr(ackstream.status, "group_lag", lambda *args: asked.append(args))
+    kafka_status(broker.bootstrap, topology, upstream_bootstrap="127.0.0.1:9")
+    assert asked == [("127.0.0.1:9", f"ackstream-{topology}", None)]
+
+
+@pytest.mark.broker
+def test_status_of_a_local_channel_reads_the_lag_on_the_upstream_brokers(broker, tmp_path, capsys):
+    import json
+
+    from ackstream.cli import main
+
+    topology = f"lag-{os.urandom(4).hex()}"
+    topic = committed_group(broker.bootstrap, topology)
+    fill_channel(tmp_path / "ch")
+    argv = ["status", "--channel", str(tmp_path / "ch"), "--topology", topology, "--json"]
+    assert main([*argv, "--upstream-bootstrap", broker.bootstrap]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["partitions"] == {topic: {"0": {"end": 5, "committed": 2, "lag": 3}}}
+    assert main(argv) == 0  # without it: the figures the source saved (none here)
+    assert json.loads(capsys.readouterr().out)["partitions"] is None
 
 
 def finished(root, status, offset, at_s, attempt=0, reason=None):

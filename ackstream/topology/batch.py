@@ -39,6 +39,7 @@ from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_tab
 from ackstream.topology.bolts import REASON_LIMIT, GroupInput, anchor_pairs, failed_roots
 from ackstream.topology.graph import SPOUT, join_streams, subscriber_copies, subscribers
 from ackstream.topology.held_watch import HeldWatch
+from ackstream.topology.stage_counts import StageCounts
 from ackstream.topology.window import HoldContext
 
 __all__ = ["ACK_MODES", "AckMode", "PerStage", "Telescoped", "ack_mode", "run_batch"]
@@ -108,12 +109,19 @@ def ack_mode(name: str) -> AckMode:
     return ACK_MODES[name]
 
 
-def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None) -> pa.Table:
+def run_batch(
+    topology,
+    batch: DataFrame,
+    batch_id: int,
+    inits: pa.Table | None,
+    counts: StageCounts | None = None,
+) -> pa.Table:
     """Run every stage of ``topology`` on ``batch`` (a static DataFrame), write the
     sinks, and return the batch's ack records (not pre-combined: the ledger combines
     them). ``inits``: the batch's init records when they are known without reading
     the batch (from the source's offset); else they are read from the rows, which
-    then costs a cache and a second Spark job."""
+    then costs a cache and a second Spark job. ``counts``: where to count each stage's
+    and sink's tuples in and out, as the batch's jobs read them."""
     mode, tracking = topology.mode, topology.tracking
     edges = tracking and mode.edges
     now = now_ms()
@@ -125,6 +133,12 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         df = df.persist()
         kept.append(df)
         return df
+
+    if inits is not None and not inits.num_rows:
+        counts = None  # nothing planned: no job may read the batch to count it
+
+    def count(df: DataFrame, node: str, side: str) -> DataFrame:
+        return df if counts is None else counts.watch(df, node, side)
 
     parts: list[DataFrame] = []
     made: list[pa.Table] = []  # ack records stages made on the driver (window holds)
@@ -160,7 +174,7 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
         publish(spout, SPOUT, 0)
         groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
         for stage in topology.stages:
-            tuples = join_streams(copies.pop(stage.name), edges)
+            tuples = count(join_streams(copies.pop(stage.name), edges), stage.name, "in")
             if getattr(stage, "holds", False):
                 context = HoldContext(
                     batch_id,
@@ -177,7 +191,8 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
                 groups[stage.number] = out.groups
             # both sides of an edge must see the same rows; subscribers share them
             shared = edges or len(subs[stage.name]) > 1
-            children = keep(out.tuples) if shared else out.tuples
+            children = count(out.tuples, stage.name, "out")
+            children = keep(children) if shared else children
             if tracking:
                 acked = tuples if out.acked is None else out.acked
                 parts += mode.stage_acks(acked, children, now)
@@ -191,7 +206,7 @@ def run_batch(topology, batch: DataFrame, batch_id: int, inits: pa.Table | None)
                     parts.append(ack_records(failed_roots(out.rejected, groups), REJECT, now))
             publish(children, stage.name, stage.number)
         for node in topology.sinks:
-            outputs = join_streams(copies.pop(node.name), edges)
+            outputs = count(join_streams(copies.pop(node.name), edges), node.name, "in")
             parts += _write_sink(topology, node.sink, outputs, batch_id, now, groups)
         if watch is not None and watch.held() != 0:  # some, or not counted: read them
             parts.extend(held_back_acks(batch.where(f"{REASON} IS NOT NULL"), mode, now))

@@ -13,18 +13,13 @@ or none leaves it unknown, and the caller then reads the held-back rows itself.
 
 from __future__ import annotations
 
-import logging
-import uuid
-
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.lineage import REASON
-from ackstream.session import is_connect
+from ackstream.topology.observed import Observed
 
 __all__ = ["HeldWatch"]
-
-log = logging.getLogger(__name__)
 
 
 class HeldWatch:
@@ -32,40 +27,15 @@ class HeldWatch:
 
     def __init__(self, batch: DataFrame, planned: int):
         self.planned = planned
-        self._observation = _observation(batch, f"ackstream-held-{uuid.uuid4().hex}")
+        self._observed = Observed(batch, "held", rows=F.count(F.lit(1)), held=F.count(REASON))
         #: the batch to read instead of ``batch``: reading it counts
-        self.frame = batch.observe(
-            self._observation, F.count(F.lit(1)).alias("rows"), F.count(REASON).alias("held")
-        )
+        self.frame = self._observed.frame
 
     def held(self) -> int | None:
         """How many rows were held back; None when no finished job saw every row."""
         if not self.planned:  # an empty batch: no job need read it
             return 0
-        seen = _metrics(self._observation)
+        seen = self._observed.metrics()
         if seen is None or seen.get("rows") != self.planned:
             return None
         return seen["held"]
-
-
-def _observation(batch: DataFrame, name: str):
-    """An Observation of the batch's kind: a batch function under Connect runs in a
-    process where pyspark may not know it is a Connect client."""
-    if is_connect(batch.sparkSession):
-        from pyspark.sql.connect.observation import Observation
-    else:
-        from pyspark.sql.observation import Observation
-    return Observation(name)
-
-
-def _metrics(observation) -> dict | None:
-    """The observation's metrics if its first job has finished, else None; never waits
-    (classic PySpark's ``get`` would wait for a job that may never come)."""
-    job = getattr(observation, "_jo", None)  # classic: the JVM Observation
-    try:
-        if job is not None and not job.future().isCompleted():
-            return None
-        return observation.get or None  # Connect: {} until the job reported
-    except Exception:  # the job failed, or an API this code does not know
-        log.debug("no held-back row count from %r", observation, exc_info=True)
-        return None

@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from ackstream.channels.local import LocalChannel
 from ackstream.records import ACKED, FAILED
 from ackstream.sinks.memory import MemorySink
+from ackstream.status import stages_in
 from ackstream.testing import with_lineage
 from ackstream.topology import Topology
 
@@ -72,6 +73,15 @@ def test_stream_acks_every_root_and_fails_the_injected_one(spark, tmp_path):
     assert status == {i: (FAILED if "boom" in line else ACKED) for i, line in enumerate(LINES)}
     counts = {r["word"]: r["n"] for r in sink.rows()}
     assert counts == {"the": 2, "quick": 3, "fox": 2, "jumps": 1, "over": 1, "dog": 1}
+    # Storm UI's executed (in) and emitted (out) per stage: 6 lines, 12 words (an empty
+    # line splits to one empty word), 11 not empty, 10 without "boom", 6 distinct
+    assert stages_in(str(tmp_path / "ckpt")) == {
+        "explode#1": {"in": 6, "out": 12},
+        "filter#2": {"in": 12, "out": 11},
+        "fail_where#3": {"in": 11, "out": 10},
+        "aggregate#4": {"in": 10, "out": 6},
+        "sink#1": {"in": 6},
+    }
 
 
 def test_tracking_off_writes_no_ack_records(spark, tmp_path):
@@ -194,6 +204,12 @@ def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereadi
     assert sorted((r["partition"], r["offset"]) for r in sink.rows()) == sorted(
         (p, o) for p in (0, 1) for o in range(0, 20, 2)
     )
+    # counted from the offsets' planned rows too: 20 even offsets, then offset 4 of both
+    # partitions again; its first attempts failed in the stage, not in the sink
+    assert stages_in(str(tmp_path / "ckpt")) == {
+        "fail_where#1": {"in": 22, "out": 20},
+        "sink#1": {"in": 20},
+    }
 
 
 def test_stop_waits_for_the_batch_in_progress_to_end(spark, tmp_path):

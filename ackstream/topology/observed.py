@@ -1,0 +1,57 @@
+"""Counts that Spark computes while a job reads a DataFrame anyway, read back without
+waiting for a job that may never come.
+
+A Spark ``Observation`` adds aggregate metrics to a plan; the first job that runs
+the plan fills them in. The batch's own jobs (the sink's write, the ack records'
+collect) then count for free: no cache, no job of ackstream's own. What a reader
+must keep in mind: the metrics are those of the *first finished* job over the
+frame, so a first job that reads part of it (``isEmpty()``, ``limit``) counts part,
+and a frame no job reads never gets metrics (:meth:`Observed.metrics` is then None).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from pyspark.sql import Column, DataFrame
+
+from ackstream.session import is_connect
+
+__all__ = ["Observed"]
+
+log = logging.getLogger(__name__)
+
+
+class Observed:
+    """``frame`` is ``df`` with named aggregate ``metrics``, filled in by the first job
+    that reads ``frame`` (not ``df``)."""
+
+    def __init__(self, df: DataFrame, what: str, **metrics: Column):
+        self._observation = _observation(df, f"ackstream-{what}-{uuid.uuid4().hex}")
+        self.frame = df.observe(
+            self._observation, *(column.alias(name) for name, column in metrics.items())
+        )
+
+    def metrics(self) -> dict | None:
+        """The metrics if a job over ``frame`` has finished, else None; never waits
+        (classic PySpark's ``get`` would wait for a job that may never come)."""
+        observation = self._observation
+        job = getattr(observation, "_jo", None)  # classic: the JVM Observation
+        try:
+            if job is not None and not job.future().isCompleted():
+                return None
+            return observation.get or None  # Connect: {} until the job reported
+        except Exception:  # the job failed, or an API this code does not know
+            log.debug("no metrics from %r", observation, exc_info=True)
+            return None
+
+
+def _observation(df: DataFrame, name: str):
+    """An Observation of the frame's kind: a batch function under Connect runs in a
+    process where pyspark may not know it is a Connect client."""
+    if is_connect(df.sparkSession):
+        from pyspark.sql.connect.observation import Observation
+    else:
+        from pyspark.sql.observation import Observation
+    return Observation(name)
