@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from ackstream.status import stages_in
+
 from helpers import consume, sentences
 from spark_cluster import ConnectServer, spark_env
 
@@ -63,3 +65,7 @@ def test_the_readme_topology_runs_from_a_connect_client_and_commits_every_offset
     assert "poison" not in written
     letters = consume(broker.bootstrap, f"{name}.dead")
     assert [m.value for m in letters] == [lines[7].encode()]
+    # the batch function counted each stage's tuples on the server (Connect Observations):
+    # every line at least once (replays of the poison's batch count again)
+    stages = stages_in(str(tmp_path / "ckpt"))
+    assert stages["map#1"]["in"] >= 40 and stages["sink#1"]["in"] > 0, stages
