@@ -214,7 +214,7 @@ class SourceConfig:
     channel_retention_ms: int | None = None
     #: where the source keeps the unfinished records behind each offset (see
     #: ``ackstream.sources.state``); "" = <channel>/source_state, or with the Kafka
-    #: channel <tmp>/ackstream/<topology>/source_state
+    #: channel <tmp>/ackstream/<id_namespace>/source_state
     state_dir_option: str = ""
     tracking: bool = True
     message_timeout_ms: int = 30_000
@@ -230,6 +230,17 @@ class SourceConfig:
     generator_partitions: int = 2
 
     @property
+    def id_namespace(self) -> str:
+        """What root ids hash besides a record's coordinates: the topology's name, and
+        the consumer group when it is not the topology's default one. Two topologies of
+        one name that commit to different groups share the channel (it is named by the
+        topology) but then never settle each other's records. (The generator has no
+        group: two of one name share their commits and are refused by the claim.)"""
+        if self.upstream != "kafka" or self.group_id == f"ackstream-{self.topology}":
+            return self.topology
+        return f"{self.topology}@{self.group_id}"
+
+    @property
     def dead_letter_dir(self) -> str:
         """Parquet folder for dead letters when no dead-letter topic is configured."""
         return os.path.join(self.channel, "dead_letters")
@@ -240,7 +251,8 @@ class SourceConfig:
         if self.state_dir_option:
             return self.state_dir_option
         if self.channel == "kafka":
-            return os.path.join(tempfile.gettempdir(), "ackstream", self.topology, "source_state")
+            folder = self.id_namespace.replace(os.sep, "_")  # one per group, as the ids
+            return os.path.join(tempfile.gettempdir(), "ackstream", folder, "source_state")
         return os.path.join(self.channel, "source_state")
 
     def starting_map(self) -> dict[str, dict[int, int]] | None:

@@ -183,7 +183,7 @@ class GeneratorUpstream:
             chunk = pairs[i : i + step]
             offsets = np.array([o for o, _ in chunk], dtype=np.int64)
             yield spout_batch(
-                self.config.topology,
+                self.config.id_namespace,
                 task.topic,
                 task.partition,
                 offsets,

@@ -308,7 +308,7 @@ class KafkaUpstream:
                 held += [(off, attempts.get(off, 0), NO_RECORD) for off in set(offsets) - seen]
             if config.tracking and held:
                 yield held_batch(
-                    config.topology,
+                    config.id_namespace,
                     *tp,
                     *zip(*sorted(held)),
                     include_headers=config.include_headers,
@@ -360,7 +360,7 @@ def _too_big(config: SourceConfig, size: int) -> str:
 def _batch(config, task, rows):
     offsets, attempts, keys, values, stamps, types, headers = zip(*rows)
     return spout_batch(
-        config.topology,
+        config.id_namespace,
         task.topic,
         task.partition,
         offsets,

@@ -4,9 +4,11 @@ An offset is the JSON the driver-side reader returns from ``latestOffset`` and
 Spark writes to the query's offset log before the batch runs::
 
     {"v": 1,
-     "source": "<topology>",             # only with tracking on: the id namespace,
+     "source": "<topology>",             # only with tracking on: the topology's name,
      "channel": "<ackstream.channel>",   #   the channel and the message timeout, which
      "timeout": <message timeout ms>,    #   the topology reading it checks against its own
+     "ids": "<namespace>",               # what root ids hash (SourceConfig.id_namespace;
+                                         #   "source" in offsets written before it)
      "parts": <Tracker.snapshot()>,      # read position and watermark per partition
      "seq": <n>,                         # with tracking on: the state file of the records
                                          #   not done (ackstream.sources.state), for a restart
@@ -96,7 +98,7 @@ def planned_inits(end: dict, now_ms: int) -> pa.Table | None:
     offset = np.concatenate([o for *_, o, _ in pieces] or [np.empty(0, np.int64)])
     attempt = np.repeat(np.array([a for *_, a in pieces], dtype=np.int32), sizes)
     n = len(offset)
-    roots = ids.root_ids(end["source"], topic, partition, offset, attempt)
+    roots = ids.root_ids(end.get("ids", end["source"]), topic, partition, offset, attempt)
     return pa.table(
         {
             "root": roots,

@@ -68,7 +68,7 @@ def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -
 
 
 def _new_tracker(config: SourceConfig) -> Tracker:
-    return Tracker(config.topology, config.retry, config.source_timeout_ms, config.max_pending)
+    return Tracker(config.id_namespace, config.retry, config.source_timeout_ms, config.max_pending)
 
 
 def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
@@ -271,6 +271,7 @@ class Spout:
                 seq=self.seq,
                 counts=dict(tracker.counts),
                 source=self.config.topology,
+                ids=self.config.id_namespace,
                 channel=self.config.channel,
                 timeout=self.config.message_timeout_ms,
             )

@@ -235,6 +235,51 @@ def test_a_second_query_with_the_same_name_is_refused_naming_both(make_spout):
     later.next_offset()
 
 
+def test_a_same_named_query_of_another_group_never_settles_this_ones_records(
+    broker, new_topic, tmp_path
+):
+    """Two topologies of one name share the channel (named by the topology); when they
+    commit to different consumer groups, their root ids differ, so the acks of one's
+    records are not the other's (the group claim above covers one group only)."""
+    from kafka import KafkaProducer
+
+    topic = new_topic(partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for n in range(4):
+        producer.send(topic, b"%d" % n, partition=0)
+    producer.flush()
+    producer.close()
+    spouts = []
+    try:
+        for group in ("ackstream-twin", "other"):
+            config = parse(
+                {
+                    "kafka.bootstrap.servers": broker.bootstrap,
+                    "subscribe": topic,
+                    "startingOffsets": "earliest",
+                    "kafka.group.id": group,
+                    "ackstream.topology": "twin",
+                    "ackstream.channel": str(tmp_path / "channel"),
+                }
+            )
+            channel, upstream = LocalChannel(config.channel), open_upstream(config)
+            start = initial_offset(config, upstream, channel)
+            spouts.append(Spout(config, upstream, channel, start))
+        ours, theirs = spouts
+        assert (ours.config.id_namespace, theirs.config.id_namespace) == ("twin", "twin@other")
+        ours.next_offset(), theirs.next_offset()
+        roots = ids.root_ids("twin", topic, 0, np.arange(4), 0)  # ours, all acked
+        channel.write_completions(
+            completion_table(roots, ACKED, topic=topic, partition=0, offset=np.arange(4))
+        )
+        ours.next_offset(), theirs.next_offset()
+        assert (ours.metrics()["acked"], ours.metrics()["pending"]) == (4, 0)
+        assert (theirs.metrics()["acked"], theirs.metrics()["pending"]) == (0, 4)
+    finally:
+        for spout in spouts:
+            spout.close()
+
+
 def test_a_restart_from_the_checkpoint_is_the_same_query(make_spout, tmp_path):
     spout, channel, clock = make_spout()
     offset = spout.next_offset()

@@ -73,8 +73,10 @@ def test_read_gives_the_same_rows_with_ids_by_hash_every_time(upstream):
     offsets = [r["offset"] for r in first]
     attempts = [r["_attempt"] for r in first]
     assert list(zip(offsets, attempts)) == [(2, 0), (3, 0), (4, 0), (5, 0), (0, 3)]
+    namespace = upstream.config.id_namespace  # the topology, with the group if not its own
+    assert namespace.startswith("contract")
     assert [r["_root"] for r in first] == ids.root_ids(
-        "contract", topic, partition, offsets, attempts
+        namespace, topic, partition, offsets, attempts
     ).tolist()
     assert {(r["topic"], r["partition"]) for r in first} == {(topic, partition)}
 
