@@ -50,6 +50,7 @@ def build(
     ack_mode: str = "telescoped",
     fail_rate: float = 0.0,
     kafka_options: dict | None = None,
+    stage_counts: bool = False,
 ):
     """The tracked input stream and the topology (tests run it in-process too).
     ``ack_mode="per_stage"`` puts every tree on the acker query's path; ``fail_rate``
@@ -73,6 +74,7 @@ def build(
             KafkaChannel(bootstrap, name, kafka_options=kafka_options),
             ack_mode=ack_mode,
             message_timeout_ms=message_timeout_ms,
+            stage_counts=stage_counts,
         )
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         .explode(F.split("line", " "), "word")

@@ -49,7 +49,9 @@ def main(
 ) -> None:
     started = time.monotonic()
     spark = session(url, name)
-    stream, topology = build(spark, bootstrap, inbox, outbox, name, per_batch=int(per_batch))
+    stream, topology = build(
+        spark, bootstrap, inbox, outbox, name, per_batch=int(per_batch), stage_counts=True
+    )
     running = topology.start(stream, checkpoint, trigger_ms=300)
     group = KafkaConsumer(
         bootstrap_servers=bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False

@@ -86,6 +86,12 @@ class Topology:
     where its acks go, to the upstream acker; its source reads untracked and with
     headers (its offsets are committed as Spark runs their batches; replays come from
     upstream), and :meth:`start` runs no acker of its own.
+
+    ``stage_counts=True`` counts the tuples each stage and sink reads and emits (Storm
+    UI's executed and emitted; ``ackstream status --checkpoint``). Off by default: each
+    count is a row-by-row Spark operator outside its generated code, and together they
+    cost about a fifth of the README pipeline's throughput
+    (see :mod:`ackstream.topology.stage_counts`).
     """
 
     def __init__(
@@ -99,6 +105,7 @@ class Topology:
         ack_mode: str = "telescoped",
         ackers: int = 2,
         continue_trees: bool = False,
+        stage_counts: bool = False,
     ):
         if message_timeout_ms <= 0:
             raise OptionError("message_timeout_ms", message_timeout_ms, "a positive number of ms")
@@ -111,6 +118,7 @@ class Topology:
         self.message_timeout_ms = message_timeout_ms
         self.mode = ack_mode_named(ack_mode)
         self.continue_trees = continue_trees
+        self.stage_counts = stage_counts
         self.stages: list[Stage] = []
         #: where window stages keep their held tuples (set by :meth:`start` beside the
         #: checkpoint; None: in memory, as :meth:`run_batch` in tests)

@@ -98,14 +98,15 @@ class BatchFunction:
         topology = self.topology
         plans = topology.tracking and not topology.continue_trees  # its source tracks roots
         inits = self._planned_inits(batch, batch_id) if plans else None
-        counts = StageCounts()
+        counts = StageCounts() if topology.stage_counts else None
         records = run_batch(topology, batch, batch_id, inits, counts)
         if topology.continue_trees and topology.tracking:  # upstream trees: their acker
             if records.num_rows:
                 topology.channel.write_acks(precombine(records))
         elif topology.tracking:
             topology.mode.report(records, topology.channel, batch_id)
-        counts.add_to(os.path.join(self.offset_log, STAGE_COUNTS_FILE))
+        if counts is not None:
+            counts.add_to(os.path.join(self.offset_log, STAGE_COUNTS_FILE))
 
     def _planned_inits(self, batch: DataFrame, batch_id: int) -> pa.Table | None:
         """The init records of every root of batch ``batch_id``, from the offsets Spark

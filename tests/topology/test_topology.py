@@ -39,7 +39,12 @@ def line_stream(spark, directory, lines, tracked=True):
 def word_count(spark, channel, sink, tracking=True, message_timeout_ms=30_000):
     return (
         Topology(
-            "wordcount", spark, channel, tracking=tracking, message_timeout_ms=message_timeout_ms
+            "wordcount",
+            spark,
+            channel,
+            tracking=tracking,
+            message_timeout_ms=message_timeout_ms,
+            stage_counts=True,
         )
         .explode(F.split("value", " "), "word")
         .where(F.col("word") != "")
@@ -177,7 +182,7 @@ def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereadi
     )
     sink = MemorySink()
     topology = (
-        Topology("planned", spark, channel, message_timeout_ms=300_000)
+        Topology("planned", spark, channel, message_timeout_ms=300_000, stage_counts=True)
         .fail_where((F.col("offset") == 4) & (F.col("_attempt") == 0))
         .sink(sink)
     )
