@@ -758,8 +758,17 @@ def _dead_letters(parser, args) -> int:
                 "source's ackstream.channel) or --bootstrap HOST:PORT (a dead-letter topic)"
             )
         where, letters, marks = folder, read_dead_letters(folder), FileReplayLog(folder)
-    rows = select_dead_letters(letters, reason=args.reason, records=records, limit=args.limit)
-    replayed = marks.replayed()
+    try:
+        replayed = marks.replayed()
+    except Exception as problem:  # kafka-python's errors (no broker, timeouts)
+        print(f"ackstream: could not read which letters were replayed: {problem}", file=sys.stderr)
+        return 1
+    rows = select_dead_letters(letters, reason=args.reason, records=records)
+    skipped = 0
+    if args.action == "replay" and not args.again:  # the limit counts letters to send
+        skipped = sum(letter_name(r) in replayed for r in rows)
+        rows = [r for r in rows if letter_name(r) not in replayed]
+    rows = rows[: args.limit]
     for r in rows:
         at = replayed.get(letter_name(r))
         mark = "" if at is None else f"  (replayed {_utc(at)})"
@@ -768,12 +777,10 @@ def _dead_letters(parser, args) -> int:
             f"{r['reason']}{mark}"
         )
     print(f"{len(rows)} of {letters.num_rows} dead letters in {where}")
+    if skipped:
+        print(f"{skipped} chosen letters were replayed before: left out (--again sends them)")
     if args.action == "list":
         return 0
-    done = [r for r in rows if letter_name(r) in replayed]
-    if done and not args.again:
-        rows = [r for r in rows if letter_name(r) not in replayed]
-        print(f"{len(done)} of them replayed before: left out (--again sends them again)")
     if not args.yes:
         print(f"dry run: pass --yes to send these {len(rows)} to their source topics")
         return 0
@@ -782,7 +789,15 @@ def _dead_letters(parser, args) -> int:
     except ValueError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
         return 1
-    marks.mark([letter_name(r) for r in rows], now_ms())
+    try:
+        marks.mark([letter_name(r) for r in rows], now_ms())
+    except Exception as problem:  # sent, not marked: a second replay would send again
+        print(
+            f"ackstream: replayed {sent}, but could not mark them replayed ({problem}): a "
+            "second replay without --record or --reason would send them again",
+            file=sys.stderr,
+        )
+        return 1
     print(f"replayed {sent} to their source topics on {args.bootstrap}")
     return 0
 

@@ -430,10 +430,13 @@ def test_dead_letters_replay_is_a_dry_run_until_yes_then_sends_the_records_back(
     twice = (*base, "--record", f"{source}:0:3", "--record", f"{source}:0:8", "--yes")
     again = _in_process(capsys, *twice)
     assert again.returncode == 0, again.stderr
-    assert "2 of them replayed before: left out" in again.stdout
+    assert "2 chosen letters were replayed before: left out" in again.stdout
     assert len(consume(broker.bootstrap, source)) == 2
     assert _in_process(capsys, *twice, "--again").returncode == 0
     assert len(consume(broker.bootstrap, source)) == 4
+    # --limit counts the letters to send: the replayed ones are left out first
+    dry = _in_process(capsys, *base, "--limit", "1").stdout.splitlines()
+    assert dry[0].startswith(f"{source}[0]@5 ") and "2 chosen letters" in dry[2]
 
 
 @pytest.mark.broker
