@@ -13,7 +13,7 @@ that reads the frame: a sink whose first job reads part of its input
 What it costs: each count is a ``CollectMetricsExec``, an operator Spark runs row by
 row outside its generated code, so every count splits a stage's whole-stage code
 generation and updates an accumulator per row (the plan keeps its column pruning:
-checked with ``explain``). On the README pipeline (Kafka
+checked with ``explain`` on a small explode plan). On the README pipeline (Kafka
 channel, ``KafkaSink``, 200,000 sentences; two alternating pairs on an idle 2-core
 machine, 2026-11-24) the counts took throughput from 8,674 and 7,242 records/s to
 6,682 and 6,555, CPU from 43-51 s to 55-57 s. So they are off unless a topology asks
