@@ -148,7 +148,9 @@ def combine(records: pa.Table | pd.DataFrame) -> Combined:
     root, value, kind or ts. Only the init rows' coordinates and the fail rows' reasons
     are read row by row: strings of the other rows are never converted."""
     root = _column(records, "root", np.int64)
-    order = np.argsort(root, kind="stable")
+    # not a stable sort: every per-root fold below (XOR, OR, max) ignores the order, and
+    # numpy's default sort is about 2.5x faster on shuffled int64 ids (29 vs 74 ms at 670k)
+    order = np.argsort(root)
     sorted_root = root[order]
     starts = np.flatnonzero(np.r_[True, sorted_root[1:] != sorted_root[:-1]])
     roots = sorted_root[starts]
