@@ -566,18 +566,26 @@ def _stop(queries) -> None:
     stop_queries(queries)
 
 
-def _kafka_options(parser, args) -> dict[str, str]:
+#: How long a one-shot command (status, dead-letters) waits for brokers that do not
+#: answer before it says so; queries ride out outages for OUTAGE_LIMIT_S (120 s) instead.
+ONE_SHOT_BOOTSTRAP_TIMEOUT_MS = 10_000
+
+
+def command_kafka_options(parser, args, one_shot: bool = False) -> dict[str, str]:
     """The ``kafka.*`` client options of ``--command-config`` (none without it); a file
-    that is missing or holds a setting no Kafka client knows stops the command."""
+    that is missing or holds a setting no Kafka client knows stops the command. A
+    ``one_shot`` command gives up on silent brokers after
+    :data:`ONE_SHOT_BOOTSTRAP_TIMEOUT_MS` unless the file sets ``bootstrap.timeout.ms``."""
     from ackstream.errors import OptionError
     from ackstream.kafka.settings import properties_file_options
 
+    options = {"kafka.bootstrap.timeout.ms": str(ONE_SHOT_BOOTSTRAP_TIMEOUT_MS)} if one_shot else {}
     if not args.command_config:
-        return {}
+        return options
     if not (args.bootstrap or getattr(args, "upstream_bootstrap", None)):
         parser.error("--command-config needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     try:
-        return properties_file_options(args.command_config)
+        return {**options, **properties_file_options(args.command_config)}
     except OptionError as problem:
         parser.error(str(problem))
 
@@ -592,7 +600,7 @@ def _acker(parser, args) -> int:
         parser.error("--channel and --bootstrap are both set: give one")
     if args.ackers < 1 or args.trigger_ms < 1:
         parser.error("--ackers and --trigger-ms must be positive")
-    kafka_options = _kafka_options(parser, args)
+    kafka_options = command_kafka_options(parser, args)
     try:
         timeout_ms = parse_duration_ms("--message-timeout", args.message_timeout)
         spark = local_session(
@@ -657,7 +665,7 @@ def _status(parser, args) -> int:
             )
     if args.window <= 0:
         parser.error("--window must be a positive number of seconds")
-    kafka_options = _kafka_options(parser, args)
+    kafka_options = command_kafka_options(parser, args, one_shot=True)
     if args.checkpoint and not os.path.isdir(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such directory")
     if args.dead_letter_topic and not args.bootstrap:
@@ -735,7 +743,7 @@ def _dead_letters(parser, args) -> int:
         parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     if args.action == "replay" and not args.bootstrap:
         parser.error("replay needs --bootstrap HOST:PORT: the brokers of the source topics")
-    kafka_options = _kafka_options(parser, args)
+    kafka_options = command_kafka_options(parser, args, one_shot=True)
     if args.dead_letters:
         where, letters = args.dead_letters, read_dead_letters(args.dead_letters)
         marks = FileReplayLog(args.dead_letters)

@@ -439,6 +439,27 @@ def test_dead_letters_replay_is_a_dry_run_until_yes_then_sends_the_records_back(
     assert dry[0].startswith(f"{source}[0]@5 ") and "2 chosen letters" in dry[2]
 
 
+def test_one_shot_commands_give_up_on_silent_brokers_in_seconds(capsys, tmp_path):
+    """status and dead-letters wait 10 s for brokers that do not answer (queries ride out
+    120 s); a command-config's bootstrap.timeout.ms wins. Port 9 on loopback: nobody."""
+    from ackstream.cli import ONE_SHOT_BOOTSTRAP_TIMEOUT_MS, command_kafka_options
+
+    parser = build_parser()
+    args = parser.parse_args(["status", "--bootstrap", "127.0.0.1:9"])
+    assert command_kafka_options(parser, args, one_shot=True) == {
+        "kafka.bootstrap.timeout.ms": str(ONE_SHOT_BOOTSTRAP_TIMEOUT_MS)
+    }
+    config = tmp_path / "client.properties"
+    config.write_text("bootstrap.timeout.ms=2000\n")
+    args = parser.parse_args(["status", "--bootstrap", "x:1", "--command-config", str(config)])
+    given = command_kafka_options(parser, args, one_shot=True)
+    assert given["kafka.bootstrap.timeout.ms"] == "2000"
+    done = _in_process(capsys, "dead-letters", "list", "--bootstrap", "127.0.0.1:9")
+    assert done.returncode == 1 and "could not read topic ackstream.dead on 127.0.0.1:9" in (
+        done.stderr
+    )
+
+
 @pytest.mark.broker
 def test_status_reads_a_kafka_channel_with_a_command_config_file(broker, tmp_path, capsys):
     """--command-config is Kafka's tools' client.properties: its settings reach every
