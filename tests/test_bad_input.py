@@ -189,3 +189,75 @@ def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new
         running.stop()
         group.close(autocommit=False)
     assert sorted(r["value"] for r in sink.rows()) == [b"a", b"b", b"c"]
+
+
+def test_a_poison_record_alone_in_its_batch_costs_only_that_record(
+    spark, broker, new_topic, tmp_path
+):
+    """A pandas bolt that raises on one record, or returns a value of the wrong type for
+    another, with one record a batch: each bad record alone fails every row of its chunk,
+    and still only its root fails; the query goes on and dead-letters both."""
+    import pandas as pd
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from ackstream.channels.local import LocalChannel
+
+    from helpers import consume
+
+    inbox, name = new_topic(partitions=1), f"alone-{uuid.uuid4().hex[:8]}"
+    values = [f"v{i}" for i in range(6)]
+    values[2], values[4] = "poison", "wrong type"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for value in values:
+        producer.send(inbox, value.encode(), partition=0)
+    producer.flush()
+    producer.close()
+
+    def bolt(frame):
+        text = frame["value"].map(bytes.decode)
+        if (text == "poison").any():
+            raise ValueError("poison")
+        return pd.DataFrame({"text": text, "size": [v if v == "wrong type" else 1 for v in text]})
+
+    stream = (
+        spark.readStream.format("ackstream")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", inbox)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", 1)
+        .option("ackstream.topology", name)
+        .option("ackstream.channel", str(tmp_path / "channel"))
+        .option("ackstream.deadLetterTopic", f"{name}.dead")
+        .option("ackstream.maxRetries", 1)
+        .option("ackstream.retryInitialDelay", "100ms")
+        .load()
+    )
+    sink = MemorySink()
+    running = (
+        Topology(name, spark, LocalChannel(tmp_path / "channel"))
+        .pandas_bolt(bolt, "text string, size long", name="sizes")
+        .sink(sink)
+        .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
+    )
+    group = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
+    )
+    try:
+        wait_for(
+            lambda: group.committed(TopicPartition(inbox, 0)) == len(values) or running.exception(),
+            timeout=120,
+            interval=0.5,
+            what="every offset committed",
+        )
+        assert running.exception() is None and running.is_active()
+    finally:
+        running.stop()
+        group.close(autocommit=False)
+    assert sorted(r["text"] for r in sink.rows()) == ["v0", "v1", "v3", "v5"]
+    reasons = {}
+    for message in consume(broker.bootstrap, f"{name}.dead"):
+        headers = {k: v.decode() for k, v in message.headers}
+        reasons[int(headers["ackstream.offset"])] = headers["ackstream.reason"]
+    assert reasons[2] == "failed: sizes: ValueError: poison"
+    assert reasons[4].startswith("failed: sizes: column 'size' is declared int64")
+    assert sorted(reasons) == [2, 4]

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -396,8 +397,13 @@ class PandasBoltStage(Stage):
     position of the row it is anchored to (Storm's ``emit(anchor, values)``): pandas
     operations such as ``explode``, boolean masks and ``assign`` keep that index by
     themselves. Index -1 emits an unanchored row. ``schema`` is the DDL of the output
-    columns. If ``fn`` raises, the chunk is split until the failing rows are found:
-    only their roots fail, the rest of the chunk goes on."""
+    columns.
+
+    A failure is per row, as a Storm bolt fails single tuples: if ``fn`` raises, or
+    returns output that does not fit ``schema`` (other columns, an index that is not
+    a parent position, a value of another type), the chunk is split until the rows at
+    fault are found; only their roots fail, with a reason naming the stage and what
+    was wrong, and the rest of the chunk goes on."""
 
     kind = "pandas_bolt"
 
@@ -406,21 +412,25 @@ class PandasBoltStage(Stage):
     ):
         super().__init__(number, name)
         self.fn, self.schema = fn, schema
-        self._columns: list[str] | None = None  # the schema's names, found on first use
+        self._output: BoltOutput | None = None  # the schema's columns, found on first use
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
         if is_multi_anchored(df) or GROUP in df.columns:
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
         fn, name = self.fn, self.name
-        if self._columns is None:  # once: each DataFrame call is a trip to the JVM
-            self._columns = df.sparkSession.createDataFrame([], self.schema).columns
-        columns = self._columns
-        if not tracking:
+        if self._output is None:  # once: each DataFrame call is a trip to the JVM
+            self._output = BoltOutput.of(df.sparkSession.createDataFrame([], self.schema).schema)
+        output = self._output
+        if not tracking:  # no root to fail: output that does not fit stops the query
 
             def plain(frames):
                 for frame in frames:
-                    yield check_columns(name, fn(frame[payload].reset_index(drop=True)), columns)
+                    out = fn(frame[payload].reset_index(drop=True))
+                    try:
+                        yield output.checked(out, len(frame))[0]
+                    except BoltOutputError as error:
+                        raise StageError(name, str(error)) from None
 
             return StageOutput(df.mapInPandas(plain, self.schema))
 
@@ -428,7 +438,7 @@ class PandasBoltStage(Stage):
 
         def tracked(frames):
             for frame in frames:
-                yield _run_bolt(fn, frame.reset_index(drop=True), payload, name, columns)
+                yield _run_bolt(fn, frame.reset_index(drop=True), payload, name, output)
 
         out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
         failed = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
@@ -437,54 +447,96 @@ class PandasBoltStage(Stage):
         return StageOutput(good, failed=failed.drop(_ORDINAL), cached=(out,))
 
 
-def check_columns(name: str, out: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """``out`` if it has exactly the columns of the bolt's schema, else a StageError that
-    names the difference (Spark's own error would name ackstream's lineage columns)."""
-    extra = [c for c in out.columns if c not in columns]
-    missing = [c for c in columns if c not in out.columns]
-    if extra or missing:
-        raise StageError(
-            name,
-            f"a pandas bolt returned columns {list(out.columns)}, its schema has {columns}"
-            + (f": not in the schema {extra}" if extra else "")
-            + (f": missing {missing}" if missing else ""),
-        )
-    return out
+class BoltOutputError(ValueError):
+    """A pandas bolt's output does not fit its declared schema; its rows fail."""
+
+
+#: Arrow types of the Spark types whose values are checked before Spark converts them.
+#: Other types (temporal, decimal, nested) are left to Spark's own conversion.
+_CHECKED_TYPES = {
+    "long": pa.int64(),
+    "integer": pa.int32(),
+    "short": pa.int16(),
+    "byte": pa.int8(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+}
+
+
+@dataclass(frozen=True)
+class BoltOutput:
+    """The columns a pandas bolt declared, and the Arrow type of those whose values are
+    checked (see :data:`_CHECKED_TYPES`): a value Spark could not convert would fail the
+    whole task, and with it the batch, instead of the rows that made it."""
+
+    columns: tuple[str, ...]
+    types: tuple[tuple[str, pa.DataType], ...]
+
+    @classmethod
+    def of(cls, schema) -> BoltOutput:
+        types = [(f.name, _CHECKED_TYPES.get(f.dataType.typeName())) for f in schema.fields]
+        return cls(tuple(schema.names), tuple((c, t) for c, t in types if t is not None))
+
+    def checked(self, out: pd.DataFrame, rows: int) -> tuple[pd.DataFrame, np.ndarray]:
+        """``out`` and the parent position of each of its rows (-1: unanchored), or a
+        :class:`BoltOutputError` saying what does not fit, for a chunk of ``rows`` rows."""
+        if not isinstance(out, pd.DataFrame):
+            raise BoltOutputError(f"returned a {type(out).__name__}, not a pandas DataFrame")
+        extra = [c for c in out.columns if c not in self.columns]
+        missing = [c for c in self.columns if c not in out.columns]
+        if extra or missing:
+            raise BoltOutputError(
+                f"returned columns {list(out.columns)}, its schema has {list(self.columns)}"
+                + (f": not in the schema {extra}" if extra else "")
+                + (f": missing {missing}" if missing else "")
+            )
+        try:
+            parent = np.asarray(out.index, dtype=np.int64)
+        except (TypeError, ValueError):
+            parent = np.array([-2])
+        if len(parent) and (parent.min() < -1 or parent.max() >= rows):
+            raise BoltOutputError(
+                "the output rows must be indexed by the position of their parent row "
+                "in the input chunk (or -1: unanchored)"
+            )
+        for column, arrow_type in self.types:
+            values = out[column]
+            if values.dtype != object and pa.from_numpy_dtype(values.dtype) == arrow_type:
+                continue  # already of the declared type
+            try:
+                pa.Array.from_pandas(values, type=arrow_type, safe=False)
+            except (pa.ArrowException, TypeError, ValueError) as error:
+                raise BoltOutputError(
+                    f"column {column!r} is declared {arrow_type}: " + str(error).splitlines()[0]
+                ) from None
+        return out, parent
 
 
 def _run_bolt(
-    fn, frame: pd.DataFrame, payload: list[str], name: str, columns: list[str]
+    fn, frame: pd.DataFrame, payload: list[str], name: str, output: BoltOutput
 ) -> pd.DataFrame:
-    """Run ``fn`` on ``frame``; isolate failing rows by bisection; attach lineage."""
+    """Run ``fn`` on ``frame``; isolate the rows it fails on (it raises, or its output does
+    not fit the schema) by bisection; attach lineage. Every returned frame has the
+    schema's columns, the failed rows' set to null."""
     outputs, failed, errors = [], [], []
 
     def attempt(lo: int, hi: int) -> None:
         chunk = frame.iloc[lo:hi][payload].reset_index(drop=True)
         try:
-            out = fn(chunk)
+            out, parent = output.checked(fn(chunk), hi - lo)
         except Exception as error:  # a user bolt's error fails its rows' roots
             if hi - lo == 1:
                 failed.append(lo)
-                errors.append(f"{name}: {type(error).__name__}: {error}"[:REASON_LIMIT])
+                errors.append(_reason(name, error))
                 return
             mid = (lo + hi) // 2
             attempt(lo, mid)
             attempt(mid, hi)
             return
-        check_columns(name, out, columns)
-        try:
-            parent = np.asarray(out.index, dtype=np.int64)
-        except (TypeError, ValueError):
-            parent = np.array([-2])
-        if len(parent) and (parent.min() < -1 or parent.max() >= hi - lo):
-            raise StageError(
-                name,
-                "a pandas bolt must index its output rows by the position "
-                "of their parent row in its input (or -1: unanchored)",
-            )
-        anchored = parent >= 0
-        parent = np.where(anchored, parent + lo, -1)
-        outputs.append((out.reset_index(drop=True), parent))
+        outputs.append((out, np.where(parent >= 0, parent + lo, -1)))
 
     if len(frame):
         attempt(0, len(frame))
@@ -498,19 +550,29 @@ def _run_bolt(
         root, edge = roots[safe].copy(), edges[safe].copy()
         root[~anchored] = pd.NA
         edge[~anchored] = pd.NA
-        pieces.append(out.assign(**{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _ERROR: None}))
-    if failed:
-        rows = np.asarray(failed, dtype=np.int64)
+        pieces.append(
+            out.reset_index(drop=True).assign(
+                **{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _ERROR: None}
+            )
+        )
+    rows = np.asarray(failed, dtype=np.int64)
+    if len(rows) or not pieces:  # Spark wants the schema's columns in every frame
+        nothing = dict.fromkeys(output.columns)
         pieces.append(
             pd.DataFrame(
                 {
+                    **nothing,
                     ROOT: roots[rows],
                     EDGE: edges[rows],
                     _ORDINAL: np.zeros(len(rows), np.int64),
-                    _ERROR: errors,
+                    _ERROR: pd.array(errors, dtype=object),
                 }
             )
         )
-    if not pieces:
-        return pd.DataFrame({ROOT: [], EDGE: [], _ORDINAL: [], _ERROR: []})
     return pd.concat(pieces, ignore_index=True)
+
+
+def _reason(name: str, error: Exception) -> str:
+    """The reason a row fails with: the stage, then what went wrong."""
+    what = str(error) if isinstance(error, BoltOutputError) else f"{type(error).__name__}: {error}"
+    return f"{name}: {what}"[:REASON_LIMIT]

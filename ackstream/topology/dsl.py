@@ -238,7 +238,9 @@ class Topology:
     def pandas_bolt(self, fn, schema: str, *, name: str | None = None, after=None) -> Topology:
         """A pandas bolt, ``fn(frame) -> frame`` indexed by parent row position (Storm's
         ``emit(anchor, values)``; -1: unanchored); ``schema`` is its output DDL. An
-        exception fails only the roots of the rows that raise it."""
+        exception, or output that does not fit ``schema`` (columns, index, a value's
+        type), fails only the roots of the rows it came from, with a reason naming the
+        stage and what was wrong."""
         return self._add(PandasBoltStage, fn, schema, name=name, after=after)
 
     def sink(self, sink, *, name: str | None = None, after=None) -> Topology:

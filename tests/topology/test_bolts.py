@@ -257,17 +257,85 @@ def test_pandas_bolt_error_fails_only_that_rows_root(spark, ack_mode):
     assert "seen" in set(sink.to_pandas()["word"])  # unanchored rows are written too
 
 
-@pytest.mark.parametrize("tracking", [True, False])
-def test_a_pandas_bolt_whose_columns_differ_from_its_schema_names_them(spark, tracking):
+def test_a_pandas_bolt_whose_columns_differ_from_its_schema_names_them_untracked(spark):
+    """Untracked, no root can fail: output that does not fit stops the query, naming it."""
+
     def bolt(frame):
         return frame.assign(extra=1)[["value", "extra"]]
 
-    topology = Topology("cols", spark, None, tracking=tracking).pandas_bolt(bolt, "value string")
+    topology = Topology("cols", spark, None, tracking=False).pandas_bolt(bolt, "value string")
     with pytest.raises(Exception) as caught:
         topology.sink(MemorySink()).run_batch(tracked_frame(spark, ["a"]))
     message = str(caught.value)
     assert "StageError" in message and "not in the schema ['extra']" in message
     assert "_root" not in message.split("StageError")[-1].splitlines()[0]
+
+
+def pandas_outcome(spark, bolt, schema, values, ack_mode="telescoped"):
+    """Run a one-stage pandas bolt topology on ``values``: (per value, its root's outcome
+    and reason; the rows written)."""
+    sink = MemorySink()
+    topology = Topology("pb", spark, None, ack_mode=ack_mode).pandas_bolt(bolt, schema)
+    records = topology.sink(sink).run_batch(tracked_frame(spark, values))
+    outcome = settle_rows(records)
+    roots = roots_of(spark, values)
+    return [(outcome[r]["status"], outcome[r]["reason"]) for r in roots], sink.to_pandas()
+
+
+@MODES
+def test_a_batch_whose_every_row_fails_in_a_pandas_bolt_fails_their_roots(spark, ack_mode):
+    """One poison record alone in its batch: the chunk has no output row at all."""
+
+    def bolt(frame):
+        raise ValueError("poison")
+
+    outcomes, written = pandas_outcome(spark, bolt, "word string, n long", ["x"], ack_mode)
+    assert outcomes == [("failed", "pandas_bolt#1: ValueError: poison")]
+    assert written.empty
+    outcomes, _ = pandas_outcome(spark, bolt, "word string, n long", ["x", "y", "z"], ack_mode)
+    assert [status for status, _ in outcomes] == ["failed"] * 3
+
+
+@MODES
+def test_a_value_of_another_type_fails_only_the_row_it_came_from(spark, ack_mode):
+    def bolt(frame):
+        n = [len(v) if v != "five" else "not a number" for v in frame["value"]]
+        return pd.DataFrame({"word": frame["value"], "n": n})
+
+    values = ["one", "five", "three"]
+    outcomes, written = pandas_outcome(spark, bolt, "word string, n long", values, ack_mode)
+    assert [status for status, _ in outcomes] == ["acked", "failed", "acked"]
+    reason = outcomes[1][1]
+    assert reason.startswith("pandas_bolt#1: column 'n' is declared int64")
+    assert "not a number" in reason
+    assert sorted(zip(written["word"], written["n"])) == [("one", 3), ("three", 5)]
+
+
+def test_a_chunk_whose_columns_or_index_do_not_fit_fails_its_rows_naming_them(spark):
+    def bolt(frame):
+        if (frame["value"] == "extra").any():
+            return frame.assign(extra=1)[["value", "extra"]]
+        if (frame["value"] == "lost").any():
+            return frame.iloc[0:0][[]]
+        if (frame["value"] == "moved").any():
+            return frame[["value"]].set_index(pd.Index([7] * len(frame)))
+        return frame[["value"]]
+
+    values = ["a", "extra", "b", "lost", "moved", "c"]
+    outcomes, written = pandas_outcome(spark, bolt, "value string", values)
+    assert [status for status, _ in outcomes] == [
+        "acked",
+        "failed",
+        "acked",
+        "failed",
+        "failed",
+        "acked",
+    ]
+    assert "not in the schema ['extra']" in outcomes[1][1]
+    assert "missing ['value']" in outcomes[3][1]
+    assert "indexed by the position of their parent row" in outcomes[4][1]
+    assert all(reason.startswith("pandas_bolt#1: ") for _, reason in outcomes if reason)
+    assert sorted(written["value"]) == ["a", "b", "c"]
 
 
 @MODES
