@@ -235,14 +235,11 @@ def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, c
     assert "boom after start" in err and "broken.py failed" in err
 
 
-BROKEN_BOLT_FILE = """
+BROKEN_STAGE_FILE = """
 from ackstream import LocalChannel, MemorySink, Topology
 
-def bolt(frame):
-    return frame.assign(extra=1)[["value", "extra"]]
-
 topology = (Topology("run-broken", spark, LocalChannel({channel!r}))
-            .pandas_bolt(bolt, "value binary").sink(MemorySink()))
+            .map(lambda df: df.select("value", "offset")).sink(MemorySink()))
 frame = topology.read_stream({{"ackstream.upstream": "generator",
                               "ackstream.generator.count": "20"}})
 topology.start(frame, {checkpoint!r}, trigger_ms=200)
@@ -257,7 +254,7 @@ def test_run_exits_at_once_when_a_query_fails_with_the_cause_first(spark, tmp_pa
 
     topo = tmp_path / "broken.py"
     topo.write_text(
-        BROKEN_BOLT_FILE.format(channel=str(tmp_path / "ch"), checkpoint=str(tmp_path / "ckpt"))
+        BROKEN_STAGE_FILE.format(channel=str(tmp_path / "ch"), checkpoint=str(tmp_path / "ckpt"))
     )
     before = {q.id for q in spark.streams.active}
     started = time.monotonic()
@@ -265,7 +262,7 @@ def test_run_exits_at_once_when_a_query_fails_with_the_cause_first(spark, tmp_pa
     assert time.monotonic() - started < 200
     assert {q.id for q in spark.streams.active} == before
     first = next(line for line in capsys.readouterr().err.splitlines() if "failed" in line)
-    assert "query run-broken failed: " in first and "StageError" in first and "extra" in first
+    assert "query run-broken failed: " in first and "StageError" in first and "lineage" in first
 
 
 def test_version_and_a_help_that_imports_neither_pyspark_nor_pandas():
