@@ -1,103 +1,92 @@
-"""End-to-end benchmark (issue 15): the README's pipeline over Apache Kafka, every system
-side by side in one run, on the same input and the same machine.
+"""End-to-end benchmark: the README's pipeline over Apache Kafka, every system doing the
+same work in its natural, fastest form, side by side in one run on one machine.
 
-The input topic gets ``--records`` sentences of about 8 words (deterministic) over
-``--partitions`` partitions, produced once before anything is timed. Each system then
-reads that topic with a consumer group of its own, splits the sentences into words,
-counts words per batch (at most ``--max-per-batch`` records a batch), writes the counts
-(key = word, value = count as a string) to an output topic of its own, and commits its
-input offsets to its group only after that write. Systems:
+The work (the systems are in ``e2e_systems.py``): an input topic per batch size holds
+sentences of about 8 words (deterministic) over ``--partitions`` partitions, produced
+before anything is timed. Each system reads it with a consumer group of its own in
+batches of at most N records (``--batch-sizes``), counts the words of each batch, writes
+the counts to an output topic of its own, and commits its input offsets to its group
+after that write. After every run the output topic is read back: the counts summed per
+word must equal the input's, or the run fails (a system doing less, or more, work is
+caught); its number of messages is printed.
 
-- ``ackstream_kafka``: ackstream tracked, Kafka channel, ``KafkaSink``;
-- ``ackstream_local``: ackstream tracked, local channel, ``KafkaSink``;
-- ``ackstream_untracked``: the same topology with ``tracking=False``;
-- ``kafka_python_loop``: poll, split, count, produce, flush, commit, by hand;
-- ``quix``: Quix Streams (the ``bench`` extra), at-least-once. Quix has no per-batch
-  aggregate without state and a repartition, so it counts the words of each record and
-  writes one message per distinct word of a sentence (more output than the others;
-  ``output_messages`` says how much); it commits at most every ``--max-per-batch``
-  records, after flushing what it produced;
-- ``spark_kafka``: Spark's own Kafka source (``format("kafka")``) with ``foreachBatch``
-  doing the same work untracked, committing the batch's offsets to its group by hand
-  (``make spark-kafka`` brings the connector);
-- ``share_group``: a Kafka share group (KIP-932, the broker's own per-record ack) read
-  by confluent-kafka's ``ShareConsumer`` (the ``bench`` extra): poll, split, count,
-  produce, flush, then acknowledge every record (ACCEPT) and ``commit_sync``. A share
-  group has no committed offset to poll, so its end is the worker's own report that
-  the broker took the acknowledgements of every input offset.
+Warm figures. The Spark systems share one long-lived worker process (one Spark
+session); the others run in a fresh process each. A warm-up round runs every Spark
+system once on ``--warmup-batches`` batches before any timed run, and every input starts
+with ``--warmup-batches`` batches too: a run's rate is its timed records (the rest) over
+the time from the group's commits covering the warm-up to their covering every offset,
+both seen by a poller asking the broker every 50 ms. CPU: user + system seconds of the
+worker's process tree (Spark's JVM and Python workers included, the broker not) over
+the same span. Repeats alternate the order (A B C, then C B A); ``/proc/loadavg`` is
+recorded before and after every run.
 
-Each system runs in a process of its own (a child of this one), one after another, in
-an order that alternates across ``--repeats``. Measured from outside the process:
+Cold figures (``--cold-systems``): each system once in a fresh process on the first
+size's input, before the warm runs: from the process's start to the first output
+message, and to every input offset committed.
 
-- *records/s*: input records over the time from the system's first record read (the
-  start of the first Spark batch with input, from the query's progress; the return of
-  the first poll with records; Quix's first record in the pipeline) to the moment a
-  poller thread here sees the group's committed offsets cover every input offset (it
-  asks the broker every 100 ms with kafka-python). ``records_per_s_from_ready`` counts
-  from the process's start of work instead (just before the query starts or the first
-  poll), so it includes the queries' start-up; ``startup_s`` is the time from the
-  process's start to then.
-- *CPU seconds*: user + system time of the whole process tree (Python, Spark's JVM,
-  Spark's Python workers; ``/proc/<pid>/stat`` of every process in the worker's session,
-  with the children it has already reaped), sampled when the poller sees the last
-  commit, minus the same at the start of work (``cpu_s_startup``). The broker's CPU is
-  no system's.
-- For ``ackstream_kafka``, a second run fed at half its measured rate by a producer
-  thread here: complete latency p50/p99 (the completions on the Kafka channel) and
-  *offset committed* latency p50/p99 (from each record's send to the poller seeing
-  an offset committed past it).
+Latency (``--latency-seconds``): ackstream tracked on the Kafka channel in the warm
+worker, fed at half its median rate at the first size: complete latency (its
+completions) and send-to-commit latency (a record's send to the poller seeing an
+offset committed past it), p50 and p99.
 
-Prints one JSON line and writes it to ``benchmarks/results/e2e-<date>.json``.
+Prints tables and the figures of the project's targets (``TARGETS``) and writes JSON
+to ``benchmarks/results/e2e-<date>.json``.
 
-    .venv/bin/python benchmarks/e2e.py [--records N] [--partitions P] [--repeats R]
+    .venv/bin/python benchmarks/e2e.py [--batch-sizes 20000,100000] [--batches 10]
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import collections
 import contextlib
+import dataclasses
 import datetime as dt
 import glob
 import importlib.metadata
 import importlib.util
 import json
 import os
+import queue
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import types
 import uuid
 
 import numpy as np
+from e2e_systems import (
+    MARK,
+    MESSAGE_TIMEOUT_MS,
+    SPARK_SYSTEMS,
+    SYSTEMS,
+    TRACKED,
+    UNTRACKED,
+    spark_kafka_jars,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 sys.path.insert(0, ROOT)
 
-SYSTEMS = (
-    "ackstream_kafka",
-    "ackstream_local",
-    "ackstream_untracked",
-    "kafka_python_loop",
-    "quix",
-    "spark_kafka",
-    "share_group",
+#: What the figures are judged against: (name, system, the system it is compared with,
+#: comparison, target, the batch size the target applies at or None for every size).
+#: An overhead is 1 - system / other; a None comparison is printed, not judged.
+TARGETS = (
+    ("tracked / Spark's Kafka source", TRACKED, "spark_kafka", ">=", 0.8, None),
+    ("tracked / Quix", TRACKED, "quix", ">=", 1.5, None),
+    ("tracked / kafka-python loop", TRACKED, "kafka_python_loop", ">=", 1.2, 100_000),
+    ("tracking overhead, Kafka channel", TRACKED, UNTRACKED, "<=", 0.10, None),
+    ("tracking overhead, local channel", "ackstream_local", UNTRACKED, None, None, None),
 )
-ACKSTREAM_SYSTEMS = SYSTEMS[:3]
-MESSAGE_TIMEOUT_MS = 120_000  # nothing may time out in a run: a replay would be a bug here
-SPARK_KAFKA_PREFIX = os.path.join(ROOT, ".cache", "spark-kafka-")
-#: The interpreter of the share-group worker: confluent-kafka >= 2.16 has ShareConsumer,
-#: and quixstreams pins confluent-kafka < 2.13, so the two need environments of their own
-#: (``make bench-e2e`` makes .cache/share-venv and sets ACKSTREAM_SHARE_PYTHON).
-SHARE_PYTHON = os.environ.get("ACKSTREAM_SHARE_PYTHON", sys.executable)
-MARK = "e2e"  # the key of the worker's event lines on its stdout (Spark's JVM shares it)
+LATENCY_TARGETS = (("complete_p99_ms", "<=", 1000.0), ("committed_p99_ms", "<=", 2000.0))
 
 
 def log(message: str) -> None:
@@ -160,101 +149,89 @@ def create_topic(bootstrap: str, partitions: int, name: str) -> str:
     return create(bootstrap, partitions, name=name)
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+@dataclasses.dataclass
+class Input:
+    """An input topic: its first ``warm_ends`` offsets are the warm-up, the rest timed."""
+
+    topic: str
+    max_per_batch: int
+    warm_ends: dict[int, int]
+    ends: dict[int, int]
+    counts: collections.Counter  # word (bytes) -> occurrences in the whole topic
+
+    @property
+    def records(self) -> int:
+        return sum(self.ends.values())
+
+    @property
+    def timed_records(self) -> int:
+        return self.records - sum(self.warm_ends.values())
+
+
+def make_input(ctx, name: str, max_per_batch: int, warm_batches: int, timed_batches: int):
+    """A topic of ``warm_batches`` then ``timed_batches`` batches of sentences, the
+    warm-up produced (and flushed) first so that it holds the lowest offsets."""
+    topic = create_topic(ctx.bootstrap, ctx.partitions, f"e2e-{ctx.run}-{name}")
+    lines = sentences((warm_batches + timed_batches) * max_per_batch)
+    warm = warm_batches * max_per_batch
+    log(f"producing {len(lines):,} sentences to {topic} ({warm:,} of them the warm-up)")
+    warm_ends = produce(ctx.bootstrap, topic, lines[:warm], ctx.partitions) if warm else {}
+    ends = {**warm_ends, **produce(ctx.bootstrap, topic, lines[warm:], ctx.partitions)}
+    counts = collections.Counter(b" ".join(lines).split(b" "))
+    return Input(topic, max_per_batch, warm_ends, ends, counts)
+
+
+def read_output(bootstrap: str, topic: str, timeout_s: float = 120) -> tuple[dict, int]:
+    """The counts of ``topic`` summed per word, and its number of messages."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
         parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        return {tp.partition: end for tp, end in consumer.end_offsets(parts).items()}
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        ends = consumer.end_offsets(parts)
+        counts: collections.Counter = collections.Counter()
+        messages = 0
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"could not read {topic} to its end in {timeout_s:.0f} s")
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    counts[record.key] += int(record.value)
+                messages += len(records)
+        return counts, messages
     finally:
         consumer.close()
+
+
+def check_same_work(system: str, expected: collections.Counter, found: dict) -> None:
+    """Fails unless ``found`` (the output's counts per word) equals ``expected``."""
+    if found == expected:
+        return
+    wrong = [w for w in expected.keys() | found.keys() if found.get(w, 0) != expected.get(w, 0)]
+    examples = ", ".join(
+        f"{w.decode(errors='replace') if w else w!r}: {found.get(w, 0)} for {expected.get(w, 0)}"
+        for w in sorted(wrong, key=lambda w: w or b"")[:5]
+    )
+    raise RuntimeError(
+        f"system {system} did not do the same work: its output counts "
+        f"{sum(found.values()):,} words against {sum(expected.values()):,} in the input, "
+        f"{len(wrong)} words differ (e.g. {examples})"
+    )
 
 
 # --- measuring from outside -----------------------------------------------------------
 
 
-class CommitPoller(threading.Thread):
-    """Asks the broker for ``group``'s committed offsets on ``topic`` every ``interval_s``;
-    keeps when each committed offset was first seen, and sets ``done`` (at ``done_at``)
-    once they cover ``target`` ({partition: end offset})."""
-
-    def __init__(self, bootstrap: str, group: str, topic: str, interval_s: float = 0.1):
-        super().__init__(daemon=True, name=f"poller-{group}")
-        self.bootstrap, self.group, self.topic, self.interval_s = (
-            bootstrap,
-            group,
-            topic,
-            interval_s,
-        )
-        self.history: dict[int, list[tuple[float, int]]] = collections.defaultdict(list)
-        self.committed: dict[int, int] = {}
-        self.target: dict[int, int] | None = None
-        self.done, self.stopped = threading.Event(), threading.Event()
-        self.done_at: float | None = None
-        self.error: str | None = None
-        self.crashed = False
-
-    def run(self) -> None:
-        from kafka import KafkaAdminClient
-
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="e2e-poller")
-        try:
-            self.poll(admin)
-        except BaseException as error:  # the run fails loud with it (see check)
-            self.error = repr(error)
-            self.crashed = True
-            raise
-        finally:
-            admin.close()
-
-    def check(self) -> None:
-        if self.crashed:
-            raise RuntimeError(f"the commit poller of {self.group} failed: {self.error}")
-
-    def poll(self, admin) -> None:
-        from kafka.errors import KafkaError
-
-        while not self.stopped.is_set():
-            asked = time.monotonic()
-            try:
-                offsets = admin.list_group_offsets({self.group: None}).get(self.group, {})
-            except KafkaError as error:  # e.g. the group's coordinator is not ready yet
-                self.error = repr(error)
-                offsets = {}
-            now = time.time()
-            for tp, meta in offsets.items():
-                if meta is None or tp.topic != self.topic:
-                    continue
-                if meta.offset > self.committed.get(tp.partition, 0):
-                    self.committed[tp.partition] = meta.offset
-                    self.history[tp.partition].append((now, meta.offset))
-            target = self.target
-            if target is not None and all(
-                self.committed.get(p, 0) >= end for p, end in target.items()
-            ):
-                self.target = None  # covered; a next target (if any) is set anew
-                self.done_at = now
-                self.done.set()
-            self.stopped.wait(max(0.0, self.interval_s - (time.monotonic() - asked)))
-
-    def committed_total(self) -> int:
-        return sum(self.committed.values())
-
-    def seen_at(self, partition: int, offset: int) -> float | None:
-        """When a committed offset past ``offset`` of ``partition`` was first seen."""
-        history = self.history.get(partition, [])
-        at = bisect.bisect_right([o for _, o in history], offset)
-        return history[at][0] if at < len(history) else None
-
-
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def session_cpu_s(session: int) -> float:
-    """User + system CPU seconds of every process in session ``session`` (the worker
-    and everything it started), with the children each has already waited for."""
-    total = 0
+def session_stats(session: int) -> tuple[list[int], float]:
+    """The processes of session ``session`` (the worker and everything it started) and
+    their user + system CPU seconds, with the children each has already waited for."""
+    pids, ticks = [], 0
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
             with open(stat) as f:
@@ -262,102 +239,179 @@ def session_cpu_s(session: int) -> float:
         except OSError:  # gone meanwhile
             continue
         if int(fields[3]) == session:  # fields[3]: the session id
-            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return total / _CLK_TCK
-
-
-def session_pids(session: int) -> list[int]:
-    pids = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session:
             pids.append(int(stat.split("/")[2]))
-    return pids
+            ticks += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return pids, ticks / _CLK_TCK
+
+
+def loadavg() -> list[float]:
+    with open("/proc/loadavg") as f:
+        return [float(v) for v in f.read().split()[:3]]
+
+
+class Poller(threading.Thread):
+    """Asks the broker for ``group``'s committed offsets on ``topic`` every ``interval_s``.
+    Records when they first cover each expected set of end offsets (``expect``), with
+    ``cpu()`` then, the history of each partition's commits, and, given ``output``, when
+    that topic first holds a message."""
+
+    def __init__(self, bootstrap, group, topic, cpu, output=None, interval_s=0.05):
+        super().__init__(daemon=True, name=f"poller-{group}")
+        self.bootstrap, self.group, self.topic, self.output = bootstrap, group, topic, output
+        self.cpu, self.interval_s = cpu, interval_s
+        self.expected: dict[str, dict[int, int]] = {}
+        self.reached: dict[str, tuple[float, float]] = {}  # name -> (time, cpu seconds)
+        self.committed: dict[int, int] = {}
+        self.history: dict[int, list[tuple[float, int]]] = collections.defaultdict(list)
+        self.first_output: float | None = None
+        self.changed = threading.Event()
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+
+    def expect(self, name: str, ends: dict[int, int]) -> None:
+        self.expected[name] = dict(ends)
+
+    def run(self) -> None:
+        from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="e2e-poller")
+        outputs = KafkaConsumer(bootstrap_servers=self.bootstrap) if self.output else None
+        try:
+            parts = []
+            if outputs is not None:
+                ids = outputs.partitions_for_topic(self.output) or ()
+                parts = [TopicPartition(self.output, p) for p in ids]
+            while not self.stopped.is_set():
+                asked = time.monotonic()
+                # the output first: it is written before the commits that _poll sees
+                if parts and self.first_output is None and any(outputs.end_offsets(parts).values()):
+                    self.first_output = time.time()
+                self._poll(admin)
+                self.stopped.wait(max(0.0, self.interval_s - (time.monotonic() - asked)))
+        except BaseException as error:  # the run fails loud with it (see check)
+            self.error = error
+            raise
+        finally:
+            admin.close()
+            if outputs is not None:
+                outputs.close()
+
+    def _poll(self, admin) -> None:
+        from kafka.errors import KafkaError
+
+        try:
+            offsets = admin.list_group_offsets({self.group: None}).get(self.group, {})
+        except KafkaError:  # e.g. the group's coordinator is not ready yet
+            return
+        now = time.time()
+        for tp, meta in offsets.items():
+            if (
+                tp.topic == self.topic
+                and meta
+                and meta.offset > self.committed.get(tp.partition, 0)
+            ):
+                self.committed[tp.partition] = meta.offset
+                self.history[tp.partition].append((now, meta.offset))
+        for name, ends in list(self.expected.items()):
+            if name not in self.reached and self.covers(ends):
+                self.reached[name] = (now, self.cpu())
+                self.changed.set()
+
+    def covers(self, ends: dict[int, int]) -> bool:
+        return all(self.committed.get(p, 0) >= end for p, end in ends.items())
+
+    def wait(self, name: str, worker: Worker, timeout_s: float) -> tuple[float, float]:
+        """When the commits covered ``name``'s offsets (and the CPU seconds then)."""
+        deadline = time.monotonic() + timeout_s
+        while name not in self.reached:
+            if self.error is not None:
+                raise RuntimeError(f"the commit poller of {self.group} failed: {self.error!r}")
+            worker.check_alive()
+            if time.monotonic() > deadline:
+                worker.fail(
+                    f"committed {sum(self.committed.values()):,} offsets of "
+                    f"{sum(self.expected[name].values()):,} in {timeout_s:.0f} s"
+                )
+            self.changed.wait(0.1)
+            self.changed.clear()
+        return self.reached[name]
+
+    def seen_at(self, partition: int, offset: int) -> float | None:
+        """When a committed offset past ``offset`` of ``partition`` was first seen."""
+        return next((t for t, o in self.history.get(partition, ()) if o > offset), None)
 
 
 class Worker:
-    """One system's process: started in a session of its own, reporting events as JSON
-    lines on stdout, stopped by closing its stdin; its stderr goes to ``log_path``."""
+    """A process running systems one after another on command (JSON lines on its stdin:
+    a run, then a stop), reporting ``started`` and ``finished`` as JSON lines on its
+    stdout; it ends when its stdin closes. Started in a session of its own, so that its
+    CPU time and its processes (Spark's JVM, Python workers) can be found."""
 
-    def __init__(self, system: str, args: list[str], log_path: str, python: str = sys.executable):
-        self.system, self.log_path = system, log_path
-        self.events: dict[str, dict] = {}
-        self.changed = threading.Condition()
+    def __init__(self, log_path: str):
+        self.log_path = log_path
+        self.events: queue.Queue = queue.Queue()
         self.spawned = time.time()
-        with open(log_path, "wb") as log_file:
+        with open(log_path, "ab") as log_file:
             self.process = subprocess.Popen(
-                [python, os.path.abspath(__file__), "worker", system, *args],
+                [sys.executable, os.path.join(HERE, "e2e_systems.py")],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log_file,
                 start_new_session=True,
                 cwd=ROOT,
             )
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for raw in self.process.stdout:
-            try:
+            with contextlib.suppress(ValueError):
                 event = json.loads(raw)
-            except ValueError:
-                continue  # the JVM's own stdout
-            if isinstance(event, dict) and MARK in event:
-                with self.changed:
-                    self.events[event[MARK]] = event
-                    self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
+                if isinstance(event, dict) and MARK in event:
+                    self.events.put(event)
+        self.events.put(None)  # the worker's stdout closed
 
-    def wait_event(self, name: str, timeout_s: float) -> dict:
-        deadline = time.monotonic() + timeout_s
-        with self.changed:
-            while name not in self.events:
-                if self.process.poll() is not None and not self.reader.is_alive():
-                    self.fail(f"exited with {self.process.returncode} before '{name}'")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.fail(f"no '{name}' within {timeout_s:.0f} s")
-                self.changed.wait(min(left, 0.5))
-        return self.events[name]
+    def send(self, **command) -> None:
+        self.process.stdin.write((json.dumps(command) + "\n").encode())
+        self.process.stdin.flush()
+
+    def expect(self, name: str, timeout_s: float) -> dict:
+        try:
+            event = self.events.get(timeout=timeout_s)
+        except queue.Empty:
+            self.fail(f"sent no '{name}' within {timeout_s:.0f} s")
+        if event is None:
+            self.process.wait(10)
+            self.fail(f"exited with {self.process.returncode} before '{name}'")
+        if event[MARK] != name:
+            self.fail(f"sent '{event[MARK]}' where '{name}' was due")
+        return event
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
             self.fail(f"exited with {self.process.returncode} while running")
 
     def cpu_s(self) -> float:
-        return session_cpu_s(self.process.pid)
+        return session_stats(self.process.pid)[1]
 
-    def stop(self, timeout_s: float = 90.0) -> dict:
-        """Close stdin (the worker stops its queries and reports), wait for its exit."""
+    def close(self, timeout_s: float = 90.0) -> None:
+        """Close stdin (the worker ends), wait for it, end what is left of its session."""
         with contextlib.suppress(OSError):
             self.process.stdin.close()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.fail(f"did not stop within {timeout_s:.0f} s")
-        self.reader.join(10)
-        self.kill()  # anything of its session still running (a JVM it left behind)
-        if self.process.returncode:
-            self.fail(f"exited with {self.process.returncode} while stopping")
-        return self.events.get("finished", {})
+        self.kill()
 
     def kill(self) -> None:
         """SIGTERM, then SIGKILL, to every process of the worker's session, by pid."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = session_pids(self.process.pid)
+            pids = session_stats(self.process.pid)[0]
             if not pids:
                 break
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + 10
-            while session_pids(self.process.pid) and time.monotonic() < deadline:
+            while session_stats(self.process.pid)[0] and time.monotonic() < deadline:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.process.wait(0.1)
                 time.sleep(0.1)
@@ -371,176 +425,147 @@ class Worker:
                 tail = f.readlines()[-80:]
         except OSError:
             tail = []
-        raise RuntimeError(
-            f"system {self.system} {why}; its log ({self.log_path}) ends with:\n" + "".join(tail)
-        )
+        raise RuntimeError(f"worker {why}; its log ({self.log_path}) ends with:\n" + "".join(tail))
 
 
-# --- one run of one system --------------------------------------------------------------
+# --- one run of one system ------------------------------------------------------------
 
 
-def run_system(system: str, ctx: dict, tag: str, timeout_s: float) -> dict:
-    """Start ``system`` on the input topic, wait until its group committed every input
-    offset, stop it; returns its figures."""
-    bootstrap, records = ctx["bootstrap"], ctx["records"]
-    group = f"e2e-{ctx['run']}-{system}-{tag}"
-    name = f"e2e-{ctx['run']}-{system.replace('_', '-')}-{tag}"
-    output = create_topic(bootstrap, ctx["partitions"], f"{name}-out")
-    workdir = os.path.join(ctx["workdir"], name)
+def start_job(worker: Worker, ctx, system: str, name: str, topic: str, max_per_batch: int):
+    """Send ``worker`` the job of ``system`` over ``topic`` (its group, checkpoint and
+    output named ``name``); returns its output topic."""
+    output = create_topic(ctx.bootstrap, ctx.partitions, f"{name}-out")
+    workdir = os.path.join(ctx.workdir, name)
     os.makedirs(workdir)
-    poller = CommitPoller(bootstrap, group, ctx["input"])
-    poller.target = ctx["ends"]
-    worker = start_worker(system, ctx, ctx["input"], output, group, name, workdir)
+    worker.send(
+        system=system,
+        bootstrap=ctx.bootstrap,
+        input=topic,
+        output=output,
+        group=name,
+        name=name,
+        workdir=workdir,
+        max_per_batch=max_per_batch,
+        trigger_ms=ctx.trigger_ms,
+        warmup_batches=ctx.warmup_batches,
+    )
+    return output
+
+
+def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=False) -> dict:
+    """Run ``system`` in ``worker`` over ``inp`` until its group committed every input
+    offset, stop it, check its output; returns its figures (timed from the warm-up's
+    commit, or, when ``cold``, from the worker's start)."""
+    name = f"e2e-{ctx.run}-{tag}-{system.replace('_', '-')}"
+    load_before = loadavg()
+    output = start_job(worker, ctx, system, name, inp.topic, inp.max_per_batch)
+    poller = Poller(ctx.bootstrap, name, inp.topic, worker.cpu_s, output if cold else None)
+    poller.expect("warm", inp.warm_ends)
+    poller.expect("all", inp.ends)
+    poller.start()
     try:
-        ready = worker.wait_event("ready", ctx["startup_timeout_s"])
-        cpu_ready = worker.cpu_s()
-        log(f"{system}: ready after {ready['t'] - worker.spawned:.1f} s, working")
-        if system == "share_group":  # no committed offsets: the worker says when it is done
-            poller.done_at = worker.wait_event("acknowledged", timeout_s)["t"]
-            poller.committed = dict(ctx["ends"])
-            poller.done.set()
-        else:
-            poller.start()
-        deadline = time.monotonic() + timeout_s
-        last_report = time.monotonic()
-        while not poller.done.wait(0.05):
-            worker.check_alive()
-            poller.check()
-            if time.monotonic() > deadline:
-                worker.fail(
-                    f"committed {poller.committed_total()} of {records} offsets "
-                    f"in {timeout_s:.0f} s (poller: {poller.error})"
-                )
-            if time.monotonic() - last_report > 5:
-                last_report = time.monotonic()
-                log(f"{system}: {poller.committed_total()} of {records} offsets committed")
-        cpu_done = worker.cpu_s()
-        finished = worker.stop()
+        started = worker.expect("started", ctx.startup_timeout_s)
+        warm_at, warm_cpu = poller.wait("warm", worker, ctx.timeout_s)
+        done_at, done_cpu = poller.wait("all", worker, ctx.timeout_s)
+        worker.send(stop=True)
+        finished = worker.expect("finished", 180)
     finally:
         poller.stopped.set()
-        worker.kill()
-    first = finished.get("first_read")
-    if first is None:
-        raise RuntimeError(f"system {system} reported no first read: {finished}")
-    done_at = poller.done_at
-    result = {
-        "records": records,
-        "records_per_s": records / (done_at - first),
-        "records_per_s_from_ready": records / (done_at - ready["t"]),
-        "seconds": done_at - first,
-        "startup_s": ready["t"] - worker.spawned,
-        "ready_to_first_read_s": first - ready["t"],
-        "cpu_s": cpu_done - cpu_ready,
-        "cpu_s_startup": cpu_ready,
-        "committed_all": all(poller.committed.get(p, 0) >= e for p, e in ctx["ends"].items()),
-        "committed": poller.committed_total(),
-        "output_messages": sum(end_offsets(bootstrap, output).values()),
-        **{k: v for k, v in finished.items() if k not in (MARK, "t", "first_read")},
-    }
-    if finished.get("first_batch_s") and finished["first_batch_rows"] < records:
-        # Spark: the rate after its first batch (cold: JIT, Python workers, clients)
-        after = first + finished["first_batch_s"]
-        result["records_per_s_after_first_batch"] = (records - finished["first_batch_rows"]) / (
-            done_at - after
+        poller.join(10)
+    load_after = loadavg()
+    counts, messages = read_output(ctx.bootstrap, output)
+    check_same_work(system, inp.counts, counts)
+    if cold:
+        result = {
+            "to_started_s": started["t"] - worker.spawned,
+            "to_first_output_s": (poller.first_output or done_at) - worker.spawned,
+            "to_all_committed_s": done_at - worker.spawned,
+            "records": inp.records,
+            "output_messages": messages,
+            "loadavg_before": load_before,
+        }
+        log(
+            f"{system} cold: first output {result['to_first_output_s']:.1f} s, all committed "
+            f"{result['to_all_committed_s']:.1f} s after its process started"
         )
+        return result
+    timed = inp.timed_records
+    result = {
+        "records_per_s": timed / (done_at - warm_at),
+        "seconds": done_at - warm_at,
+        "cpu_us_per_record": 1e6 * (done_cpu - warm_cpu) / timed,
+        "output_messages": messages,
+        "words_counted": sum(counts.values()),
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        **{k: v for k, v in finished.items() if k not in (MARK, "t")},
+    }
     log(
-        f"{system}: {result['records_per_s']:,.0f} records/s "
-        f"({result['records_per_s_from_ready']:,.0f} from ready), "
-        f"{result['cpu_s']:.1f} CPU s, start-up {result['startup_s']:.1f} s"
+        f"{system}: {result['records_per_s']:,.0f} records/s, "
+        f"{result['cpu_us_per_record']:.1f} CPU us/record, {messages:,} output messages"
     )
     return result
 
 
-def start_worker(system, ctx, topic, output, group, name, workdir) -> Worker:
-    args = [
-        "--bootstrap",
-        ctx["bootstrap"],
-        "--input",
-        topic,
-        "--output",
-        output,
-        "--group",
-        group,
-        "--name",
-        name,
-        "--workdir",
-        workdir,
-        "--max-per-batch",
-        str(ctx["max_per_batch"]),
-        "--trigger-ms",
-        str(ctx["trigger_ms"]),
-        "--partitions",
-        str(ctx["partitions"]),
-    ]
-    python = SHARE_PYTHON if system == "share_group" else sys.executable
-    return Worker(system, args, os.path.join(ctx["workdir"], f"{name}.log"), python)
+def run_fresh(system: str, inp: Input, ctx, tag: str, cold=False) -> dict:
+    """``system`` in a worker process of its own."""
+    worker = Worker(os.path.join(ctx.workdir, f"{tag}-{system}.log"))
+    try:
+        return run_system(worker, system, inp, ctx, tag, cold=cold)
+    finally:
+        worker.close()
 
 
-def wait_committed(worker: Worker, poller: CommitPoller, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not poller.done.wait(0.1):
-        worker.check_alive()
-        poller.check()
-        if time.monotonic() > deadline:
-            worker.fail(f"committed {poller.committed_total()} offsets of {poller.target}")
-
-
-def latency_run(ctx: dict, rate: float, seconds: float, timeout_s: float) -> dict:
+def latency_run(worker: Worker, ctx, rate: float, seconds: float, max_per_batch: int) -> dict:
     """ackstream tracked on the Kafka channel, fed at ``rate`` records/s for ``seconds``
-    by a producer thread: complete and offset-committed latency percentiles."""
+    by a producer here after a second's worth of warm-up: complete and send-to-commit
+    latency percentiles."""
     from kafka import KafkaProducer
 
     from ackstream import KafkaChannel
     from ackstream.records import ACKED
 
-    bootstrap, partitions = ctx["bootstrap"], ctx["partitions"]
-    system, tag = "ackstream_kafka", "latency"
-    group = f"e2e-{ctx['run']}-{system}-{tag}"
-    name = f"e2e-{ctx['run']}-ackstream-kafka-{tag}"
-    topic = create_topic(bootstrap, partitions, f"{name}-in")
-    output = create_topic(bootstrap, partitions, f"{name}-out")
-    workdir = os.path.join(ctx["workdir"], name)
-    os.makedirs(workdir)
-    count = max(partitions * 10, int(rate * seconds))
-    lines = sentences(count, seed=16)
-    warm = max(partitions * 10, int(rate))  # a second's worth, committed before timing
-    poller = CommitPoller(bootstrap, group, topic)
-    worker = start_worker(system, ctx, topic, output, group, name, workdir)
-    sent: list = []
+    name = f"e2e-{ctx.run}-latency"
+    topic = create_topic(ctx.bootstrap, ctx.partitions, f"{name}-in")
+    count = max(ctx.partitions * 10, int(rate * seconds))
+    warm = max(ctx.partitions * 10, int(rate))
+    start_job(worker, ctx, TRACKED, name, topic, max_per_batch)
+    poller = Poller(ctx.bootstrap, name, topic, worker.cpu_s)
+    poller.start()
     try:
-        worker.wait_event("running", ctx["startup_timeout_s"])
-        poller.start()
-        # the first batch with input is cold (JIT, Python workers): not what is measured
-        log(f"latency: warming up with {warm} records")
-        poller.target = warm_ends = produce(bootstrap, topic, sentences(warm, seed=17), partitions)
-        wait_committed(worker, poller, timeout_s)
-        poller.done.clear()
-        log(f"latency: producing {count} records at {rate:,.0f}/s")
-        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=1)
-        begin = time.monotonic()
-        for i, line in enumerate(lines):
+        worker.expect("started", ctx.startup_timeout_s)
+        log(f"latency: warming up with {warm:,} records")
+        warm_ends = produce(ctx.bootstrap, topic, sentences(warm, seed=17), ctx.partitions)
+        poller.expect("warm", warm_ends)
+        poller.wait("warm", worker, ctx.timeout_s)
+        log(f"latency: producing {count:,} records at {rate:,.0f}/s")
+        producer = KafkaProducer(bootstrap_servers=ctx.bootstrap, acks="all", linger_ms=1)
+        sent, begin = [], time.monotonic()
+        for i, line in enumerate(sentences(count, seed=16)):
             wait = begin + i / rate - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            sent.append((time.time(), producer.send(topic, value=line, partition=i % partitions)))
+            future = producer.send(topic, value=line, partition=i % ctx.partitions)
+            sent.append((time.time(), future))
             if i % 5000 == 0:
                 worker.check_alive()
         producer.flush()
         placed = [(t, f.get(timeout=60)) for t, f in sent]
         producer.close()
-        ends: dict[int, int] = {}
+        ends = dict(warm_ends)
         for _, meta in placed:
-            ends[meta.partition] = max(ends.get(meta.partition, 0), meta.offset + 1)
-        poller.target = ends
-        wait_committed(worker, poller, timeout_s)
-        worker.stop()
+            ends[meta.partition] = max(ends[meta.partition], meta.offset + 1)
+        poller.expect("all", ends)
+        poller.wait("all", worker, ctx.timeout_s)
+        worker.send(stop=True)
+        worker.expect("finished", 180)
     finally:
         poller.stopped.set()
-        worker.kill()
+        poller.join(10)
     committed_ms = np.array(
         [1000 * (poller.seen_at(m.partition, m.offset) - t) for t, m in placed], float
     )
-    done = KafkaChannel(bootstrap, name).completions_since(None)[0].to_pylist()
+    done = KafkaChannel(ctx.bootstrap, name).completions_since(None)[0].to_pylist()
     complete_ms = np.array(
         [
             c["latency_ms"]
@@ -550,10 +575,11 @@ def latency_run(ctx: dict, rate: float, seconds: float, timeout_s: float) -> dic
         float,
     )
     result = {
-        "system": system,
+        "system": TRACKED,
         "rate_records_per_s": rate,
         "records": count,
         "warmup_records": warm,
+        "max_per_batch": max_per_batch,
         "acked": len(complete_ms),
         "complete_p50_ms": float(np.percentile(complete_ms, 50)) if len(complete_ms) else None,
         "complete_p99_ms": float(np.percentile(complete_ms, 99)) if len(complete_ms) else None,
@@ -562,50 +588,153 @@ def latency_run(ctx: dict, rate: float, seconds: float, timeout_s: float) -> dic
     }
     log(
         f"latency at {rate:,.0f}/s: complete p50/p99 {result['complete_p50_ms']}/"
-        f"{result['complete_p99_ms']} ms, committed p50/p99 {result['committed_p50_ms']:.0f}/"
-        f"{result['committed_p99_ms']:.0f} ms"
+        f"{result['complete_p99_ms']} ms, send-to-commit p50/p99 "
+        f"{result['committed_p50_ms']:.0f}/{result['committed_p99_ms']:.0f} ms"
     )
     return result
 
 
-# --- the run ------------------------------------------------------------------------------
+# --- figures --------------------------------------------------------------------------
 
 
-def spark_kafka_jars() -> list[str]:
-    """The jars ``make spark-kafka`` resolved (the newest version present), or []."""
-    for folder in sorted(glob.glob(SPARK_KAFKA_PREFIX + "*/jars"), reverse=True):
-        if os.path.exists(os.path.join(folder, ".resolved")):
-            return sorted(glob.glob(os.path.join(folder, "*.jar")))
-    return []
+def spread(values: list) -> dict | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+        "n": len(values),
+    }
+
+
+def summarize(runs: list[dict]) -> dict:
+    return {
+        "records_per_s": spread([r["records_per_s"] for r in runs]),
+        "cpu_us_per_record": spread([r["cpu_us_per_record"] for r in runs]),
+        "output_messages": [r["output_messages"] for r in runs],
+        "runs": runs,
+    }
+
+
+def judge(value: float | None, comparison: str | None, target: float | None) -> bool | None:
+    if value is None or comparison is None:
+        return None
+    return value >= target if comparison == ">=" else value <= target
+
+
+def ratios(sizes: dict[int, dict[str, list[dict]]], latency: dict | None) -> list[dict]:
+    """Each target's figure per batch size: from the runs of one repeat paired (the same
+    position in the alternating order), their mean, min and max, and the ratio of the
+    medians; tracking overheads as 1 - tracked / untracked."""
+    out = []
+    for size, runs in sizes.items():
+        for name, top, bottom, comparison, target, at in TARGETS:
+            if not runs.get(top) or not runs.get(bottom):
+                continue
+            pairs = [
+                a["records_per_s"] / b["records_per_s"] for a, b in zip(runs[top], runs[bottom])
+            ]
+            medians = [
+                statistics.median(r["records_per_s"] for r in runs[s]) for s in (top, bottom)
+            ]
+            of_medians = medians[0] / medians[1]
+            if "overhead" in name:
+                pairs, of_medians = [1 - p for p in pairs], 1 - of_medians
+            figure = spread(pairs)
+            applies = at is None or at == size
+            out.append(
+                {
+                    "name": name,
+                    "batch_size": size,
+                    "pairs": pairs,
+                    "mean": figure["mean"],
+                    "min": figure["min"],
+                    "max": figure["max"],
+                    "of_medians": of_medians,
+                    "target": f"{comparison} {target}" if comparison and applies else None,
+                    "met": judge(figure["mean"], comparison, target) if applies else None,
+                }
+            )
+    for key, comparison, target in LATENCY_TARGETS if latency else ():
+        value = latency[key]
+        out.append(
+            {
+                "name": f"latency {key} at {latency['rate_records_per_s']:,.0f} records/s",
+                "batch_size": latency["max_per_batch"],
+                "mean": value,
+                "target": f"{comparison} {target}",
+                "met": judge(value, comparison, target),
+            }
+        )
+    return out
+
+
+def print_tables(out: dict) -> None:
+    def num(value, digits=0):
+        return "-" if value is None else f"{value:,.{digits}f}"
+
+    print()
+    for size, figures in out["sizes"].items():
+        print(
+            f"{int(size):,} records per batch: {figures['timed_records']:,} timed records "
+            f"(+{figures['warmup_records']:,} warm-up), {out['config']['partitions']} "
+            f"partitions, {out['config']['repeats']} runs each, alternating"
+        )
+        print(
+            f"  {'system':<21} {'rec/s median':>12} {'min':>9} {'max':>9} "
+            f"{'CPU us/rec':>10} {'out msgs':>9}  load before/after"
+        )
+        for system, s in figures["systems"].items():
+            rate, cpu = s["records_per_s"], s["cpu_us_per_record"]
+            loads = " ".join(
+                f"{r['loadavg_before'][0]:.1f}/{r['loadavg_after'][0]:.1f}" for r in s["runs"]
+            )
+            print(
+                f"  {system:<21} {num(rate['median']):>12} {num(rate['min']):>9} "
+                f"{num(rate['max']):>9} {num(cpu['median'], 1):>10} "
+                f"{num(statistics.median(s['output_messages'])):>9}  {loads}"
+            )
+        print()
+    if out["cold"]:
+        print("cold start, a fresh process per system (seconds from its start)")
+        print(f"  {'system':<21} {'started':>8} {'1st output':>10} {'all committed':>13}")
+        for system, c in out["cold"].items():
+            print(
+                f"  {system:<21} {num(c['to_started_s'], 1):>8} "
+                f"{num(c['to_first_output_s'], 1):>10} {num(c['to_all_committed_s'], 1):>13}"
+            )
+        print()
+    if out["latency"]:
+        lat = out["latency"]
+        print(
+            f"latency, {TRACKED} at {lat['rate_records_per_s']:,.0f} records/s: complete "
+            f"p50/p99 {num(lat['complete_p50_ms'])}/{num(lat['complete_p99_ms'])} ms, "
+            f"send-to-commit p50/p99 {num(lat['committed_p50_ms'])}/"
+            f"{num(lat['committed_p99_ms'])} ms"
+        )
+        print()
+    print(f"  {'figure':<46} {'batch':>7} {'mean':>8} {'min':>7} {'max':>7} {'target':>8}  met")
+    for r in out["targets"]:
+        met = {True: "yes", False: "NO", None: "-"}[r["met"]]
+        print(
+            f"  {r['name']:<46} {r['batch_size']:>7,} {num(r['mean'], 2):>8} "
+            f"{num(r.get('min'), 2):>7} {num(r.get('max'), 2):>7} {r['target'] or '-':>8}  {met}"
+        )
+
+
+# --- the run ----------------------------------------------------------------------------
 
 
 def unavailable(system: str) -> str | None:
     """Why ``system`` cannot run here, or None."""
     if system == "quix" and importlib.util.find_spec("quixstreams") is None:
         return "quixstreams is not installed (pip install -e '.[bench]')"
-    if system == "share_group" and not share_consumer_version():
-        return (
-            f"{SHARE_PYTHON} has no confluent-kafka >= 2.16 (ShareConsumer): make bench-e2e "
-            "makes .cache/share-venv for it (quixstreams pins confluent-kafka < 2.13)"
-        )
     if system == "spark_kafka" and not spark_kafka_jars():
         return "Spark's Kafka connector is not resolved (make spark-kafka)"
     return None
-
-
-def share_consumer_version() -> str | None:
-    """The confluent-kafka version of :data:`SHARE_PYTHON` if it has ``ShareConsumer``
-    (2.16 on), else None."""
-    probe = (
-        "import confluent_kafka as c; print(c.__version__ if hasattr(c, 'ShareConsumer') else '')"
-    )
-    try:
-        found = subprocess.run(
-            [SHARE_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return found.stdout.strip() or None
 
 
 def version(package: str) -> str | None:
@@ -622,62 +751,66 @@ def machine(kafka: str | None) -> dict:
     connector = next((os.path.basename(j) for j in jars if "spark-sql-kafka" in j), None)
     return {
         **base(),
+        "cores_usable": len(os.sched_getaffinity(0)),
         "kafka_python": version("kafka-python"),
         "crc32c": importlib.util.find_spec("crc32c") is not None,
         "kafka": kafka,
         "quixstreams": version("quixstreams"),
-        "confluent_kafka_share_group": share_consumer_version(),
+        "confluent_kafka": version("confluent-kafka"),
         "spark_kafka_connector": connector,
-        "loadavg": os.getloadavg(),
+        "loadavg": loadavg(),
     }
 
 
-def ratio(a: dict | None, b: dict | None) -> float | None:
-    if not a or not b:
-        return None
-    return a["records_per_s"] / b["records_per_s"]
-
-
-def median_run(runs: list[dict]) -> dict:
-    """The run with the median records/s, and every run's records/s."""
-    ordered = sorted(runs, key=lambda r: r["records_per_s"])
-    return {**ordered[len(ordered) // 2], "runs_records_per_s": [r["records_per_s"] for r in runs]}
+def systems_named(text: str, parser) -> list[str]:
+    if text == "all":
+        return list(SYSTEMS)
+    named = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(named) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown systems {unknown}; choose from {SYSTEMS}")
+    return named
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument(
+        "--batch-sizes", default="20000,100000", help="records per batch, comma-separated"
+    )
+    parser.add_argument("--batches", type=int, default=10, help="timed batches per run")
+    parser.add_argument("--warmup-batches", type=int, default=2, help="dropped before timing")
     parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--max-per-batch", type=int, default=20_000)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--trigger-ms", type=int, default=200, help="Spark's trigger interval")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per system and size")
+    parser.add_argument("--trigger-ms", type=int, default=200, help="the Spark systems' trigger")
+    parser.add_argument("--systems", default="all", help=f"comma-separated, of {SYSTEMS}")
+    parser.add_argument(
+        "--cold-systems", default="all", help="systems timed cold, once each ('' for none)"
+    )
+    parser.add_argument(
+        "--no-warmup-round", action="store_true", help="no untimed run of each Spark system"
+    )
     parser.add_argument(
         "--latency-seconds", type=float, default=30, help="length of the half-rate run (0: none)"
     )
-    parser.add_argument(
-        "--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + str(SYSTEMS)
-    )
+    parser.add_argument("--latency-rate", type=float, help="instead of half the tracked rate")
     parser.add_argument("--bootstrap", help="an external Kafka (default: start Apache Kafka)")
-    parser.add_argument("--timeout-s", type=float, default=None, help="per run (default: scaled)")
+    parser.add_argument("--timeout-s", type=float, help="per run (default: scaled)")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--output", help="write the JSON here instead of benchmarks/results/")
     args = parser.parse_args(argv)
-    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = sorted(set(wanted) - set(SYSTEMS))
-    if unknown:
-        parser.error(f"unknown systems {unknown}; choose from {SYSTEMS}")
+    sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
+    wanted = systems_named(args.systems, parser)
     skipped = {s: why for s in wanted if (why := unavailable(s))}
     systems = [s for s in wanted if s not in skipped]
+    cold_systems = [s for s in systems_named(args.cold_systems, parser) if s in systems]
     for system, why in skipped.items():
         log(f"{system}: skipped, {why}")
-    timeout_s = args.timeout_s or max(180.0, args.records / 500)
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from broker import KafkaBroker, kafka_version
 
     workdir = tempfile.mkdtemp(prefix="ackstream-e2e-")
-    broker = None
-    failed = True
+    broker, warm_worker, failed = None, None, True
     try:
         if args.bootstrap:
             bootstrap = args.bootstrap
@@ -686,49 +819,69 @@ def main(argv=None) -> dict:
             broker = KafkaBroker().start()
             bootstrap = broker.bootstrap
         started = time.time()
-        run = uuid.uuid4().hex[:6]  # topics and groups of this run (a shared broker)
-        topic = create_topic(bootstrap, args.partitions, f"e2e-{run}-sentences")
-        lines = sentences(args.records)
-        words = sum(line.count(b" ") + 1 for line in lines)
-        log(f"producing {args.records} sentences ({words} words) to {topic}")
-        ends = produce(bootstrap, topic, lines, args.partitions)
-        del lines
-        ctx = {
-            "bootstrap": bootstrap,
-            "input": topic,
-            "run": run,
-            "ends": ends,
-            "records": args.records,
-            "partitions": args.partitions,
-            "max_per_batch": args.max_per_batch,
-            "trigger_ms": args.trigger_ms,
-            "workdir": workdir,
-            "startup_timeout_s": 240,
+        largest = max(sizes) * (args.batches + args.warmup_batches)
+        ctx = types.SimpleNamespace(
+            bootstrap=bootstrap,
+            run=uuid.uuid4().hex[:6],  # topics and groups of this run (a shared broker)
+            partitions=args.partitions,
+            trigger_ms=args.trigger_ms,
+            warmup_batches=args.warmup_batches,
+            workdir=workdir,
+            startup_timeout_s=300,
+            timeout_s=args.timeout_s or max(300.0, largest / 300),
+        )
+        inputs = {
+            size: make_input(ctx, f"in-{size}", size, args.warmup_batches, args.batches)
+            for size in sizes
         }
-        runs: dict[str, list[dict]] = {s: [] for s in systems}
-        for repeat in range(args.repeats):
-            order = systems if repeat % 2 == 0 else systems[::-1]
-            for i, system in enumerate(order):
-                log(f"repeat {repeat + 1}/{args.repeats}, [{i + 1}/{len(order)}] {system}")
-                runs[system].append(run_system(system, ctx, f"r{repeat}", timeout_s))
-        results = {s: median_run(r) for s, r in runs.items()}
+        cold = {}
+        for system in cold_systems:  # before the warm worker's JVM exists
+            log(f"cold: {system}")
+            cold[system] = run_fresh(system, inputs[sizes[0]], ctx, "cold", cold=True)
+
+        def worker_for(system: str):
+            return warm_worker if system in SPARK_SYSTEMS else None
+
+        if any(s in SPARK_SYSTEMS for s in systems):
+            warm_worker = Worker(os.path.join(workdir, "spark-worker.log"))
+
+        def run_warm(system: str, inp: Input, tag: str) -> dict:
+            worker = worker_for(system)
+            if worker is None:
+                return run_fresh(system, inp, ctx, tag)
+            return run_system(worker, system, inp, ctx, tag)
+
+        if not args.no_warmup_round and args.warmup_batches and warm_worker is not None:
+            warmup = make_input(ctx, "warmup", sizes[0], 0, args.warmup_batches)
+            for system in [s for s in systems if s in SPARK_SYSTEMS]:
+                log(f"warm-up round: {system}")
+                run_warm(system, warmup, "warmup")
+        runs: dict[int, dict[str, list[dict]]] = {}
+        for size in sizes:
+            runs[size] = {s: [] for s in systems}
+            for repeat in range(args.repeats):
+                order = systems if repeat % 2 == 0 else systems[::-1]
+                for position, system in enumerate(order):
+                    log(f"{size:,} per batch, run {repeat + 1}/{args.repeats}: {system}")
+                    result = run_warm(system, inputs[size], f"b{size}-r{repeat}")
+                    runs[size][system].append({**result, "repeat": repeat, "position": position})
         latency = None
-        if args.latency_seconds > 0 and "ackstream_kafka" in results:
-            rate = results["ackstream_kafka"]["records_per_s"] / 2
-            latency = latency_run(ctx, rate, args.latency_seconds, timeout_s)
-        tracked, untracked = results.get("ackstream_kafka"), results.get("ackstream_untracked")
-        local = results.get("ackstream_local")
+        if args.latency_seconds > 0 and warm_worker is not None and TRACKED in systems:
+            tracked = statistics.median(r["records_per_s"] for r in runs[sizes[0]][TRACKED])
+            rate = args.latency_rate or tracked / 2
+            latency = latency_run(warm_worker, ctx, rate, args.latency_seconds, sizes[0])
         out = {
             "benchmark": "e2e",
             "date": dt.datetime.now(dt.UTC).isoformat(),
             "machine": machine(kafka_version() if broker else None),
             "config": {
-                "records": args.records,
+                "batch_sizes": sizes,
+                "batches": args.batches,
+                "warmup_batches": args.warmup_batches,
+                "warmup_round": not args.no_warmup_round,
                 "partitions": args.partitions,
-                "max_per_batch": args.max_per_batch,
                 "repeats": args.repeats,
                 "trigger_ms": args.trigger_ms,
-                "words": words,
                 "vocabulary": len(vocabulary()),
                 "message_timeout_ms": MESSAGE_TIMEOUT_MS,
                 "latency_seconds": args.latency_seconds,
@@ -736,395 +889,59 @@ def main(argv=None) -> dict:
                 "skipped": skipped,
                 "broker": "external" if args.bootstrap else "Apache Kafka, one KRaft node",
                 "timing": (
-                    "records_per_s: first record read (Spark: start of the first batch "
-                    "with input; loop: first poll with records returned; Quix: first "
-                    "record in its pipeline) to the poller seeing every input offset "
-                    "committed (every 100 ms); from_ready: from the worker's start of "
-                    "work; cpu_s: the process tree's user+system CPU from the start of "
-                    "work to the last commit seen"
+                    "records_per_s: timed records over the time from the poller (every "
+                    "50 ms) seeing the group's commits cover the warm-up batches to its "
+                    "seeing them cover every input offset; cpu: the worker's process tree "
+                    "over the same span; Spark systems share one warm worker process"
                 ),
-                "quix_work": "per-record word counts (one message per distinct word of a "
-                "sentence), commit at most every max_per_batch records",
             },
-            "systems": results,
+            "sizes": {
+                size: {
+                    "timed_records": inputs[size].timed_records,
+                    "warmup_records": inputs[size].records - inputs[size].timed_records,
+                    "words": sum(inputs[size].counts.values()),
+                    "systems": {s: summarize(r) for s, r in runs[size].items()},
+                }
+                for size in sizes
+            },
+            "cold": cold,
             "latency": latency,
-            "ratios": {
-                "tracked_kafka_over_quix": ratio(tracked, results.get("quix")),
-                "tracked_kafka_over_loop": ratio(tracked, results.get("kafka_python_loop")),
-                "tracked_kafka_over_spark_kafka": ratio(tracked, results.get("spark_kafka")),
-                "tracking_overhead_kafka_channel": (
-                    1 - ratio(tracked, untracked) if tracked and untracked else None
-                ),
-                "tracking_overhead_local_channel": (
-                    1 - ratio(local, untracked) if local and untracked else None
-                ),
-            },
+            "targets": ratios(runs, latency),
+            "loadavg_end": loadavg(),
             "wall_s": time.time() - started,
         }
         failed = False
     finally:
+        if warm_worker is not None:
+            warm_worker.close()
         if broker is not None:
             broker.stop()
         if failed:
             log(f"logs kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(out))
+    print_tables(out)
     if not args.no_save:
-        path = args.output or os.path.join(RESULTS, f"e2e-{dt.date.today()}.json")
+        path = args.output or unused(os.path.join(RESULTS, f"e2e-{dt.date.today()}.json"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            f.write(json.dumps(out) + "\n")
+            f.write(json.dumps(out, indent=1) + "\n")
+        log(f"written to {path}")
     return out
 
 
-# --- the workers (each runs in a process of its own) ----------------------------------------
-
-
-class Events:
-    """The worker's side of the protocol: event lines out, a stop signal in (stdin closed)."""
-
-    def __init__(self):
-        self.out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-        sys.stdout = sys.stderr  # whatever else prints goes to the log
-        self.stop = threading.Event()
-        threading.Thread(target=self._watch_stdin, daemon=True).start()
-
-    def _watch_stdin(self) -> None:
-        sys.stdin.read()  # returns at EOF: the benchmark closed our stdin
-        self.stop.set()
-
-    def emit(self, name: str, **fields) -> None:
-        self.out.write(json.dumps({MARK: name, "t": time.time(), **fields}) + "\n")
-        self.out.flush()
-
-
-def first_batch_start(progress: list) -> float | None:
-    """Epoch seconds at which the first batch with input started, from query progress."""
-    for p in progress:
-        if p.get("numInputRows"):
-            return dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
-    return None
-
-
-def spark_summary(query) -> dict:
-    progress = query.recentProgress
-    batches = [p for p in progress if p.get("numInputRows")]
-    return {
-        "first_read": first_batch_start(progress),
-        "first_batch_s": batches[0]["durationMs"]["triggerExecution"] / 1000 if batches else None,
-        "first_batch_rows": int(batches[0]["numInputRows"]) if batches else None,
-        # where the first batch's time went (Spark's phases: latestOffset, addBatch, ...)
-        "first_batch_ms": dict(batches[0]["durationMs"]) if batches else None,
-        "batch_ms": [p["durationMs"]["triggerExecution"] for p in batches],
-        # the later batches' phases, medians (addBatch: the topology's batch function)
-        "later_batch_phase_ms_median": {
-            phase: float(np.median([p["durationMs"].get(phase, 0) for p in batches[1:]]))
-            for phase in (batches[1]["durationMs"] if len(batches) > 1 else ())
-        },
-        "batches": len(batches),
-        "rows_read": int(sum(p["numInputRows"] for p in batches)),
-        "batch_ms_median": (
-            float(np.median([p["durationMs"]["triggerExecution"] for p in batches]))
-            if batches
-            else None
-        ),
-    }
-
-
-def wait_first_progress(query, events: Events, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while query.lastProgress is None and time.monotonic() < deadline:
-        if query.exception():
-            raise RuntimeError(str(query.exception()))
-        time.sleep(0.05)
-
-
-SPARK_CONF = {"spark.sql.streaming.numRecentProgressUpdates": 10_000}
-
-
-def work_ackstream(system: str, a, events: Events) -> None:
-    from pyspark.sql import functions as F
-
-    from ackstream import KafkaChannel, KafkaSink, LocalChannel, Topology, local_session
-
-    spark = local_session(a.name, conf=SPARK_CONF)
-    tracking = system != "ackstream_untracked"
-    if system == "ackstream_kafka":
-        channel = KafkaChannel(a.bootstrap, a.name)
-    else:
-        channel = LocalChannel(os.path.join(a.workdir, "channel"))
-    topology = (
-        Topology(a.name, spark, channel, message_timeout_ms=MESSAGE_TIMEOUT_MS, tracking=tracking)
-        .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
-        .explode(F.split("line", " "), "word")
-        .aggregate("word", F.count("*").alias("n"))
-        .map(lambda df: df.selectExpr("*", "word AS key", "CAST(n AS STRING) AS value"))
-        .sink(KafkaSink(a.bootstrap, a.output))
-    )
-    options = {
-        "kafka.bootstrap.servers": a.bootstrap,
-        "subscribe": a.input,
-        "startingOffsets": "earliest",
-        "maxOffsetsPerTrigger": a.max_per_batch,
-        "kafka.group.id": a.group,
-    }
-    if not tracking:
-        options["ackstream.tracking"] = "false"
-    stream = topology.read_stream(options)
-    events.emit("ready")
-    running = topology.start(stream, os.path.join(a.workdir, "checkpoint"), trigger_ms=a.trigger_ms)
-    try:
-        wait_first_progress(running.query, events)
-        events.emit("running")
-        while not events.stop.wait(0.1):
-            if running.exception():
-                raise RuntimeError(f"query failed: {running.exception()}")
-        summary = spark_summary(running.query)
-    finally:
-        running.stop()
-        spark.stop()
-    events.emit("finished", **summary)
-
-
-def work_spark_kafka(a, events: Events) -> None:
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.structs import OffsetAndMetadata
-    from pyspark.sql import functions as F
-
-    from ackstream import local_session
-
-    spark = local_session(a.name, conf={**SPARK_CONF, "spark.jars": ",".join(spark_kafka_jars())})
-    committer = KafkaConsumer(
-        bootstrap_servers=a.bootstrap, group_id=a.group, enable_auto_commit=False
-    )
-    committer.assign([TopicPartition(a.input, p) for p in range(a.partitions)])
-
-    def batch(df, batch_id):
-        df = df.persist()
-        counts = (
-            df.select(F.explode(F.split(F.col("value").cast("string"), " ")).alias("word"))
-            .groupBy("word")
-            .count()
-            .selectExpr("word AS key", "CAST(count AS STRING) AS value")
-        )
-        counts.write.format("kafka").option("kafka.bootstrap.servers", a.bootstrap).option(
-            "topic", a.output
-        ).save()
-        ends = df.groupBy("partition").agg(F.max("offset").alias("last")).collect()
-        committer.commit(
-            {
-                TopicPartition(a.input, r["partition"]): OffsetAndMetadata(r["last"] + 1, "", -1)
-                for r in ends
-            }
-        )
-        df.unpersist()
-
-    stream = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", a.bootstrap)
-        .option("subscribe", a.input)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", a.max_per_batch)
-        .load()
-    )
-    events.emit("ready")
-    query = (
-        stream.writeStream.foreachBatch(batch)
-        .option("checkpointLocation", os.path.join(a.workdir, "checkpoint"))
-        .trigger(processingTime=f"{a.trigger_ms} milliseconds")
-        .start()
-    )
-    try:
-        wait_first_progress(query, events)
-        events.emit("running")
-        while not events.stop.wait(0.1):
-            if query.exception():
-                raise RuntimeError(f"query failed: {query.exception()}")
-        summary = spark_summary(query)
-    finally:
-        query.stop()
-        committer.close()
-        spark.stop()
-    events.emit("finished", **summary)
-
-
-def work_loop(a, events: Events) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
-
-    consumer = KafkaConsumer(
-        a.input,
-        bootstrap_servers=a.bootstrap,
-        group_id=a.group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_poll_records=a.max_per_batch,
-    )
-    producer = KafkaProducer(bootstrap_servers=a.bootstrap, acks="all", linger_ms=5)
-    first, batches, rows = None, 0, 0
-    events.emit("ready")
-    events.emit("running")
-    while not events.stop.is_set():
-        polled = consumer.poll(timeout_ms=100, max_records=a.max_per_batch)
-        if not polled:
-            continue
-        first = first or time.time()
-        counts: collections.Counter = collections.Counter()
-        for messages in polled.values():
-            rows += len(messages)
-            for message in messages:
-                counts.update(message.value.decode().split(" "))
-        futures = [
-            producer.send(a.output, key=word.encode(), value=str(n).encode())
-            for word, n in counts.items()
-        ]
-        producer.flush()
-        for future in futures:
-            future.get(timeout=30)  # raises if the broker did not take it: no commit then
-        consumer.commit()
-        batches += 1
-    consumer.close()
-    producer.close()
-    events.emit("finished", first_read=first, batches=batches, rows_read=rows)
-
-
-def work_share_group(a, events: Events) -> None:
-    from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
-    from confluent_kafka.admin import (
-        AdminClient,
-        AlterConfigOpType,
-        ConfigEntry,
-        ConfigResource,
-        ResourceType,
-    )
-
-    # a share group starts at the latest offset unless its group config says otherwise
-    earliest = ConfigEntry(
-        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
-    )
-    group = ConfigResource(ResourceType.GROUP, a.group, incremental_configs=[earliest])
-    admin = AdminClient({"bootstrap.servers": a.bootstrap})  # kept until its answer
-    for future in admin.incremental_alter_configs([group]).values():
-        future.result()
-    consumer = ShareConsumer(
-        {
-            "bootstrap.servers": a.bootstrap,
-            "group.id": a.group,
-            "share.acknowledgement.mode": "explicit",
-            "log_level": 3,  # not the "Preview" notice
-        }
-    )
-    consumer.subscribe([a.input])
-    producer = Producer({"bootstrap.servers": a.bootstrap, "acks": "all", "linger.ms": 5})
-    ends = end_offsets(a.bootstrap, a.input)
-    acked: set[tuple[int, int]] = set()
-    first, batches, rows = None, 0, 0
-    failed: list = []
-
-    def delivered(error, _message):
-        if error is not None:
-            failed.append(error)
-
-    events.emit("ready")
-    events.emit("running")
-    while not events.stop.is_set():
-        polled = [m for m in consumer.poll(0.1) if m.error() is None]
-        if not polled:
-            continue
-        first = first or time.time()
-        rows += len(polled)
-        counts = collections.Counter(word for m in polled for word in m.value().decode().split(" "))
-        for word, n in counts.items():
-            producer.produce(
-                a.output, key=word.encode(), value=str(n).encode(), on_delivery=delivered
-            )
-        if producer.flush(30) or failed:
-            raise RuntimeError(f"counts not written: {failed[:3]}")
-        for m in polled:
-            consumer.acknowledge(m, AcknowledgeType.ACCEPT)
-        errors = [e for e in consumer.commit_sync(30).values() if e is not None]
-        if errors:
-            raise RuntimeError(f"acknowledgements refused: {errors[:3]}")
-        acked.update((m.partition(), m.offset()) for m in polled)
-        batches += 1
-        if len(acked) == sum(ends.values()):
-            events.emit("acknowledged")
-    consumer.close()
-    events.emit(
-        "finished", first_read=first, batches=batches, rows_read=rows, redelivered=rows - len(acked)
-    )
-
-
-def work_quix(a, events: Events) -> None:
-    from quixstreams import Application
-    from quixstreams.models.serializers import Serializer
-
-    class CountValue(Serializer):
-        """The value of a (word, count) pair as a string."""
-
-        def __call__(self, value, ctx):
-            return str(value[1]).encode()
-
-    app = Application(
-        broker_address=a.bootstrap,
-        consumer_group=a.group,
-        auto_offset_reset="earliest",
-        processing_guarantee="at-least-once",
-        commit_every=a.max_per_batch,
-        commit_interval=1.0,
-        state_dir=os.path.join(a.workdir, "state"),
-        use_changelog_topics=False,
-        loglevel="WARNING",
-    )
-    source = app.topic(a.input, value_deserializer="str")
-    sink = app.topic(a.output, key_serializer="str", value_serializer=CountValue())
-    seen = {"first": None, "rows": 0}
-
-    def split_count(line: str):
-        seen["first"] = seen["first"] or time.time()
-        seen["rows"] += 1
-        return list(collections.Counter(line.split(" ")).items())
-
-    sdf = app.dataframe(source).apply(split_count, expand=True)
-    sdf.to_topic(sink, key=lambda pair: pair[0])
-
-    def stop_when_told():
-        events.stop.wait()
-        app.stop()
-
-    threading.Thread(target=stop_when_told, daemon=True).start()
-    events.emit("ready")
-    events.emit("running")
-    app.run()
-    events.emit("finished", first_read=seen["first"], rows_read=seen["rows"])
-
-
-def worker_main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description="one system of the e2e benchmark")
-    parser.add_argument("system", choices=SYSTEMS)
-    for option in ("--bootstrap", "--input", "--output", "--group", "--name", "--workdir"):
-        parser.add_argument(option, required=True)
-    for option in ("--max-per-batch", "--trigger-ms", "--partitions"):
-        parser.add_argument(option, type=int, required=True)
-    a = parser.parse_args(argv)
-    events = Events()
-    if a.system in ACKSTREAM_SYSTEMS:
-        work_ackstream(a.system, a, events)
-    elif a.system == "spark_kafka":
-        work_spark_kafka(a, events)
-    elif a.system == "kafka_python_loop":
-        work_loop(a, events)
-    elif a.system == "share_group":
-        work_share_group(a, events)
-    else:
-        work_quix(a, events)
+def unused(path: str) -> str:
+    """``path``, or ``path`` with -2, -3... before its extension when it exists."""
+    stem, ext = os.path.splitext(path)
+    n = 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{stem}-{n}{ext}"
+    return path
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["worker"]:
-        worker_main(sys.argv[2:])
-    else:
-        # a SIGTERM (timeout, kill) ends the run through main's finally blocks, so that
-        # the broker and the workers it started are stopped, not left behind
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        main()
+    # a SIGTERM (timeout, kill) ends the run through main's finally blocks, so that
+    # the broker and the workers it started are stopped, not left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    main()
