@@ -30,8 +30,8 @@ MVN_FLAGS ?=
 # so the newest release there is the default (e2e.py records both versions).
 SPARK_KAFKA_VERSION ?= 4.2.0
 SPARK_KAFKA_JARS ?= .cache/spark-kafka-$(SPARK_KAFKA_VERSION)/jars
-# the issue's sizes; e.g. make bench-e2e E2E_ARGS="--batch-sizes 20000 --batches 2 --repeats 1"
-E2E_ARGS ?= --batch-sizes 20000,100000 --batches 10 --repeats 2
+# a smaller run: make bench-e2e E2E_ARGS="--batch-sizes 20000 --batches 2 --repeats 1"
+E2E_ARGS ?= --batch-sizes 20000,100000 --batches 10 --repeats 3
 
 demo: $(VENV)/.installed java
 	$(PY) -m ackstream demo
@@ -74,7 +74,7 @@ bench: $(VENV)/.installed java
 	cd benchmarks && ../$(PY) topology.py
 
 # The end-to-end benchmark: every system doing the same work over one Apache Kafka
-# broker, warm, alternating, at 20,000 and 100,000 records per batch, then cold starts
+# broker, warm, 3 runs alternating, at 20,000 and 100,000 records per batch, cold starts
 # and the half-rate latency run (benchmarks/e2e.py). Quix Streams comes with the bench
 # extra, Spark's Kafka connector with make spark-kafka. Run it on an idle machine.
 bench-e2e: $(VENV)/.installed java kafka spark-kafka

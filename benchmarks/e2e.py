@@ -13,12 +13,12 @@ caught); its number of messages is printed.
 Warm figures. The Spark systems share one long-lived worker process (one Spark
 session); the others run in a fresh process each. A warm-up round runs every Spark
 system once on ``--warmup-batches`` batches before any timed run, and every input starts
-with ``--warmup-batches`` batches too: a run's rate is its timed records (the rest) over
-the time from the group's commits covering the warm-up to their covering every offset,
-both seen by a poller asking the broker every 50 ms. CPU: user + system seconds of the
-worker's process tree (Spark's JVM and Python workers included, the broker not) over
-the same span. Repeats alternate the order (A B C, then C B A); ``/proc/loadavg`` is
-recorded before and after every run.
+with ``--warmup-batches`` batches too: a run is timed from its group's first commit that
+covers the warm-up to the one that covers every offset, both seen by a poller asking the
+broker every 50 ms; its rate is the records committed in between over that time. CPU:
+user + system seconds of the worker's process tree (Spark's JVM and Python workers
+included, the broker not) over the same span, per record. Repeats alternate the order
+(A B C, then C B A); ``/proc/loadavg`` is recorded before and after every run.
 
 Cold figures (``--cold-systems``): each system once in a fresh process on the first
 size's input, before the warm runs: from the process's start to the first output
@@ -260,7 +260,7 @@ class Poller(threading.Thread):
         self.bootstrap, self.group, self.topic, self.output = bootstrap, group, topic, output
         self.cpu, self.interval_s = cpu, interval_s
         self.expected: dict[str, dict[int, int]] = {}
-        self.reached: dict[str, tuple[float, float]] = {}  # name -> (time, cpu seconds)
+        self.reached: dict[str, tuple[float, float, int]] = {}  # (time, cpu s, committed)
         self.committed: dict[int, int] = {}
         self.history: dict[int, list[tuple[float, int]]] = collections.defaultdict(list)
         self.first_output: float | None = None
@@ -314,14 +314,15 @@ class Poller(threading.Thread):
                 self.history[tp.partition].append((now, meta.offset))
         for name, ends in list(self.expected.items()):
             if name not in self.reached and self.covers(ends):
-                self.reached[name] = (now, self.cpu())
+                self.reached[name] = (now, self.cpu(), sum(self.committed.values()))
                 self.changed.set()
 
     def covers(self, ends: dict[int, int]) -> bool:
         return all(self.committed.get(p, 0) >= end for p, end in ends.items())
 
-    def wait(self, name: str, worker: Worker, timeout_s: float) -> tuple[float, float]:
-        """When the commits covered ``name``'s offsets (and the CPU seconds then)."""
+    def wait(self, name: str, worker: Worker, timeout_s: float) -> tuple[float, float, int]:
+        """When the commits covered ``name``'s offsets, the CPU seconds and the number of
+        offsets committed then."""
         deadline = time.monotonic() + timeout_s
         while name not in self.reached:
             if self.error is not None:
@@ -465,8 +466,8 @@ def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=Fals
     poller.start()
     try:
         started = worker.expect("started", ctx.startup_timeout_s)
-        warm_at, warm_cpu = poller.wait("warm", worker, ctx.timeout_s)
-        done_at, done_cpu = poller.wait("all", worker, ctx.timeout_s)
+        warm_at, warm_cpu, warm_committed = poller.wait("warm", worker, ctx.timeout_s)
+        done_at, done_cpu, _ = poller.wait("all", worker, ctx.timeout_s)
         worker.send(stop=True)
         finished = worker.expect("finished", 180)
     finally:
@@ -489,8 +490,16 @@ def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=Fals
             f"{result['to_all_committed_s']:.1f} s after its process started"
         )
         return result
-    timed = inp.timed_records
+    # a system whose batches do not split evenly over the partitions may commit past
+    # the warm-up before its commits cover it: what it committed since is what is timed
+    timed = inp.records - warm_committed
+    if not timed:
+        raise RuntimeError(
+            f"system {system} committed no offset between the warm-up and the end: "
+            "give it more --batches"
+        )
     result = {
+        "timed_records": timed,
         "records_per_s": timed / (done_at - warm_at),
         "seconds": done_at - warm_at,
         "cpu_us_per_record": 1e6 * (done_cpu - warm_cpu) / timed,
@@ -681,7 +690,7 @@ def print_tables(out: dict) -> None:
         print(
             f"{int(size):,} records per batch: {figures['timed_records']:,} timed records "
             f"(+{figures['warmup_records']:,} warm-up), {out['config']['partitions']} "
-            f"partitions, {out['config']['repeats']} runs each, alternating"
+            f"partitions, runs alternating: {out['config']['repeats']}"
         )
         print(
             f"  {'system':<21} {'rec/s median':>12} {'min':>9} {'max':>9} "
@@ -780,7 +789,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--batches", type=int, default=10, help="timed batches per run")
     parser.add_argument("--warmup-batches", type=int, default=2, help="dropped before timing")
     parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2, help="runs per system and size")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per system and size")
     parser.add_argument("--trigger-ms", type=int, default=200, help="the Spark systems' trigger")
     parser.add_argument("--systems", default="all", help=f"comma-separated, of {SYSTEMS}")
     parser.add_argument(
@@ -805,6 +814,8 @@ def main(argv=None) -> dict:
     cold_systems = [s for s in systems_named(args.cold_systems, parser) if s in systems]
     for system, why in skipped.items():
         log(f"{system}: skipped, {why}")
+    if not args.repeats and not args.latency_rate and args.latency_seconds > 0:
+        parser.error("--repeats 0 (the latency run alone) needs --latency-rate")
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from broker import KafkaBroker, kafka_version
@@ -830,34 +841,31 @@ def main(argv=None) -> dict:
             startup_timeout_s=300,
             timeout_s=args.timeout_s or max(300.0, largest / 300),
         )
+        timed_sizes = sizes if args.repeats else []
         inputs = {
             size: make_input(ctx, f"in-{size}", size, args.warmup_batches, args.batches)
-            for size in sizes
+            for size in (sizes if timed_sizes or cold_systems else ())
         }
         cold = {}
         for system in cold_systems:  # before the warm worker's JVM exists
             log(f"cold: {system}")
             cold[system] = run_fresh(system, inputs[sizes[0]], ctx, "cold", cold=True)
 
-        def worker_for(system: str):
-            return warm_worker if system in SPARK_SYSTEMS else None
-
         if any(s in SPARK_SYSTEMS for s in systems):
             warm_worker = Worker(os.path.join(workdir, "spark-worker.log"))
 
         def run_warm(system: str, inp: Input, tag: str) -> dict:
-            worker = worker_for(system)
-            if worker is None:
-                return run_fresh(system, inp, ctx, tag)
-            return run_system(worker, system, inp, ctx, tag)
+            if system in SPARK_SYSTEMS:
+                return run_system(warm_worker, system, inp, ctx, tag)
+            return run_fresh(system, inp, ctx, tag)
 
         if not args.no_warmup_round and args.warmup_batches and warm_worker is not None:
             warmup = make_input(ctx, "warmup", sizes[0], 0, args.warmup_batches)
             for system in [s for s in systems if s in SPARK_SYSTEMS]:
-                log(f"warm-up round: {system}")
+                log(f"warm-up round (dropped): {system}")
                 run_warm(system, warmup, "warmup")
         runs: dict[int, dict[str, list[dict]]] = {}
-        for size in sizes:
+        for size in timed_sizes:
             runs[size] = {s: [] for s in systems}
             for repeat in range(args.repeats):
                 order = systems if repeat % 2 == 0 else systems[::-1]
@@ -867,8 +875,9 @@ def main(argv=None) -> dict:
                     runs[size][system].append({**result, "repeat": repeat, "position": position})
         latency = None
         if args.latency_seconds > 0 and warm_worker is not None and TRACKED in systems:
-            tracked = statistics.median(r["records_per_s"] for r in runs[sizes[0]][TRACKED])
-            rate = args.latency_rate or tracked / 2
+            rate = args.latency_rate or (
+                statistics.median(r["records_per_s"] for r in runs[sizes[0]][TRACKED]) / 2
+            )
             latency = latency_run(warm_worker, ctx, rate, args.latency_seconds, sizes[0])
         out = {
             "benchmark": "e2e",
@@ -889,10 +898,11 @@ def main(argv=None) -> dict:
                 "skipped": skipped,
                 "broker": "external" if args.bootstrap else "Apache Kafka, one KRaft node",
                 "timing": (
-                    "records_per_s: timed records over the time from the poller (every "
-                    "50 ms) seeing the group's commits cover the warm-up batches to its "
-                    "seeing them cover every input offset; cpu: the worker's process tree "
-                    "over the same span; Spark systems share one warm worker process"
+                    "a run: from the first commit of its group covering the warm-up batches "
+                    "to the one covering every input offset (a poller asks the broker every "
+                    "50 ms); records_per_s: the records committed in between over that time; "
+                    "cpu: the worker's process tree over the same span; the Spark systems "
+                    "share one warm worker process, the others run in a fresh one each"
                 ),
             },
             "sizes": {
@@ -902,7 +912,7 @@ def main(argv=None) -> dict:
                     "words": sum(inputs[size].counts.values()),
                     "systems": {s: summarize(r) for s, r in runs[size].items()},
                 }
-                for size in sizes
+                for size in timed_sizes
             },
             "cold": cold,
             "latency": latency,
