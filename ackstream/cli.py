@@ -592,20 +592,13 @@ def _stopping(code: int, log: LogFile) -> None:
 
 
 def _wait(
-    queries,
-    timeout: float | None,
-    until_idle: float | None,
-    pressed=None,
-    every_s: float = 5.0,
+    queries, timeout: float | None, until_idle: float | None, pressed, every_s: float = 5.0
 ) -> int:
     """Poll until every query ended (0), or one failed (1 at once: its peers would run
     on without it), or the timeout passed, or the queries have read rows and then none
     for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
     :func:`~ackstream.console.interrupts`). Prints each query's progress every
     ``every_s``."""
-    import threading
-
-    pressed = pressed or threading.Event()
     start, last_active, printed = time.monotonic(), None, time.monotonic()
     seen: dict = {}
     rows: dict = {}
@@ -814,7 +807,7 @@ def _status(parser, args) -> int:
         if not (args.bootstrap or args.upstream_bootstrap):
             raise
         brokers = " or ".join(b for b in (args.bootstrap, args.upstream_bootstrap) if b)
-        return _unanswered(f"from the brokers at {brokers}", problem)
+        return _unanswered(f"read from the brokers at {brokers}", problem)
     if args.checkpoint:
         from dataclasses import replace
 
@@ -828,13 +821,13 @@ def _status(parser, args) -> int:
     return 0
 
 
-def _unanswered(what: str, problem: Exception) -> int:
-    """Say that a one-shot command could not read ``what`` from Kafka, and what to check."""
+def _unanswered(doing: str, problem: Exception) -> int:
+    """Say that a one-shot command could not do ``doing`` with Kafka, and what to check."""
     import traceback
 
     said = cause_of("".join(traceback.format_exception_only(problem)))
     print(
-        f"ackstream: could not read {what}: {said}. Check that the brokers are up and "
+        f"ackstream: could not {doing}: {said}. Check that the brokers are up and "
         "reachable from here (--bootstrap, and --command-config for a secured listener)",
         file=sys.stderr,
     )
@@ -877,7 +870,7 @@ def _dead_letters(parser, args) -> int:
                 bootstrap=args.bootstrap, topic=topic, kafka_options=kafka_options
             )
         except Exception as problem:  # kafka-python's errors (no broker, timeouts)
-            return _unanswered(where, problem)
+            return _unanswered(f"read {where}", problem)
     else:
         folder = os.path.join(args.channel or default_channel_dir(args.topology), "dead_letters")
         if not os.path.isdir(folder):
@@ -889,7 +882,7 @@ def _dead_letters(parser, args) -> int:
     try:
         replayed = marks.replayed()
     except Exception as problem:  # kafka-python's errors (no broker, timeouts)
-        return _unanswered(f"which letters were replayed ({where})", problem)
+        return _unanswered(f"read which letters were replayed ({where})", problem)
     rows = select_dead_letters(letters, reason=args.reason, records=records)
     skipped = 0
     if args.action == "replay" and not args.again:  # the limit counts letters to send
@@ -915,7 +908,9 @@ def _dead_letters(parser, args) -> int:
         sent = replay_dead_letters(rows, args.bootstrap, kafka_options=kafka_options)
     except ValueError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    except Exception as problem:  # kafka-python's errors (no broker, timeouts)
+        return _unanswered(f"send the letters to their topics on {args.bootstrap}", problem)
     try:
         marks.mark([letter_name(r) for r in rows], now_ms())
     except Exception as problem:  # sent, not marked: a second replay would send again
