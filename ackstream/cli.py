@@ -250,7 +250,8 @@ def _add_status(commands) -> None:
     output.add_argument(
         "--prometheus",
         action="store_true",
-        help="print Prometheus' text exposition format (gauges), e.g. for a textfile collector",
+        help="print Prometheus' text exposition format (counters for totals, gauges for "
+        "levels), e.g. for a textfile collector",
     )
 
 
