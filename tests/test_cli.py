@@ -223,7 +223,8 @@ def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, cap
 
 
 @pytest.mark.spark
-def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, capsys):
+def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the log file the run keeps
     topo = tmp_path / "broken.py"
     topo.write_text(
         TOPOLOGY_FILE.format(channel=str(tmp_path / "ch"), checkpoint=str(tmp_path / "ckpt"))
@@ -248,9 +249,12 @@ topology.start(frame, {checkpoint!r}, trigger_ms=200)
 
 
 @pytest.mark.spark
-def test_run_exits_at_once_when_a_query_fails_with_the_cause_first(spark, tmp_path, capsys):
+def test_run_exits_at_once_when_a_query_fails_with_the_cause_first(
+    spark, tmp_path, capsys, monkeypatch
+):
     """The acker query would run on after the topology query died: run must not wait for
     --timeout and exit 0."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the log file the run keeps
     import time
 
     topo = tmp_path / "broken.py"
