@@ -12,19 +12,42 @@
   topology started with ``acker=False``), until stopped.
 - ``ackstream bench [acker]``: the benchmark from the source checkout.
 
-Options default to environment variables (shown in ``--help``).
+Options default to environment variables (shown in ``--help``). Errors are one line,
+``ackstream: ...``, saying what failed and what to do. ``run`` and ``acker`` write
+Spark's log, and the full text of an error, to a file the last line names (or to the
+console with ``--verbose``).
+
+Exit status (:data:`EXIT_STATUS`): 0 done; 1 a query or the topology file failed;
+2 a usage error (an option, a file or folder named on the command line); 3 an
+environment problem (Java, a broker that does not answer, a missing topic); 130
+interrupted (Ctrl-C); ``bench`` exits as its benchmark does, ``run`` as the file's
+own ``sys.exit()``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
 import time
 from pathlib import Path
 
-__all__ = ["build_parser", "main"]
+from ackstream.console import LogFile, interrupts
+from ackstream.errors import AckstreamError, EnvironmentProblem, cause_of
+
+__all__ = ["EXIT_STATUS", "build_parser", "main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: What each exit status of the command means (also in ``ackstream --help``).
+EXIT_STATUS = {
+    EXIT_OK: "done",
+    EXIT_FAILED: "a query or the topology file failed",
+    EXIT_USAGE: "a usage error: an option, or a file or folder named on the command line",
+    EXIT_ENVIRONMENT: "an environment problem: Java, a broker that does not answer, a topic",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -41,6 +64,18 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     """Defaults shown in --help, descriptions kept as written."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that answers a mistyped command or choice with the one meant."""
+
+    def error(self, message: str):
+        typed = re.search(r"invalid choice: (['\"])(.*?)\1", message)
+        choices = [c for a in self._actions if a.choices for c in a.choices]
+        meant = difflib.get_close_matches(typed.group(2), choices, n=1) if typed else []
+        if meant:
+            self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; did you mean {meant[0]!r}?\n")
+        super().error(message)
+
+
 def _checkout_benchmarks() -> Path:
     import ackstream
 
@@ -50,10 +85,12 @@ def _checkout_benchmarks() -> Path:
 def build_parser() -> argparse.ArgumentParser:
     from ackstream import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ackstream",
         description="Storm's guaranteed message processing for Spark Structured Streaming.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="exit status:\n"
+        + "\n".join(f"  {code:<5}{meaning}" for code, meaning in EXIT_STATUS.items()),
+        formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"ackstream {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -110,9 +147,14 @@ is registered. The file declares its topology and starts it (Topology(...).start
 and may return at once. `run` then waits until every query the file started has
 ended, or Ctrl-C, --timeout or --until-idle, and stops those queries (the topology
 query first, then its acker). Exit status: 0, 1 if the file or a query failed,
-130 on Ctrl-C, or the code of a sys.exit() in the file (its queries are stopped
-first). With --until-idle, choose a time longer than the retry backoff
+3 if what failed is the environment (a broker that does not answer, a missing
+topic), 130 on Ctrl-C, or the code of a sys.exit() in the file (its queries are
+stopped first). With --until-idle, choose a time longer than the retry backoff
 (ackstream.retryMaxDelay) if replays should finish before the stop.
+
+The console shows progress and, when the run ends badly, one line saying why and
+naming a log file (in the temporary folder) that holds Spark's log, Python's logging
+and the full error; --verbose leaves all of that on the console instead.
 
 A topology file, e.g. words.py:
 
@@ -150,7 +192,16 @@ def _add_run(commands) -> None:
         metavar="SECONDS",
         help="stop the queries once they have read rows and then none for this long",
     )
+    _add_verbose(run)
     _add_session_options(run)
+
+
+def _add_verbose(command) -> None:
+    command.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Spark's log, Python's logging and full errors on the console, not in a log file",
+    )
 
 
 def _add_status(commands) -> None:
@@ -199,7 +250,8 @@ def _add_status(commands) -> None:
     output.add_argument(
         "--prometheus",
         action="store_true",
-        help="print Prometheus' text exposition format (gauges), e.g. for a textfile collector",
+        help="print Prometheus' text exposition format (counters for totals, gauges for "
+        "levels), e.g. for a textfile collector",
     )
 
 
@@ -326,6 +378,7 @@ def _add_acker(commands) -> None:
     acker.add_argument(
         "--timeout", type=float, default=None, metavar="SECONDS", help="stop after this long"
     )
+    _add_verbose(acker)
     _add_session_options(acker)
 
 
@@ -379,6 +432,13 @@ def _add_bench(commands) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _command(argv)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before a command could take it
+        return EXIT_INTERRUPTED
+
+
+def _command(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "bench":  # only bench passes options on
@@ -398,22 +458,20 @@ def main(argv: list[str] | None = None) -> int:
         return _acker(args.subparser, args)
     if args.command == "bench":
         return _bench(args, extra)
-    return 2
+    return EXIT_USAGE
 
 
 def _demo(args) -> int:
     from ackstream.demo import run_demo
-    from ackstream.errors import AckstreamError
     from ackstream.session import local_session
 
     if not 0 <= args.fail_percent <= 100 or args.max_retries < 0:
         print("ackstream: --fail-percent must be 0 to 100 and --max-retries >= 0", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         spark = local_session("ackstream-demo")
     except AckstreamError as problem:
-        print(f"ackstream: {problem}", file=sys.stderr)
-        return 1
+        return _refused(problem)
     try:
         s = run_demo(
             spark,
@@ -445,67 +503,112 @@ def _demo(args) -> int:
 
 
 def _run(parser, args) -> int:
-    import runpy
-    import traceback
-
     for name in ("timeout", "until_idle"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     if not os.path.isfile(args.file):
         parser.error(f"no topology file at {args.file}")
+    log = LogFile("run", args.verbose)
+    with log:
+        code = _run_file(args, log)
+    if code == EXIT_OK:
+        log.discard()
+    return code
+
+
+def _run_file(args, log: LogFile) -> int:
+    """Run the topology file, wait for its queries, stop them; the exit status."""
+    import logging
+    import runpy
+    import traceback
+
     from pyspark.sql import SparkSession
 
-    from ackstream.errors import AckstreamError
-    from ackstream.session import local_session
     from ackstream.sources.datasource import register
 
     spark, made = SparkSession.getActiveSession(), False
     if spark is None:
         try:
-            spark = local_session(
-                "ackstream-run", cores=args.cores, master=args.master, remote=args.remote
-            )
+            spark = _local_session(args, "ackstream-run", log)
             made = True
         except AckstreamError as problem:
-            print(f"ackstream: {problem}", file=sys.stderr)
-            return 1
+            return _refused(problem)
     register(spark)
     before = {q.id for q in spark.streams.active}
-    started = []
-    code = 0
+    started, code = [], EXIT_FAILED
     try:
         runpy.run_path(args.file, init_globals={"spark": spark}, run_name="__main__")
         started = [q for q in spark.streams.active if q.id not in before]
-        code = _wait(started, args.timeout, args.until_idle)
+        code = _supervise(started, args.timeout, args.until_idle, log)
     except KeyboardInterrupt:
-        print("ackstream: interrupted, stopping the queries", file=sys.stderr)
-        code = 130
+        code = EXIT_INTERRUPTED
     except SystemExit as stop:  # the file called sys.exit()
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except Exception:  # noqa: BLE001 - whatever the user's file raises is reported
-        traceback.print_exc()
-        print(f"ackstream: {args.file} failed", file=sys.stderr)
-        code = 1
+    except Exception as error:  # noqa: BLE001 - whatever the user's file raises is reported
+        logging.getLogger(__name__).exception("%s failed", args.file)
+        cause = cause_of("".join(traceback.format_exception(error)))
+        print(f"ackstream: {args.file} failed: {cause}{log.named()}", file=sys.stderr)
+        code = _status_of(cause)
     finally:
         started = started or [q for q in spark.streams.active if q.id not in before]
+        _stopping(code, log)
         _stop(started)
         if made:
             spark.stop()
     return code
 
 
-def _wait(queries, timeout: float | None, until_idle: float | None, every_s: float = 5.0) -> int:
+def _local_session(args, app_name: str, log: LogFile):
+    """The command's Spark session (``--cores``, ``--master``, ``--remote``); a JVM
+    launched for it writes its log to ``log``."""
+    from ackstream.session import local_session
+
+    with log.launching():
+        return local_session(app_name, cores=args.cores, master=args.master, remote=args.remote)
+
+
+def _refused(problem: AckstreamError) -> int:
+    """Print ackstream's error as the command's last line; its exit status."""
+    print(f"ackstream: {problem}", file=sys.stderr)
+    return EXIT_ENVIRONMENT if isinstance(problem, EnvironmentProblem) else EXIT_FAILED
+
+
+def _status_of(cause: str) -> int:
+    """The exit status of a failure whose :func:`~ackstream.errors.cause_of` is ``cause``."""
+    return EXIT_ENVIRONMENT if cause.startswith(f"{EnvironmentProblem.__name__}: ") else EXIT_FAILED
+
+
+def _supervise(queries, timeout: float | None, until_idle: float | None, log: LogFile) -> int:
+    """Wait for the queries as :func:`_wait` does, Ctrl-C included; a line for each
+    failed query; the exit status."""
+    with interrupts() as pressed:
+        code = _wait(queries, timeout, until_idle, pressed)
+    return _failures(queries, log) if code == EXIT_FAILED else code
+
+
+def _stopping(code: int, log: LogFile) -> None:
+    """Say so when Ctrl-C stops the command (its queries may take a trigger to stop)."""
+    if code == EXIT_INTERRUPTED:
+        print(f"ackstream: interrupted, stopping the queries{log.named()}", file=sys.stderr)
+
+
+def _wait(
+    queries, timeout: float | None, until_idle: float | None, pressed, every_s: float = 5.0
+) -> int:
     """Poll until every query ended (0), or one failed (1 at once: its peers would run
     on without it), or the timeout passed, or the queries have read rows and then none
-    for ``until_idle`` seconds (0). Prints each query's progress every ``every_s``."""
+    for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
+    :func:`~ackstream.console.interrupts`). Prints each query's progress every
+    ``every_s``."""
     start, last_active, printed = time.monotonic(), None, time.monotonic()
     seen: dict = {}
     rows: dict = {}
     while any(q.isActive for q in queries):
+        if pressed.is_set():
+            return EXIT_INTERRUPTED
         now = time.monotonic()
-        failed = [q for q in queries if not q.isActive and q.exception() is not None]
-        if failed:
-            break
+        if any(not q.isActive and q.exception() is not None for q in queries):
+            return EXIT_FAILED
         for q in queries:
             progress = q.lastProgress
             if progress and seen.get(q.id) != progress.get("batchId"):
@@ -528,36 +631,31 @@ def _wait(queries, timeout: float | None, until_idle: float | None, every_s: flo
             print(
                 f"ackstream: --timeout {timeout:g}s reached, stopping the queries", file=sys.stderr
             )
-            return 0
+            return EXIT_OK
         if until_idle is not None and last_active is not None and now - last_active >= until_idle:
             print(
                 f"ackstream: no rows read for {until_idle:g}s, stopping the queries",
                 file=sys.stderr,
             )
-            return 0
-        time.sleep(0.2)
-    failed = [q for q in queries if q.exception() is not None]
-    for q in failed:
-        error = str(q.exception())
-        print(f"ackstream: query {q.name} failed: {_cause(error)}", file=sys.stderr)
-        print(error, file=sys.stderr)
-    return 1 if failed else 0
+            return EXIT_OK
+        pressed.wait(0.2)
+    return EXIT_FAILED if any(q.exception() is not None for q in queries) else EXIT_OK
 
 
-def _cause(error: str) -> str:
-    """The line of a query's error that says what went wrong: ackstream's own error if
-    there is one, else the last Python exception line, else the first line."""
-    lines = [line.strip() for line in error.splitlines()]
-    ours = [line for line in lines if re.match(r"(ackstream\.errors\.)?\w+(Error|Problem): ", line)]
-    named = [
-        line
-        for line in ours
-        if re.match(
-            r"(ackstream\.errors\.)?(OptionError|StageError|EnvironmentProblem|AckstreamError): ",
-            line,
-        )
-    ]
-    return (named or ours or lines or [""])[-1 if named or ours else 0]
+def _failures(queries, log: LogFile) -> int:
+    """One line per failed query, saying why (its full error goes to ``log``); the exit
+    status: 3 if every cause is the environment, else 1."""
+    import logging
+
+    codes = []
+    for q in queries:
+        if q.exception() is not None:
+            error = str(q.exception())
+            logging.getLogger(__name__).error("query %s failed:\n%s", q.name, error)
+            cause = cause_of(error)
+            print(f"ackstream: query {q.name} failed: {cause}{log.named()}", file=sys.stderr)
+            codes.append(_status_of(cause))
+    return min(codes, default=EXIT_FAILED)
 
 
 def _stop(queries) -> None:
@@ -591,10 +689,7 @@ def command_kafka_options(parser, args, one_shot: bool = False) -> dict[str, str
 
 
 def _acker(parser, args) -> int:
-    from ackstream.acker.query import start_acker
-    from ackstream.config import default_channel_dir, parse_duration_ms
-    from ackstream.errors import AckstreamError
-    from ackstream.session import local_session
+    from ackstream.config import parse_duration_ms
 
     if args.channel and args.bootstrap:
         parser.error("--channel and --bootstrap are both set: give one")
@@ -603,15 +698,25 @@ def _acker(parser, args) -> int:
     kafka_options = command_kafka_options(parser, args)
     try:
         timeout_ms = parse_duration_ms("--message-timeout", args.message_timeout)
-        spark = local_session(
-            f"ackstream-acker-{args.topology}",
-            cores=args.cores,
-            master=args.master,
-            remote=args.remote,
-        )
     except AckstreamError as problem:
-        print(f"ackstream: {problem}", file=sys.stderr)
-        return 1
+        parser.error(str(problem))
+    log = LogFile("acker", args.verbose)
+    with log:
+        code = _run_acker(args, kafka_options, timeout_ms, log)
+    if code == EXIT_OK:
+        log.discard()
+    return code
+
+
+def _run_acker(args, kafka_options: dict, timeout_ms: int, log: LogFile) -> int:
+    """Start the acker query, wait for it, stop it; the exit status."""
+    from ackstream.acker.query import start_acker
+    from ackstream.config import default_channel_dir
+
+    try:
+        spark = _local_session(args, f"ackstream-acker-{args.topology}", log)
+    except AckstreamError as problem:
+        return _refused(problem)
     if args.bootstrap:
         from ackstream.channels.kafka import KafkaChannel
 
@@ -620,7 +725,7 @@ def _acker(parser, args) -> int:
         from ackstream.channels.local import LocalChannel
 
         channel = LocalChannel(args.channel or default_channel_dir(args.topology))
-    query = None
+    query, code = None, EXIT_FAILED
     try:
         query = start_acker(
             spark,
@@ -632,20 +737,23 @@ def _acker(parser, args) -> int:
             query_name=f"{args.topology}.acker",
         )
         print(f"ackstream acker: {query.name} running, checkpoint {args.checkpoint}", flush=True)
-        return _wait([query], args.timeout, None)
+        code = _supervise([query], args.timeout, None, log)
     except KeyboardInterrupt:
-        return 130
+        code = EXIT_INTERRUPTED
+    except AckstreamError as problem:
+        code = _refused(problem)
     finally:
+        _stopping(code, log)
         if query is not None:
             _stop([query])
         spark.stop()
+    return code
 
 
 def _status(parser, args) -> int:
     import json
 
     from ackstream.config import default_channel_dir
-    from ackstream.errors import AckstreamError
     from ackstream.status import kafka_status, local_status
 
     if args.channel and args.bootstrap:
@@ -695,18 +803,12 @@ def _status(parser, args) -> int:
                 lag = group_lag(args.upstream_bootstrap, group, kafka_options)
                 status = replace(status, partitions=lag)
     except AckstreamError as problem:
-        print(f"ackstream: {problem}", file=sys.stderr)
-        return 1
+        return _refused(problem)
     except Exception as problem:  # kafka-python's errors (no broker, timeouts)
         if not (args.bootstrap or args.upstream_bootstrap):
             raise
         brokers = " or ".join(b for b in (args.bootstrap, args.upstream_bootstrap) if b)
-        print(
-            f"ackstream: could not read from the brokers at {brokers}: "
-            f"{type(problem).__name__}: {problem}",
-            file=sys.stderr,
-        )
-        return 1
+        return _unanswered(f"read from the brokers at {brokers}", problem)
     if args.checkpoint:
         from dataclasses import replace
 
@@ -718,6 +820,19 @@ def _status(parser, args) -> int:
     else:
         print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
     return 0
+
+
+def _unanswered(doing: str, problem: Exception) -> int:
+    """Say that a one-shot command could not do ``doing`` with Kafka, and what to check."""
+    import traceback
+
+    said = cause_of("".join(traceback.format_exception_only(problem)))
+    print(
+        f"ackstream: could not {doing}: {said}. Check that the brokers are up and "
+        "reachable from here (--bootstrap, and --command-config for a secured listener)",
+        file=sys.stderr,
+    )
+    return EXIT_ENVIRONMENT
 
 
 def _dead_letters(parser, args) -> int:
@@ -756,8 +871,7 @@ def _dead_letters(parser, args) -> int:
                 bootstrap=args.bootstrap, topic=topic, kafka_options=kafka_options
             )
         except Exception as problem:  # kafka-python's errors (no broker, timeouts)
-            print(f"ackstream: could not read {where}: {problem}", file=sys.stderr)
-            return 1
+            return _unanswered(f"read {where}", problem)
     else:
         folder = os.path.join(args.channel or default_channel_dir(args.topology), "dead_letters")
         if not os.path.isdir(folder):
@@ -769,8 +883,7 @@ def _dead_letters(parser, args) -> int:
     try:
         replayed = marks.replayed()
     except Exception as problem:  # kafka-python's errors (no broker, timeouts)
-        print(f"ackstream: could not read which letters were replayed: {problem}", file=sys.stderr)
-        return 1
+        return _unanswered(f"read which letters were replayed ({where})", problem)
     rows = select_dead_letters(letters, reason=args.reason, records=records)
     skipped = 0
     if args.action == "replay" and not args.again:  # the limit counts letters to send
@@ -796,7 +909,9 @@ def _dead_letters(parser, args) -> int:
         sent = replay_dead_letters(rows, args.bootstrap, kafka_options=kafka_options)
     except ValueError as problem:
         print(f"ackstream: {problem}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    except Exception as problem:  # kafka-python's errors (no broker, timeouts)
+        return _unanswered(f"send the letters to their topics on {args.bootstrap}", problem)
     try:
         marks.mark([letter_name(r) for r in rows], now_ms())
     except Exception as problem:  # sent, not marked: a second replay would send again

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["AckstreamError", "OptionError", "EnvironmentProblem", "StageError"]
+__all__ = ["AckstreamError", "OptionError", "EnvironmentProblem", "StageError", "cause_of"]
 
 _SECRET = re.compile(r"password|secret|jaas|token|credential", re.IGNORECASE)
 
@@ -38,3 +38,31 @@ class StageError(AckstreamError, ValueError):
     def __init__(self, stage: str, problem: str):
         self.stage, self.problem = stage, problem
         super().__init__(f"stage {stage!r}: {problem}")
+
+
+def cause_of(text: str) -> str:
+    """The line of an error's text that says what went wrong, as ``Type: message``:
+    ackstream's own error if the text holds one, else the last Python exception, else
+    its first line. The text may be a Python traceback or Spark's wrapping of one (a
+    ``StreamingQueryException``, an ``AnalysisException``, py4j's "An exception was
+    raised by the Python Proxy"), whose Python tracebacks sit inside its message.
+
+    >>> cause_of("An exception was raised by the Python Proxy. Return Message: "
+    ...          "Traceback (most recent call last):\\n  File 'x.py', line 1, in f\\n"
+    ...          "ackstream.errors.StageError: stage 'm': lost _root\\n\\n=== Query ===")
+    "StageError: stage 'm': lost _root"
+    >>> cause_of("Traceback (most recent call last):\\n  File 'x.py', line 1, in f\\n"
+    ...          "kafka.errors.KafkaTimeoutError: KafkaTimeoutError: Expiring 1 record(s)")
+    'KafkaTimeoutError: Expiring 1 record(s)'
+    """
+    raised, in_traceback = [], False
+    for line in text.splitlines():
+        if in_traceback and line and not line[0].isspace():
+            raised.append(line)  # the line after a traceback's frames
+            in_traceback = False
+        in_traceback = in_traceback or line.rstrip().endswith("Traceback (most recent call last):")
+    ours = [line for line in raised if line.startswith("ackstream.")]
+    first = [line.strip() for line in text.splitlines() if line.strip()][:1]
+    found = (ours or raised or first or [""])[-1]
+    named = re.match(r"(?:\w+\.)*(\w+): (?:\1: )?(.*)", found)
+    return f"{named.group(1)}: {named.group(2)}" if named else found

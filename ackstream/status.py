@@ -19,15 +19,17 @@ channel counts each root once, with its first completion.
   ``invalid``: ack records the acker could not use. Both are ignored by sources.
 - ``replayed``: failed or timed-out roots whose record was not dead-lettered on
   that attempt, so the source reads it again (or will, after its backoff).
-- ``dead_lettered``: records in the dead-letter Parquet folder, or messages on the
-  dead-letter topic (Kafka channel); ``None`` when unknown.
+- ``dead_lettered``: records in the dead-letter Parquet folder or on the dead-letter
+  topic (Kafka channel), each once (a letter written twice after a crash counts
+  once); ``None`` when unknown.
 - ``latency_ms``: complete latency (init to ack, as Storm's ``complete latency``)
   percentiles of the acked roots; ``None`` when nothing was acked.
 
 - ``rates_per_s``: acked, replayed and dead-lettered roots a second over the last
   ``window_s`` seconds, by their completions' time.
-- ``failed_by_stage``: failed and rejected roots by the stage their reason names
-  (``"timed out"`` for timeouts): Storm UI's failed count per bolt.
+- ``failed_by_stage``: failed and timed-out roots by the stage their reason names
+  (``"timed out"`` for timeouts): Storm UI's failed count per bolt;
+  ``rejected_by_stage``: the rejected roots, apart (they are never replayed).
 - ``partitions``: per topic and partition the upstream's ``end``, the ``committed``
   offset (everything below it acked or dead-lettered) and ``lag`` (end - committed),
   as the source last saw them (:data:`SOURCE_METRICS_FILE` in a local channel), or
@@ -59,7 +61,7 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -80,6 +82,7 @@ from ackstream.records import (
 
 __all__ = [
     "PERCENTILES",
+    "PROMETHEUS_FAMILIES",
     "SOURCE_METRICS_FILE",
     "Status",
     "kafka_status",
@@ -93,6 +96,25 @@ __all__ = [
 PERCENTILES = (50, 90, 99)
 #: The source's latest metrics (``Spout.metrics``), JSON, in a local channel directory.
 SOURCE_METRICS_FILE = "source-metrics.json"
+
+
+#: The metric families of :meth:`Status.prometheus` (``ackstream_<name>``): their type
+#: and help. Counts that only grow are counters, named ``*_total``; levels are gauges.
+PROMETHEUS_FAMILIES = {
+    "roots_pending": ("gauge", "Roots with an init record and no completion yet."),
+    "roots_total": ("counter", "Completed roots by outcome."),
+    "roots_replayed_total": ("counter", "Failed or timed-out roots whose record is read again."),
+    "dead_letters_total": ("counter", "Records dead-lettered."),
+    "rate_per_second": ("gauge", "Roots a second over the last window_s seconds, by outcome."),
+    "failed_by_stage_total": ("counter", "Failed and timed-out roots by the stage at fault."),
+    "rejected_by_stage_total": ("counter", "Rejected roots by the stage at fault."),
+    "complete_latency_ms": ("gauge", "Complete latency of the acked roots, in ms."),
+    "held": ("gauge", "Tuples and roots a window stage holds."),
+    "stage_tuples_total": ("counter", "Tuples each stage and sink read (in) and emitted (out)."),
+    "partition_end": ("gauge", "The end offset of each upstream partition."),
+    "partition_committed": ("gauge", "The offset the source's group committed, per partition."),
+    "partition_lag": ("gauge", "Offsets not yet acked or dead-lettered, per partition."),
+}
 
 
 @dataclass(frozen=True)
@@ -115,6 +137,7 @@ class Status:
     window_s: float = 60.0
     rates_per_s: dict[str, float] | None = None  #: {"acked": .., "replayed": .., ..}
     failed_by_stage: dict[str, int] | None = None
+    rejected_by_stage: dict[str, int] | None = None
     partitions: dict | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
     held: dict | None = None  #: {stage: {"tuples": n, "roots": n}}
     stages: dict | None = None  #: {stage or sink: {"in": n, "out": n}}
@@ -160,9 +183,13 @@ class Status:
                 f"  last {self.window_s:g} s  "
                 + "  ".join(f"{k.replace('_', '-')} {v:.1f}/s" for k, v in self.rates_per_s.items())
             )
-        if self.failed_by_stage:
-            out.append("  failed by stage")
-            out += [f"    {stage:<24}{n:>8}" for stage, n in self.failed_by_stage.items()]
+        for what, by_stage in (
+            ("failed", self.failed_by_stage),
+            ("rejected", self.rejected_by_stage),
+        ):
+            if by_stage:
+                out.append(f"  {what} by stage")
+                out += [f"    {stage:<24}{n:>8}" for stage, n in by_stage.items()]
         if self.stages:
             out.append(f"  {'tuples by stage':<26}{'in':>10}{'out':>10}")
             for stage, n in self.stages.items():
@@ -184,60 +211,68 @@ class Status:
         return out
 
     def prometheus(self) -> str:
-        """The figures in Prometheus' text exposition format (gauges), for a textfile
-        collector or a scrape through a small HTTP wrapper."""
-        label = f'topology="{_escape(self.topology)}"'
-        lines = ["# TYPE ackstream_roots gauge"]
-        outcomes = ("pending", "acked", "failed", "timed_out", "replayed", "rejected")
-        lines += [
-            f'ackstream_roots{{{label},outcome="{name}"}} {getattr(self, name)}'
-            for name in outcomes
-        ]
-        if self.dead_lettered is not None:
-            lines.append(f'ackstream_roots{{{label},outcome="dead_lettered"}} {self.dead_lettered}')
-        if self.rates_per_s is not None:
-            lines.append("# TYPE ackstream_rate_per_second gauge")
-            lines += [
-                f'ackstream_rate_per_second{{{label},outcome="{k}",window_s="{self.window_s:g}"}} '
-                f"{v:g}"
-                for k, v in self.rates_per_s.items()
-            ]
-        if self.failed_by_stage:
-            lines.append("# TYPE ackstream_failed_by_stage gauge")
-            lines += [
-                f'ackstream_failed_by_stage{{{label},stage="{_escape(stage)}"}} {n}'
-                for stage, n in self.failed_by_stage.items()
-            ]
-        if self.latency_ms is not None:
-            lines.append("# TYPE ackstream_complete_latency_ms gauge")
-            lines += [
-                f'ackstream_complete_latency_ms{{{label},quantile="0.{k[1:]}"}} {v:g}'
-                for k, v in self.latency_ms.items()
-            ]
-        if self.held:
-            lines.append("# TYPE ackstream_held gauge")
-            lines += [
-                f'ackstream_held{{{label},stage="{_escape(stage)}",of="{what}"}} {n[what]}'
-                for stage, n in self.held.items()
+        """The figures in Prometheus' text exposition format (the families of
+        :data:`PROMETHEUS_FAMILIES`), for a textfile collector or a scrape through a
+        small HTTP wrapper. Every sample has the label ``topology``."""
+        by_stage = {"failed": self.failed_by_stage, "rejected": self.rejected_by_stage}
+        samples = {
+            "roots_pending": [({}, self.pending)],
+            "roots_total": [
+                ({"outcome": name}, getattr(self, name))
+                for name in ("acked", "failed", "timed_out", "rejected")
+            ],
+            "roots_replayed_total": [({}, self.replayed)],
+            "dead_letters_total": [] if self.dead_lettered is None else [({}, self.dead_lettered)],
+            "rate_per_second": [
+                ({"outcome": k, "window_s": f"{self.window_s:g}"}, v)
+                for k, v in (self.rates_per_s or {}).items()
+            ],
+            **{
+                f"{what}_by_stage_total": [({"stage": s}, n) for s, n in (counts or {}).items()]
+                for what, counts in by_stage.items()
+            },
+            "complete_latency_ms": [
+                ({"quantile": f"{int(k[1:]) / 100:g}"}, v)
+                for k, v in (self.latency_ms or {}).items()
+            ],
+            "held": [
+                ({"stage": stage, "of": what}, n[what])
+                for stage, n in (self.held or {}).items()
                 for what in ("tuples", "roots")
-            ]
-        if self.stages:
-            lines.append("# TYPE ackstream_stage_tuples_total counter")
-            lines += [
-                f'ackstream_stage_tuples_total{{{label},stage="{_escape(stage)}",side="{side}"}} '
-                f"{n}"
-                for stage, sides in self.stages.items()
+            ],
+            "stage_tuples_total": [
+                ({"stage": stage, "side": side}, n)
+                for stage, sides in (self.stages or {}).items()
                 for side, n in sides.items()
-            ]
-        for name in ("end", "committed", "lag") if self.partitions else ():
-            lines.append(f"# TYPE ackstream_partition_{name} gauge")
-            lines += [
-                f'ackstream_partition_{name}{{{label},topic="{_escape(topic)}",partition="{p}"}} '
-                f"{m[name]}"
-                for topic, parts in self.partitions.items()
-                for p, m in parts.items()
-            ]
+            ],
+            **{
+                f"partition_{name}": [
+                    ({"topic": topic, "partition": p}, m[name])
+                    for topic, parts in (self.partitions or {}).items()
+                    for p, m in parts.items()
+                ]
+                for name in ("end", "committed", "lag")
+            },
+        }
+        lines = []
+        for name, (kind, text) in PROMETHEUS_FAMILIES.items():
+            if samples[name]:
+                lines += [f"# HELP ackstream_{name} {text}", f"# TYPE ackstream_{name} {kind}"]
+                lines += [
+                    f"ackstream_{name}{_labels(self.topology, labels)} {_number(value)}"
+                    for labels, value in samples[name]
+                ]
         return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    """A sample's value: an integer as it is, a float in full (``{:g}`` would round)."""
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+def _labels(topology: str, labels: dict) -> str:
+    pairs = {"topology": topology, **labels}
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in pairs.items()) + "}"
 
 
 def _escape(value: str) -> str:
@@ -284,13 +319,13 @@ def summarize(
     status = done.column("status").to_pylist()
     counts = {s: status.count(s) for s in (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN)}
 
-    dead_keys = set()
+    dead_keys = set()  # (topic, partition, offset, attempt) of each dead-lettered root
     if dead_letters is not None:
         for d in dead_letters.select(["topic", "partition", "offset", "attempts"]).to_pylist():
             dead_keys.add((d["topic"], d["partition"], d["offset"], d["attempts"] - 1))
     since = None if now_ms is None else now_ms - window_s * 1000
     recent = dict.fromkeys(("acked", "replayed", "dead_lettered"), 0)
-    replayed, by_stage = 0, {}
+    replayed, by_stage = 0, {FAILED: {}, REJECTED: {}}
     columns = ["status", "topic", "partition", "offset", "attempt", "completed_ms", "reason"]
     for c in done.select(columns).to_pylist():
         if c["status"] == ACKED:
@@ -301,8 +336,9 @@ def summarize(
             outcome = "replayed" if c["status"] in (FAILED, TIMED_OUT) else None
         replayed += outcome == "replayed"
         if c["status"] in (FAILED, TIMED_OUT, REJECTED):
+            counted = by_stage[REJECTED if c["status"] == REJECTED else FAILED]
             stage = stage_of(c["status"], c["reason"])
-            by_stage[stage] = by_stage.get(stage, 0) + 1
+            counted[stage] = counted.get(stage, 0) + 1
         if outcome and since is not None and (c["completed_ms"] or 0) > since:
             recent[outcome] += 1
 
@@ -325,13 +361,18 @@ def summarize(
         rejected=counts[REJECTED],
         unknown=counts[UNKNOWN],
         invalid=n_invalid,
-        dead_lettered=None if dead_letters is None else dead_letters.num_rows,
+        dead_lettered=None if dead_letters is None else len(dead_keys),
         latency_ms=percentiles,
         window_s=window_s,
         rates_per_s=None if since is None else {k: n / window_s for k, n in recent.items()},
-        failed_by_stage=dict(sorted(by_stage.items(), key=lambda kv: -kv[1])),
+        failed_by_stage=_most_first(by_stage[FAILED]),
+        rejected_by_stage=_most_first(by_stage[REJECTED]),
         partitions=partitions,
     )
+
+
+def _most_first(counts: dict[str, int]) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def local_status(
@@ -411,19 +452,30 @@ def kafka_status(
 
     Dead letters come from ``dead_letter_dir`` (Parquet) if given, else from the
     dead-letter topic (default ``<topology>.dead``, the source's default with
-    ``ackstream.channel=kafka``) by counting its messages: a letter written twice
-    after a crash counts twice there, and ``replayed`` is then failed + timed out
-    minus that count, as the messages' keys are not read."""
+    ``ackstream.channel=kafka``). Brokers that do not answer fail the first read
+    (raised as kafka-python raises it); a completions read they do not answer raises
+    :class:`EnvironmentProblem`."""
     from ackstream.channels.kafka import KafkaChannel
-    from ackstream.channels.messages import message_ranges
-    from ackstream.kafka.settings import client_settings
     from ackstream.sinks.dead_letters import read_dead_letters
 
     channel = KafkaChannel(bootstrap, topology, kafka_options=kafka_options)
-    completions, _ = channel.completions_since(None)
-    letters = read_dead_letters(dead_letter_dir) if dead_letter_dir else None
-    status = summarize(
-        _init_roots(channel.ack_records()),
+    try:
+        inits = _init_roots(channel.ack_records())
+        completions, _ = channel.completions_since(None)  # rides out a silent broker
+        if not channel.answering():
+            raise EnvironmentProblem(
+                f"the Kafka brokers at {bootstrap} did not answer a read of {channel.done_topic}",
+                "Check that they are up, then ask again.",
+            )
+    finally:
+        channel.close()
+    if dead_letter_dir:
+        letters = read_dead_letters(dead_letter_dir)
+    else:
+        topic = dead_letter_topic or f"{topology}.dead"
+        letters = read_dead_letters(bootstrap=bootstrap, topic=topic, kafka_options=kafka_options)
+    return summarize(
+        inits,
         completions,
         letters,
         topology=topology,
@@ -434,12 +486,6 @@ def kafka_status(
             upstream_bootstrap or bootstrap, group_id or f"ackstream-{topology}", kafka_options
         ),
     )
-    if letters is None:
-        topic = dead_letter_topic or f"{topology}.dead"
-        ranges = message_ranges(bootstrap, topic, {}, settings=client_settings(kafka_options or {}))
-        count = sum(end - start for _, start, end in ranges)
-        status = replace(status, dead_lettered=count, replayed=max(0, status.replayed - count))
-    return status
 
 
 def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:

@@ -106,6 +106,20 @@ def test_an_unreachable_broker_is_an_error_at_load(spark):
     )
 
 
+def test_an_unreachable_broker_is_ackstreams_own_error_from_topology_read_stream(spark, tmp_path):
+    """Checked in this process before load(): the error itself, not inside Spark's
+    AnalysisException, and without starting Spark's Python worker first."""
+    from ackstream import LocalChannel, MemorySink, Topology
+    from ackstream.errors import EnvironmentProblem
+
+    topology = Topology("unreachable", spark, LocalChannel(str(tmp_path / "ch")))
+    with pytest.raises(EnvironmentProblem) as caught:
+        topology.sink(MemorySink()).read_stream(
+            {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "events"}
+        )
+    assert caught.value.what.startswith("no Kafka broker answers at 127.0.0.1:9")
+
+
 def test_a_security_protocol_the_broker_does_not_speak_is_a_bounded_error_naming_it(broker):
     import time
 

@@ -329,6 +329,7 @@ class Chaos:
                 "300",
                 "--cores",
                 "1",
+                "--verbose",  # Spark's log into the chaos log, not a file of its own
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

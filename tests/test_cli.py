@@ -1,6 +1,7 @@
 """The command line: argument parsing apart, and the demo end to end in-process."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -222,7 +223,8 @@ def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, cap
 
 
 @pytest.mark.spark
-def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, capsys):
+def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the log file the run keeps
     topo = tmp_path / "broken.py"
     topo.write_text(
         TOPOLOGY_FILE.format(channel=str(tmp_path / "ch"), checkpoint=str(tmp_path / "ckpt"))
@@ -247,9 +249,12 @@ topology.start(frame, {checkpoint!r}, trigger_ms=200)
 
 
 @pytest.mark.spark
-def test_run_exits_at_once_when_a_query_fails_with_the_cause_first(spark, tmp_path, capsys):
+def test_run_exits_at_once_when_a_query_fails_with_the_cause_first(
+    spark, tmp_path, capsys, monkeypatch
+):
     """The acker query would run on after the topology query died: run must not wait for
     --timeout and exit 0."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the log file the run keeps
     import time
 
     topo = tmp_path / "broken.py"
@@ -288,7 +293,7 @@ def test_version_and_a_help_that_imports_neither_pyspark_nor_pandas():
 # --- the command as users run it --------------------------------------------------------
 
 
-def _ackstream(*argv, env=None):
+def _ackstream(*argv, env=None, timeout=120):
     import os
     import subprocess
     import sys
@@ -297,7 +302,7 @@ def _ackstream(*argv, env=None):
         [sys.executable, "-m", "ackstream", *argv],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
         check=False,
     )
@@ -326,14 +331,17 @@ def test_python_m_ackstream_status_json_on_a_filled_channel(tmp_path):
     assert {k: report[k] for k in EXPECTED} == EXPECTED and report["topology"] == "words"
 
 
-def test_status_prometheus_prints_the_gauges(capsys, tmp_path):
+def test_status_prometheus_prints_counters_and_gauges(capsys, tmp_path):
     from test_status import EXPECTED, fill_channel
 
     fill_channel(tmp_path / "ch")
     assert main(["status", "--channel", str(tmp_path / "ch"), "--prometheus"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "# TYPE ackstream_roots gauge" in out
-    assert f'ackstream_roots{{topology="ackstream",outcome="acked"}} {EXPECTED["acked"]}' in out
+    assert "# TYPE ackstream_roots_total counter" in out
+    assert "# TYPE ackstream_roots_pending gauge" in out
+    assert (
+        f'ackstream_roots_total{{topology="ackstream",outcome="acked"}} {EXPECTED["acked"]}' in out
+    )
     assert any(line.startswith("ackstream_rate_per_second{") for line in out)
 
 
@@ -452,7 +460,7 @@ def test_one_shot_commands_give_up_on_silent_brokers_in_seconds(capsys, tmp_path
     given = command_kafka_options(parser, args, one_shot=True)
     assert given["kafka.bootstrap.timeout.ms"] == "2000"
     done = _in_process(capsys, "dead-letters", "list", "--bootstrap", "127.0.0.1:9")
-    assert done.returncode == 1 and "could not read topic ackstream.dead on 127.0.0.1:9" in (
+    assert done.returncode == 3 and "could not read topic ackstream.dead on 127.0.0.1:9" in (
         done.stderr
     )
 
@@ -528,3 +536,188 @@ def test_status_with_a_checkpoint_shows_its_stage_counts_and_what_its_windows_ho
     with pytest.raises(SystemExit):
         main([*argv[:-1], str(tmp_path / "nowhere")])
     assert "no such directory" in capsys.readouterr().err
+
+
+# --- errors: one line, what failed and what to do; exit statuses ----------------------
+
+#: A progress line of run and acker: "[  5.0s] words: batch 3, 120 rows read; ...".
+PROGRESS = re.compile(r"^\[ *\d+\.\ds\] ")
+
+
+def _log_named(line: str) -> str:
+    """The log file a last line names: "... (log: PATH)"."""
+    return re.search(r" \(log: (.+)\)$", line).group(1)
+
+
+@pytest.mark.parametrize(
+    "argv, meant",
+    [(["statsu"], "status"), (["dead-letters", "lst"], "list"), (["bench", "ackr"], "acker")],
+)
+def test_a_mistyped_command_gets_the_one_meant(argv, meant, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2
+    assert len(err) == 1 and f"invalid choice: {argv[-1]!r}" in err[0], err
+    assert err[0].endswith(f"; did you mean {meant!r}?")
+
+
+def test_help_lists_the_exit_statuses():
+    from ackstream.cli import EXIT_STATUS
+
+    done = _ackstream("--help")
+    assert done.returncode == 0
+    listed = done.stdout[done.stdout.index("exit status:") :].splitlines()[1:]
+    assert [line.split()[0] for line in listed] == [str(code) for code in EXIT_STATUS]
+    assert set(EXIT_STATUS) == {0, 1, 2, 3, 130}
+
+
+@pytest.mark.parametrize("command", [["status"], ["dead-letters", "list"]])
+def test_a_one_shot_command_without_brokers_says_so_in_one_line_after_one_wait(command, tmp_path):
+    """The first client that finds no broker ends the command: one line, exit 3 (status
+    used to wait again with a second client, which logged a warning line first)."""
+    config = tmp_path / "client.properties"
+    config.write_text("bootstrap.timeout.ms=2000\n")
+    done = _ackstream(*command, "--bootstrap", "127.0.0.1:9", "--command-config", str(config))
+    assert done.returncode == 3, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("ackstream: could not read ") and "127.0.0.1:9" in lines[0]
+    assert lines[0].endswith(
+        "Check that the brokers are up and reachable from here (--bootstrap, and "
+        "--command-config for a secured listener)"
+    )
+
+
+FAILING_QUERY_FILE = """
+from kafka.errors import KafkaTimeoutError
+
+def write(batch, batch_id):
+    raise KafkaTimeoutError("Expiring 1 record(s) for orders-0")
+
+spark.readStream.format("rate").load().writeStream.foreachBatch(write).queryName(
+    "plain").start()
+"""
+
+
+@pytest.mark.spark
+def test_a_failed_query_is_one_line_with_the_error_inside_sparks_wrapping(
+    spark, tmp_path, capsys, monkeypatch
+):
+    """A foreachBatch function's error reaches Spark as py4j's "An exception was raised
+    by the Python Proxy", the Python traceback inside: the line names the error; the
+    full text goes to the log file the line names."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    topo = tmp_path / "plain.py"
+    topo.write_text(FAILING_QUERY_FILE)
+    before = {q.id for q in spark.streams.active}
+    assert main(["run", str(topo), "--timeout", "300"]) == 1
+    assert {q.id for q in spark.streams.active} == before
+    said = [line for line in capsys.readouterr().err.splitlines() if not PROGRESS.match(line)]
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        "ackstream: query plain failed: KafkaTimeoutError: Expiring 1 record(s) for orders-0 "
+        f"(log: {tmp_path}"
+    )
+    logged = Path(_log_named(said[0])).read_text()
+    assert "An exception was raised by the Python Proxy" in logged and "Traceback" in logged
+
+
+NO_BROKER_FILE = """
+from ackstream import LocalChannel, MemorySink, Topology
+
+topology = Topology("no-broker", spark, LocalChannel({channel!r})).sink(MemorySink())
+frame = topology.read_stream({{"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t"}})
+topology.start(frame, {checkpoint!r})
+"""
+
+
+@pytest.mark.spark
+def test_run_without_a_broker_is_one_line_naming_it_and_exits_3(tmp_path):
+    """Not Spark's AnalysisException around it, nor Spark's log: ackstream's line, the
+    rest in the log file (here under TMPDIR)."""
+    topo = tmp_path / "no_broker.py"
+    topo.write_text(
+        NO_BROKER_FILE.format(channel=str(tmp_path / "ch"), checkpoint=str(tmp_path / "ckpt"))
+    )
+    done = _ackstream("run", str(topo), env={"TMPDIR": str(tmp_path)}, timeout=600)
+    assert done.returncode == 3, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        f"ackstream: {topo} failed: EnvironmentProblem: no Kafka broker answers at "
+        "127.0.0.1:9 (option kafka.bootstrap.servers)"
+    )
+    assert "Traceback" in Path(_log_named(lines[0])).read_text()
+
+
+KAFKA_FILE = """
+from pyspark.sql import functions as F
+
+from ackstream import LocalChannel, MemorySink, Topology
+
+topology = (Topology("interrupted", spark, LocalChannel({channel!r}))
+            .explode(F.split(F.col("value").cast("string"), " "), "word")
+            .sink(MemorySink()))
+frame = topology.read_stream({{"kafka.bootstrap.servers": {bootstrap!r},
+                              "subscribe": {topic!r}, "maxOffsetsPerTrigger": "20"}})
+topology.start(frame, {checkpoint!r}, trigger_ms=200)
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_ctrl_c_on_a_kafka_run_prints_one_line(broker, new_topic, tmp_path):
+    """SIGINT while the queries read: the queries stop, exit 130, and besides progress
+    the console shows ackstream's one line (no py4j tracebacks, no Spark log)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from kafka import KafkaProducer
+
+    from helpers import sentences, wait_for
+
+    topic = new_topic()
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for sentence in sentences(2000):
+        producer.send(topic, sentence.encode())
+    producer.flush()
+    producer.close()
+    topo = tmp_path / "kafka_run.py"
+    topo.write_text(
+        KAFKA_FILE.format(
+            channel=str(tmp_path / "ch"),
+            checkpoint=str(tmp_path / "ckpt"),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+        )
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "ackstream", "run", str(topo)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: any(re.search(r"interrupted: batch \d+, [1-9]\d* rows", x) for x in lines),
+            timeout=400,
+            what="the run to read rows",
+        )
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=300) == 130
+        reader.join(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    said = [line.rstrip("\n") for line in lines if not PROGRESS.match(line)]
+    assert len(said) == 1, "".join(lines)
+    assert said[0].startswith("ackstream: interrupted, stopping the queries (log: ")
+    assert not any("py4j" in line or "Traceback" in line for line in lines)

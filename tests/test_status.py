@@ -2,6 +2,7 @@
 
 import json
 import os
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -262,17 +263,30 @@ def test_rates_count_the_window_before_now_by_outcome():
     assert "  last 10 s  acked 0.2/s  replayed 0.2/s  dead-lettered 0.1/s" in status.lines()
 
 
-def test_failed_roots_are_counted_by_the_stage_their_reason_names():
+def test_failed_and_rejected_roots_are_counted_by_the_stage_their_reason_names_apart():
+    """A rejected root is never replayed: Storm UI's failed count per bolt leaves it out."""
     rows = [
         finished(1, FAILED, 1, 1, reason="poison: (offset % 10) = 5"),
         finished(2, FAILED, 2, 1, reason="poison: (offset % 10) = 5"),
         finished(3, REJECTED, 3, 1, reason="parse#2: ValueError: bad"),
+        finished(6, REJECTED, 6, 1, reason="poison: (offset % 10) = 5"),
         finished(4, TIMED_OUT, 4, 1),
         finished(5, ACKED, 5, 1),
     ]
     status = summarize([], completions(rows), None)
-    assert status.failed_by_stage == {"poison": 2, "parse#2": 1, "timed out": 1}
+    assert status.failed_by_stage == {"poison": 2, "timed out": 1}
+    assert status.rejected_by_stage == {"parse#2": 1, "poison": 1}
     assert status.rates_per_s is None  # no time given: no rates
+    text = status.lines()
+    failed, rejected = text.index("  failed by stage"), text.index("  rejected by stage")
+    assert text[failed + 1 : failed + 3] == [
+        f"    {'poison':<24}{2:>8}",
+        f"    {'timed out':<24}{1:>8}",
+    ]
+    assert text[rejected + 1 : rejected + 3] == [
+        f"    {'parse#2':<24}{1:>8}",
+        f"    {'poison':<24}{1:>8}",
+    ]
 
 
 def test_local_status_shows_the_lag_the_source_saved_and_exposes_it_to_prometheus(tmp_path):
@@ -286,8 +300,8 @@ def test_local_status_shows_the_lag_the_source_saved_and_exposes_it_to_prometheu
     assert "  t[0]                            12          6       6" in status.lines()
     exposition = status.prometheus().splitlines()
     assert 'ackstream_partition_lag{topology="words",topic="t",partition="0"} 6' in exposition
-    assert 'ackstream_roots{topology="words",outcome="pending"} 3' in exposition
-    assert 'ackstream_roots{topology="words",outcome="dead_lettered"} 1' in exposition
+    assert 'ackstream_roots_pending{topology="words"} 3' in exposition
+    assert 'ackstream_dead_letters_total{topology="words"} 1' in exposition
 
 
 def test_local_status_without_source_metrics_says_the_lag_is_unknown(tmp_path):
@@ -295,3 +309,100 @@ def test_local_status_without_source_metrics_says_the_lag_is_unknown(tmp_path):
     status = local_status(str(tmp_path / "ch"), "words")
     assert status.partitions is None
     assert any(line.startswith("  lag: unknown") for line in status.lines())
+
+
+def test_prometheus_types_counts_that_only_grow_as_counters_and_levels_as_gauges(tmp_path):
+    """Prometheus' conventions: a counter is named ``*_total`` and every ``*_total`` is a
+    counter; each family has its HELP and TYPE before its samples."""
+    fill_channel(tmp_path / "ch")
+    status = local_status(str(tmp_path / "ch"), "words")
+    status = replace(
+        status,
+        rejected=1,
+        rejected_by_stage={"parse": 1},
+        held={"w": {"tuples": 3, "roots": 2}},
+        stages={"w": {"in": 9, "out": 2}},
+        partitions={"t": {"0": {"end": 12, "committed": 6, "lag": 6}}},
+    )
+    lines = status.prometheus().splitlines()
+    types = dict(line.split()[2:4] for line in lines if line.startswith("# TYPE "))
+    assert {name: kind for name, kind in types.items() if kind == "counter"} == {
+        "ackstream_roots_total": "counter",
+        "ackstream_roots_replayed_total": "counter",
+        "ackstream_dead_letters_total": "counter",
+        "ackstream_failed_by_stage_total": "counter",
+        "ackstream_rejected_by_stage_total": "counter",
+        "ackstream_stage_tuples_total": "counter",
+    }
+    assert all(kind == "gauge" for name, kind in types.items() if not name.endswith("_total"))
+    for name in types:  # HELP, TYPE, then the family's samples, together
+        at = lines.index(f"# TYPE {name} {types[name]}")
+        assert lines[at - 1].startswith(f"# HELP {name} ") and lines[at + 1].startswith(name + "{")
+    samples = [line for line in lines if not line.startswith("#")]
+    assert all(line.split("{")[0] in types for line in samples)
+    for line in (
+        'ackstream_roots_pending{topology="words"} 3',
+        'ackstream_roots_total{topology="words",outcome="acked"} 5',
+        'ackstream_roots_total{topology="words",outcome="failed"} 2',
+        'ackstream_roots_total{topology="words",outcome="timed_out"} 1',
+        'ackstream_roots_total{topology="words",outcome="rejected"} 1',
+        'ackstream_roots_replayed_total{topology="words"} 2',
+        'ackstream_dead_letters_total{topology="words"} 1',
+        'ackstream_failed_by_stage_total{topology="words",stage="timed out"} 1',
+        'ackstream_rejected_by_stage_total{topology="words",stage="parse"} 1',
+        'ackstream_complete_latency_ms{topology="words",quantile="0.5"} 30.0',
+        'ackstream_complete_latency_ms{topology="words",quantile="0.99"} 49.6',
+        'ackstream_held{topology="words",stage="w",of="roots"} 2',
+        'ackstream_stage_tuples_total{topology="words",stage="w",side="in"} 9',
+        'ackstream_partition_lag{topology="words",topic="t",partition="0"} 6',
+    ):
+        assert line in samples
+
+
+def test_a_dead_letter_written_twice_counts_once():
+    """After a crash the source may write a letter again: it is one record."""
+    letter = {"topic": "t", "partition": 0, "offset": 2, "attempts": 2}
+    letters = pa.Table.from_pylist([letter, letter], schema=DEAD_LETTER_SCHEMA)
+    rows = [done(1, FAILED, 2, attempt=0), done(2, FAILED, 2, attempt=1)]
+    status = summarize([1, 2], completions(rows), letters)
+    assert (status.failed, status.replayed, status.dead_lettered) == (2, 1, 1)
+
+
+@pytest.mark.broker
+def test_kafka_status_leaves_rejected_dead_letters_out_of_the_replayed_count(broker):
+    """The dead-letter topic holds letters of rejected records too: only the letters of
+    failed or timed-out attempts make those roots not replayed."""
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.sinks.dead_letters import KafkaDeadLetters
+    from ackstream.status import kafka_status
+
+    topology = f"replayed-{os.urandom(4).hex()}"
+    channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
+    channel.prepare()
+    rows = [
+        done(1, FAILED, 1),  # replayed as root 2
+        done(2, FAILED, 1, attempt=1),  # its last attempt: dead-lettered
+        done(3, TIMED_OUT, 3),  # replayed
+        done(4, FAILED, 4),  # replayed
+        done(5, REJECTED, 5),  # dead-lettered at once
+        done(6, REJECTED, 6),  # dead-lettered at once
+    ]
+    try:
+        channel.write_completions(completions(rows), 0)
+    finally:
+        channel.close()
+    letters = KafkaDeadLetters(broker.bootstrap, f"{topology}.dead", topology)
+    try:
+        letters.write(
+            [
+                DeadLetter("t", 0, 1, 2, "failed"),
+                DeadLetter("t", 0, 5, 1, "rejected: parse: bad"),
+                DeadLetter("t", 0, 6, 1, "rejected: parse: bad"),
+            ],
+            {},
+        )
+    finally:
+        letters.close()
+    status = kafka_status(broker.bootstrap, topology)
+    assert (status.failed, status.timed_out, status.rejected) == (3, 1, 2)
+    assert (status.replayed, status.dead_lettered) == (3, 3)

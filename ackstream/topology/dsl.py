@@ -32,8 +32,8 @@ from ackstream.acker.precombine import precombine
 from ackstream.channels import KafkaChannel, LocalChannel, check_reach
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
-from ackstream.session import master_of
-from ackstream.sources.upstream import check_options
+from ackstream.session import is_connect, master_of
+from ackstream.sources.upstream import check_options, open_upstream
 from ackstream.topology.batch import ack_mode as ack_mode_named
 from ackstream.topology.batch import run_batch
 from ackstream.topology.bolts import (
@@ -300,12 +300,17 @@ class Topology:
 
     def read_stream(self, options: Mapping[str, str] | None = None) -> DataFrame:
         """``spark.readStream.format("ackstream")`` with :meth:`source_options`, loaded.
-        A bad option raises :class:`OptionError` itself, before Spark would wrap it. A
-        :class:`KafkaChannel` takes the source's ``kafka.*`` client settings it lacks
-        (see :meth:`KafkaChannel.agreeing_with`): give security settings once."""
+        A bad option, or brokers and topics that are not there, raise ackstream's own
+        error before Spark would wrap it (and before Spark starts a Python worker to
+        load the source); under Spark Connect the server checks the brokers, which this
+        client may not reach. A :class:`KafkaChannel` takes the source's ``kafka.*``
+        client settings it lacks (see :meth:`KafkaChannel.agreeing_with`): give
+        security settings once."""
         merged = self.source_options(options)
-        check_options(merged)
+        config = check_options(merged)
         self.check_reach()
+        if not is_connect(self.spark):
+            open_upstream(config).check()
         # the source's brokers and settings; a downstream topology's channel is the
         # upstream's, which its untracked source does not read
         if isinstance(self.channel, KafkaChannel) and not self.continue_trees:

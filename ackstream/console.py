@@ -1,0 +1,103 @@
+"""The console of a long-running command (``ackstream run``, ``ackstream acker``): it
+shows ackstream's own lines, and Ctrl-C asks the command to stop.
+
+- :class:`LogFile`: Spark's JVM log, the stderr of the Python workers Spark starts,
+  and Python's logging records (pyspark's, py4j's, ackstream's, the topology file's)
+  go to one file, which the command names when it ends badly; ``verbose`` leaves
+  them all on the console instead.
+- :func:`interrupts`: Ctrl-C sets an event the command polls, instead of raising
+  ``KeyboardInterrupt`` wherever the main thread is: pyspark's own handler cancels
+  Spark's jobs and raises, and a ``KeyboardInterrupt`` in the middle of a py4j call
+  breaks that call's connection (py4j then logs its tracebacks). A second Ctrl-C
+  raises ``KeyboardInterrupt``, for a stop that does not return.
+
+No Spark import: ``ackstream --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+
+__all__ = ["LogFile", "interrupts"]
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class LogFile:
+    """A fresh file in the temporary folder for ``command``'s logs (none if
+    ``verbose``); Python's logging writes there while the object is entered."""
+
+    def __init__(self, command: str, verbose: bool = False):
+        self.path: str | None = None
+        if not verbose:
+            fd, self.path = tempfile.mkstemp(prefix=f"ackstream-{command}-", suffix=".log")
+            os.close(fd)
+        self._handler: logging.Handler | None = None
+
+    def __enter__(self) -> LogFile:
+        if self.path is not None:
+            self._handler = logging.FileHandler(self.path)
+            self._handler.setFormatter(logging.Formatter(_FORMAT))
+            logging.getLogger().addHandler(self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handler is not None:
+            logging.getLogger().removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
+
+    @contextlib.contextmanager
+    def launching(self) -> Iterator[None]:
+        """While Spark's JVM is launched from this process: the JVM inherits the log
+        as its stderr, and so do the Python workers it starts later."""
+        if self.path is None:
+            yield
+            return
+        sys.stderr.flush()
+        console = os.dup(2)
+        with open(self.path, "a") as log:
+            os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(console, 2)
+            os.close(console)
+
+    def named(self) -> str:
+        """`` (log: PATH)`` for a line that ends the command, or "" if ``verbose``."""
+        return "" if self.path is None else f" (log: {self.path})"
+
+    def discard(self) -> None:
+        """The command ended well: nobody will read the log."""
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+
+
+@contextlib.contextmanager
+def interrupts() -> Iterator[threading.Event]:
+    """An event Ctrl-C sets (see the module doc); the handler before is restored after.
+    Outside the main thread, where no signal handler can be set, an event never set."""
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+
+    def first(signum, frame) -> None:
+        pressed.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    before = signal.signal(signal.SIGINT, first)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, before)
