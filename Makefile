@@ -7,6 +7,8 @@
 #               failures, one small chaos seed
 #   make chaos  the chaos suite at the issue's size, CHAOS_SEEDS seeds (tests/test_chaos.py)
 #   make lint   ruff check and ruff format --check (CI runs it before the tests)
+#   make docs   builds the documentation site from docs/ into site/ (open site/index.html),
+#               strictly: a broken link or a docstring mkdocstrings cannot render fails it
 #   make bench-scale  the same tracked work on 1 and 2 executors of a standalone cluster
 VENV ?= .venv
 PYTHON ?= python3
@@ -17,7 +19,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-long test-cluster chaos lint format bench bench-e2e bench-scale java kafka spark-kafka clean
+.PHONY: demo test test-long test-cluster chaos lint format docs bench bench-e2e bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -64,6 +66,14 @@ chaos: $(VENV)/.installed java kafka
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+
+# mkdocs.yml: Material theme, API pages from the docstrings (mkdocstrings), --strict
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $@
 
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix $(LINTED)

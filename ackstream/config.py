@@ -29,6 +29,7 @@ __all__ = [
     "SourceConfig",
     "default_channel_dir",
     "default_tick_ms",
+    "option_names",
     "parse",
     "parse_duration_ms",
 ]
@@ -270,6 +271,18 @@ class SourceConfig:
         return {t: {int(p): int(ms) for p, ms in parts.items()} for t, parts in raw.items()}
 
 
+def option_names() -> dict[str, tuple[str, ...]]:
+    """The options :func:`parse` knows, as users write them: ``ackstream`` (its own),
+    ``spark`` (options of Spark's Kafka source it takes, besides ``kafka.*``) and
+    ``refused`` (options of Spark's Kafka source it refuses by name). The options page
+    of the docs lists each of them; a test holds the two together."""
+    return {
+        "ackstream": tuple(_OURS.values()),
+        "spark": tuple(_SPARK_KAFKA.values()),
+        "refused": tuple(_NOT_YET.values()),
+    }
+
+
 def default_channel_dir(topology: str) -> str:
     """Where the local completion channel lives when ``ackstream.channel`` is not set."""
     return os.path.join(tempfile.gettempdir(), "ackstream", topology, "channel")
@@ -470,7 +483,7 @@ def _check_name(key: str, value: str) -> None:
             _NOT_YET[key],
             value,
             "no value: ackstream does not support this option of Spark's Kafka source yet "
-            "(see the README's options table)",
+            "(see the options page of the docs)",
         )
     if key in _COLUMNS:
         raise OptionError(key, value, _COLUMNS[key])
