@@ -18,6 +18,9 @@ import e2e
 pytestmark = [pytest.mark.bench, pytest.mark.broker]
 
 BATCH = 1_000
+#: Quix commits a checkpoint per BATCH records, not per partition: with few batches its
+#: first commit past the warm-up may be its last, which leaves nothing to time
+BATCHES = 4
 
 
 def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, tmp_path):
@@ -27,7 +30,7 @@ def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, t
             "--batch-sizes",
             str(BATCH),
             "--batches",
-            "2",
+            str(BATCHES),
             "--warmup-batches",
             "1",
             "--repeats",
@@ -51,7 +54,7 @@ def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, t
     assert ran | set(out["config"]["skipped"]) == set(e2e.SYSTEMS)
     assert {"ackstream_kafka", "ackstream_untracked", "kafka_python_loop"} <= ran
     size = out["sizes"][BATCH]
-    assert size["timed_records"] == 2 * BATCH and size["warmup_records"] == BATCH
+    assert size["timed_records"] == BATCHES * BATCH and size["warmup_records"] == BATCH
     assert set(size["systems"]) == ran
     for system, figures in size["systems"].items():
         (run,) = figures["runs"]
