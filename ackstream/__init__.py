@@ -27,7 +27,7 @@ _EXPORTS = {
     "LocalChannel": "ackstream.channels.local",
     "KafkaChannel": "ackstream.channels.kafka",
     "TreeClient": "ackstream.continued",
-    "local_session": "ackstream.session",
+    "local_session": "ackstream.launch",
     "check_options": "ackstream.sources.upstream",
     "register": "ackstream.sources.datasource",
     "read_dead_letters": "ackstream.sinks.dead_letters",

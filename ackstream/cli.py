@@ -463,7 +463,7 @@ def _command(argv: list[str] | None) -> int:
 
 def _demo(args) -> int:
     from ackstream.demo import run_demo
-    from ackstream.session import local_session
+    from ackstream.launch import local_session
 
     if not 0 <= args.fail_percent <= 100 or args.max_retries < 0:
         print("ackstream: --fail-percent must be 0 to 100 and --max-retries >= 0", file=sys.stderr)
@@ -561,7 +561,7 @@ def _run_file(args, log: LogFile) -> int:
 def _local_session(args, app_name: str, log: LogFile):
     """The command's Spark session (``--cores``, ``--master``, ``--remote``); a JVM
     launched for it writes its log to ``log``."""
-    from ackstream.session import local_session
+    from ackstream.launch import local_session
 
     with log.launching():
         return local_session(app_name, cores=args.cores, master=args.master, remote=args.remote)

@@ -32,7 +32,8 @@ channel counts each root once, with its first completion.
   ``rejected_by_stage``: the rejected roots, apart (they are never replayed).
 - ``partitions``: per topic and partition the upstream's ``end``, the ``committed``
   offset (everything below it acked or dead-lettered) and ``lag`` (end - committed),
-  as the source last saw them (:data:`SOURCE_METRICS_FILE` in a local channel), or
+  as the source last saw them (in a local channel, the file
+  :data:`~ackstream.channels.local.SOURCE_METRICS_FILE`), or
   with the Kafka channel as the source's consumer group has them on the brokers now
   (:func:`group_lag`); ``None`` when unknown.
 - ``held``: per window stage, the ``tuples`` it holds across batches and their
@@ -67,6 +68,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ackstream.channels.local import SOURCE_METRICS_FILE
 from ackstream.clock import now_ms
 from ackstream.errors import EnvironmentProblem
 from ackstream.records import (
@@ -83,7 +85,6 @@ from ackstream.records import (
 __all__ = [
     "PERCENTILES",
     "PROMETHEUS_FAMILIES",
-    "SOURCE_METRICS_FILE",
     "Status",
     "kafka_status",
     "local_status",
@@ -94,8 +95,6 @@ __all__ = [
 ]
 
 PERCENTILES = (50, 90, 99)
-#: The source's latest metrics (``Spout.metrics``), JSON, in a local channel directory.
-SOURCE_METRICS_FILE = "source-metrics.json"
 
 
 #: The metric families of :meth:`Status.prometheus` (``ackstream_<name>``): their type

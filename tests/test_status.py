@@ -290,7 +290,7 @@ def test_failed_and_rejected_roots_are_counted_by_the_stage_their_reason_names_a
 
 
 def test_local_status_shows_the_lag_the_source_saved_and_exposes_it_to_prometheus(tmp_path):
-    from ackstream.status import SOURCE_METRICS_FILE
+    from ackstream.channels.local import SOURCE_METRICS_FILE
 
     fill_channel(tmp_path / "ch")
     parts = {"t": {"0": {"end": 12, "committed": 6, "lag": 6}}}

@@ -42,9 +42,13 @@ from ackstream.records import (
     as_table,
 )
 
-__all__ = ["LocalChannel"]
+__all__ = ["SOURCE_METRICS_FILE", "LocalChannel"]
 
 log = logging.getLogger(__name__)
+
+#: The source's latest metrics (``Spout.metrics``), JSON, in a local channel's folder,
+#: where ``ackstream status`` reads them.
+SOURCE_METRICS_FILE = "source-metrics.json"
 
 _DONE_FILE = re.compile(r"^(\d{12})-([0-9a-f]{16})\.parquet$")
 
