@@ -168,7 +168,7 @@ def work_spark_kafka(spark, a, stop, started) -> dict:
     from kafka.structs import OffsetAndMetadata
     from pyspark.sql import functions as F
 
-    from ackstream.topology.offset_log import source_offsets
+    from ackstream.offset_log import source_offsets
 
     checkpoint = os.path.join(a.workdir, "checkpoint")
     committer = KafkaConsumer(

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from ackstream import MemorySink, Topology
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import AckstreamError
-from ackstream.topology.offset_log import logged_offsets
+from ackstream.offset_log import logged_offsets
 
 from helpers import commits, consume, wait_for
 

@@ -44,6 +44,7 @@ from ackstream.channels import check_reach
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import OptionError
 from ackstream.files import write_atomically
+from ackstream.offset_log import batch_timestamp_ms
 from ackstream.records import (
     ACK_RECORD_SCHEMA,
     ALIVE,
@@ -193,7 +194,6 @@ def start_acker(
     reads_files = isinstance(channel, LocalChannel)  # its batches' files are named by Spark
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        from ackstream.topology.offset_log import batch_timestamp_ms  # topology imports us
 
         now_ms = batch_timestamp_ms(batch.sparkSession, checkpoint, batch_id)
         records = batch_records(checkpoint, batch_id) if reads_files else None

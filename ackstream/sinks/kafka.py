@@ -84,14 +84,12 @@ class KafkaSink:
         """Write ``outputs``; return the rows the broker did not confirm (or None)."""
         return self._write(outputs, batch_id, continued=False)[0]
 
-    def write_continued(self, outputs, batch_id: int, groups=None):
+    def write_continued(self, outputs, batch_id: int):
         """Write ``outputs`` with their lineage as headers, leaving their trees open:
         returns the unwritten rows (or None) and the ack records ``(root, edge)`` of
-        every confirmed message, one per root of its row. ``groups``: the batch's
-        aggregate inputs, where a row carrying ``_group`` finds its roots."""
-        from ackstream.topology.bolts import with_tree_roots
-
-        return self._write(with_tree_roots(outputs, groups), batch_id, continued=True)
+        every confirmed message, one per root of its row. Each row carries ``_roots``,
+        the roots it is anchored to (the topology's batch adds them)."""
+        return self._write(outputs, batch_id, continued=True)
 
     def _write(self, outputs, batch_id: int, continued: bool):
         from pyspark.sql.types import LongType, StringType

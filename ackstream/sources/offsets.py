@@ -21,7 +21,7 @@ Spark writes to the query's offset log before the batch runs::
 (:func:`read_tasks`) and its roots (:func:`planned_inits`) come from the offset
 without touching the data. That is what lets a topology batch report its trees
 without reading its input a second time: the topology finds the offset in
-Spark's offset log (:mod:`ackstream.topology.offset_log`) under its batch id. Offsets written
+Spark's offset log (:mod:`ackstream.offset_log`) under its batch id. Offsets written
 before ``read`` existed give ``None`` there, and the topology reads the roots
 from the rows instead.
 """

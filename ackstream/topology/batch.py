@@ -36,7 +36,13 @@ from ackstream.continued import lineage_of, translate
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
-from ackstream.topology.bolts import REASON_LIMIT, GroupInput, anchor_pairs, failed_roots
+from ackstream.topology.bolts import (
+    REASON_LIMIT,
+    GroupInput,
+    anchor_pairs,
+    failed_roots,
+    with_tree_roots,
+)
 from ackstream.topology.graph import SPOUT, join_streams, subscriber_copies, subscribers
 from ackstream.topology.held_watch import HeldWatch
 from ackstream.topology.stage_counts import StageCounts
@@ -236,7 +242,8 @@ def _write_sink(
     continued = None  # a sink that continues the trees: its messages' (root, edge) acks
     try:
         if topology.tracking and getattr(sink, "continue_trees", False):
-            unwritten, continued = sink.write_continued(outputs, batch_id, groups)
+            rooted = with_tree_roots(outputs, groups)  # the sink writes each row's roots
+            unwritten, continued = sink.write_continued(rooted, batch_id)
         else:
             unwritten = sink.write(outputs, batch_id)
     except Exception as error:  # a failed write fails its roots, Storm-style

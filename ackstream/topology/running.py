@@ -23,11 +23,11 @@ from ackstream.acker.query import start_acker
 from ackstream.clock import now_ms
 from ackstream.config import parse_duration_ms
 from ackstream.errors import OptionError
+from ackstream.offset_log import logged_offsets
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import planned_inits
 from ackstream.topology.batch import run_batch
 from ackstream.topology.held_store import FOLDER
-from ackstream.topology.offset_log import logged_offsets
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import StageCounts
 

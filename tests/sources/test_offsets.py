@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from ackstream.config import parse
+from ackstream.offset_log import logged_offsets
 from ackstream.records import INIT
 from ackstream.sources import offsets
 from ackstream.sources.datasource import AckstreamStreamReader
-from ackstream.topology.offset_log import logged_offsets
 
 from helpers import wait_for
 
