@@ -6,7 +6,7 @@
 #   make test-cluster  the long runs CI makes too: broker, Spark worker and security
 #               failures, one small chaos seed
 #   make chaos  the chaos suite at the issue's size, CHAOS_SEEDS seeds (tests/test_chaos.py)
-#   make lint   ruff check and ruff format --check (CI runs it before the tests)
+#   make lint   ruff check, ruff format --check and the import contracts (CI runs it first)
 #   make docs   builds the documentation site from docs/ into site/ (open site/index.html),
 #               strictly: a broken link or a docstring mkdocstrings cannot render fails it
 #   make bench-scale  the same tracked work on 1 and 2 executors of a standalone cluster
@@ -66,6 +66,7 @@ chaos: $(VENV)/.installed java kafka
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/lint-imports  # pyproject.toml's contracts: imports run one way
 
 # mkdocs.yml: Material theme, API pages from the docstrings (mkdocstrings), --strict
 docs: $(VENV)/.docs-installed
