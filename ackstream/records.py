@@ -20,6 +20,7 @@ __all__ = [
     "ACK",
     "ACKED",
     "ALIVE",
+    "BATCH_FAILED",
     "CAUGHT_UP",
     "ACK_RECORD_DDL",
     "ACK_RECORD_SCHEMA",
@@ -61,6 +62,11 @@ ACKED = "acked"
 FAILED = "failed"
 TIMED_OUT = "timed_out"
 REJECTED = "rejected"  #: a REJECT record: the source dead-letters it at once
+#: the root's micro-batch failed as a whole (an error out of its Spark jobs, or the
+#: batch deadline): the root is a suspect, not known to be at fault; the source
+#: replays the batch's roots in smaller batches of their own until the record at
+#: fault fails alone (``ackstream.sources.tracking``)
+BATCH_FAILED = "batch_failed"
 #: the acker never saw this root's init within the message timeout (a stray ack, or a
 #: root of another source): reported, and ignored by every source not tracking it
 UNKNOWN = "unknown"
@@ -74,7 +80,7 @@ ALIVE = "alive"
 #: ``completed_ms`` (a tick's echo, ``root`` 0); the source times a root out only
 #: once the acker has caught up past its deadline
 CAUGHT_UP = "caught_up"
-STATUSES = (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN, INVALID, ALIVE, CAUGHT_UP)
+STATUSES = (ACKED, FAILED, TIMED_OUT, REJECTED, BATCH_FAILED, UNKNOWN, INVALID, ALIVE, CAUGHT_UP)
 
 # Every field is nullable on the Arrow side because Spark's DDL schemas are, and a
 # Python data source must return exactly its declared schema.

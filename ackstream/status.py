@@ -73,6 +73,7 @@ from ackstream.clock import now_ms
 from ackstream.errors import EnvironmentProblem
 from ackstream.records import (
     ACKED,
+    BATCH_FAILED,
     FAILED,
     INIT,
     INVALID,
@@ -287,6 +288,8 @@ def stage_of(status: str, reason: str | None) -> str:
     """
     if status == TIMED_OUT:
         return "timed out"
+    if status == BATCH_FAILED:  # no stage is known: the batch's Spark jobs failed
+        return "whole batch"
     return (reason or "").split(":", 1)[0].strip() or "(no reason)"
 
 
@@ -317,6 +320,7 @@ def summarize(
     done_roots = done.column("root").to_numpy(zero_copy_only=False).astype(np.int64)
     status = done.column("status").to_pylist()
     counts = {s: status.count(s) for s in (ACKED, FAILED, TIMED_OUT, REJECTED, UNKNOWN)}
+    counts[FAILED] += status.count(BATCH_FAILED)  # a root of a batch that failed whole
 
     dead_keys = set()  # (topic, partition, offset, attempt) of each dead-lettered root
     if dead_letters is not None:
@@ -332,9 +336,9 @@ def summarize(
         elif (c["topic"], c["partition"], c["offset"], c["attempt"]) in dead_keys:
             outcome = "dead_lettered"
         else:
-            outcome = "replayed" if c["status"] in (FAILED, TIMED_OUT) else None
+            outcome = "replayed" if c["status"] in (FAILED, TIMED_OUT, BATCH_FAILED) else None
         replayed += outcome == "replayed"
-        if c["status"] in (FAILED, TIMED_OUT, REJECTED):
+        if c["status"] in (FAILED, TIMED_OUT, BATCH_FAILED, REJECTED):
             counted = by_stage[REJECTED if c["status"] == REJECTED else FAILED]
             stage = stage_of(c["status"], c["reason"])
             counted[stage] = counted.get(stage, 0) + 1

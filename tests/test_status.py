@@ -11,6 +11,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.errors import EnvironmentProblem
 from ackstream.records import (
     ACKED,
+    BATCH_FAILED,
     COMPLETION_SCHEMA,
     FAILED,
     INVALID,
@@ -272,9 +273,11 @@ def test_failed_and_rejected_roots_are_counted_by_the_stage_their_reason_names_a
         finished(6, REJECTED, 6, 1, reason="poison: (offset % 10) = 5"),
         finished(4, TIMED_OUT, 4, 1),
         finished(5, ACKED, 5, 1),
+        finished(7, BATCH_FAILED, 7, 1, reason="SparkRuntimeException: poison in SQL"),
     ]
     status = summarize([], completions(rows), None)
-    assert status.failed_by_stage == {"poison": 2, "timed out": 1}
+    assert status.failed_by_stage == {"poison": 2, "timed out": 1, "whole batch": 1}
+    assert (status.failed, status.replayed) == (3, 4)
     assert status.rejected_by_stage == {"parse#2": 1, "poison": 1}
     assert status.rates_per_s is None  # no time given: no rates
     text = status.lines()

@@ -20,23 +20,25 @@ NOT_STARTED = -1
 
 class Roots(NamedTuple):
     """Rows of the in-flight table, one numpy column each; ``part`` indexes the
-    tracker's partitions."""
+    tracker's partitions; ``batch`` numbers the batch the source planned the root in
+    (a batch that fails as a whole fails these roots together)."""
 
     root: np.ndarray
     part: np.ndarray
     offset: np.ndarray
     attempt: np.ndarray
     emitted_ms: np.ndarray
+    batch: np.ndarray
 
     @classmethod
-    def of(cls, root, part, offset, attempt, emitted_ms) -> Roots:
+    def of(cls, root, part, offset, attempt, emitted_ms, batch=0) -> Roots:
         """Columns of the right types; scalars are repeated to the length of ``root``."""
         root = np.asarray(root, np.int64)
         return cls(
             root,
             *(
                 np.broadcast_to(np.asarray(v, np.int64), root.shape).copy()
-                for v in (part, offset, attempt, emitted_ms)
+                for v in (part, offset, attempt, emitted_ms, batch)
             ),
         )
 

@@ -9,7 +9,9 @@ On each call it applies the completions that arrived (acked offsets move the
 commit watermark; failures are scheduled for replay with backoff or
 dead-lettered), wakes the acker while a root is overdue, then plans the next
 batch: due replays first, then new offsets, within ``maxPending`` and the read
-limit, split over partitions by lag. The offset it returns holds each partition's
+limit, split over partitions by lag. The roots of a batch that failed as a whole
+replay in groups, each group a batch of its own, until the record at fault fails
+alone (see :mod:`ackstream.sources.tracking`). The offset it returns holds each partition's
 read position and watermark (see :mod:`ackstream.sources.offsets`); the records
 between the two that are not done go to the source's state file that the offset
 names (:mod:`ackstream.sources.state`), written before the offset is returned.
@@ -232,9 +234,18 @@ class Spout:
             self._commit_positions()
         self._add_new_partitions()
         budget = tracker.budget(max_rows) if self.config.tracking else max_rows
-        replays = tracker.due(now, budget) if self.config.tracking else []
-        if budget is not None:
-            budget -= len(replays)
+        replays = []
+        if self.config.tracking:
+            tracker.new_batch()
+            # a group of suspects (or a record that failed its batch alone) is a batch of
+            # its own: nothing new is read with it, so whatever fails it is among them
+            replays = tracker.due_group(now)
+            if replays:
+                budget = 0
+            else:
+                replays = tracker.due(now, budget)
+                if budget is not None:
+                    budget -= len(replays)
         tps = list(tracker.parts)
         self._check_retention(tps)
         positions = {tp: tracker.parts[tp].end for tp in tps}

@@ -36,17 +36,26 @@ __all__ = ["SourceState", "Unfinished"]
 log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(\d+)\.npz$")
+#: columns a file written before they existed lacks: their values then
+_ABSENT = {
+    "uncharged": lambda rows: np.zeros(rows, np.int64),
+    "group": lambda rows: np.full(rows, -1, np.int64),
+}
 
 
 class Unfinished(NamedTuple):
     """Records not done, one row each; ``part`` indexes ``tps``; ``due`` is when a
-    scheduled replay is due (ms), or -1 for a record in flight (or dead, unwritten)."""
+    scheduled replay is due (ms), or -1 for a record in flight (or dead, unwritten);
+    ``uncharged`` counts its attempts not charged to its retries, ``group`` the group
+    a scheduled replay belongs to, or -1 (see :mod:`ackstream.sources.tracking`)."""
 
     tps: list[TP]
     part: np.ndarray
     offset: np.ndarray
     attempt: np.ndarray
     due: np.ndarray
+    uncharged: np.ndarray
+    group: np.ndarray
 
 
 class SourceState:
@@ -78,7 +87,11 @@ class SourceState:
         try:
             with np.load(self.path(seq), allow_pickle=False) as f:
                 tps = list(zip(f["topics"].tolist(), f["partitions"].tolist()))
-                return Unfinished(tps, *(f[k] for k in Unfinished._fields[1:]))
+                rows = len(f["part"])
+                return Unfinished(
+                    tps,
+                    *(f[k] if k in f else _ABSENT[k](rows) for k in Unfinished._fields[1:]),
+                )
         except FileNotFoundError:
             log.warning(
                 "ackstream source state %s is missing (option ackstream.stateDir): the "

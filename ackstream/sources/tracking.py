@@ -5,7 +5,13 @@ No Spark, no Kafka, time passed in. The source's driver-side reader owns one
 
 - **in flight**: emitted under a root id (attempt n), waiting for its completion;
 - **scheduled**: its last root failed or timed out; it is replayed at attempt n + 1
-  once its backoff is over;
+  once its backoff is over. A record whose batch failed as a whole (an error out of
+  its Spark jobs, or the batch deadline: completions ``batch_failed``) is a
+  *suspect*: not known to be at fault, it is replayed at once and without a retry
+  charged, in a batch of its own group (the failed batch's roots split in
+  :data:`ISOLATION_PARTS`, so a record at fault is alone after a few rounds). Only a
+  record that fails alone in its batch is charged, and it stays alone for its
+  replays;
 - **dead**: failed on its last allowed attempt, or rejected (the record itself is
   at fault, so no replay), waiting for its dead letter to be written (then it is
   done);
@@ -30,16 +36,26 @@ import pyarrow.compute as pc
 
 from ackstream import ids
 from ackstream.config import RetryPolicy
-from ackstream.records import ACKED, ALIVE, INVALID, REJECTED, TIMED_OUT, one_outcome_per_root
+from ackstream.records import (
+    ACKED,
+    ALIVE,
+    BATCH_FAILED,
+    INVALID,
+    REJECTED,
+    TIMED_OUT,
+    one_outcome_per_root,
+)
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
 from ackstream.sources.rows import TP
 from ackstream.sources.state import Unfinished
 
-__all__ = ["METADATA_LIMIT", "OUTCOME_COUNTS", "DeadLetter", "Tracker", "ranges"]
+__all__ = ["ISOLATION_PARTS", "METADATA_LIMIT", "OUTCOME_COUNTS", "DeadLetter", "Tracker", "ranges"]
 
 
 #: Bytes of commit metadata we allow ourselves (brokers default to 4096).
 METADATA_LIMIT = 3800
+#: The roots of a batch that failed as a whole replay in this many batches of their own.
+ISOLATION_PARTS = 8
 #: The names of :attr:`Tracker.counts`.
 OUTCOME_COUNTS = ("acked", "failed", "timed_out", "rejected", "replayed", "dead_lettered")
 
@@ -47,8 +63,8 @@ OUTCOME_COUNTS = ("acked", "failed", "timed_out", "rejected", "replayed", "dead_
 @dataclass(frozen=True)
 class DeadLetter:
     """A record that failed on its last allowed attempt or was rejected; ``attempts``
-    counts every emit; ``reason`` is the status, then the stage's reason if it gave one
-    (``"failed: parse#2: ValueError: ..."``)."""
+    counts every emit (a suspect's too, see the module doc); ``reason`` is the status,
+    then the stage's reason if it gave one (``"failed: parse#2: ValueError: ..."``)."""
 
     topic: str
     partition: int
@@ -93,6 +109,14 @@ class Tracker:
         self.flights = InFlight()
         self.scheduled: dict[tuple[TP, int], tuple[int, int]] = {}  # -> (attempt, due_ms)
         self.dead: dict[tuple[TP, int], DeadLetter] = {}
+        #: scheduled records that replay only with their group, in a batch of its own
+        #: (suspects, and records that failed alone), by group number
+        self.suspects: dict[tuple[TP, int], int] = {}
+        self._groups = 0  # the last group number given
+        #: per record not done, its attempts not charged to its retries (as a suspect)
+        self.uncharged: dict[tuple[TP, int], int] = {}
+        #: the number of the batch being planned: roots put in flight now are in it
+        self.batch = 0
         #: Outcomes counted by this tracker (the spout keeps them in its Spark offset, so
         #: a restart goes on from them): roots acked, failed, timed out and rejected;
         #: records replayed and dead-lettered.
@@ -164,6 +188,10 @@ class Tracker:
         part.mark_done([])  # the watermark moves over done offsets just above it
         part.end = max(part.end, offset)
 
+    def new_batch(self) -> None:
+        """The source plans its next batch: the roots put in flight from now are in it."""
+        self.batch += 1
+
     def _add_roots(self, part, offsets, attempts, now_ms: int, started=False) -> None:
         """Put records in flight under their root ids (``part`` indexes the partitions).
         Their timeout starts now if ``started`` or the clock does not wait for Spark."""
@@ -178,7 +206,7 @@ class Tracker:
             topic = topic[0]
         roots = ids.root_ids(self.source, topic, partition, offsets, attempts)
         emitted = now_ms if started or not self.clock_on_commit else NOT_STARTED
-        self.flights.add(Roots.of(roots, part, offsets, attempts, emitted))
+        self.flights.add(Roots.of(roots, part, offsets, attempts, emitted, self.batch))
 
     # --- completions, timeouts, replays ---------------------------------------------
 
@@ -206,21 +234,57 @@ class Tracker:
         }
         new_dead = []
         failed = self.flights.take(list(outcomes)).sorted_by("part", "offset")
-        for root, part, offset, attempt in zip(*(col.tolist() for col in failed[:4])):
+        whole = np.array([outcomes[r][0] == BATCH_FAILED for r in failed.root.tolist()], bool)
+        for root, part, offset, attempt in zip(*(col[~whole].tolist() for col in failed[:4])):
             outcome, reason = outcomes[root]
             self.counts[outcome if outcome in (REJECTED, TIMED_OUT) else "failed"] += 1
-            why = outcome + (f": {reason}" if reason else "")
             new_dead += self._failed(
-                self._tps[part], offset, attempt, why, now_ms, replay=outcome != REJECTED
+                self._tps[part],
+                offset,
+                attempt,
+                _why(outcome, reason),
+                now_ms,
+                replay=outcome != REJECTED,
             )
+        if whole.any():
+            new_dead += self._isolate(Roots(*(col[whole] for col in failed)), outcomes, now_ms)
         acks = completions.filter(acked)
         done = self.flights.take(acks.column("root").to_numpy())
         self.counts["acked"] += len(done.root)
+        if self.uncharged:
+            for part, offset in zip(done.part.tolist(), done.offset.tolist()):
+                self.uncharged.pop((self._tps[part], offset), None)
         for part in np.flatnonzero(np.bincount(done.part)).tolist():
             self.parts[self._tps[part]].mark_done(done.offset[done.part == part])
         if len(done.root) < acks.num_rows:  # some were not in flight
             found = pc.is_in(acks.column("root"), pa.array(done.root))
             self._late_acks(acks.filter(pc.invert(found)))
+        return new_dead
+
+    def _isolate(self, failed: Roots, outcomes: dict, now_ms: int) -> list[DeadLetter]:
+        """Roots whose batch failed as a whole (``failed``, in flight until now). A root
+        that was alone in its batch is at fault: it fails as any root does, and is
+        replayed alone. Those of a bigger batch are suspects: replayed at once, no
+        retry charged, in :data:`ISOLATION_PARTS` groups of their own (see module doc)."""
+        self.counts["failed"] += len(failed.root)
+        new_dead = []
+        for batch in np.unique(failed.batch).tolist():
+            rows = failed.batch == batch
+            root, part, offset, attempt = (col[rows].tolist() for col in failed[:4])
+            if len(root) == 1:
+                why = _why(*outcomes[root[0]])
+                tp = self._tps[part[0]]
+                new_dead += self._failed(tp, offset[0], attempt[0], why, now_ms, alone=True)
+                continue
+            size = -(-len(root) // ISOLATION_PARTS)  # ceiling
+            for i, (p, off, att) in enumerate(zip(part, offset, attempt)):
+                if i % size == 0:
+                    self._groups += 1
+                key = (self._tps[p], off)
+                self.scheduled[key] = (att + 1, now_ms)
+                self.suspects[key] = self._groups
+                self.uncharged[key] = self.uncharged.get(key, 0) + 1
+            self.counts["replayed"] += len(root)
         return new_dead
 
     def _late_acks(self, acks: pa.Table) -> None:
@@ -270,14 +334,21 @@ class Tracker:
         return new_dead
 
     def _failed(
-        self, tp: TP, offset: int, attempt: int, reason: str, now_ms: int, replay=True
+        self, tp: TP, offset: int, attempt: int, reason: str, now_ms: int, replay=True, alone=False
     ) -> list[DeadLetter]:
-        """A root not in flight any more failed: schedule its replay or dead-letter it."""
-        if attempt >= self.policy.max_retries or not replay:
+        """A root not in flight any more failed: schedule its replay or dead-letter it.
+        Retries and backoff count the attempts charged (a suspect's are not); ``alone``:
+        it failed a batch of its own, and its replays stay alone."""
+        key = (tp, offset)
+        charged = attempt - self.uncharged.get(key, 0)
+        if charged >= self.policy.max_retries or not replay:
             letter = DeadLetter(tp[0], tp[1], offset, attempt + 1, reason)
-            self.dead[(tp, offset)] = letter
+            self.dead[key] = letter
             return [letter]
-        self.scheduled[(tp, offset)] = (attempt + 1, now_ms + self.policy.delay_ms(attempt + 1))
+        self.scheduled[key] = (attempt + 1, now_ms + self.policy.delay_ms(charged + 1))
+        if alone:
+            self._groups += 1
+            self.suspects[key] = self._groups
         self.counts["replayed"] += 1
         return []
 
@@ -285,29 +356,52 @@ class Tracker:
         """The records at ``offsets`` of ``tp`` leave every state (in flight, scheduled, dead)."""
         offsets = np.asarray(offsets, np.int64)
         self.flights.take_offsets(self._index[tp], offsets)
-        for state in (self.scheduled, self.dead):  # both small: look up their keys
+        for state in (self.scheduled, self.dead, self.suspects, self.uncharged):  # all small
             keys = [key for key in state if key[0] == tp]
             if keys:
                 for key in compress(keys, np.isin([off for _, off in keys], offsets)):
                     del state[key]
 
     def due(self, now_ms: int, budget: int | None = None) -> list[tuple[str, int, int, int]]:
-        """Replays whose backoff is over, earliest first, at most ``budget``; they are in
-        flight from now on. Each is ``(topic, partition, offset, attempt)``."""
+        """Replays whose backoff is over, earliest first, at most ``budget``, but those of
+        a group (see :meth:`due_group`); they are in flight from now on. Each is
+        ``(topic, partition, offset, attempt)``."""
         ready = sorted(
-            (due, key, att) for key, (att, due) in self.scheduled.items() if due <= now_ms
+            (due, key, att)
+            for key, (att, due) in self.scheduled.items()
+            if due <= now_ms and key not in self.suspects
         )
         if budget is not None:
             ready = ready[:budget]
-        for _, key, _ in ready:
+        return self._replay([(key, att) for _, key, att in ready], now_ms)
+
+    def due_group(self, now_ms: int) -> list[tuple[str, int, int, int]]:
+        """The replays of the group due first (suspects, or a record that failed alone),
+        for a batch that holds nothing else; [] when no group is due. As :meth:`due`."""
+        firsts: dict[int, tuple[int, int]] = {}  # group -> (due_ms, group)
+        for key, group in self.suspects.items():
+            due = self.scheduled[key][1]
+            if due <= now_ms:
+                firsts[group] = min(firsts.get(group, (due, group)), (due, group))
+        if not firsts:
+            return []
+        group = min(firsts.values())[1]
+        members = sorted(key for key, g in self.suspects.items() if g == group)
+        for key in members:
+            del self.suspects[key]
+        return self._replay([(key, self.scheduled[key][0]) for key in members], now_ms)
+
+    def _replay(self, ready: list, now_ms: int) -> list[tuple[str, int, int, int]]:
+        """Put the scheduled ``ready`` records, ``((tp, offset), attempt)``, in flight."""
+        for key, _ in ready:
             del self.scheduled[key]
         self._add_roots(
-            [self._index[tp] for _, (tp, _), _ in ready],
-            [off for _, (_, off), _ in ready],
-            [att for _, _, att in ready],
+            [self._index[tp] for (tp, _), _ in ready],
+            [off for (_, off), _ in ready],
+            [att for _, att in ready],
             now_ms,
         )
-        return [(tp[0], tp[1], off, att) for _, (tp, off), att in ready]
+        return [(tp[0], tp[1], off, att) for (tp, off), att in ready]
 
     def dead_lettered(self, letters) -> None:
         """The dead letters were written: their records are done."""
@@ -355,20 +449,33 @@ class Tracker:
         flight again after a restore). Columns, so its cost is a few numpy passes."""
         rows = self.flights.rows
         waiting = [
-            (self._index[tp], off, att, due) for (tp, off), (att, due) in self.scheduled.items()
+            (self._index[tp], off, att, due, self.suspects.get((tp, off), -1))
+            for (tp, off), (att, due) in self.scheduled.items()
         ]
         waiting += [
-            (self._index[tp], off, letter.attempts - 1, -1)
+            (self._index[tp], off, letter.attempts - 1, -1, -1)
             for (tp, off), letter in self.dead.items()
         ]
-        extra = np.array(waiting, np.int64).reshape(-1, 4)
+        extra = np.array(waiting, np.int64).reshape(-1, 5)
+        part = np.concatenate([rows.part, extra[:, 0]])
+        offset = np.concatenate([rows.offset, extra[:, 1]])
         return Unfinished(
             list(self._tps),
-            np.concatenate([rows.part, extra[:, 0]]),
-            np.concatenate([rows.offset, extra[:, 1]]),
+            part,
+            offset,
             np.concatenate([rows.attempt, extra[:, 2]]),
             np.concatenate([np.full(len(rows.part), -1, np.int64), extra[:, 3]]),
+            self._uncharged_of(part, offset),
+            np.concatenate([np.full(len(rows.part), -1, np.int64), extra[:, 4]]),
         )
+
+    def _uncharged_of(self, part: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """Per record (``part`` indexes the partitions), its attempts not charged."""
+        if not self.uncharged:
+            return np.zeros(len(part), np.int64)
+        known = {(self._index[tp], off): n for (tp, off), n in self.uncharged.items()}
+        pairs = zip(part.tolist(), offset.tolist())
+        return np.fromiter((known.get(pair, 0) for pair in pairs), np.int64, len(part))
 
     def restore(self, snapshot: dict, now_ms: int, unfinished: Unfinished | None) -> None:
         """Rebuild from :meth:`snapshot` and :meth:`unfinished`: records in flight then
@@ -390,10 +497,16 @@ class Tracker:
         part = index[unfinished.part] if len(index) else unfinished.part
         offset, attempt, due = unfinished.offset, unfinished.attempt, unfinished.due
         scheduled = due >= 0
-        for i, off, att, at in zip(
-            *(col[scheduled].tolist() for col in (part, offset, attempt, due))
+        for i, off, att, at, group in zip(
+            *(col[scheduled].tolist() for col in (part, offset, attempt, due, unfinished.group))
         ):
             self.scheduled[(self._tps[i], off)] = (att, at)
+            if group >= 0:
+                self.suspects[(self._tps[i], off)] = group
+                self._groups = max(self._groups, group)
+        free = unfinished.uncharged > 0
+        for i, off, n in zip(*(col[free].tolist() for col in (part, offset, unfinished.uncharged))):
+            self.uncharged[(self._tps[i], off)] = n
         live = ~scheduled
         self._add_roots(part[live], offset[live], attempt[live], now_ms, started=True)
         order = np.argsort(part, kind="stable")
@@ -403,6 +516,11 @@ class Tracker:
                 p = self.parts[tp]
                 left = offset[order[starts[i] : starts[i + 1]]]
                 p.done = np.setdiff1d(np.arange(p.watermark, p.end), left)
+
+
+def _why(outcome: str, reason: str | None) -> str:
+    """A dead letter's reason: the status, then the stage's reason if it gave one."""
+    return outcome + (f": {reason}" if reason else "")
 
 
 def ranges(offsets) -> list[list[int]]:

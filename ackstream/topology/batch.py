@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 
 import pyarrow as pa
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -247,8 +249,12 @@ def _write_sink(
         else:
             unwritten = sink.write(outputs, batch_id)
     except Exception as error:  # a failed write fails its roots, Storm-style
-        if isinstance(error, StageError) or "StageError:" in str(error):
-            raise  # a stage's code is wrong (the sink only ran it): stop, say which
+        if isinstance(error, (StageError, PySparkException, Py4JJavaError)) or (
+            "StageError:" in str(error)
+        ):
+            # a stage's code is wrong, or a Spark job computing the outputs failed (the
+            # sink only ran it): the batch fails as a whole (see batch_failure)
+            raise
         log.exception("topology %s: sink write of batch %d failed", topology.name, batch_id)
         unwritten = outputs
         reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"

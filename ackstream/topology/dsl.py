@@ -92,6 +92,12 @@ class Topology:
     count is a row-by-row Spark operator outside its generated code, and together they
     cost about a fifth of the README pipeline's throughput
     (see :mod:`ackstream.topology.stage_counts`).
+
+    ``batch_deadline_ms`` bounds a micro-batch (Storm's answer to a hung bolt is the
+    message timeout): a batch still running then has its Spark jobs cancelled and its
+    roots failed; the source replays them apart until the record at fault hangs alone,
+    and dead-letters it after ``maxRetries`` (see :mod:`ackstream.topology.batch_failure`).
+    None: no deadline.
     """
 
     def __init__(
@@ -106,6 +112,7 @@ class Topology:
         ackers: int = 2,
         continue_trees: bool = False,
         stage_counts: bool = False,
+        batch_deadline_ms: int | None = 300_000,
     ):
         if message_timeout_ms <= 0:
             raise OptionError("message_timeout_ms", message_timeout_ms, "a positive number of ms")
@@ -114,7 +121,18 @@ class Topology:
                 "ackers", ackers, "a whole number of acker shards, or 0: tracking off"
             )
         self.name, self.spark, self.channel = name, spark, channel
+        if batch_deadline_ms is not None and (
+            isinstance(batch_deadline_ms, bool)
+            or not isinstance(batch_deadline_ms, int)
+            or batch_deadline_ms <= 0
+        ):
+            raise OptionError(
+                "batch_deadline_ms",
+                batch_deadline_ms,
+                "a positive number of ms, or None: no deadline",
+            )
         self.ackers, self.tracking = ackers, tracking and ackers > 0
+        self.batch_deadline_ms = batch_deadline_ms
         self.message_timeout_ms = message_timeout_ms
         self.mode = ack_mode_named(ack_mode)
         self.continue_trees = continue_trees

@@ -27,6 +27,15 @@ from ackstream.offset_log import logged_offsets
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import planned_inits
 from ackstream.topology.batch import run_batch
+from ackstream.topology.batch_failure import (
+    BatchDeadline,
+    batch_failed_completions,
+    cancel_batches,
+    failure_reason,
+    isolates,
+    job_tag,
+)
+from ackstream.topology.bolts import REASON_LIMIT
 from ackstream.topology.held_store import FOLDER
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import StageCounts
@@ -99,7 +108,19 @@ class BatchFunction:
         plans = topology.tracking and not topology.continue_trees  # its source tracks roots
         inits = self._planned_inits(batch, batch_id) if plans else None
         counts = StageCounts() if topology.stage_counts else None
-        records = run_batch(topology, batch, batch_id, inits, counts)
+        deadline = BatchDeadline(
+            batch.sparkSession, job_tag(topology.name), topology.batch_deadline_ms
+        )
+        try:
+            with deadline:
+                records = run_batch(
+                    topology, batch, batch_id, inits if topology.mode.plans_inits else None, counts
+                )
+        except Exception as error:
+            if inits is None or not isolates(error, deadline):
+                raise
+            self._fail_batch(inits, batch_id, failure_reason(error, deadline, self._stages()))
+            return
         if topology.continue_trees and topology.tracking:  # upstream trees: their acker
             if records.num_rows:
                 topology.channel.write_acks(precombine(records))
@@ -108,10 +129,30 @@ class BatchFunction:
         if counts is not None:
             counts.add_to(os.path.join(self.offset_log, STAGE_COUNTS_FILE))
 
+    def _fail_batch(self, inits: pa.Table, batch_id: int, reason: str) -> None:
+        """Batch ``batch_id`` failed as a whole: its roots complete as ``batch_failed``,
+        and the source isolates the record at fault (see
+        :mod:`ackstream.topology.batch_failure`)."""
+        log.warning(
+            "topology %s: batch %d failed as a whole (%s); its %d root(s) are replayed "
+            "apart until the record at fault fails alone",
+            self.topology.name,
+            batch_id,
+            reason,
+            inits.num_rows,
+        )
+        completions = batch_failed_completions(inits, reason[:REASON_LIMIT], now_ms())
+        self.topology.channel.write_completions(completions, batch_id)
+
+    def _stages(self) -> list[str]:
+        return [stage.name for stage in self.topology.stages] + [
+            node.name for node in self.topology.sinks
+        ]
+
     def _planned_inits(self, batch: DataFrame, batch_id: int) -> pa.Table | None:
         """The init records of every root of batch ``batch_id``, from the offsets Spark
-        logged for it; None when they must be read from the rows (per-stage acks, an
-        offset written before it named its records). Checks the sources' terms first."""
+        logged for it; None when they must be read from the rows (an offset written
+        before it named its records). Checks the sources' terms first."""
         try:
             offsets = logged_offsets(batch.sparkSession, self.offset_log, batch_id)
         except Exception:  # a Spark whose offset log looks otherwise: slower, still right
@@ -126,8 +167,6 @@ class BatchFunction:
             return None
         for offset in offsets:
             check_source_terms(self.topology, offset)
-        if not self.topology.mode.plans_inits:
-            return None
         now = now_ms()
         tables = [planned_inits(offset, now) for offset in offsets]
         if not tables or any(t is None for t in tables):
@@ -174,7 +213,7 @@ def start_topology(
         if acker_query is not None:
             acker_query.stop()
         raise
-    return RunningTopology(query, acker_query)
+    return RunningTopology(query, acker_query, topology.spark, job_tag(topology.name))
 
 
 @dataclass
@@ -183,6 +222,8 @@ class RunningTopology:
 
     query: object  # StreamingQuery running the stages
     acker: object | None  # StreamingQuery running the acker, None when not started here
+    spark: object = None  # the session that started them
+    tag: str | None = None  # the Spark job tag of the topology's batches
 
     @property
     def queries(self) -> list:
@@ -203,20 +244,30 @@ class RunningTopology:
         return self.query.awaitTermination(timeout_s)
 
     def stop(self) -> None:
-        """Stop the topology query, then the acker (see :func:`stop_queries`)."""
-        stop_queries(self.queries)
+        """Stop the topology query, then the acker (see :func:`stop_queries`); a batch
+        still running after the wait has its Spark jobs cancelled, so that a stage that
+        hangs cannot hold the stop."""
+
+        def cancel() -> None:
+            if self.spark is not None and self.tag is not None:
+                cancel_batches(self.spark, self.tag)
+
+        stop_queries(self.queries, cancel=cancel)
 
 
-def stop_queries(queries, idle_timeout_s: float = 10.0) -> None:
+def stop_queries(queries, idle_timeout_s: float = 10.0, cancel=None) -> None:
     """Stop streaming queries between their batches, topology queries before ackers (so
     an acker sees the last ack records). Spark interrupts a batch it stops in the middle,
     and an interrupted Python call made Spark print a long StackOverflowError; so each
-    query is stopped once it is not inside a trigger, or after ``idle_timeout_s``."""
+    query is stopped once it is not inside a trigger, or after ``idle_timeout_s``, when
+    ``cancel()`` is called first to end the batch's Spark jobs."""
     for q in sorted(queries, key=lambda q: (q.name or "").endswith(".acker")):
         deadline = time.monotonic() + idle_timeout_s
         try:
             while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
                 time.sleep(0.02)
+            if cancel is not None and q.isActive and q.status.get("isTriggerActive"):
+                cancel()
             q.stop()
         except Exception:  # stop the others all the same
             log.exception("stopping query %s failed", q.name)

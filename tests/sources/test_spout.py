@@ -340,3 +340,98 @@ def test_metrics_count_outcomes_and_give_each_partitions_lag(make_spout):
     }
     assert (metrics["pending"], metrics["waiting"]) == (1, 0)  # partition 1's offset 4
     assert metrics["partitions"][TOPIC]["1"] == {"end": 5, "committed": 4, "lag": 1}
+
+
+def run_batches(spout, channel, clock, fails, rounds=60, max_rows=None):
+    """What a topology does with each batch the spout plans: every root of a batch that
+    ``fails(records)`` fails as a whole (``batch_failed``), else every root is acked.
+    Returns the planned batches, each ``(offset, {(partition, offset, attempt)})``, once
+    nothing is left to plan (backoffs are waited out)."""
+    from ackstream.records import BATCH_FAILED
+    from ackstream.sources.offsets import planned_inits
+
+    batches = []
+    for _ in range(rounds):
+        offset = spout.next_offset(max_rows)
+        if offset is None:
+            if not spout.tracker.scheduled and not spout.tracker.in_flight:
+                return batches
+            clock.advance(1_000)  # a backoff
+            continue
+        inits = planned_inits(offset, clock())
+        records = set(
+            zip(*(inits.column(c).to_pylist() for c in ("partition", "offset", "attempt")))
+        )
+        batches.append((offset, records))
+        failed = fails(records)
+        channel.write_completions(
+            completion_table(
+                inits.column("root"),
+                BATCH_FAILED if failed else ACKED,
+                topic=inits.column("topic"),
+                partition=inits.column("partition"),
+                offset=inits.column("offset"),
+                attempt=inits.column("attempt"),
+                reason="slow#2: the batch deadline of 3000 ms passed" if failed else None,
+            )
+        )
+        spout.on_spark_commit({})
+    pytest.fail(f"still planning after {rounds} batches")
+
+
+def test_a_poison_is_isolated_from_a_failed_batch_and_only_its_lone_failures_count(make_spout):
+    """A batch that fails as a whole (the poison at partition 1, offset 2 hangs it) is
+    replayed in groups of its own, nothing new read with them, until the poison fails
+    alone; only those lone failures count against maxRetries; every other record is
+    acked without a retry charged, and the letter counts every emit of the poison."""
+    spout, channel, clock = make_spout(
+        maxRetries=2, retryInitialDelay="1s", **{"generator.count": 40}
+    )
+    poison = (1, 2)
+    batches = run_batches(
+        spout, channel, clock, lambda records: poison in {(p, o) for p, o, _ in records}, 80, 8
+    )
+
+    assert spout.tracker.watermarks() == {(TOPIC, 0): 20, (TOPIC, 1): 20}
+    (letter,) = read_dead_letters(spout.config.dead_letter_dir).to_pylist()
+    assert (letter["partition"], letter["offset"]) == poison
+    assert letter["reason"] == "batch_failed: slow#2: the batch deadline of 3000 ms passed"
+    # the first batch (8 roots) fails; its suspects replay in 8 groups of 1; the poison,
+    # alone, fails on attempts 1, 2 and 3 (two retries): 4 emits in all
+    assert letter["attempts"] == 4
+    with_poison = [records for _, records in batches if poison in {r[:2] for r in records}]
+    assert [len(records) for records in with_poison] == [8, 1, 1, 1]
+    replayed = [(offset, records) for offset, records in batches if offset["replays"]]
+    assert all(not offset["read"] for offset, _ in replayed), "new records joined suspects"
+    # no innocent record was replayed but once, as a suspect
+    innocent = [r for _, records in replayed for r in records if r[:2] != poison]
+    assert sorted(r[2] for r in innocent) == [1] * 7
+
+
+def test_a_failed_group_is_split_again_until_the_poison_is_alone(make_spout):
+    """40 roots fail together: 8 groups of 5; the poison's group fails: 5 groups of 1.
+    The other 35 suspects are acked in their groups, each emitted twice at most."""
+    spout, channel, clock = make_spout(maxRetries=0, **{"generator.count": 40})
+    poison = (0, 13)
+    batches = run_batches(
+        spout, channel, clock, lambda records: poison in {(p, o) for p, o, _ in records}
+    )
+    sizes = [len(records) for _, records in batches]
+    assert sizes[0] == 40 and sorted(sizes[1:9]) == [5] * 8 and sorted(sizes[9:]) == [1] * 5
+    (letter,) = read_dead_letters(spout.config.dead_letter_dir).to_pylist()
+    assert (letter["partition"], letter["offset"], letter["attempts"]) == (*poison, 3)
+    assert spout.tracker.watermarks() == {(TOPIC, 0): 20, (TOPIC, 1): 20}
+    assert spout.metrics()["dead_lettered"] == 1
+
+
+def test_a_batch_failing_for_every_record_dead_letters_each_only_after_its_lone_retries(
+    make_spout,
+):
+    """Even when every batch fails (a broken sink), no record is charged for another's
+    batch: each is dead-lettered only after failing alone 1 + maxRetries times."""
+    spout, channel, clock = make_spout(maxRetries=1, retryInitialDelay="1s")
+    run_batches(spout, channel, clock, lambda records: True, rounds=200)
+    letters = read_dead_letters(spout.config.dead_letter_dir).to_pylist()
+    assert len(letters) == 10
+    # 10 roots: groups of 2, then of 1 (two uncharged emits), then alone twice
+    assert {letter["attempts"] for letter in letters} == {4}

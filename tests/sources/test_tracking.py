@@ -6,8 +6,17 @@ import pyarrow as pa
 
 from ackstream import ids
 from ackstream.config import RetryPolicy
-from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, INVALID, REJECTED, TIMED_OUT
+from ackstream.records import (
+    ACKED,
+    BATCH_FAILED,
+    COMPLETION_SCHEMA,
+    FAILED,
+    INVALID,
+    REJECTED,
+    TIMED_OUT,
+)
 from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
+from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import METADATA_LIMIT, Tracker, ranges
 
 TP = ("events", 0)
@@ -164,6 +173,57 @@ def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
     assert r.scheduled == {(TP, 14): (2, 400)}
     r.complete(done((root(11), ACKED), (root(13, 1), ACKED), (root(15), ACKED)), 1000)
     assert r.due(1000) == [("events", 0, 14, 2)]
+
+
+def test_suspects_replay_by_group_and_alone_with_no_retry_charged():
+    """A batch of 16 roots fails as a whole: 8 groups of 2, each a batch of its own, due
+    at once; ordinary replays never take them. A root failing alone is charged."""
+    t = tracker(max_retries=1)
+    t.new_batch()
+    t.emit_range(TP, 10, 26, 0)
+    t.complete(done((root(10), FAILED)), 0)  # an ordinary fail: due at 100
+    t.complete(done(*((root(o), BATCH_FAILED) for o in range(11, 26))), 0)
+    assert t.due(1000) == [("events", 0, 10, 1)]
+    groups = []
+    while group := t.due_group(0):
+        groups.append(group)
+    assert groups == [
+        [("events", 0, o, 1) for o in range(lo, min(lo + 2, 26))] for lo in range(11, 26, 2)
+    ]
+    t.new_batch()  # 11, 12 in flight again: 11 is the poison, alone this time
+    t.flights.take([root(o, 1) for o in range(12, 26)])
+    t.complete(done((root(11, 1), BATCH_FAILED)), 0)  # alone: charged, replayed alone
+    assert t.scheduled == {(TP, 11): (2, 100)} and set(t.suspects) == {(TP, 11)}
+    assert t.due(1000) == [] and t.due_group(1000) == [("events", 0, 11, 2)]
+    t.new_batch()
+    t.complete(done((root(11, 2), BATCH_FAILED)), 0)  # its retry used: dead, 3 emits
+    (letter,) = t.dead.values()
+    assert (letter.offset, letter.attempts) == (11, 3)
+
+
+def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
+    t = tracker()
+    t.new_batch()
+    t.emit_range(TP, 10, 14, 0)
+    t.complete(done(*((root(o), BATCH_FAILED) for o in range(10, 14))), 5)
+    t.due_group(5)  # 10 in flight at attempt 1, uncharged; 11, 12 and 13 wait
+    state = SourceState(str(tmp_path))
+    state.write(1, t.unfinished())
+    r = tracker()
+    r.restore(json.loads(json.dumps(t.snapshot())), 6, state.read(1))
+    assert (r.scheduled, r.suspects, r.uncharged) == (t.scheduled, t.suspects, t.uncharged)
+    assert r.uncharged == {(TP, o): 1 for o in range(10, 14)}
+    assert r.due(6) == [] and r.due_group(6) == [("events", 0, 11, 1)]
+
+
+def test_a_state_file_written_before_suspects_existed_reads_as_none(tmp_path):
+    import numpy as np
+
+    with open(tmp_path / "3.npz", "wb") as f:
+        columns = dict(part=[0], offset=[12], attempt=[1], due=[400])
+        np.savez(f, topics=np.array(["events"]), partitions=np.array([0]), **columns)
+    unfinished = SourceState(str(tmp_path)).read(3)
+    assert (unfinished.uncharged.tolist(), unfinished.group.tolist()) == ([0], [-1])
 
 
 def test_commit_metadata_fits_the_broker_limit():

@@ -1,0 +1,176 @@
+"""A micro-batch that fails as a whole, and the deadline that ends a hung one.
+
+Most failures are a row's: a bolt raises or returns what does not fit, and only that
+row's roots fail (:mod:`ackstream.topology.bolts`). Some fail the batch's Spark jobs
+instead: a SQL or DataFrame stage raising at run time (a cast, ``raise_error``), a
+Python worker dying on one record, or a stage that hangs. Storm's answer to a bolt
+that never acks is the message timeout; here a batch running past the topology's
+``batch_deadline_ms`` has its Spark jobs cancelled. Either way the batch's roots
+complete as ``batch_failed``: the source replays them in smaller batches of their
+own until the record at fault fails alone (:mod:`ackstream.sources.tracking`), so
+one poison record costs that record, not the topology.
+
+Errors that no record causes stop the query as before: ackstream's own errors
+(options, a stage that loses its lineage), Spark's analysis errors (a SQL stage
+naming a column that does not exist fails every batch alike), and a cancellation
+that is not the deadline's (the query is being stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.errors import AnalysisException
+
+from ackstream.errors import AckstreamError, cause_of
+from ackstream.records import BATCH_FAILED, COMPLETION_SCHEMA
+from ackstream.session import is_connect
+
+__all__ = [
+    "BatchDeadline",
+    "batch_failed_completions",
+    "cancel_batches",
+    "failure_reason",
+    "isolates",
+    "job_tag",
+]
+
+log = logging.getLogger(__name__)
+
+#: Words of Spark's error when a job it ran was cancelled.
+_CANCELLED = ("cancelled", "canceled", "interrupted")
+
+
+def job_tag(topology_name: str) -> str:
+    """The Spark job tag of a topology's batches (a tag may hold no comma; a topology
+    name holds letters, digits, '.', '_' and '-' only)."""
+    return f"ackstream-batch-{topology_name}"
+
+
+class BatchDeadline:
+    """Within ``with``: the Spark jobs the calling thread runs carry ``tag``; once
+    ``deadline_ms`` passes they are cancelled and :attr:`passed` is set. No deadline
+    (None): only the tag, so that :func:`cancel_batches` can still end them."""
+
+    def __init__(self, spark, tag: str, deadline_ms: int | None):
+        self.spark, self.tag, self.deadline_ms = spark, tag, deadline_ms
+        self.passed = False
+        self._done = threading.Event()
+        self._timer: threading.Thread | None = None
+
+    def __enter__(self) -> BatchDeadline:
+        _tags(self.spark).add(self.tag)
+        if self.deadline_ms is not None:
+            self._timer = threading.Thread(target=self._watch, daemon=True)
+            self._timer.start()
+        return self
+
+    def _watch(self) -> None:
+        """At the deadline, cancel the batch's jobs; then again each second until the
+        batch ends, so that no later job of the batch (one that reads the same hung
+        stage again) outlives it."""
+        if self._done.wait(self.deadline_ms / 1000):
+            return
+        self.passed = True
+        log.warning(
+            "batch deadline of %d ms passed: cancelling the jobs of %s", self.deadline_ms, self.tag
+        )
+        while True:
+            try:
+                cancel_batches(self.spark, self.tag)
+            except Exception:  # the batch may have ended meanwhile: nothing to cancel
+                log.debug("cancelling the jobs of %s failed", self.tag, exc_info=True)
+            if self._done.wait(1.0):
+                return
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        _tags(self.spark).remove(self.tag)
+
+
+def cancel_batches(spark, tag: str) -> None:
+    """Cancel the running Spark jobs that carry ``tag`` (a no-op when none does)."""
+    _tags(spark).cancel(tag)
+
+
+class _ContextTags:
+    """Job tags of a classic session's SparkContext: they reach every session of the
+    application, so a stream's own session (a clone of the user's) is tagged alike."""
+
+    def __init__(self, spark):
+        self.context = spark.sparkContext
+
+    def add(self, tag: str) -> None:
+        self.context.addJobTag(tag)
+
+    def remove(self, tag: str) -> None:
+        self.context.removeJobTag(tag)
+
+    def cancel(self, tag: str) -> None:
+        self.context.cancelJobsWithTag(tag)
+
+
+class _SessionTags:
+    """Operation tags of a Spark Connect session (it has no SparkContext)."""
+
+    def __init__(self, spark):
+        self.spark = spark
+
+    def add(self, tag: str) -> None:
+        self.spark.addTag(tag)
+
+    def remove(self, tag: str) -> None:
+        self.spark.removeTag(tag)
+
+    def cancel(self, tag: str) -> None:
+        self.spark.interruptTag(tag)
+
+
+def _tags(spark) -> _ContextTags | _SessionTags:
+    return _SessionTags(spark) if is_connect(spark) else _ContextTags(spark)
+
+
+def isolates(error: BaseException, deadline: BatchDeadline) -> bool:
+    """Whether the batch's ``error`` may be one record's, so that its roots are failed
+    and isolated, rather than the topology's, which stops the query (see module doc)."""
+    if deadline.passed:
+        return True
+    if isinstance(error, (AckstreamError, AnalysisException)) or not isinstance(error, Exception):
+        return False
+    text = str(error)
+    if "StageError:" in text or "OptionError:" in text:
+        return False
+    return not any(word in text.lower() for word in _CANCELLED)
+
+
+def failure_reason(error: BaseException, deadline: BatchDeadline, stages) -> str:
+    """Why a batch failed, for its roots' completions (and a dead letter's reason)."""
+    if deadline.passed:
+        return (
+            f"batch_deadline_ms={deadline.deadline_ms} passed in one of the stages "
+            f"{', '.join(stages)}: its Spark jobs were cancelled"
+        )
+    return cause_of(str(error))
+
+
+def batch_failed_completions(inits: pa.Table, reason: str, now_ms: int) -> pa.Table:
+    """A ``batch_failed`` completion per root of ``inits`` (init records, one per root
+    of the failed batch), with ``reason``."""
+    rows = inits.num_rows
+    return pa.table(
+        {
+            "root": inits.column("root"),
+            "status": pa.array([BATCH_FAILED] * rows, pa.string()),
+            "topic": inits.column("topic"),
+            "partition": inits.column("partition"),
+            "offset": inits.column("offset"),
+            "attempt": inits.column("attempt"),
+            "latency_ms": pc.subtract(pa.scalar(now_ms, pa.int64()), inits.column("ts")),
+            "completed_ms": pa.array([now_ms] * rows, pa.int64()),
+            "reason": pa.array([reason] * rows, pa.string()),
+        },
+        schema=COMPLETION_SCHEMA,
+    )

@@ -1,0 +1,173 @@
+"""Failures of a whole micro-batch on the broker: a SQL stage raising at run time on one
+record, and a bolt that hangs on one record. Each costs only the record at fault (a
+dead letter with its reason); the query goes on, and stop() returns whatever a stage
+does."""
+
+import threading
+import time
+import uuid
+
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+
+from ackstream import MemorySink, Topology
+from ackstream.channels.local import LocalChannel
+
+from helpers import consume, wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+def produce(bootstrap: str, topic: str, values: list[str]) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    for value in values:
+        producer.send(topic, value.encode(), partition=0)
+    producer.flush()
+    producer.close()
+
+
+def tracked_stream(spark, broker, inbox: str, name: str, channel, **options):
+    reader = (
+        spark.readStream.format("ackstream")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", inbox)
+        .option("startingOffsets", "earliest")
+        .option("ackstream.topology", name)
+        .option("ackstream.channel", str(channel))
+        .option("ackstream.deadLetterTopic", f"{name}.dead")
+        .option("ackstream.retryInitialDelay", "100ms")
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def run_until_committed(running, broker, topic: str, name: str, count: int) -> None:
+    from kafka import KafkaConsumer, TopicPartition
+
+    group = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
+    )
+    try:
+        wait_for(
+            lambda: group.committed(TopicPartition(topic, 0)) == count or running.exception(),
+            timeout=240,
+            interval=0.5,
+            what="every offset committed",
+        )
+        assert running.exception() is None and running.is_active()
+    finally:
+        group.close(autocommit=False)
+
+
+def letters(bootstrap: str, topic: str) -> dict[int, str]:
+    found = {}
+    for message in consume(bootstrap, topic):
+        headers = {k: v.decode() for k, v in message.headers}
+        found[int(headers["ackstream.offset"])] = headers["ackstream.reason"]
+    return found
+
+
+def test_a_sql_stage_raising_on_one_record_dead_letters_only_that_record(
+    spark, broker, new_topic, tmp_path
+):
+    """A DataFrame stage whose expression raises at run time for one record fails its
+    batch's Spark job: the batch's roots are isolated, and only the record at fault is
+    dead-lettered, with Spark's error as its reason."""
+    inbox, name = new_topic(partitions=1), f"sqlfail-{uuid.uuid4().hex[:8]}"
+    values = [f"v{i}" for i in range(10)]
+    values[6] = "poison"
+    produce(broker.bootstrap, inbox, values)
+
+    def checked(df):
+        text = F.col("value").cast("string")
+        return df.withColumn(
+            "text",
+            F.when(text == "poison", F.raise_error(F.lit("poison in SQL"))).otherwise(text),
+        )
+
+    stream = tracked_stream(
+        spark, broker, inbox, name, tmp_path / "channel", **{"ackstream.maxRetries": 1}
+    )
+    sink = MemorySink()
+    running = (
+        Topology(name, spark, LocalChannel(tmp_path / "channel"))
+        .map(checked, name="check")
+        .sink(sink)
+        .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
+    )
+    try:
+        run_until_committed(running, broker, inbox, name, len(values))
+    finally:
+        running.stop()
+    assert sorted(set(r["text"] for r in sink.rows())) == sorted(set(values) - {"poison"})
+    reasons = letters(broker.bootstrap, f"{name}.dead")
+    assert sorted(reasons) == [6]
+    assert reasons[6].startswith("batch_failed:") and "poison in SQL" in reasons[6]
+
+
+def test_a_bolt_hanging_on_one_record_is_cancelled_at_the_deadline_and_dead_lettered(
+    spark, broker, new_topic, tmp_path
+):
+    """Storm's message timeout for a hung bolt: the batch runs past ``batch_deadline_ms``,
+    its jobs are cancelled, and the hanging record is isolated and dead-lettered with a
+    reason naming the deadline; the others are written and the query goes on."""
+    inbox, name = new_topic(partitions=1), f"hang-{uuid.uuid4().hex[:8]}"
+    values = ["a", "b", "hang", "c"]
+    produce(broker.bootstrap, inbox, values)
+
+    def bolt(frame):
+        text = frame["value"].map(bytes.decode)
+        if (text == "hang").any():
+            time.sleep(3600)
+        return pd.DataFrame({"text": text})
+
+    stream = tracked_stream(
+        spark, broker, inbox, name, tmp_path / "channel", **{"ackstream.maxRetries": 0}
+    )
+    sink = MemorySink()
+    running = (
+        Topology(name, spark, LocalChannel(tmp_path / "channel"), batch_deadline_ms=8_000)
+        .pandas_bolt(bolt, "text string", name="slow")
+        .sink(sink)
+        .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
+    )
+    try:
+        run_until_committed(running, broker, inbox, name, len(values))
+    finally:
+        running.stop()
+    assert sorted(set(r["text"] for r in sink.rows())) == ["a", "b", "c"]
+    reasons = letters(broker.bootstrap, f"{name}.dead")
+    assert sorted(reasons) == [2]
+    assert reasons[2].startswith("batch_failed: batch_deadline_ms=8000 passed")
+    assert "slow" in reasons[2]
+
+
+def test_stop_returns_while_a_stage_hangs(spark, broker, new_topic, tmp_path):
+    """No deadline, a stage that never returns: stop() cancels the batch's jobs and
+    returns (bounded by a generous poll, not a timing assertion)."""
+    inbox, name = new_topic(partitions=1), f"stuck-{uuid.uuid4().hex[:8]}"
+    produce(broker.bootstrap, inbox, ["hang"])
+    started = tmp_path / "started"
+
+    def bolt(frame):
+        started.touch()
+        time.sleep(3600)
+        return pd.DataFrame({"text": frame["value"].map(bytes.decode)})
+
+    stream = tracked_stream(spark, broker, inbox, name, tmp_path / "channel")
+    running = (
+        Topology(name, spark, LocalChannel(tmp_path / "channel"), batch_deadline_ms=None)
+        .pandas_bolt(bolt, "text string", name="stuck")
+        .sink(MemorySink())
+        .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
+    )
+    wait_for(started.exists, timeout=120, what="the stage to start hanging")
+    stopping = threading.Thread(target=running.stop, daemon=True)
+    stopping.start()
+    stopping.join(timeout=120)
+    assert not stopping.is_alive(), "stop() did not return while a stage hung"
+    assert not any(q.isActive for q in running.queries)
