@@ -2,6 +2,7 @@
 #   make demo   creates .venv, installs ackstream, runs the main job on the embedded default
 #   make test   creates .venv, installs ackstream with its test extra, brings Apache Kafka
 #               (make kafka), runs the test suite
+#   make test-bench the benchmarks' end-to-end runs at tiny sizes (marked bench), not in make test
 #   make test-long  the runs marked long (chaos, broker failures, scale), not in make test
 #   make test-cluster  the long runs CI makes too: broker, Spark worker and security
 #               failures, one small chaos seed
@@ -19,7 +20,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-long test-cluster chaos lint format docs bench bench-e2e bench-scale java kafka spark-kafka clean
+.PHONY: demo test test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -40,6 +41,11 @@ demo: $(VENV)/.installed java
 
 test: $(VENV)/.installed java kafka
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The benchmarks' own end-to-end runs at tiny sizes (marked `bench`): each starts worker
+# processes with a Spark of their own, so they stay out of make test; CI runs them.
+test-bench: $(VENV)/.installed java kafka
+	$(PY) -m pytest -m bench $(PYTEST_ARGS)
 
 # The runs marked `long` (chaos seeds, broker failures, scale), left out of make test.
 test-long: $(VENV)/.installed java kafka

@@ -2,8 +2,11 @@
 broker: every system does the same work (its output's counts per word are the input's,
 which the harness itself checks after each run) and the JSON carries every figure the
 targets name. No figure is checked against a bound (the machine is shared); only that
-every path works. One repeat, no warm-up round, one cold system (the cheapest): the
-Spark systems share one worker, so the run costs one Spark start-up."""
+every path works. One repeat, no warm-up round, one cold system: the warm Spark
+systems share one worker, and the cold one starts a Spark of its own. (The cold
+kafka-python loop would be cheaper, but its fresh consumer twice spun in kafka-python's
+coordinator lookup for the whole run, committing nothing: a client bug the loop peer
+cannot work around, and not what this test checks.)"""
 
 import sys
 from collections import Counter
@@ -21,6 +24,7 @@ BATCH = 1_000
 #: Quix commits a checkpoint per BATCH records, not per partition: with few batches its
 #: first commit past the warm-up may be its last, which leaves nothing to time
 BATCHES = 4
+COLD = "ackstream_untracked"
 
 
 def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, tmp_path):
@@ -37,7 +41,7 @@ def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, t
             "1",
             "--no-warmup-round",
             "--cold-systems",
-            "kafka_python_loop",
+            COLD,
             "--latency-seconds",
             "2",
             "--bootstrap",
@@ -62,7 +66,7 @@ def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, t
         assert 0 < run["output_messages"] < size["words"], system
         assert run["records_per_s"] > 0 and len(run["loadavg_before"]) == 3, system
         assert figures["records_per_s"]["min"] <= figures["records_per_s"]["max"], system
-    cold = out["cold"]["kafka_python_loop"]
+    cold = out["cold"][COLD]
     assert 0 < cold["to_first_output_s"] <= cold["to_all_committed_s"]
     latency = out["latency"]
     assert latency["acked"] == latency["records"]
