@@ -41,7 +41,6 @@ from ackstream.acker.file_batch import batch_records
 from ackstream.acker.ledger import step
 from ackstream.acker.pending_store import PendingStore
 from ackstream.channels import check_reach
-from ackstream.channels.local import LocalChannel
 from ackstream.errors import OptionError
 from ackstream.files import write_atomically
 from ackstream.offset_log import batch_timestamp_ms
@@ -191,7 +190,7 @@ def start_acker(
     channel.prepare()
     records = channel.ack_stream(spark, max_files_per_trigger=max_files_per_trigger)
     acker = Acker(checkpoint, message_timeout_ms)
-    reads_files = isinstance(channel, LocalChannel)  # its batches' files are named by Spark
+    reads_files = channel.ack_files  # its batches' files are named by Spark
 
     def write(batch: DataFrame, batch_id: int) -> None:
 

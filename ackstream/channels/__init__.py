@@ -44,7 +44,7 @@ def check_reach(channel, master: str) -> None:
         return
     raise OptionError(
         "ackstream.channel",
-        channel.source_option(),
+        channel.source_options()["ackstream.channel"],
         f"'kafka' (a KafkaChannel) on master {master}: a local channel folder is one "
         "host's, and the executors, which may run on other hosts, write to it; if every "
         "host mounts that folder at the same path, declare it with "

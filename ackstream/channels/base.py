@@ -31,8 +31,18 @@ class Channel(Protocol):
     def prepare(self) -> None:
         """Create what the channel needs (folders, topics); idempotent."""
 
-    def source_option(self) -> str:
-        """The ``ackstream.channel`` option value of a source that reads this channel."""
+    #: Whether :meth:`ack_stream` is Spark's file source over files this channel wrote
+    #: (the acker then reads a batch's files itself, as Spark logged them).
+    ack_files: bool
+
+    def source_options(self) -> dict[str, str]:
+        """The options a source that reads this channel is given: ``ackstream.channel``
+        (a folder, or ``kafka``) and what else must agree with the topology's channel."""
+
+    def agreeing_with(self, source_options) -> Channel:
+        """This channel as a source given ``source_options`` must see it (the same
+        channel, or one that takes the source's client settings it lacks); an
+        :class:`~ackstream.errors.OptionError` when they disagree."""
 
     def write_acks(self, records) -> None:
         """Append ack records (a pandas frame or Arrow table of ``ACK_RECORD_SCHEMA``

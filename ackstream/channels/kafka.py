@@ -95,6 +95,8 @@ class KafkaChannel:
         self._outage = Outage(bootstrap)  # of the completion polls
         self._reading = threading.Lock()  # a consumer is not thread-safe
 
+    ack_files = False  # the acks topic, read by Spark's stream of it
+
     def __getstate__(self):
         return {**self.__dict__, "_producer": None, "_consumer": None, "_reading": None}
 
@@ -141,8 +143,13 @@ class KafkaChannel:
         self.__dict__.update(state)
         self._reading = threading.Lock()
 
-    def source_option(self) -> str:
-        return "kafka"
+    def source_options(self) -> dict[str, str]:
+        options = {"ackstream.channel": "kafka"}
+        if self.replication_factor is not None:  # its topics, whoever creates them
+            options["ackstream.channelReplication"] = str(self.replication_factor)
+        if self.retention_ms is not None:
+            options["ackstream.channelRetention"] = f"{self.retention_ms}ms"
+        return options
 
     def prepare(self) -> None:
         """Create both topics if they do not exist yet."""

@@ -72,8 +72,17 @@ class LocalChannel:
         os.makedirs(self.acks_dir, exist_ok=True)
         os.makedirs(self.done_dir, exist_ok=True)
 
-    def source_option(self) -> str:
-        return os.path.abspath(self.directory)
+    ack_files = True  # Parquet files, read by Spark's file source
+
+    def source_options(self) -> dict[str, str]:
+        return {
+            "ackstream.channel": os.path.abspath(self.directory),
+            "ackstream.channelShared": str(self.shared).lower(),  # one host's, or all
+        }
+
+    def agreeing_with(self, source_options) -> LocalChannel:
+        """A folder needs nothing of the source's settings: itself."""
+        return self
 
     # --- ack records ------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Sink"]
+__all__ = ["ContinuingSink", "Sink"]
 
 
 @runtime_checkable
@@ -22,8 +22,26 @@ class Sink(Protocol):
         lineage columns) for micro-batch ``batch_id``. Return None when every row was
         written, or the rows that were not (an Arrow table or DataFrame with at least
         their lineage columns): their roots fail and are replayed. Raising fails the
-        whole batch's roots. A batch re-run after a crash is written again (at least
-        once): ``batch_id`` lets a sink drop what it already has."""
+        roots of every row it was given (an error out of Spark's jobs, which computed
+        the stages, fails the batch as a whole instead: see
+        :mod:`ackstream.topology.batch_failure`). A batch re-run after a crash is
+        written again (at least once): ``batch_id`` lets a sink drop what it already
+        has."""
 
     def close(self) -> None:
         """Release clients; called when the topology stops."""
+
+
+@runtime_checkable
+class ContinuingSink(Sink, Protocol):
+    """A sink whose messages continue their rows' tuple trees in another process
+    (:mod:`ackstream.continued`): with ``continue_trees`` true, a topology's batch
+    calls :meth:`write_continued` instead of ``write``, and the trees stay open until
+    that process acks. A sink without the attribute never continues trees."""
+
+    continue_trees: bool
+
+    def write_continued(self, outputs, batch_id: int):
+        """Write ``outputs``, whose rows carry ``_roots`` (the roots each is anchored
+        to), with their lineage as headers; return the unwritten rows (or None) and the
+        ack records ``(root, edge)`` of every message written."""

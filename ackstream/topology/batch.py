@@ -25,6 +25,7 @@ same outcome for every root (tests hold them to it):
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
@@ -40,6 +41,7 @@ from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.topology.bolts import (
     REASON_LIMIT,
+    BatchContext,
     GroupInput,
     anchor_pairs,
     failed_roots,
@@ -48,9 +50,16 @@ from ackstream.topology.bolts import (
 from ackstream.topology.graph import SPOUT, join_streams, subscriber_copies, subscribers
 from ackstream.topology.held_watch import HeldWatch
 from ackstream.topology.stage_counts import StageCounts
-from ackstream.topology.window import HoldContext
 
-__all__ = ["ACK_MODES", "AckMode", "PerStage", "Telescoped", "ack_mode", "run_batch"]
+__all__ = [
+    "ACK_MODES",
+    "AckMode",
+    "BatchRun",
+    "PerStage",
+    "Telescoped",
+    "ack_mode",
+    "run_batch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -130,120 +139,171 @@ def run_batch(
     the batch (from the source's offset); else they are read from the rows, which
     then costs a cache and a second Spark job. ``counts``: where to count each stage's
     and sink's tuples in and out, as the batch's jobs read them."""
-    mode, tracking = topology.mode, topology.tracking
-    edges = tracking and mode.edges
-    now = now_ms()
-    kept: list[DataFrame] = []
-    subs = subscribers(topology.stages, topology.sinks)
-    copies: dict[str, list[DataFrame]] = {}  # per stage or sink, the copies it reads
-
-    def keep(df: DataFrame) -> DataFrame:
-        df = df.persist()
-        kept.append(df)
-        return df
-
-    if inits is not None and not inits.num_rows:
-        counts = None  # nothing planned: no job may read the batch to count it
-
-    def count(df: DataFrame, node: str, side: str) -> DataFrame:
-        return df if counts is None else counts.watch(df, node, side)
-
-    parts: list[DataFrame] = []
-    made: list[pa.Table] = []  # ack records stages made on the driver (window holds)
-
-    def publish(stream: DataFrame, name: str, number: int) -> None:
-        """Hand ``stream`` to its subscribers; a stream nobody reads is acked."""
-        names = subs[name]
-        if tracking and not names:
-            parts.extend(mode.sink_acks(stream, now))
-        handed = subscriber_copies(stream, number, names, edges)
-        if edges and len(names) > 1:  # the fan-out acks the stream, emits the copies
-            parts.extend(mode.stage_acks(stream, _union_all(list(handed.values())), now))
-        for subscriber, copy in handed.items():
-            copies.setdefault(subscriber, []).append(copy)
-
+    run = BatchRun(topology, batch_id, inits, counts)
     try:
-        continues = tracking and topology.continue_trees
-        read_inits = tracking and (inits is None or not mode.plans_inits or continues)
-        held = tracking and REASON in batch.columns  # the source's held-back rows
-        watch = None  # counts them as the sink reads the batch, when nothing else does
-        if held and not read_inits and len(subs[SPOUT]) == 1:
-            watch = HeldWatch(batch, inits.num_rows)
-            spout = watch.frame
+        run.read_spout(batch)
+        for stage in topology.stages:
+            run.run_stage(stage)
+        for node in topology.sinks:
+            run.write_sink(node)
+        run.read_held_back(batch)
+        return run.records()
+    finally:
+        run.release()
+
+
+class BatchRun:
+    """One batch of a topology, phase by phase (see :func:`run_batch`): what the stages
+    handed on, the ack records gathered so far (Spark frames to collect at the end,
+    Arrow tables made on the driver), and the frames persisted on the way."""
+
+    def __init__(self, topology, batch_id: int, inits: pa.Table | None, counts):
+        self.topology, self.batch_id, self.inits = topology, batch_id, inits
+        self.mode, self.tracking = topology.mode, topology.tracking
+        self.edges = self.tracking and self.mode.edges
+        self.now = now_ms()
+        self.subs = subscribers(topology.stages, topology.sinks)
+        #: nothing planned: no job may read the batch to count it
+        self.counts = None if inits is not None and not inits.num_rows else counts
+        self.copies: dict[str, list[DataFrame]] = {}  # per stage or sink, what it reads
+        self.groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
+        self.frames: list[DataFrame] = []  # ack records, collected in one job at the end
+        self.tables: list[pa.Table] = []  # ack records made on the driver
+        self.kept: list[DataFrame] = []
+        self.watch: HeldWatch | None = None
+        self.upstream: dict | None = None  # continued trees: the upstream lineage
+        continues = self.tracking and topology.continue_trees
+        self.read_inits = self.tracking and (
+            inits is None or not self.mode.plans_inits or continues
+        )
+        self.context = BatchContext(
+            batch_id, self.now, topology.channel, topology.message_timeout_ms, topology.held_folder
+        )
+
+    # --- the phases -------------------------------------------------------------------
+
+    def read_spout(self, batch: DataFrame) -> None:
+        """The spout's stream: the batch without the rows the source held back, whose
+        acks (and the batch's inits, when they must be read) are gathered here."""
+        held = self.tracking and REASON in batch.columns  # the source's held-back rows
+        readers = len(self.subs[SPOUT])
+        if held and not self.read_inits and readers == 1:
+            self.watch = HeldWatch(batch, self.inits.num_rows)  # counted as the sink reads
+            spout = self.watch.frame
         else:  # the batch is read more than once (init records, held rows): read it once
-            spout = keep(batch) if read_inits or held or len(subs[SPOUT]) > 1 else batch
-        upstream = continued_lineage(spout, topology.name) if continues else None
-        if read_inits:
-            parts.append(init_records(spout, now, mode.edges))
-        if held and watch is None:
-            parts.extend(held_back_acks(spout.where(f"{REASON} IS NOT NULL"), mode, now))
+            several = self.read_inits or held or readers > 1
+            spout = self._keep(batch) if several else batch
+        if self.tracking and self.topology.continue_trees:
+            self.upstream = continued_lineage(spout, self.topology.name)
+        if self.read_inits:
+            self.frames.append(init_records(spout, self.now, self.mode.edges))
+        if held and self.watch is None:
+            self.frames += held_back_acks(spout.where(f"{REASON} IS NOT NULL"), self.mode, self.now)
         if REASON in batch.columns:  # no stage sees a held-back row or the column
             spout = spout.where(f"{REASON} IS NULL").drop(REASON)
-        publish(spout, SPOUT, 0)
-        groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
-        for stage in topology.stages:
-            tuples = count(join_streams(copies.pop(stage.name), edges), stage.name, "in")
-            if getattr(stage, "holds", False):
-                context = HoldContext(
-                    batch_id,
-                    now,
-                    topology.channel,
-                    topology.message_timeout_ms,
-                    getattr(topology, "held_folder", None),
-                )
-                out = stage.run_holding(tuples, tracking, mode.edges, context)
-            else:
-                out = stage.run(tuples, tracking, edges=mode.edges)
-            kept.extend(out.cached)
-            if out.groups is not None:
-                groups[stage.number] = out.groups
-            # both sides of an edge must see the same rows; subscribers share them
-            shared = edges or len(subs[stage.name]) > 1
-            children = count(out.tuples, stage.name, "out")
-            children = keep(children) if shared else children
-            if tracking:
-                acked = tuples if out.acked is None else out.acked
-                parts += mode.stage_acks(acked, children, now)
-                if out.holds is not None:
-                    parts.append(ack_records(out.holds, ACK, now))
-                if out.records is not None:
-                    made.append(out.records)
-                if out.failed is not None:
-                    parts.append(ack_records(failed_roots(out.failed, groups), FAIL, now))
-                if out.rejected is not None:
-                    parts.append(ack_records(failed_roots(out.rejected, groups), REJECT, now))
-            publish(children, stage.name, stage.number)
-        for node in topology.sinks:
-            outputs = count(join_streams(copies.pop(node.name), edges), node.name, "in")
-            parts += _write_sink(topology, node.sink, outputs, batch_id, now, groups)
-        if watch is not None and watch.held() != 0:  # some, or not counted: read them
-            parts.extend(held_back_acks(batch.where(f"{REASON} IS NOT NULL"), mode, now))
-        if not tracking:
+        self._publish(spout, SPOUT, 0)
+
+    def run_stage(self, stage) -> None:
+        """Run ``stage`` on the streams it subscribes to; gather its acks and fails."""
+        tuples = self._count(join_streams(self.copies.pop(stage.name), self.edges), stage, "in")
+        out = stage.run(tuples, self.tracking, self.mode.edges, self.context)
+        self.kept.extend(out.cached)
+        if out.groups is not None:
+            self.groups[stage.number] = out.groups
+        # both sides of an edge must see the same rows; subscribers share them
+        children = self._count(out.tuples, stage, "out")
+        if self.edges or len(self.subs[stage.name]) > 1:
+            children = self._keep(children)
+        if self.tracking:
+            self._gather_stage_acks(tuples, out, children)
+        self._publish(children, stage.name, stage.number)
+
+    def write_sink(self, node) -> None:
+        outputs = self._count(join_streams(self.copies.pop(node.name), self.edges), node, "in")
+        written = _write_sink(self.topology, node, outputs, self.batch_id, self.now, self.groups)
+        self.frames += written.frames
+        self.tables += written.tables
+
+    def read_held_back(self, batch: DataFrame) -> None:
+        """The held-back rows' acks, when the sink's job did not count them (or some)."""
+        if self.watch is not None and self.watch.held() != 0:
+            held = batch.where(f"{REASON} IS NOT NULL")
+            self.frames += held_back_acks(held, self.mode, self.now)
+
+    def records(self) -> pa.Table:
+        """The batch's ack records, in one Spark job (for the upstream acker's trees
+        when this topology continues them)."""
+        if not self.tracking:
             return ACK_RECORD_SCHEMA.empty_table()
-        tables = ([] if read_inits else [inits]) + made
-        tables += [p for p in parts if isinstance(p, pa.Table)]  # continued trees' acks
-        parts = [p for p in parts if isinstance(p, DataFrame)]
-        if parts:
-            tables.append(as_table(_union_all(parts).toArrow(), ACK_RECORD_SCHEMA))
+        tables = ([] if self.read_inits else [self.inits]) + self.tables
+        if self.frames:
+            collected = _union_all(self.frames).toArrow()
+            tables.append(as_table(collected, ACK_RECORD_SCHEMA))
         records = pa.concat_tables(tables)
-        if upstream is not None:  # the upstream trees' records, for the upstream acker
-            records = translate(precombine(records), upstream, now)
+        if self.upstream is not None:
+            records = translate(precombine(records), self.upstream, self.now)
         return records
-    finally:
-        for df in kept:
+
+    def release(self) -> None:
+        for df in self.kept:
             df.unpersist()
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _gather_stage_acks(self, tuples: DataFrame, out, children: DataFrame) -> None:
+        acked = tuples if out.acked is None else out.acked
+        self.frames += self.mode.stage_acks(acked, children, self.now)
+        if out.holds is not None:
+            self.frames.append(ack_records(out.holds, ACK, self.now))
+        if out.records is not None:
+            self.tables.append(out.records)
+        if out.failed is not None:
+            self.frames.append(ack_records(failed_roots(out.failed, self.groups), FAIL, self.now))
+        if out.rejected is not None:
+            rejected = failed_roots(out.rejected, self.groups)
+            self.frames.append(ack_records(rejected, REJECT, self.now))
+
+    def _publish(self, stream: DataFrame, name: str, number: int) -> None:
+        """Hand ``stream`` to its subscribers; a stream nobody reads is acked."""
+        names = self.subs[name]
+        if self.tracking and not names:
+            self.frames += self.mode.sink_acks(stream, self.now)
+        handed = subscriber_copies(stream, number, names, self.edges)
+        if self.edges and len(names) > 1:  # the fan-out acks the stream, emits the copies
+            copies = _union_all(list(handed.values()))
+            self.frames += self.mode.stage_acks(stream, copies, self.now)
+        for subscriber, copy in handed.items():
+            self.copies.setdefault(subscriber, []).append(copy)
+
+    def _keep(self, df: DataFrame) -> DataFrame:
+        df = df.persist()
+        self.kept.append(df)
+        return df
+
+    def _count(self, df: DataFrame, node, side: str) -> DataFrame:
+        return df if self.counts is None else self.counts.watch(df, node.name, side)
+
+
+@dataclass
+class SinkAcks:
+    """The ack records of a sink's write: Spark frames, and the Arrow table of the
+    messages that continue their trees in another process."""
+
+    frames: list[DataFrame]
+    tables: list[pa.Table]
 
 
 def _write_sink(
-    topology, sink, outputs: DataFrame, batch_id: int, now: int, groups: dict[int, GroupInput]
-) -> list[DataFrame | pa.Table]:
-    """Write tuples to ``sink``; return their ack records (and fails for unwritten rows).
-    A sink with ``continue_trees`` also gives the ack records of the tuples it emitted
-    to another process (an Arrow table): their trees stay open until that process acks."""
+    topology, node, outputs: DataFrame, batch_id: int, now: int, groups: dict[int, GroupInput]
+) -> SinkAcks:
+    """Write tuples to ``node``'s sink; return their ack records (and fails for unwritten
+    rows). A sink that continues the trees also gives the ack records of the tuples it
+    emitted to another process: their trees stay open until that process acks."""
+    sink = node.sink
     unwritten, reason = None, f"sink {type(sink).__name__}: not written"
     continued = None  # a sink that continues the trees: its messages' (root, edge) acks
     try:
-        if topology.tracking and getattr(sink, "continue_trees", False):
+        if topology.tracking and node.continues_trees:
             rooted = with_tree_roots(outputs, groups)  # the sink writes each row's roots
             unwritten, continued = sink.write_continued(rooted, batch_id)
         else:
@@ -259,17 +319,17 @@ def _write_sink(
         unwritten = outputs
         reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"
     if not topology.tracking:
-        return []
-    parts = topology.mode.sink_acks(outputs, now)
+        return SinkAcks([], [])
+    acks = SinkAcks(topology.mode.sink_acks(outputs, now), [])
     if isinstance(unwritten, pa.Table) and unwritten.num_rows:
         unwritten = outputs.sparkSession.createDataFrame(unwritten)
     if isinstance(unwritten, DataFrame):
         if REASON not in unwritten.columns:
             unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
-        parts.append(ack_records(failed_roots(unwritten, groups), FAIL, now))
+        acks.frames.append(ack_records(failed_roots(unwritten, groups), FAIL, now))
     if continued is not None and continued.num_rows:
-        parts.append(continued)
-    return parts
+        acks.tables.append(continued)
+    return acks
 
 
 def continued_lineage(spout: DataFrame, name: str) -> dict:

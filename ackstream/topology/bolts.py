@@ -47,6 +47,7 @@ from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, REASON, ROO
 __all__ = [
     "REASON_LIMIT",
     "GroupInput",
+    "BatchContext",
     "StageOutput",
     "Stage",
     "MapStage",
@@ -81,6 +82,20 @@ class GroupInput:
 
     tuples: DataFrame
     group_id: Column
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """What a stage may need of its batch beyond the rows (a window does: see
+    :mod:`ackstream.topology.window`): the batch id, the time, the completion channel
+    (None: none to read), the message timeout and the folder of held tuples (None:
+    in memory)."""
+
+    batch_id: int
+    now_ms: int
+    channel: object | None
+    timeout_ms: int
+    folder: str | None
 
 
 @dataclass(frozen=True)
@@ -237,10 +252,17 @@ class Stage:
         #: the streams it subscribes to (see :mod:`ackstream.topology.graph`)
         self.after: tuple[str, ...] = ()
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
+    def run(
+        self,
+        df: DataFrame,
+        tracking: bool,
+        edges: bool = True,
+        context: BatchContext | None = None,
+    ) -> StageOutput:
         """The stage's output for ``df``. ``tracking=False``: no lineage at all;
         ``edges=False``: lineage by roots only, no fresh edge ids (enough to fail
-        roots; the telescoped topology never sends an edge's ack)."""
+        roots; the telescoped topology never sends an edge's ack). ``context``: the
+        batch's, for a stage that holds tuples across batches (others need none)."""
         raise NotImplementedError
 
 
@@ -257,7 +279,7 @@ class MapStage(Stage):
     def apply(self, df: DataFrame) -> DataFrame:
         return self.fn(df)
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         out = self.apply(df)
         if not tracking:
             return StageOutput(out)
@@ -302,7 +324,7 @@ class FailWhereStage(Stage):
         reason = f"{self.name}: {condition}" if reason is None else reason
         self.reason = reason if isinstance(reason, Column) else F.lit(str(reason))
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
         if not tracking:
             return StageOutput(df.where(~failing))
@@ -340,7 +362,7 @@ class ExplodeStage(Stage):
         self.column = F.col(column) if isinstance(column, str) else column
         self.alias = alias
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         out = df.select("*", F.posexplode(self.column).alias(_ORDINAL, self.alias))
         if not tracking:
             return StageOutput(out.drop(_ORDINAL))
@@ -369,7 +391,7 @@ class AggregateStage(Stage):
             GROUP
         )
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         if not tracking:
             return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
         null = self._null
@@ -414,7 +436,7 @@ class PandasBoltStage(Stage):
         self.fn, self.schema = fn, schema
         self._output: BoltOutput | None = None  # the schema's columns, found on first use
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
+    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         if is_multi_anchored(df) or GROUP in df.columns:
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]

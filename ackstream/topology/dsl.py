@@ -29,7 +29,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 
 from ackstream.acker.precombine import precombine
-from ackstream.channels import KafkaChannel, LocalChannel, check_reach
+from ackstream.channels import check_reach
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
 from ackstream.session import is_connect, master_of
@@ -268,7 +268,8 @@ class Topology:
         ``after``: the stream(s) it writes, by default the last stage's (so a second
         ``.sink(...)`` writes the same stream). A stream no stage or sink reads is
         acked at the end of each batch."""
-        if self.continue_trees and getattr(sink, "continue_trees", False):
+        continues = bool(getattr(sink, "continue_trees", False))  # see ContinuingSink
+        if self.continue_trees and continues:
             raise OptionError(
                 "continue_trees",
                 "True on both the topology and its sink",
@@ -276,7 +277,8 @@ class Topology:
                 "them on to a third process",
             )
         name = name or f"sink#{len(self.sinks) + 1}"
-        self.sinks.append(SinkNode(name, sink, self._subscribe(name, after, "sink")))
+        after = self._subscribe(name, after, "sink")
+        self.sinks.append(SinkNode(name, sink, after, continues_trees=continues))
         self._ends_in_sink = True  # what follows says which stream it reads
         return self
 
@@ -288,19 +290,12 @@ class Topology:
         :class:`OptionError` naming both."""
         ours = {
             "ackstream.topology": self.name,
-            "ackstream.channel": self.channel.source_option(),
+            **self.channel.source_options(),
             "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
             "ackstream.tracking": str(self.tracking and not self.continue_trees).lower(),
         }
         if self.continue_trees:  # the upstream lineage travels in the headers
             ours["includeHeaders"] = "true"
-        if isinstance(self.channel, LocalChannel):  # a folder one host sees, or all
-            ours["ackstream.channelShared"] = str(self.channel.shared).lower()
-        if isinstance(self.channel, KafkaChannel):  # its topics, whoever creates them
-            if self.channel.replication_factor is not None:
-                ours["ackstream.channelReplication"] = str(self.channel.replication_factor)
-            if self.channel.retention_ms is not None:
-                ours["ackstream.channelRetention"] = f"{self.channel.retention_ms}ms"
         merged = {str(k): str(v) for k, v in (options or {}).items()}
         lowered = {k.lower(): k for k in merged}
         for option, value in ours.items():
@@ -331,7 +326,7 @@ class Topology:
             open_upstream(config).check()
         # the source's brokers and settings; a downstream topology's channel is the
         # upstream's, which its untracked source does not read
-        if isinstance(self.channel, KafkaChannel) and not self.continue_trees:
+        if not self.continue_trees:
             self.channel = self.channel.agreeing_with(merged)
         return self.spark.readStream.format("ackstream").options(**merged).load()
 

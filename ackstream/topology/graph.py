@@ -34,11 +34,14 @@ SPOUT = "spout"
 
 @dataclass
 class SinkNode:
-    """A sink and the stream(s) it writes."""
+    """A sink and the stream(s) it writes; ``continues_trees``: the sink leaves its
+    rows' trees open for another process (``KafkaSink(continue_trees=True)``), so a
+    batch calls its ``write_continued``."""
 
     name: str
     sink: object
     after: tuple[str, ...]
+    continues_trees: bool = False
 
 
 def subscribers(stages: Sequence, sinks: Sequence[SinkNode]) -> dict[str, list[str]]:

@@ -60,7 +60,11 @@ def check_source_terms(topology, offset: dict) -> None:
         return
     terms = (
         ("ackstream.topology", offset["source"], topology.name),
-        ("ackstream.channel", offset.get("channel"), topology.channel.source_option()),
+        (
+            "ackstream.channel",
+            offset.get("channel"),
+            topology.channel.source_options()["ackstream.channel"],
+        ),
         ("ackstream.messageTimeout", offset.get("timeout"), topology.message_timeout_ms),
     )
     for option, given, wanted in terms:

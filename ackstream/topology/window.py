@@ -32,7 +32,6 @@ so the window keeps its own.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +44,7 @@ from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, ROOT
 from ackstream.records import ACK, NOTICES, ack_table
 from ackstream.topology.bolts import (
+    BatchContext,
     GroupInput,
     Stage,
     StageOutput,
@@ -53,25 +53,12 @@ from ackstream.topology.bolts import (
 )
 from ackstream.topology.held_store import HeldState, HeldStore
 
-__all__ = ["HoldContext", "WindowStage", "finished_roots", "hold_ids"]
+__all__ = ["WindowStage", "finished_roots", "hold_ids"]
 
 # columns of a held row besides the stage input's: its hold id (telescoped acks),
 # the batch it arrived in and its place there (arrival order), and when it was held
 HOLD, SINCE, SEQ, HELD_MS = "_hold", "_since", "_seq", "_held_ms"
 _COUNT, _RANK, _WINDOW, _GROUP_ID = "_count", "_rank", "_window", "_group_id"
-
-
-@dataclass(frozen=True)
-class HoldContext:
-    """What a holding stage needs of its batch beyond the rows: the batch id, the time,
-    the completion channel (None: none to read), the message timeout and the folder
-    of the held stores (None: in memory)."""
-
-    batch_id: int
-    now_ms: int
-    channel: object | None
-    timeout_ms: int
-    folder: str | None
 
 
 def hold_ids(roots: np.ndarray, batch_id: int, stage: int) -> np.ndarray:
@@ -94,7 +81,6 @@ class WindowStage(Stage):
     batches until their window is full (see the module doc)."""
 
     kind = "window"
-    holds = True  #: run by the batch with a :class:`HoldContext`
 
     def __init__(self, number: int, keys, aggs, count: int, name=None):
         super().__init__(number, name)
@@ -115,16 +101,21 @@ class WindowStage(Stage):
             )
         return self._stores[folder]
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True) -> StageOutput:
-        raise StageError(self.name, "a window runs inside a topology batch (run_holding)")
-
-    def run_holding(
-        self, df: DataFrame, tracking: bool, edges: bool, ctx: HoldContext
+    def run(
+        self,
+        df: DataFrame,
+        tracking: bool,
+        edges: bool = True,
+        context: BatchContext | None = None,
     ) -> StageOutput:
         """The windows this batch fills, from the tuples held before it and ``df``;
-        saves what stays held. ``StageOutput.acked`` is the tuples released (per-stage
-        acks ack those, not the input), ``records`` the new holds' ``ACK (root, h)``
-        and ``holds`` the released holds' ``(root, value)`` pairs (telescoped)."""
+        saves what stays held (``context`` says where, and which roots finished).
+        ``StageOutput.acked`` is the tuples released (per-stage acks ack those, not the
+        input), ``records`` the new holds' ``ACK (root, h)`` and ``holds`` the released
+        holds' ``(root, value)`` pairs (telescoped)."""
+        if context is None:
+            raise StageError(self.name, "a window runs inside a topology batch")
+        ctx = context
         if tracking and (is_multi_anchored(df) or GROUP in df.columns):
             raise StageError(self.name, "a window after an aggregate or a window is not supported")
         store = self.store(ctx.folder)
@@ -186,7 +177,7 @@ class WindowStage(Stage):
         out = grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT))
         return StageOutput(out.drop(_WINDOW), cached=(ranked,), acked=released)
 
-    def _still_held(self, store: HeldStore, tracking: bool, ctx: HoldContext):
+    def _still_held(self, store: HeldStore, tracking: bool, ctx: BatchContext):
         """The rows held before this batch that may still be released, and the
         completion position read up to: a root with an outcome, or held longer than the
         message timeout, can no longer be acked, and its record is (or will be) replayed."""
@@ -206,7 +197,7 @@ class WindowStage(Stage):
             held = held.filter(pc.greater(held.column(HELD_MS), ctx.now_ms - ctx.timeout_ms))
         return held, position
 
-    def _hold(self, kept: pa.Table, telescoped: bool, ctx: HoldContext):
+    def _hold(self, kept: pa.Table, telescoped: bool, ctx: BatchContext):
         """``kept`` with a hold id for each tuple newly held (telescoped acks) and the
         ``ACK (root, h)`` records of those; (kept, None) otherwise."""
         if not telescoped or not kept.num_rows:

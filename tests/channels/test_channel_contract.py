@@ -172,7 +172,7 @@ def test_it_is_a_channel_that_a_source_can_name(channel):
     from ackstream.config import parse
 
     assert isinstance(channel, Channel)
-    option = channel.source_option()
+    option = channel.source_options()["ackstream.channel"]
     config = parse(
         {"ackstream.upstream": "generator", "ackstream.channel": option}
         if option != "kafka"
@@ -187,7 +187,7 @@ def test_it_is_a_channel_that_a_source_can_name(channel):
 
     opened = open_channel(config)
     try:
-        assert opened.source_option() == option
+        assert opened.source_options() == channel.source_options()
     finally:
         opened.close()
 
