@@ -5,11 +5,14 @@
 - ``TupleGraph`` replays Storm's anchoring rules (``MessageId.anchorsToIds``) on
   an in-memory tuple DAG and yields the exact ack records a Storm bolt would
   send, so tests and benchmarks can feed realistic trees to the ledger.
+- ``run_until_settled`` starts a topology, waits until its source says every record
+  read is acked or dead-lettered, and stops it.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +22,7 @@ from ackstream import ids
 from ackstream.clock import now_ms
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
+from ackstream.status import source_metrics
 
 __all__ = [
     "init",
@@ -34,6 +38,8 @@ __all__ = [
     "with_lineage",
     "tracked_frame",
     "settle",
+    "run_until_settled",
+    "wait_until_settled",
 ]
 
 
@@ -242,3 +248,53 @@ def settle(records, now_ms: int = 1_000_000) -> dict[int, str]:
     outcome = dict(zip(done.column("root").to_pylist(), done.column("status").to_pylist()))
     outcome.update({root: "pending" for root in still_open.column("root").to_pylist()})
     return outcome
+
+
+def run_until_settled(
+    topology,
+    stream,
+    checkpoint: str,
+    *,
+    records: int | None = None,
+    timeout_s: float = 180.0,
+    trigger_ms: int = 200,
+) -> dict:
+    """Start ``topology`` over ``stream``, wait until it settled (see
+    :func:`wait_until_settled`), stop it, and return the source's figures."""
+    running = topology.start(stream, checkpoint, trigger_ms=trigger_ms)
+    try:
+        return wait_until_settled(running, records=records, timeout_s=timeout_s)
+    finally:
+        running.stop()
+
+
+def wait_until_settled(running, *, records: int | None = None, timeout_s: float = 180.0) -> dict:
+    """Wait until the started topology's source says every record it read is settled
+    (acked or dead-lettered: no root pending, no replay waiting, every partition's
+    watermark at its end), and at least ``records`` of them when given; return its
+    figures (:func:`ackstream.status.source_metrics`). The consumer group's commit of
+    the last offsets follows with the next batch. A query that stopped raises its
+    error; ``timeout_s`` passing raises :class:`TimeoutError` with the last figures."""
+    deadline = time.monotonic() + timeout_s
+    figures: dict | None = None
+    while time.monotonic() < deadline:
+        error = running.exception()
+        if error is not None:
+            raise error
+        figures = source_metrics(running.query.lastProgress)
+        if figures is not None and _settled(figures, records):
+            return figures
+        running.query.awaitTermination(0.1)
+    raise TimeoutError(f"not settled within {timeout_s:g} s; the source's last figures: {figures}")
+
+
+def _settled(figures: dict, records: int | None) -> bool:
+    parts = [p for topic in figures["partitions"].values() for p in topic.values()]
+    done = figures.get("acked", 0) + figures.get("dead_lettered", 0)
+    return (
+        figures["pending"] == 0
+        and figures.get("waiting", 0) == 0
+        and any(p["end"] > 0 for p in parts)
+        and all(p["lag"] == 0 for p in parts)
+        and (records is None or done >= records)
+    )
