@@ -307,7 +307,8 @@ class Topology:
                     f"{value!r}, the value of topology {self.name!r} (or leave "
                     "it out: the topology supplies it)",
                 )
-            merged.pop(given, None)
+            if given is not None:
+                merged.pop(given)
             merged[option] = value
         return merged
 
