@@ -13,8 +13,43 @@ on first use, so ``import ackstream`` (and ``ackstream --help``) stays light.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports
+    from ackstream import testing as testing
+    from ackstream.channels.kafka import KafkaChannel as KafkaChannel
+    from ackstream.channels.local import LocalChannel as LocalChannel
+    from ackstream.continued import TreeClient as TreeClient
+    from ackstream.errors import (
+        AckstreamError as AckstreamError,
+    )
+    from ackstream.errors import (
+        EnvironmentProblem as EnvironmentProblem,
+    )
+    from ackstream.errors import (
+        OptionError as OptionError,
+    )
+    from ackstream.errors import (
+        StageError as StageError,
+    )
+    from ackstream.launch import local_session as local_session
+    from ackstream.sinks.dead_letters import read_dead_letters as read_dead_letters
+    from ackstream.sinks.kafka import KafkaSink as KafkaSink
+    from ackstream.sinks.memory import (
+        ConsoleSink as ConsoleSink,
+    )
+    from ackstream.sinks.memory import (
+        MemorySink as MemorySink,
+    )
+    from ackstream.sinks.memory import (
+        ParquetSink as ParquetSink,
+    )
+    from ackstream.sources.datasource import register as register
+    from ackstream.sources.upstream import check_options as check_options
+    from ackstream.topology import RunningTopology as RunningTopology
+    from ackstream.topology import Topology as Topology
 
 #: public name -> the module that defines it
 _EXPORTS = {

@@ -33,9 +33,14 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ackstream.console import LogFile, interrupts
 from ackstream.errors import AckstreamError, EnvironmentProblem, cause_of
+
+if TYPE_CHECKING:  # names for annotations only: a command imports what it runs
+    from ackstream.channels.base import Channel
+    from ackstream.sinks.replay_log import ReplayLog
 
 __all__ = ["EXIT_STATUS", "build_parser", "main"]
 
@@ -502,7 +507,7 @@ def _demo(args) -> int:
     return 0
 
 
-def _run(parser, args) -> int:
+def _run(parser: argparse.ArgumentParser, args) -> int:
     for name in ("timeout", "until_idle"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
@@ -669,7 +674,9 @@ def _stop(queries) -> None:
 ONE_SHOT_BOOTSTRAP_TIMEOUT_MS = 10_000
 
 
-def command_kafka_options(parser, args, one_shot: bool = False) -> dict[str, str]:
+def command_kafka_options(
+    parser: argparse.ArgumentParser, args, one_shot: bool = False
+) -> dict[str, str]:
     """The ``kafka.*`` client options of ``--command-config`` (none without it); a file
     that is missing or holds a setting no Kafka client knows stops the command. A
     ``one_shot`` command gives up on silent brokers after
@@ -688,7 +695,7 @@ def command_kafka_options(parser, args, one_shot: bool = False) -> dict[str, str
         parser.error(str(problem))
 
 
-def _acker(parser, args) -> int:
+def _acker(parser: argparse.ArgumentParser, args) -> int:
     from ackstream.config import parse_duration_ms
 
     if args.channel and args.bootstrap:
@@ -720,7 +727,7 @@ def _run_acker(args, kafka_options: dict, timeout_ms: int, log: LogFile) -> int:
     if args.bootstrap:
         from ackstream.channels.kafka import KafkaChannel
 
-        channel = KafkaChannel(args.bootstrap, args.topology, kafka_options=kafka_options)
+        channel: Channel = KafkaChannel(args.bootstrap, args.topology, kafka_options=kafka_options)
     else:
         from ackstream.channels.local import LocalChannel
 
@@ -750,7 +757,7 @@ def _run_acker(args, kafka_options: dict, timeout_ms: int, log: LogFile) -> int:
     return code
 
 
-def _status(parser, args) -> int:
+def _status(parser: argparse.ArgumentParser, args) -> int:
     import json
 
     from ackstream.config import default_channel_dir
@@ -835,7 +842,7 @@ def _unanswered(doing: str, problem: Exception) -> int:
     return EXIT_ENVIRONMENT
 
 
-def _dead_letters(parser, args) -> int:
+def _dead_letters(parser: argparse.ArgumentParser, args) -> int:
     from ackstream.clock import now_ms
     from ackstream.config import default_channel_dir
     from ackstream.sinks.dead_letters import (
@@ -861,7 +868,7 @@ def _dead_letters(parser, args) -> int:
     kafka_options = command_kafka_options(parser, args, one_shot=True)
     if args.dead_letters:
         where, letters = args.dead_letters, read_dead_letters(args.dead_letters)
-        marks = FileReplayLog(args.dead_letters)
+        marks: ReplayLog = FileReplayLog(args.dead_letters)
     elif args.bootstrap:
         topic = args.dead_letter_topic or f"{args.topology}.dead"
         where = f"topic {topic} on {args.bootstrap}"

@@ -177,8 +177,8 @@ class TreeClient:
         return self._write(messages, RESET, None)
 
     def _write(self, messages, kind: int, reason: str | None) -> int:
-        lineages = [lineage_of(getattr(m, "headers", None)) for m in messages]
-        lineages = [lineage for lineage in lineages if lineage is not None]
+        found = (lineage_of(getattr(m, "headers", None)) for m in messages)
+        lineages = [lineage for lineage in found if lineage is not None]
         if lineages:
             self.channel.write_acks(continued_acks(lineages, kind, self.clock(), reason))
         return len(lineages)

@@ -134,6 +134,7 @@ def root_ids(source: str, topic, partition, offset, attempt) -> np.ndarray:
     A replay (attempt + 1) of the same offset gets a new root, as in Storm.
     """
     source_seed = hash_text(source)
+    seed: int | np.ndarray
     if isinstance(topic, str):
         seed = hash_text(topic, source_seed)
     else:

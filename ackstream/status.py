@@ -215,7 +215,7 @@ class Status:
         :data:`PROMETHEUS_FAMILIES`), for a textfile collector or a scrape through a
         small HTTP wrapper. Every sample has the label ``topology``."""
         by_stage = {"failed": self.failed_by_stage, "rejected": self.rejected_by_stage}
-        samples = {
+        samples: dict[str, list] = {
             "roots_pending": [({}, self.pending)],
             "roots_total": [
                 ({"outcome": name}, getattr(self, name))
@@ -328,9 +328,11 @@ def summarize(
             dead_keys.add((d["topic"], d["partition"], d["offset"], d["attempts"] - 1))
     since = None if now_ms is None else now_ms - window_s * 1000
     recent = dict.fromkeys(("acked", "replayed", "dead_lettered"), 0)
-    replayed, by_stage = 0, {FAILED: {}, REJECTED: {}}
+    replayed = 0
+    by_stage: dict[str, dict[str, int]] = {FAILED: {}, REJECTED: {}}
     columns = ["status", "topic", "partition", "offset", "attempt", "completed_ms", "reason"]
     for c in done.select(columns).to_pylist():
+        outcome: str | None
         if c["status"] == ACKED:
             outcome = "acked"
         elif (c["topic"], c["partition"], c["offset"], c["attempt"]) in dead_keys:

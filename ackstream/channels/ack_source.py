@@ -98,7 +98,7 @@ class _ChannelReader(DataSourceStreamReader):
             if int(e) > int(start.get(p, 0))
         ]
 
-    def read(self, partition: MessageRange):
+    def read(self, partition: MessageRange):  # type: ignore[override]  # ours, from partitions()
         for offset, message in fetch_messages(
             self.bootstrap,
             self.topic,

@@ -30,6 +30,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -90,8 +91,8 @@ class KafkaChannel:
             raise OptionError("retention_ms", retention_ms, "None (the broker's) or >= 1")
         self.replication_factor, self.retention_ms = replication_factor, retention_ms
         self.acks_topic, self.done_topic = f"{topology}.acks", f"{topology}.done"
-        self._producer = None
-        self._consumer = None
+        self._producer: Any = None  # a KafkaProducer once one is needed
+        self._consumer: Any = None  # a KafkaConsumer once one is needed
         self._outage = Outage(bootstrap)  # of the completion polls
         self._reading = threading.Lock()  # a consumer is not thread-safe
 
@@ -280,11 +281,12 @@ class KafkaChannel:
                     linger_ms=5,
                     max_request_size=8 << 20,
                 )
+            producer = self._producer
         futures = [
-            self._producer.send(topic, key=key, value=encode(piece))
+            producer.send(topic, key=key, value=encode(piece))
             for piece in table.to_batches(max_chunksize=ROWS_PER_MESSAGE)
         ]
-        self._producer.flush()
+        producer.flush()
         for future in futures:
             future.get(timeout=30)  # raise if the broker did not take a message
 

@@ -62,7 +62,9 @@ class LocalChannel:
     (see :func:`ackstream.channels.check_reach`)."""
 
     def __init__(self, directory: str | os.PathLike, *, shared: bool = False):
-        self.directory, self.shared = os.fspath(directory), bool(shared)
+        # absolute: a relative folder would move with the working folder (Spark's
+        # file source and the acker resolve it against theirs)
+        self.directory, self.shared = os.path.abspath(os.fspath(directory)), bool(shared)
         self.acks_dir = os.path.join(self.directory, "acks")
         self.done_dir = os.path.join(self.directory, "done")
         self.prepare()
@@ -194,4 +196,4 @@ class LocalChannel:
     def clear(self) -> None:
         """Remove every record of this channel (tests and demos only)."""
         shutil.rmtree(self.directory, ignore_errors=True)
-        self.__init__(self.directory)
+        self.prepare()

@@ -201,10 +201,11 @@ class ProduceTask:
         n = batch.num_rows
         keys = batch.column(self.key).to_pylist() if self.key else [None] * n
         values = batch.column(self.value).to_pylist()
-        roots = batch.column(ROOTS).to_pylist() if edges is not None else [None] * n
-        futures, reasons = [], [None] * n
+        roots: list = batch.column(ROOTS).to_pylist() if edges is not None else [None] * n
+        futures: list = []
+        reasons: list[str | None] = [None] * n
         for i, (key, value) in enumerate(zip(keys, values)):
-            headers = lineage_headers(roots[i], edges[i]) if roots[i] else None
+            headers = lineage_headers(roots[i], edges[i]) if edges and roots[i] else None
             try:
                 futures.append(
                     producer.send(self.topic, key=_bytes(key), value=_bytes(value), headers=headers)

@@ -127,7 +127,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
 
     # --- executor side --------------------------------------------------------------
 
-    def read(self, partition: TaskPartition):
+    def read(self, partition: TaskPartition):  # type: ignore[override]  # ours, from partitions()
         yield from open_upstream(self.config).read(partition.task)
 
 

@@ -166,7 +166,7 @@ class Spout:
         # outcomes counted up to the logged position, whose later completions are read again
         self.tracker.counts.update(offset.get("counts", {}))
         self.position = offset.get("done", -1)
-        self.letters = None
+        self.letters: KafkaDeadLetters | ParquetDeadLetters | None = None
         self._dead_since_snapshot = False
         self._ticked_ms = 0
         #: the latest tick the acker echoed: no root times out before the acker has read
@@ -409,7 +409,7 @@ class Spout:
     def _write_dead_letters(self) -> None:
         letters = list(self.tracker.dead.values())
         if self.letters is None:
-            if self.config.dead_letter_topic:
+            if self.config.dead_letter_topic and self.config.bootstrap_servers:
                 self.letters = KafkaDeadLetters(
                     self.config.bootstrap_servers,
                     self.config.dead_letter_topic,

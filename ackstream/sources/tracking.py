@@ -489,9 +489,9 @@ class Tracker:
                 self.parts[tp] = _Partition(entry["wm"], entry["end"])
                 self._number(tp)
         if unfinished is None:
-            for tp, part in self.parts.items():
-                live = np.arange(part.watermark, part.end)
-                self._add_roots(self._index[tp], live, 0, now_ms, started=True)
+            for tp, known in self.parts.items():
+                offsets = np.arange(known.watermark, known.end)
+                self._add_roots(self._index[tp], offsets, 0, now_ms, started=True)
             return
         index = np.array([self._number(tp) for tp in unfinished.tps], np.int64)
         part = index[unfinished.part] if len(index) else unfinished.part

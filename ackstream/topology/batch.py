@@ -188,7 +188,8 @@ class BatchRun:
         held = self.tracking and REASON in batch.columns  # the source's held-back rows
         readers = len(self.subs[SPOUT])
         if held and not self.read_inits and readers == 1:
-            self.watch = HeldWatch(batch, self.inits.num_rows)  # counted as the sink reads
+            planned = 0 if self.inits is None else self.inits.num_rows
+            self.watch = HeldWatch(batch, planned)  # counted as the sink reads
             spout = self.watch.frame
         else:  # the batch is read more than once (init records, held rows): read it once
             several = self.read_inits or held or readers > 1

@@ -72,7 +72,7 @@ class BatchDeadline:
         """At the deadline, cancel the batch's jobs; then again each second until the
         batch ends, so that no later job of the batch (one that reads the same hung
         stage again) outlives it."""
-        if self._done.wait(self.deadline_ms / 1000):
+        if self.deadline_ms is None or self._done.wait(self.deadline_ms / 1000):
             return
         self.passed = True
         log.warning(

@@ -41,6 +41,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from ackstream.channels.base import Channel
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, REASON, ROOT
 
@@ -93,7 +94,7 @@ class BatchContext:
 
     batch_id: int
     now_ms: int
-    channel: object | None
+    channel: Channel | None
     timeout_ms: int
     folder: str | None
 
@@ -173,8 +174,9 @@ def with_tree_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) 
     out = df.withColumn(ROOTS, own)
     if GROUP not in df.columns:
         return out
-    for stage, source in (groups or {}).items():
-        earlier = {s: g for s, g in groups.items() if s < stage}
+    known = groups or {}
+    for stage, source in known.items():
+        earlier = {s: g for s, g in known.items() if s < stage}
         inputs = with_tree_roots(source.tuples.withColumn(_GROUP_ID, source.group_id), earlier)
         by_group = (
             inputs.select(_GROUP_ID, F.explode(ROOTS).alias("root"))
@@ -272,11 +274,12 @@ class MapStage(Stage):
 
     kind = "map"
 
-    def __init__(self, number: int, fn: Callable[[DataFrame], DataFrame], name=None):
+    def __init__(self, number: int, fn: Callable[[DataFrame], DataFrame] | None, name=None):
         super().__init__(number, name)
-        self.fn = fn
+        self.fn = fn  # None: a subclass overrides apply
 
     def apply(self, df: DataFrame) -> DataFrame:
+        assert self.fn is not None, "a map stage without fn overrides apply"
         return self.fn(df)
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:

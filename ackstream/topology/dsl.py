@@ -284,7 +284,7 @@ class Topology:
 
     # --- the source it reads -----------------------------------------------------------
 
-    def source_options(self, options: Mapping[str, str] | None = None) -> dict[str, str]:
+    def source_options(self, options: Mapping[str, object] | None = None) -> dict[str, str]:
         """``options`` for ``format("ackstream")`` with this topology's name, channel and
         message timeout added. Giving one of those with another value is an
         :class:`OptionError` naming both."""
@@ -307,11 +307,12 @@ class Topology:
                     f"{value!r}, the value of topology {self.name!r} (or leave "
                     "it out: the topology supplies it)",
                 )
-            merged.pop(given, None)
+            if given is not None:
+                merged.pop(given)
             merged[option] = value
         return merged
 
-    def read_stream(self, options: Mapping[str, str] | None = None) -> DataFrame:
+    def read_stream(self, options: Mapping[str, object] | None = None) -> DataFrame:
         """``spark.readStream.format("ackstream")`` with :meth:`source_options`, loaded.
         A bad option, or brokers and topics that are not there, raise ackstream's own
         error before Spark would wrap it (and before Spark starts a Python worker to

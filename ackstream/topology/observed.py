@@ -51,7 +51,9 @@ def _observation(df: DataFrame, name: str):
     """An Observation of the frame's kind: a batch function under Connect runs in a
     process where pyspark may not know it is a Connect client."""
     if is_connect(df.sparkSession):
-        from pyspark.sql.connect.observation import Observation
-    else:
-        from pyspark.sql.observation import Observation
+        from pyspark.sql.connect.observation import Observation as ConnectObservation
+
+        return ConnectObservation(name)
+    from pyspark.sql.observation import Observation
+
     return Observation(name)

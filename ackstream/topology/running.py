@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -224,9 +225,9 @@ def start_topology(
 class RunningTopology:
     """The two streaming queries of a started topology."""
 
-    query: object  # StreamingQuery running the stages
-    acker: object | None  # StreamingQuery running the acker, None when not started here
-    spark: object = None  # the session that started them
+    query: Any  # StreamingQuery running the stages
+    acker: Any | None  # StreamingQuery running the acker, None when not started here
+    spark: Any = None  # the session that started them
     tag: str | None = None  # the Spark job tag of the topology's batches
 
     @property
