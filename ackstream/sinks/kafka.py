@@ -205,7 +205,8 @@ class ProduceTask:
         futures: list = []
         reasons: list[str | None] = [None] * n
         for i, (key, value) in enumerate(zip(keys, values)):
-            headers = lineage_headers(roots[i], edges[i]) if edges and roots[i] else None
+            continues = edges is not None and roots[i]  # a row anchored to roots
+            headers = lineage_headers(roots[i], edges[i]) if continues else None
             try:
                 futures.append(
                     producer.send(self.topic, key=_bytes(key), value=_bytes(value), headers=headers)
