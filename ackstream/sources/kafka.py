@@ -28,7 +28,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from ackstream.config import SourceConfig
-from ackstream.errors import AckstreamError, EnvironmentProblem
+from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
@@ -118,6 +118,8 @@ class KafkaUpstream:
                     f"exist on {config.bootstrap_servers}",
                     "Create them first, or fix the name.",
                 )
+            else:
+                problem = self._starts_not_read(consumer)
         except KafkaError as error:
             problem = EnvironmentProblem(
                 f"the Kafka broker at {config.bootstrap_servers} did not answer: {error}",
@@ -126,6 +128,32 @@ class KafkaUpstream:
         finally:
             consumer.close(autocommit=False)
         outcome.append(problem)
+
+    def _starts_not_read(self, consumer) -> OptionError | None:
+        """A start position (``startingOffsets``, ``startingOffsetsByTimestamp``) for a
+        partition that is not read: one the topic lacks, or not among ``assign``'s
+        (a topic a ``subscribePattern`` may match later is not checked)."""
+        config = self.config
+        for option, given, named in (
+            ("startingOffsets", config.starting_offsets, config.starting_map()),
+            ("startingOffsetsByTimestamp", config.starting_timestamps, config.timestamp_map()),
+        ):
+            for topic, parts in (named or {}).items():
+                read = (
+                    {p for t, p in config.assign if t == topic}
+                    if config.assign
+                    else consumer.partitions_for_topic(topic)
+                )
+                extra = sorted(set(parts) - set(read)) if read else []
+                if extra:
+                    return OptionError(
+                        option,
+                        given,
+                        f"partitions that are read: {topic} has no partition "
+                        f"{', '.join(map(str, extra))} to read (it reads "
+                        f"{', '.join(map(str, sorted(read or ()))) or 'none'})",
+                    )
+        return None
 
     def _silent(self) -> EnvironmentProblem:
         protocol = dict(self.config.kafka_options).get("security.protocol", "PLAINTEXT")
