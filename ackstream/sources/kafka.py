@@ -12,12 +12,14 @@ A driver-side call that fails with a Kafka error (a broker lost, a leader moved:
 consumer may wait out a whole request timeout on a dead connection) is tried again
 with a new consumer, as Spark's Kafka source does (``fetchOffset.numRetries``), until
 the brokers have failed for longer than ``OUTAGE_LIMIT_S`` (:mod:`ackstream.kafka.outage`), so that
-one lost or stalled broker costs the planner a pause, not the query.
+one lost or stalled broker costs the planner a pause, not the query. A topic read
+that was deleted is not an outage: the brokers are asked whether they still list it
+when the partitions are listed (first thing in each planning round) and after any
+failure (:mod:`ackstream.kafka.topics`), and a deleted one stops the query, named.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import threading
@@ -33,6 +35,7 @@ from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
+from ackstream.kafka.topics import deleted_topics
 from ackstream.sources.rows import NO_RECORD, TP, ReadTask, held_batch, spout_batch
 from ackstream.sources.tracking import ranges
 
@@ -56,6 +59,7 @@ class KafkaUpstream:
         self.settings = consumer_settings(config)  # an unknown kafka.* option fails here
         self._client = None
         self._matched: tuple[float, list[str]] = (float("-inf"), [])  # subscribePattern
+        self._ever_matched: set[str] = set()  # every topic subscribePattern matched
 
     @property
     def _consumer(self):
@@ -76,9 +80,30 @@ class KafkaUpstream:
             try:
                 return call(self._consumer)
             except KafkaError as error:
+                self._check_not_deleted()  # the topic gone, not the brokers?
                 self.close()
                 outage.failed(what, error)
                 time.sleep(RETRY_PAUSE_S)
+
+    def _check_not_deleted(self) -> None:
+        """Stop, naming them, if topics the query reads were deleted from the brokers
+        (see :mod:`ackstream.kafka.topics`)."""
+        config = self.config
+        if config.assign:
+            option, read = "assign", {t for t, _ in config.assign}
+        elif config.subscribe_pattern:
+            option, read = "subscribePattern", self._ever_matched
+        else:
+            option, read = "subscribe", set(config.topics)
+        gone = deleted_topics(read, lambda: self._consumer.topics())
+        if gone:
+            raise EnvironmentProblem(
+                f"topic {', '.join(map(repr, gone))} (option {option}) was deleted from "
+                f"{config.bootstrap_servers} while the query ran: its records not yet acked "
+                "can be neither replayed nor dead-lettered",
+                "Start the query from a new checkpoint, with the topic re-created or no "
+                "longer read",
+            )
 
     def check(self) -> None:
         """Fail before the query starts if the brokers do not answer or a subscribed topic
@@ -170,6 +195,10 @@ class KafkaUpstream:
         )
 
     def partitions(self) -> list[TP]:
+        """The partitions read, as the brokers list them now: asked once per planning
+        round, first, so a topic read that was deleted stops the query, named, before
+        a call waits on it."""
+        self._check_not_deleted()
         if self.config.assign:
             return list(self.config.assign)
         out = []
@@ -199,6 +228,7 @@ class KafkaUpstream:
                 t for t in self._consumer.topics() if regex.fullmatch(t) and not t.startswith("__")
             )
             self._matched = (time.monotonic(), topics)
+            self._ever_matched.update(topics)
         return topics
 
     def offsets_for_times(self, times: dict[TP, int]) -> dict[TP, int | None]:
@@ -212,45 +242,15 @@ class KafkaUpstream:
     def earliest(self, tps: list[TP]) -> dict[TP, int]:
         parts = [TopicPartition(*tp) for tp in tps]
 
-        def call(consumer):
-            with self._topics_kept():
-                return consumer.beginning_offsets(parts)
-
-        got = self._retried("earliest offsets", call)
+        got = self._retried("earliest offsets", lambda consumer: consumer.beginning_offsets(parts))
         return {(k.topic, k.partition): v for k, v in got.items()}
 
     def latest(self, tps: list[TP], positions: dict[TP, int] | None = None) -> dict[TP, int]:
         """The next offset to be written per partition (see ``ackstream.kafka.offsets``)."""
         parts = [TopicPartition(*tp) for tp in tps]
 
-        def call(consumer):
-            with self._topics_kept():
-                return end_offsets(consumer, parts)
-
-        got = self._retried("latest offsets", call)
+        got = self._retried("latest offsets", lambda consumer: end_offsets(consumer, parts))
         return {(part.topic, part.partition): end for part, end in got.items()}
-
-    @contextlib.contextmanager
-    def _topics_kept(self):
-        """Name a subscribed topic deleted under the running query when an offset request
-        fails (kafka-python only times out on it, after ``request_timeout_ms``)."""
-        from kafka.errors import KafkaError
-
-        try:
-            yield
-        except KafkaError as error:
-            try:
-                gone = set(self.config.topics) - self._consumer.topics()  # fresh metadata
-            except KafkaError:  # the brokers are away, not the topic
-                gone = set()
-            if gone:
-                raise AckstreamError(
-                    f"topic {', '.join(repr(t) for t in sorted(gone))} (option subscribe) "
-                    f"was deleted from {self.config.bootstrap_servers} while the query ran; "
-                    "its records not yet committed were not all processed. Re-create it "
-                    "and start the query from a new checkpoint, or remove it from subscribe"
-                ) from error
-            raise
 
     def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
         """The group's committed offset and metadata per partition (absent: no commit)."""
