@@ -87,6 +87,7 @@ def consumer_settings(config: SourceConfig) -> dict:
         "client_id": f"ackstream-{config.topology}",
         # reading must never create a topic: a subscribed topic deleted mid-run would
         # come back empty, its offsets reset, and the source wait on them silently
+        # (kafka-python 3.0 needs kafka.topics.never_create_topics besides)
         "allow_auto_create_topics": False,
         **_RIDE_OUT,
     }

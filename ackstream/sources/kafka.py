@@ -35,7 +35,7 @@ from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
-from ackstream.kafka.topics import deleted_topics
+from ackstream.kafka.topics import deleted_topics, never_create_topics
 from ackstream.sources.rows import NO_RECORD, TP, ReadTask, held_batch, spout_batch
 from ackstream.sources.tracking import ranges
 
@@ -66,7 +66,8 @@ class KafkaUpstream:
         """The driver's consumer with the group id, made on first use (executors that
         only ``read`` never make one)."""
         if self._client is None:
-            self._client = KafkaConsumer(group_id=self.config.group_id, **self.settings)
+            consumer = KafkaConsumer(group_id=self.config.group_id, **self.settings)
+            self._client = never_create_topics(consumer)
         return self._client
 
     def _retried(self, what: str, call: Callable[[KafkaConsumer], object]):
@@ -365,7 +366,7 @@ def _pooled_reader(settings: dict) -> KafkaConsumer:
         idle = _IDLE_READERS.get(_pool_key(settings))
         if idle:
             return idle.pop()
-    return KafkaConsumer(group_id=None, **settings)
+    return never_create_topics(KafkaConsumer(group_id=None, **settings))
 
 
 def _return_reader(settings: dict, consumer: KafkaConsumer, keep: bool) -> None:

@@ -6,15 +6,20 @@ back, as for brokers that are down, and then says only that it timed out)."""
 from __future__ import annotations
 
 import threading
+import uuid
 
 import pytest
 
+from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import LocalChannel
 from ackstream.config import parse
 from ackstream.errors import EnvironmentProblem
+from ackstream.records import ACKED, completion_table
+from ackstream.sinks.dead_letters import KafkaDeadLetters
 from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.spout import Spout, initial_offset
-from ackstream.testing import FakeClock
+from ackstream.sources.tracking import DeadLetter
+from ackstream.testing import FakeClock, ack, ack_records
 
 from helpers import wait_for
 
@@ -82,3 +87,46 @@ def test_the_sources_topic_deleted_stops_the_next_planning_round_naming_it(
         assert isinstance(raised_by(spout.next_offset), EnvironmentProblem)
     finally:
         spout.close()
+
+
+@pytest.mark.parametrize("deleted", ["done", "acks"])
+def test_a_channel_topic_deleted_is_named_by_its_next_write_and_read(broker, deleted):
+    channel = KafkaChannel(broker.bootstrap, f"gone-{uuid.uuid4().hex[:8]}")
+    channel.prepare()
+    completions = completion_table([1], ACKED)
+    acks = ack_records([ack(1, 5)])
+    try:
+        channel.write_completions(completions)
+        channel.write_acks(acks)
+        position = channel.completions_since(None)[1]
+        topic = {"done": channel.done_topic, "acks": channel.acks_topic}[deleted]
+        delete_topic(broker.bootstrap, topic)
+        write = {
+            "done": lambda: channel.write_completions(completions),
+            "acks": lambda: channel.write_acks(acks),
+        }[deleted]
+        read = {
+            "done": lambda: channel.completions_since(position),
+            "acks": channel.ack_records,
+        }[deleted]
+        for error in (raised_by(write), raised_by(read)):
+            assert isinstance(error, EnvironmentProblem), repr(error)
+            assert f"topic {topic!r} of the topology's Kafka channel was deleted" in str(error)
+            assert "new checkpoints" in str(error)
+    finally:
+        channel.close()
+
+
+def test_the_dead_letter_topic_deleted_is_named_by_the_next_letter(broker, new_topic):
+    topic = new_topic()
+    letters = KafkaDeadLetters(broker.bootstrap, topic, "topo")
+    try:
+        letters.write([DeadLetter("in", 0, 7, 1, "failed")], {})
+        delete_topic(broker.bootstrap, topic)
+        error = raised_by(lambda: letters.write([DeadLetter("in", 0, 8, 1, "failed")], {}))
+    finally:
+        letters.close()
+    assert isinstance(error, EnvironmentProblem), repr(error)
+    assert f"dead-letter topic {topic!r} (option ackstream.deadLetterTopic) was deleted" in str(
+        error
+    )
