@@ -93,6 +93,7 @@ _SPARK_KAFKA = {
         "startingOffsetsByTimestampStrategy",
         "maxOffsetsPerTrigger",
         "minPartitions",
+        "maxRecordsPerPartition",
         "includeHeaders",
         "failOnDataLoss",
     )
@@ -201,6 +202,8 @@ class SourceConfig:
     max_offsets_per_trigger: int | None = None
     #: at least this many read tasks per batch: big offset ranges are split (Spark's)
     min_partitions: int | None = None
+    #: at most this many records per read task: bigger offset ranges are split (Spark's)
+    max_records_per_partition: int | None = None
     #: a ``headers`` column: array<struct<key: string, value: binary>>, null when none
     include_headers: bool = False
     group_id: str = "ackstream-ackstream"
@@ -322,9 +325,12 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
 
     kw: dict = {}
     topology = ours("ackstream.topology") or "ackstream"
-    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", topology):
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", topology) or topology in (".", ".."):
         raise OptionError(
-            "ackstream.topology", topology, "1 to 200 letters, digits, '.', '_' or '-'"
+            "ackstream.topology",
+            topology,
+            "1 to 200 letters, digits, '.', '_' or '-', but not '.' or '..' (it names the "
+            "channel's folder and Kafka topics)",
         )
     kw["topology"] = topology
     upstream = (ours("ackstream.upstream") or "kafka").lower()
@@ -414,6 +420,9 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
     )
     kw["fail_on_data_loss"] = _bool("failOnDataLoss", opts.get("failondataloss"), True)
     kw["min_partitions"] = _int("minPartitions", opts.get("minpartitions"), 1)
+    kw["max_records_per_partition"] = _int(
+        "maxRecordsPerPartition", opts.get("maxrecordsperpartition"), 1
+    )
     kw["include_headers"] = _bool("includeHeaders", opts.get("includeheaders"), False)
     kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or (
         f"{topology}.dead" if channel == "kafka" else None
@@ -463,7 +472,7 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
         named = set(kw.get("topics", ())) | {t for t, _ in kw.get("assign", ())}
         kw["starting_offsets"] = _starting(opts.get("startingoffsets"), named, kw)
         kw.update(_starting_by_time(opts, named, kw))
-        kw["group_id"] = opts.get("kafka.group.id") or f"ackstream-{topology}"
+        kw["group_id"] = _group_id(opts.get("kafka.group.id"), topology)
         kw["kafka_options"] = tuple(
             sorted(
                 (k[len("kafka.") :], v)
@@ -495,6 +504,19 @@ def _check_name(key: str, value: str) -> None:
         else f"a known option: one of {', '.join(sorted(known.values()))}, or kafka.*"
     )
     raise OptionError(key, value, allowed)
+
+
+def _group_id(value: str | None, topology: str) -> str:
+    """The consumer group acked offsets are committed to (Spark's source commits none)."""
+    if value is None:
+        return f"ackstream-{topology}"
+    if not value.strip():
+        raise OptionError(
+            "kafka.group.id",
+            value,
+            f"a consumer group id, not empty (leave the option out for ackstream-{topology})",
+        )
+    return value
 
 
 def _int(option: str, value: str | None, minimum: int) -> int | None:
@@ -535,6 +557,13 @@ def _what_to_read(opts: dict) -> dict:
         topics = tuple(t.strip() for t in value.split(",") if t.strip())
         if not topics:
             raise OptionError("subscribe", value, "a comma-separated list of one or more topics")
+        twice = sorted({t for t in topics if topics.count(t) > 1})
+        if twice:
+            raise OptionError(
+                "subscribe",
+                value,
+                f"a comma-separated list of distinct topics ({', '.join(map(repr, twice))} twice)",
+            )
         return {"topics": topics}
     if given[0] == "assign":
         allowed = 'JSON {"topic": [partition, ...]} naming one or more partitions'

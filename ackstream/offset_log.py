@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-from urllib.parse import urlparse
 
+from ackstream.checkpoint_files import is_url, read_text
 from ackstream.errors import AckstreamError
-from ackstream.session import is_connect
 
 __all__ = ["batch_timestamp_ms", "logged_offsets", "source_offsets"]
 
@@ -57,12 +56,12 @@ def batch_timestamp_ms(spark, checkpoint: str, batch_id: int) -> int:
 def _logged(spark, checkpoint: str, batch_id: int) -> str:
     """The text of the offset log's entry for ``batch_id``."""
     path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
-    if not urlparse(path).scheme:
+    if not is_url(path):
         _check_not_deleted(checkpoint)
-        return _read_local(path)
-    if is_connect(spark):
-        return _read_with_spark(spark, path)
-    return _read_hadoop(spark, path)
+    text = read_text(spark, path)
+    if text is None:
+        raise FileNotFoundError(f"Spark's offset log has no batch {batch_id}: {path}")
+    return text
 
 
 def _check_not_deleted(checkpoint: str) -> None:
@@ -75,27 +74,3 @@ def _check_not_deleted(checkpoint: str) -> None:
             "file is gone). Start the query again from a new checkpoint: the source "
             "resumes from its consumer group's commits (startingOffsets=committed)"
         )
-
-
-def _read_local(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
-def _read_with_spark(spark, path: str) -> str:
-    """Through a Spark job: works from any session, Spark Connect's included."""
-    rows = spark.read.text(path, wholetext=True).collect()
-    return rows[0][0] if rows else ""
-
-
-def _read_hadoop(spark, path: str) -> str:
-    """Through the JVM: only a classic (not Connect) session can read such a path here."""
-    context = spark.sparkContext
-    jvm = context._jvm  # noqa: SLF001 - Spark has no Python API for Hadoop file systems
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    conf = context._jsc.hadoopConfiguration()  # noqa: SLF001 - as above
-    stream = hadoop_path.getFileSystem(conf).open(hadoop_path)
-    try:
-        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-    finally:
-        stream.close()

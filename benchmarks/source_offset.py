@@ -69,6 +69,8 @@ def run(partitions: int, records: int, batch: int, batches: int, folder: str) ->
             "ackstream.topology": SOURCE,
             "ackstream.channel": os.path.join(folder, "channel"),
             "ackstream.generator.partitions": str(partitions),
+            # every offset the run plans, at once (unbounded, it offers a step at a time)
+            "ackstream.generator.count": str(partitions * (records + batch * (batches + 1))),
             "ackstream.messageTimeout": "1 h",
         }
     )

@@ -241,3 +241,27 @@ def test_the_retry_schedule_has_a_first_delay_and_a_period_as_storms_kafka_spout
     assert [cfg.retry.delay_ms(n) for n in (1, 2, 3, 4)] == [0, 2000, 4000, 5000]
     with pytest.raises(OptionError, match="ackstream.retryDelayPeriod"):
         parse({**KAFKA, "ackstream.retryDelayPeriod": "0"})
+
+
+@pytest.mark.parametrize(
+    "options, option, says",
+    [
+        ({"ackstream.topology": ".."}, "ackstream.topology", "not '.' or '..'"),
+        ({"ackstream.topology": "."}, "ackstream.topology", "not '.' or '..'"),
+        ({"kafka.group.id": ""}, "kafka.group.id", "not empty"),
+        ({"kafka.group.id": "  "}, "kafka.group.id", "not empty"),
+        ({"subscribe": "t,t"}, "subscribe", "'t' twice"),
+        ({"subscribe": "a, b ,a"}, "subscribe", "'a' twice"),
+        ({"maxRecordsPerPartition": "0"}, "maxRecordsPerPartition", ">= 1"),
+    ],
+)
+def test_values_spark_or_kafka_would_refuse_are_refused_before_start(options, option, says):
+    with pytest.raises(OptionError, match=says) as err:
+        parse({**KAFKA, **options})
+    assert err.value.option == option
+    assert err.value.value == options[option]
+
+
+def test_max_records_per_partition_is_sparks_option():
+    assert parse({**KAFKA, "maxRecordsPerPartition": "5000"}).max_records_per_partition == 5000
+    assert parse(KAFKA).max_records_per_partition is None

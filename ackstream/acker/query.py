@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +39,8 @@ from ackstream.acker.file_batch import batch_records
 from ackstream.acker.ledger import step
 from ackstream.acker.pending_store import PendingStore
 from ackstream.channels import check_reach
+from ackstream.checkpoint_files import read_text, write_text
 from ackstream.errors import OptionError
-from ackstream.files import write_atomically
 from ackstream.offset_log import batch_timestamp_ms
 from ackstream.records import (
     ACK_RECORD_SCHEMA,
@@ -186,7 +184,7 @@ def start_acker(
     records a second.
     """
     check_reach(channel, master_of(spark))  # its file stream reads on the executors
-    check_shard_count(checkpoint, ackers)
+    check_shard_count(spark, checkpoint, ackers)
     channel.prepare()
     records = channel.ack_stream(spark, max_files_per_trigger=max_files_per_trigger)
     acker = Acker(checkpoint, message_timeout_ms)
@@ -212,23 +210,29 @@ def start_acker(
     return writer.start()
 
 
-def check_shard_count(checkpoint: str, ackers: int) -> None:
+def check_shard_count(spark, checkpoint: str, ackers: int) -> None:
     """Refuse a shard count other than the one ``checkpoint`` was started with: a pending
     root lives in the state of shard ``pmod(root, ackers)``, so another count would lose
-    track of it (its acks would reach a shard that never saw its init). A checkpoint on
-    a file system URL (``hdfs:``, ``s3a:``...) is not checked."""
+    track of it (its acks would reach a shard that never saw its init). The count is
+    kept in the checkpoint, read and written as Spark's checkpoint files are (see
+    :mod:`ackstream.checkpoint_files`). Under Spark Connect a checkpoint at a URL that
+    holds no count yet cannot be given one from here: it is started unchecked, with a
+    warning."""
     if not isinstance(ackers, int) or ackers < 1:
         raise OptionError("ackers", ackers, "a whole number >= 1 (tracking=False runs no acker)")
-    if urlparse(checkpoint).scheme:
+    path = f"{checkpoint.rstrip('/')}/{SHARDS_FILE}"
+    text = read_text(spark, path)
+    if text is None:
+        if not write_text(spark, path, json.dumps({"ackers": ackers})):
+            log.warning(
+                "the acker checkpoint %s keeps no shard count (a Spark Connect session "
+                "cannot write one at a URL): restarting it with other than ackers=%d would "
+                "lose its pending roots",
+                checkpoint,
+                ackers,
+            )
         return
-    path = os.path.join(checkpoint, SHARDS_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            started_with = json.load(f)["ackers"]
-    except FileNotFoundError:
-        os.makedirs(checkpoint, exist_ok=True)
-        write_atomically(path, lambda hidden: _write_json(hidden, {"ackers": ackers}))
-        return
+    started_with = json.loads(text)["ackers"]
     if started_with != ackers:
         raise OptionError(
             "ackers",
@@ -237,11 +241,6 @@ def check_shard_count(checkpoint: str, ackers: int) -> None:
             f"{checkpoint} was started with (its pending roots are kept by "
             "shard); use a new checkpoint to change it",
         )
-
-
-def _write_json(path: str, value) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f)
 
 
 def report(table: pa.Table, batch_id: int) -> None:

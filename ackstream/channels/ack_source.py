@@ -16,7 +16,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from ackstream.channels.messages import channel_consumer, decode, fetch_messages, message_ranges
+from ackstream.channels.messages import (
+    channel_consumer,
+    check_not_deleted,
+    decode,
+    fetch_messages,
+    message_ranges,
+)
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_settings
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
@@ -71,14 +77,16 @@ class _ChannelReader(DataSourceStreamReader):
         """The acks topic's end offsets. While the brokers do not answer (a lost leader,
         a stall), the acker sees no new acks rather than dying: each trigger tries a
         fresh client, and only an outage longer than ``OUTAGE_LIMIT_S`` fails it
-        (:class:`~ackstream.kafka.outage.Outage`)."""
+        (:class:`~ackstream.kafka.outage.Outage`). The topic deleted fails it at once."""
         from kafka.errors import KafkaError
 
         try:
             if self._consumer is None:
                 self._consumer = channel_consumer(self.bootstrap, self.settings)
+            check_not_deleted(self.bootstrap, self.topic, self._consumer)
             ranges = message_ranges(self.bootstrap, self.topic, start, consumer=self._consumer)
         except KafkaError as error:
+            check_not_deleted(self.bootstrap, self.topic, self._consumer)
             self.stop()  # the next trigger starts from a fresh client
             self._outage.failed(f"the acks topic {self.topic!r}", error)
             return dict(start)

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from ackstream.channels.messages import (
     channel_consumer,
+    check_not_deleted,
     decode,
     encode,
     fetch_messages,
@@ -45,6 +46,7 @@ from ackstream.channels.messages import (
 from ackstream.errors import OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_options, client_settings
+from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 __all__ = ["KafkaChannel"]
@@ -236,6 +238,16 @@ class KafkaChannel:
         return {str(p): end for p, _, end in ranges}
 
     def _read(self, topic: str, schema: pa.Schema, position: dict) -> tuple[pa.Table, dict]:
+        from kafka.errors import KafkaError
+
+        self._check_not_deleted(topic)
+        try:
+            return self._read_ranges(topic, schema, position)
+        except KafkaError:
+            self._check_not_deleted(topic)
+            raise
+
+    def _read_ranges(self, topic: str, schema: pa.Schema, position: dict):
         tables = [schema.empty_table()]
         with self._reader() as consumer:
             for partition, start, end in message_ranges(
@@ -262,6 +274,10 @@ class KafkaChannel:
                 self._close_consumer()
                 raise
 
+    def _check_not_deleted(self, topic: str) -> None:
+        with self._reader() as consumer:
+            check_not_deleted(self.bootstrap, topic, consumer)
+
     def _close_consumer(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
@@ -270,25 +286,43 @@ class KafkaChannel:
     # --- plumbing ---------------------------------------------------------------
 
     def _send(self, topic: str, table: pa.Table, key: bytes | None) -> None:
+        """Produce ``table`` to ``topic``, waiting for every broker ack. The topic is
+        asked for first, and while the acks are awaited: a deleted topic is named
+        instead of kafka-python's timeouts (a send for a topic it does not know blocks
+        for ``max_block_ms``, a record for a partition gone expires after 120 s)."""
+        from kafka.errors import KafkaError, KafkaTimeoutError
+
+        self._check_not_deleted(topic)
         with _PRODUCER_LOCK:
             if self._producer is None:
                 from kafka import KafkaProducer
 
-                self._producer = KafkaProducer(
-                    **self.settings,
-                    bootstrap_servers=self.bootstrap,
-                    acks="all",
-                    linger_ms=5,
-                    max_request_size=8 << 20,
+                self._producer = never_create_topics(  # made by prepare(), never again
+                    KafkaProducer(
+                        **self.settings,
+                        bootstrap_servers=self.bootstrap,
+                        acks="all",
+                        linger_ms=5,
+                        max_request_size=8 << 20,
+                    )
                 )
             producer = self._producer
-        futures = [
-            producer.send(topic, key=key, value=encode(piece))
-            for piece in table.to_batches(max_chunksize=ROWS_PER_MESSAGE)
-        ]
-        producer.flush()
-        for future in futures:
-            future.get(timeout=30)  # raise if the broker did not take a message
+        try:
+            futures = [
+                producer.send(topic, key=key, value=encode(piece))
+                for piece in table.to_batches(max_chunksize=ROWS_PER_MESSAGE)
+            ]
+            while True:
+                try:
+                    producer.flush(timeout=CHECK_EVERY_S)
+                    break
+                except KafkaTimeoutError:  # still waiting: is the topic there?
+                    self._check_not_deleted(topic)
+            for future in futures:
+                future.get(timeout=30)  # raise if the broker did not take a message
+        except KafkaError:
+            self._check_not_deleted(topic)
+            raise
 
     def close(self) -> None:
         if self._producer is not None:

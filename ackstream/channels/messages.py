@@ -12,11 +12,20 @@ import logging
 
 import pyarrow as pa
 
+from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.reading import read_ranges, topic_ranges
 from ackstream.kafka.settings import client_settings
+from ackstream.kafka.topics import deleted_topics, never_create_topics
 from ackstream.records import as_table
 
-__all__ = ["channel_consumer", "decode", "encode", "fetch_messages", "message_ranges"]
+__all__ = [
+    "channel_consumer",
+    "check_not_deleted",
+    "decode",
+    "encode",
+    "fetch_messages",
+    "message_ranges",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +59,7 @@ def channel_consumer(bootstrap: str, settings: dict | None = None):
     :func:`ackstream.kafka.settings.client_settings`."""
     from kafka import KafkaConsumer
 
-    return KafkaConsumer(
+    consumer = KafkaConsumer(
         **(settings if settings is not None else client_settings({})),
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -58,6 +67,21 @@ def channel_consumer(bootstrap: str, settings: dict | None = None):
         fetch_max_bytes=64 << 20,
         fetch_max_wait_ms=50,
     )
+    return never_create_topics(consumer)  # the channel makes its topics (prepare)
+
+
+def check_not_deleted(bootstrap: str, topic: str, consumer) -> None:
+    """Stop, naming it, if the channel's ``topic`` was deleted from the brokers while the
+    query ran (see :mod:`ackstream.kafka.topics`): kafka-python would wait for it as for
+    brokers that are down, then time out."""
+    if deleted_topics([topic], consumer.topics):
+        raise EnvironmentProblem(
+            f"topic {topic!r} of the topology's Kafka channel was deleted from {bootstrap} "
+            "while the query ran: the ack records or completions it held are lost",
+            "Stop the topology and its acker, and start both from new checkpoints: the "
+            "source resumes from its consumer group's commits (startingOffsets=committed) "
+            "and reads the records not yet acked again",
+        )
 
 
 def message_ranges(

@@ -48,6 +48,27 @@ _JAVA_ONLY = {
     "key.deserializer": "nothing: keys and values are read as bytes",
     "value.deserializer": "nothing: keys and values are read as bytes",
 }
+#: Consumer settings ackstream decides itself -> why the option is refused.
+_DECIDED = {
+    "auto.offset.reset": "no value: a new query starts where startingOffsets says "
+    "(earliest, latest, or committed: the group's offset, else earliest) and a "
+    "restarted one where its checkpoint left off; Spark's Kafka source refuses this "
+    "option too",
+    "enable.auto.commit": "no value: ackstream commits to the consumer group itself, and "
+    "only offsets whose records are acked or dead-lettered (Spark's Kafka source refuses "
+    "this option and commits nothing; ackstream does commit)",
+    "allow.auto.create.topics": "no value: the source never creates a topic (a subscribed "
+    "topic deleted under a running query must stop it, not come back empty)",
+}
+#: Whole-number settings Kafka's clients take only from 1 up (the others: from 0 up).
+_AT_LEAST_ONE = frozenset(
+    {"max_poll_records", "max_poll_interval_ms", "max_in_flight_requests_per_connection"}
+)
+#: Settings Kafka's clients take from a list (case-insensitively, as the Java client).
+_CHOICES = {
+    "isolation_level": ("read_uncommitted", "read_committed"),
+    "security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+}
 _JAAS_LOGIN = re.compile(r"(Plain|Scram)LoginModule\s+required", re.IGNORECASE)
 _JAAS_FIELD = re.compile(r'(username|password)\s*=\s*"([^"]*)"')
 
@@ -66,6 +87,7 @@ def consumer_settings(config: SourceConfig) -> dict:
         "client_id": f"ackstream-{config.topology}",
         # reading must never create a topic: a subscribed topic deleted mid-run would
         # come back empty, its offsets reset, and the source wait on them silently
+        # (kafka-python 3.0 needs kafka.topics.never_create_topics besides)
         "allow_auto_create_topics": False,
         **_RIDE_OUT,
     }
@@ -76,9 +98,11 @@ def consumer_settings(config: SourceConfig) -> dict:
             continue
         if key in _JAVA_ONLY:
             raise OptionError(option, value, _JAVA_ONLY[key])
+        if key in _DECIDED:
+            raise OptionError(option, value, _DECIDED[key])
         name = key.replace(".", "_")
-        if name not in defaults or name in ("group_id", "enable_auto_commit"):
-            names = [n.replace("_", ".") for n in defaults if n not in ("group_id",)]
+        if name not in defaults or name == "group_id":
+            names = [n.replace("_", ".") for n in defaults if n != "group_id"]
             near = difflib.get_close_matches(key, names, n=1, cutoff=0.7)
             raise OptionError(
                 option,
@@ -86,7 +110,7 @@ def consumer_settings(config: SourceConfig) -> dict:
                 "a kafka-python consumer setting (kafka.<setting with dots>, e.g. "
                 "kafka.security.protocol)" + (f": did you mean 'kafka.{near[0]}'?" if near else ""),
             )
-        settings[name] = _typed(option=option, value=value, default=defaults[name])
+        settings[name] = _typed(option, name, value, defaults[name])
     return settings
 
 
@@ -119,7 +143,7 @@ def client_settings(kafka_options) -> dict:
         if name not in known:
             raise OptionError(option, value, "a kafka-python client setting (kafka.<setting>)")
         if name in shared:
-            settings[name] = _typed(option=option, value=str(value), default=defaults[name])
+            settings[name] = _typed(option, name, str(value), defaults[name])
     return settings
 
 
@@ -219,14 +243,25 @@ def _from_jaas(option: str, value: str) -> dict:
     return {"sasl_plain_username": fields["username"], "sasl_plain_password": fields["password"]}
 
 
-def _typed(option: str, value: str, default):
+def _typed(option: str, name: str, value: str, default):
+    """``value`` as kafka-python's setting ``name`` takes it, checked as Kafka's clients
+    check it (Java's ``ConfigDef`` bounds and lists)."""
     if isinstance(default, bool):
         if value.lower() not in ("true", "false"):
             raise OptionError(option, value, '"true" or "false"')
         return value.lower() == "true"
     if isinstance(default, int):
+        minimum = 1 if name in _AT_LEAST_ONE else 0
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
-            raise OptionError(option, value, "a whole number") from None
+            number = None
+        if number is None or number < minimum:
+            raise OptionError(option, value, f"a whole number >= {minimum}")
+        return number
+    if name in _CHOICES:
+        chosen = [c for c in _CHOICES[name] if c.lower() == value.strip().lower()]
+        if not chosen:
+            raise OptionError(option, value, f"one of {', '.join(_CHOICES[name])}")
+        return chosen[0]
     return value

@@ -26,11 +26,13 @@ import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from kafka.errors import MessageSizeTooLargeError
+from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
+from ackstream.errors import EnvironmentProblem
 from ackstream.files import write_atomically
 from ackstream.ids import content_id, hash_text
 from ackstream.kafka.settings import client_settings
+from ackstream.kafka.topics import CHECK_EVERY_S, deleted_topics
 
 __all__ = [
     "CONNECT_ERRORS",
@@ -139,28 +141,66 @@ class ParquetDeadLetters:
 class KafkaDeadLetters:
     """Dead letters produced to ``topic``; ``write`` waits for every broker ack.
     ``kafka_options``: the source's ``kafka.*`` settings, of which the producer takes
-    the connection and security ones (see ``kafka.settings.client_settings``)."""
+    the connection and security ones (see ``kafka.settings.client_settings``).
+
+    The first letter creates the topic if the brokers create topics on demand. Once
+    written to, the topic deleted is an error naming it at the next write (see
+    :mod:`ackstream.kafka.topics`), not kafka-python's timeout after 120 s."""
 
     def __init__(self, bootstrap: str, topic: str, topology: str, *, kafka_options=None):
         from kafka import KafkaProducer
 
-        self.topic, self.topology = topic, topology
+        self.topic, self.topology, self.bootstrap = topic, topology, bootstrap
+        self._settings = client_settings(kafka_options or {})
         self._producer = KafkaProducer(
-            **client_settings(kafka_options or {}),
+            **self._settings,
             bootstrap_servers=bootstrap.split(","),
             acks="all",
             client_id=f"ackstream-{topology}-dead-letters",
         )
+        self._lister = None  # a consumer that lists the topics, made at the first write
+        self._written = False  # the topic exists: a letter was written to it
 
     def write(self, letters, records) -> None:
+        self._check_not_deleted()
         rows = list(_rows(self.topology, letters, records))
-        futures = [self._send(row) for row in rows]
-        self._producer.flush()
-        for row, future in zip(rows, futures):
-            try:
-                future.get(timeout=30)
-            except MessageSizeTooLargeError:  # the broker's limit, below the producer's
-                self._send(row, drop_value=True).get(timeout=30)
+        try:
+            futures = [self._send(row) for row in rows]
+            while True:
+                try:
+                    self._producer.flush(timeout=CHECK_EVERY_S)
+                    break
+                except KafkaTimeoutError:  # still waiting: is the topic there?
+                    self._check_not_deleted()
+            for row, future in zip(rows, futures):
+                try:
+                    future.get(timeout=30)
+                except MessageSizeTooLargeError:  # the broker's limit, below the producer's
+                    self._send(row, drop_value=True).get(timeout=30)
+        except KafkaError:
+            self._check_not_deleted()
+            raise
+        self._written = True
+
+    def _check_not_deleted(self) -> None:
+        if not self._written:
+            return
+        if self._lister is None:
+            from kafka import KafkaConsumer
+
+            self._lister = KafkaConsumer(
+                **self._settings,
+                bootstrap_servers=self.bootstrap.split(","),
+                client_id=f"ackstream-{self.topology}-dead-letters",
+            )
+        if deleted_topics([self.topic], self._lister.topics):
+            raise EnvironmentProblem(
+                f"the dead-letter topic {self.topic!r} (option ackstream.deadLetterTopic) "
+                f"was deleted from {self.bootstrap} while the query ran: the letters it "
+                "held are lost",
+                "Re-create it (or let the brokers create it at the next letter) and start "
+                "the query again",
+            )
 
     def _send(self, row: dict, drop_value: bool = False):
         """Produce one letter; a value too large for the topic is dropped (the record
@@ -184,6 +224,8 @@ class KafkaDeadLetters:
 
     def close(self) -> None:
         self._producer.close()
+        if self._lister is not None:
+            self._lister.close()
 
 
 def read_dead_letters(

@@ -23,12 +23,16 @@ from ackstream.config import SourceConfig
 from ackstream.files import write_atomically
 from ackstream.sources.rows import ReadTask, spout_batch
 
-__all__ = ["TOPIC", "WORDS", "GeneratorUpstream", "committed_count", "sentence"]
+__all__ = ["TOPIC", "UNBOUNDED_STEP", "WORDS", "GeneratorUpstream", "committed_count", "sentence"]
 
 TOPIC = "generator"
 #: Timestamp of offset 0; offset o is ``EPOCH_MS + o`` so that re-reads agree.
 EPOCH_MS = 1_700_000_000_000
 COMMITS_FILE = "generator-commits.json"
+#: Records a generator with neither ``count`` nor ``rate`` offers per partition beyond
+#: the reader's position: it runs as fast as batches go, each of a bounded size (all it
+#: could offer, without end, is more than any batch can hold).
+UNBOUNDED_STEP = 10_000
 WORDS = [
     "storm",
     "spark",
@@ -139,16 +143,19 @@ class GeneratorUpstream:
 
     def latest(self, tps, positions: dict | None = None):
         """Per partition: ``count`` records, released at ``rate`` per second from the
-        position the reader first asked at."""
+        position the reader first asked at; with neither, :data:`UNBOUNDED_STEP` beyond
+        the reader's position at a time."""
         out = {}
         rate = self.config.generator_rate / self.config.generator_partitions
         for tp in tps:
             count = _count(self.config, tp[1])
-            avail = count if count is not None else (1 << 62)
+            position = (positions or {}).get(tp, 0)
             if rate > 0:
-                base = self._base.setdefault(tp, (positions or {}).get(tp, 0))
-                avail = min(avail, base + int(rate * (time.monotonic() - self._t0)))
-            out[tp] = avail
+                base = self._base.setdefault(tp, position)
+                avail = base + int(rate * (time.monotonic() - self._t0))
+            else:
+                avail = position + UNBOUNDED_STEP if count is None else count
+            out[tp] = avail if count is None else min(count, avail)
         return out
 
     def committed(self, tps):

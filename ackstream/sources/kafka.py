@@ -12,12 +12,14 @@ A driver-side call that fails with a Kafka error (a broker lost, a leader moved:
 consumer may wait out a whole request timeout on a dead connection) is tried again
 with a new consumer, as Spark's Kafka source does (``fetchOffset.numRetries``), until
 the brokers have failed for longer than ``OUTAGE_LIMIT_S`` (:mod:`ackstream.kafka.outage`), so that
-one lost or stalled broker costs the planner a pause, not the query.
+one lost or stalled broker costs the planner a pause, not the query. A topic read
+that was deleted is not an outage: the brokers are asked whether they still list it
+when the partitions are listed (first thing in each planning round) and after any
+failure (:mod:`ackstream.kafka.topics`), and a deleted one stops the query, named.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import threading
@@ -28,11 +30,12 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from ackstream.config import SourceConfig
-from ackstream.errors import AckstreamError, EnvironmentProblem
+from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
+from ackstream.kafka.topics import deleted_topics, never_create_topics
 from ackstream.sources.rows import NO_RECORD, TP, ReadTask, held_batch, spout_batch
 from ackstream.sources.tracking import ranges
 
@@ -56,13 +59,15 @@ class KafkaUpstream:
         self.settings = consumer_settings(config)  # an unknown kafka.* option fails here
         self._client = None
         self._matched: tuple[float, list[str]] = (float("-inf"), [])  # subscribePattern
+        self._ever_matched: set[str] = set()  # every topic subscribePattern matched
 
     @property
     def _consumer(self):
         """The driver's consumer with the group id, made on first use (executors that
         only ``read`` never make one)."""
         if self._client is None:
-            self._client = KafkaConsumer(group_id=self.config.group_id, **self.settings)
+            consumer = KafkaConsumer(group_id=self.config.group_id, **self.settings)
+            self._client = never_create_topics(consumer)
         return self._client
 
     def _retried(self, what: str, call: Callable[[KafkaConsumer], object]):
@@ -76,9 +81,30 @@ class KafkaUpstream:
             try:
                 return call(self._consumer)
             except KafkaError as error:
+                self._check_not_deleted()  # the topic gone, not the brokers?
                 self.close()
                 outage.failed(what, error)
                 time.sleep(RETRY_PAUSE_S)
+
+    def _check_not_deleted(self) -> None:
+        """Stop, naming them, if topics the query reads were deleted from the brokers
+        (see :mod:`ackstream.kafka.topics`)."""
+        config = self.config
+        if config.assign:
+            option, read = "assign", {t for t, _ in config.assign}
+        elif config.subscribe_pattern:
+            option, read = "subscribePattern", self._ever_matched
+        else:
+            option, read = "subscribe", set(config.topics)
+        gone = deleted_topics(read, lambda: self._consumer.topics())
+        if gone:
+            raise EnvironmentProblem(
+                f"topic {', '.join(map(repr, gone))} (option {option}) was deleted from "
+                f"{config.bootstrap_servers} while the query ran: its records not yet acked "
+                "can be neither replayed nor dead-lettered",
+                "Start the query from a new checkpoint, with the topic re-created or no "
+                "longer read",
+            )
 
     def check(self) -> None:
         """Fail before the query starts if the brokers do not answer or a subscribed topic
@@ -118,6 +144,8 @@ class KafkaUpstream:
                     f"exist on {config.bootstrap_servers}",
                     "Create them first, or fix the name.",
                 )
+            else:
+                problem = self._starts_not_read(consumer)
         except KafkaError as error:
             problem = EnvironmentProblem(
                 f"the Kafka broker at {config.bootstrap_servers} did not answer: {error}",
@@ -126,6 +154,32 @@ class KafkaUpstream:
         finally:
             consumer.close(autocommit=False)
         outcome.append(problem)
+
+    def _starts_not_read(self, consumer) -> OptionError | None:
+        """A start position (``startingOffsets``, ``startingOffsetsByTimestamp``) for a
+        partition that is not read: one the topic lacks, or not among ``assign``'s
+        (a topic a ``subscribePattern`` may match later is not checked)."""
+        config = self.config
+        for option, given, named in (
+            ("startingOffsets", config.starting_offsets, config.starting_map()),
+            ("startingOffsetsByTimestamp", config.starting_timestamps, config.timestamp_map()),
+        ):
+            for topic, parts in (named or {}).items():
+                read = (
+                    {p for t, p in config.assign if t == topic}
+                    if config.assign
+                    else consumer.partitions_for_topic(topic)
+                )
+                extra = sorted(set(parts) - set(read)) if read else []
+                if extra:
+                    return OptionError(
+                        option,
+                        given,
+                        f"partitions that are read: {topic} has no partition "
+                        f"{', '.join(map(str, extra))} to read (it reads "
+                        f"{', '.join(map(str, sorted(read or ()))) or 'none'})",
+                    )
+        return None
 
     def _silent(self) -> EnvironmentProblem:
         protocol = dict(self.config.kafka_options).get("security.protocol", "PLAINTEXT")
@@ -142,6 +196,10 @@ class KafkaUpstream:
         )
 
     def partitions(self) -> list[TP]:
+        """The partitions read, as the brokers list them now: asked once per planning
+        round, first, so a topic read that was deleted stops the query, named, before
+        a call waits on it."""
+        self._check_not_deleted()
         if self.config.assign:
             return list(self.config.assign)
         out = []
@@ -171,6 +229,7 @@ class KafkaUpstream:
                 t for t in self._consumer.topics() if regex.fullmatch(t) and not t.startswith("__")
             )
             self._matched = (time.monotonic(), topics)
+            self._ever_matched.update(topics)
         return topics
 
     def offsets_for_times(self, times: dict[TP, int]) -> dict[TP, int | None]:
@@ -184,45 +243,15 @@ class KafkaUpstream:
     def earliest(self, tps: list[TP]) -> dict[TP, int]:
         parts = [TopicPartition(*tp) for tp in tps]
 
-        def call(consumer):
-            with self._topics_kept():
-                return consumer.beginning_offsets(parts)
-
-        got = self._retried("earliest offsets", call)
+        got = self._retried("earliest offsets", lambda consumer: consumer.beginning_offsets(parts))
         return {(k.topic, k.partition): v for k, v in got.items()}
 
     def latest(self, tps: list[TP], positions: dict[TP, int] | None = None) -> dict[TP, int]:
         """The next offset to be written per partition (see ``ackstream.kafka.offsets``)."""
         parts = [TopicPartition(*tp) for tp in tps]
 
-        def call(consumer):
-            with self._topics_kept():
-                return end_offsets(consumer, parts)
-
-        got = self._retried("latest offsets", call)
+        got = self._retried("latest offsets", lambda consumer: end_offsets(consumer, parts))
         return {(part.topic, part.partition): end for part, end in got.items()}
-
-    @contextlib.contextmanager
-    def _topics_kept(self):
-        """Name a subscribed topic deleted under the running query when an offset request
-        fails (kafka-python only times out on it, after ``request_timeout_ms``)."""
-        from kafka.errors import KafkaError
-
-        try:
-            yield
-        except KafkaError as error:
-            try:
-                gone = set(self.config.topics) - self._consumer.topics()  # fresh metadata
-            except KafkaError:  # the brokers are away, not the topic
-                gone = set()
-            if gone:
-                raise AckstreamError(
-                    f"topic {', '.join(repr(t) for t in sorted(gone))} (option subscribe) "
-                    f"was deleted from {self.config.bootstrap_servers} while the query ran; "
-                    "its records not yet committed were not all processed. Re-create it "
-                    "and start the query from a new checkpoint, or remove it from subscribe"
-                ) from error
-            raise
 
     def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
         """The group's committed offset and metadata per partition (absent: no commit)."""
@@ -337,7 +366,7 @@ def _pooled_reader(settings: dict) -> KafkaConsumer:
         idle = _IDLE_READERS.get(_pool_key(settings))
         if idle:
             return idle.pop()
-    return KafkaConsumer(group_id=None, **settings)
+    return never_create_topics(KafkaConsumer(group_id=None, **settings))
 
 
 def _return_reader(settings: dict, consumer: KafkaConsumer, keep: bool) -> None:

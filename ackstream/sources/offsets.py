@@ -41,19 +41,27 @@ __all__ = ["ROWS_PER_TASK", "planned_inits", "read_tasks"]
 ROWS_PER_TASK = 100_000
 
 
-def read_tasks(start: dict, end: dict, min_partitions: int | None = None) -> list[ReadTask]:
+def read_tasks(
+    start: dict,
+    end: dict,
+    min_partitions: int | None = None,
+    max_records_per_partition: int | None = None,
+) -> list[ReadTask]:
     """The Spark tasks of the batch that ends at ``end``: ranges of at most
-    :data:`ROWS_PER_TASK` offsets, then one task per partition for its replays.
+    :data:`ROWS_PER_TASK` offsets (or ``max_records_per_partition``, the
+    ``maxRecordsPerPartition`` option, if fewer), then the replays, per partition in
+    pieces of that size.
 
     With ``min_partitions`` (the ``minPartitions`` option) and fewer ranges than that,
     each range is cut into pieces in proportion to its share of the batch's offsets,
     as Spark's Kafka source does, so a batch of one big partition runs on many cores.
     """
+    per_task = min(ROWS_PER_TASK, max_records_per_partition or ROWS_PER_TASK)
     spans = list(_ranges(start, end))
     total = sum(hi - lo for *_, lo, hi in spans)
     tasks = []
     for topic, p, lo, hi in spans:
-        pieces = -(-(hi - lo) // ROWS_PER_TASK)  # ceiling
+        pieces = -(-(hi - lo) // per_task)  # ceiling
         if min_partitions and len(spans) < min_partitions:
             pieces = max(pieces, round((hi - lo) / total * min_partitions))
         pieces = min(max(pieces, 1), hi - lo)
@@ -63,7 +71,11 @@ def read_tasks(start: dict, end: dict, min_partitions: int | None = None) -> lis
     for topic, p, off, att in end.get("replays", ()):
         replays.setdefault((topic, p), []).append((off, att))
     for (topic, p), pairs in sorted(replays.items()):
-        tasks.append(ReadTask(topic, p, replays=tuple(sorted(pairs))))
+        pairs.sort()
+        tasks += [
+            ReadTask(topic, p, replays=tuple(pairs[i : i + per_task]))
+            for i in range(0, len(pairs), per_task)
+        ]
     return tasks
 
 

@@ -225,6 +225,7 @@ class Spout:
     def _next_offset(self, max_rows: int | None) -> dict | None:
         now = self.clock()
         tracker = self.tracker
+        self._add_new_partitions()  # first: a deleted topic is named before calls wait on it
         # Spark plans a batch only after the previous one ran (and it calls commit() for
         # that one only when the next batch starts): everything planned so far has run.
         if self.config.tracking:
@@ -232,7 +233,6 @@ class Spout:
             self._poll(now)
         else:
             self._commit_positions()
-        self._add_new_partitions()
         budget = tracker.budget(max_rows) if self.config.tracking else max_rows
         replays = []
         if self.config.tracking:
@@ -313,7 +313,8 @@ class Spout:
     def _add_new_partitions(self) -> None:
         """Partitions added upstream since the start are read from their earliest
         offset, as Spark's Kafka source does (Kafka clients see them when their
-        metadata is refreshed: ``kafka.metadata.max.age.ms``)."""
+        metadata is refreshed: ``kafka.metadata.max.age.ms``). The upstream's listing
+        is also where a topic deleted under the query stops it, named."""
         new = [tp for tp in self.upstream.partitions() if tp not in self.tracker.parts]
         if new:
             earliest = self.upstream.earliest(new)
@@ -457,6 +458,7 @@ class Spout:
     def on_spark_commit(self, end: dict) -> None:
         """Spark finished a batch. Tracking off: commit its end (Spark's at-least-once);
         tracking on: commits follow acks, so only take the chance to apply completions."""
+        self._add_new_partitions()  # first, as in next_offset
         if self.config.tracking:
             now = self.clock()
             self.tracker.started(now)

@@ -82,7 +82,9 @@ def test_the_acker_planner_keeps_one_consumer_and_its_tasks_make_their_own(broke
             offset = end
         assert roots == [0, 1, 2]
         assert reader.latestOffset(offset, None) == offset
-        assert consumers_made[0] == 1 + 3  # the planner's, then one per read task
+        # the channel's (it asks for its topics before a write), the planner's, then one
+        # per read task
+        assert consumers_made[0] == 1 + 1 + 3
     finally:
         reader.stop()
         reader.stop()

@@ -84,6 +84,14 @@ class Recorder:
     def __getattr__(self, name):  # send, flush, close, list_topics...: nothing to do
         return lambda *args, **kwargs: _Done()
 
+    def topics(self):  # asked whether a topic was deleted: none was
+        return _EveryTopic()
+
+
+class _EveryTopic:
+    def __contains__(self, topic):
+        return True
+
 
 class _Done:
     is_done, succeeded = True, staticmethod(lambda: True)
@@ -232,3 +240,32 @@ def test_a_missing_command_config_file_is_named(tmp_path):
     with pytest.raises(OptionError, match="a readable file") as refused:
         properties_file_options(str(tmp_path / "nowhere.properties"))
     assert "nowhere.properties" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        # Spark's Kafka source refuses these outright: ackstream decides them
+        ("kafka.auto.offset.reset", "bogus", "startingOffsets"),
+        ("kafka.auto.offset.reset", "earliest", "startingOffsets"),
+        ("kafka.enable.auto.commit", "true", "commits to the consumer group itself"),
+        ("kafka.allow.auto.create.topics", "true", "never creates a topic"),
+        # Kafka's own clients refuse these values
+        ("kafka.max.poll.records", "-5", "a whole number >= 1"),
+        ("kafka.max.poll.records", "0", "a whole number >= 1"),
+        ("kafka.fetch.max.bytes", "-1", "a whole number >= 0"),
+        ("kafka.request.timeout.ms", "-100", "a whole number >= 0"),
+        ("kafka.isolation.level", "serializable", "read_uncommitted"),
+        ("kafka.security.protocol", "TLS", "SASL_SSL"),
+    ],
+)
+def test_a_setting_kafka_or_spark_would_refuse_is_refused_naming_it(option, value, says):
+    with pytest.raises(OptionError, match=says) as refused:
+        consumer_settings(parse(SOURCE_OPTIONS | {option: value}))
+    assert (refused.value.option, refused.value.value) == (option, value)
+    assert f"'{option}'?" not in str(refused.value)  # never "did you mean" itself
+
+
+def test_a_settings_case_is_taken_as_kafkas_clients_take_it():
+    settings = consumer_settings(parse(SOURCE_OPTIONS | {"kafka.security.protocol": "sasl_ssl"}))
+    assert settings["security_protocol"] == "SASL_SSL"

@@ -8,7 +8,7 @@ import pytest
 
 from ackstream.channels.local import LocalChannel
 from ackstream.config import parse
-from ackstream.errors import AckstreamError, EnvironmentProblem
+from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
 from ackstream.sources.rows import ReadTask, source_schema
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream
@@ -146,3 +146,22 @@ def test_starting_by_timestamp_starts_at_the_first_record_that_late(broker, new_
         0: 5,
         1: 5,
     }
+
+
+def test_a_start_for_a_partition_not_read_is_refused_before_start(broker, new_topic, upstream_of):
+    topic = new_topic(2)
+    given = f'{{"{topic}": {{"0": 0, "5": 3}}}}'
+    _, upstream = upstream_of(subscribe=topic, startingOffsets=given)
+    with pytest.raises(OptionError, match=rf"{topic} has no partition 5") as refused:
+        upstream.check()
+    assert (refused.value.option, refused.value.value) == ("startingOffsets", given)
+    _, assigned = upstream_of(assign=f'{{"{topic}": [0]}}', startingOffsets=given)
+    with pytest.raises(OptionError, match=rf"{topic} has no partition 5 .*reads 0\)"):
+        assigned.check()
+    by_time = f'{{"{topic}": {{"1": 0, "2": 0}}}}'
+    _, timed = upstream_of(subscribe=topic, startingOffsetsByTimestamp=by_time)
+    with pytest.raises(OptionError, match="partition 2") as refused:
+        timed.check()
+    assert refused.value.option == "startingOffsetsByTimestamp"
+    _, fine = upstream_of(subscribe=topic, startingOffsets=f'{{"{topic}": {{"1": -2}}}}')
+    fine.check()

@@ -23,6 +23,7 @@ class FlakyConsumer:
 
     made: list[FlakyConsumer] = []
     failures = 0
+    listed = {"words"}  # the topics the brokers list
 
     def __init__(self, **settings):
         self.broken = len(FlakyConsumer.made) < FlakyConsumer.failures
@@ -40,11 +41,14 @@ class FlakyConsumer:
 
     def topics(self):  # asked when an offset request fails: was a topic deleted?
         self._answer()
-        return {"words"}
+        return FlakyConsumer.listed
 
     def commit(self, offsets):
         self._answer()
         self.commits.append(offsets)
+
+    def timed_out(self, offsets):
+        raise KafkaTimeoutError()
 
     def close(self, autocommit=True):
         self.closed = True
@@ -70,7 +74,7 @@ ATTEMPTS_IN_AN_OUTAGE = int(OUTAGE_LIMIT_S / RETRY_PAUSE_S) + 1
 
 @pytest.fixture
 def upstream(monkeypatch):
-    FlakyConsumer.made = []
+    FlakyConsumer.made, FlakyConsumer.listed = [], {"words"}
     monkeypatch.setattr(upstream_module, "KafkaConsumer", FlakyConsumer)
     monkeypatch.setattr(upstream_module, "time", FakeTime)
     config = parse({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "words"})
@@ -108,3 +112,14 @@ def test_a_broker_back_just_inside_the_outage_limit_is_waited_for(upstream):
     FlakyConsumer.failures = ATTEMPTS_IN_AN_OUTAGE - 1
     upstream.commit({("words", 0): (5, "")})
     assert len(FlakyConsumer.made) == ATTEMPTS_IN_AN_OUTAGE
+
+
+def test_a_commit_for_a_topic_the_brokers_no_longer_list_names_it_at_once(upstream, monkeypatch):
+    """The brokers answer the listing, without the topic, while the commit times out (as
+    kafka-python's does for a deleted topic): no outage to wait out, one attempt."""
+    FlakyConsumer.failures, FlakyConsumer.listed = 0, {"other"}
+    monkeypatch.setattr(FlakyConsumer, "commit", FlakyConsumer.timed_out)
+    began = FakeTime.now
+    with pytest.raises(EnvironmentProblem, match=r"topic 'words' \(option subscribe\) was deleted"):
+        upstream.commit({("words", 0): (5, "")})
+    assert len(FlakyConsumer.made) == 1 and FakeTime.now == began

@@ -138,3 +138,28 @@ def test_min_partitions_cuts_big_ranges_in_proportion_as_sparks_kafka_source():
     # never a task without an offset, whatever the minimum
     tiny = offsets.read_tasks({}, {"read": {"t": {"0": [7, 10]}}}, min_partitions=50)
     assert [(t.start, t.end) for t in tiny] == [(7, 8), (8, 9), (9, 10)]
+
+
+def test_max_records_per_partition_cuts_ranges_and_replays_as_sparks_kafka_source():
+    replays = [["t", 1, off, 1] for off in range(5)]
+    end = {"read": {"t": {"0": [0, 900], "1": [0, 100]}}, "replays": replays}
+    tasks = offsets.read_tasks({}, end, max_records_per_partition=300)
+    ranges = [(t.partition, t.start, t.end) for t in tasks if not t.replays]
+    assert ranges == [(0, 0, 300), (0, 300, 600), (0, 600, 900), (1, 0, 100)]
+    assert [len(t.replays) for t in tasks if t.replays] == [5]
+    tasks = offsets.read_tasks({}, end, min_partitions=10, max_records_per_partition=2)
+    assert max(t.end - t.start for t in tasks if not t.replays) == 2
+    assert [t.replays for t in tasks if t.replays] == [
+        ((0, 1), (1, 1)),
+        ((2, 1), (3, 1)),
+        ((4, 1),),
+    ]
+
+
+def test_the_source_plans_its_tasks_with_max_records_per_partition(tmp_path):
+    options = {**GENERATOR, "ackstream.channel": str(tmp_path), "maxRecordsPerPartition": "7"}
+    reader = AckstreamStreamReader(parse(options))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    sizes = [p.task.end - p.task.start for p in reader.partitions(start, end)]
+    assert sorted(sizes) == [6, 6, 7, 7, 7, 7]  # 20 offsets on each of 2 partitions

@@ -145,3 +145,34 @@ def test_tracking_off_commits_what_spark_committed_and_max_offsets_per_trigger(s
     finally:
         query.stop()
     assert sum(sizes) == 12 and max(sizes) == 4
+
+
+def test_the_run_file_example_of_the_cli_runs_unbounded(spark, tmp_path):
+    """``ackstream run --help`` shows one run file: an unbounded generator with no rate,
+    which runs as fast as its batches go, without end. Run as ``run`` runs it."""
+    import runpy
+    import textwrap
+
+    from ackstream.cli import RUN_HELP
+    from ackstream.topology.running import stop_queries
+
+    example = textwrap.dedent(RUN_HELP.split("e.g. words.py:")[1])
+    assert "/tmp/words/" in example and "generator.count" not in example
+    words = tmp_path / "words.py"
+    words.write_text(example.replace("/tmp/words", str(tmp_path)))
+    before = {q.id for q in spark.streams.active}
+    runpy.run_path(str(words), init_globals={"spark": spark}, run_name="__main__")
+    started = [q for q in spark.streams.active if q.id not in before]
+    try:
+        wait_for(
+            lambda: (
+                sum(commits(tmp_path / "channel").values()) > 0
+                or any(q.exception() for q in started)
+            ),
+            timeout=180,
+            interval=0.5,
+            what="the first records committed",
+        )
+        assert not any(q.exception() for q in started), [q.exception() for q in started]
+    finally:
+        stop_queries(started)

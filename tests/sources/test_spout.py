@@ -8,6 +8,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.config import parse
 from ackstream.records import ACKED, CAUGHT_UP, FAILED, TICK, completion_table
 from ackstream.sinks.dead_letters import read_dead_letters
+from ackstream.sources.generator import UNBOUNDED_STEP
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream
 
@@ -435,3 +436,19 @@ def test_a_batch_failing_for_every_record_dead_letters_each_only_after_its_lone_
     assert len(letters) == 10
     # 10 roots: groups of 2, then of 1 (two uncharged emits), then alone twice
     assert {letter["attempts"] for letter in letters} == {4}
+
+
+def test_an_unbounded_generator_releases_a_bounded_step_at_a_time(tmp_path):
+    """With neither count nor rate it has no end (it once offered 2**62 offsets per
+    partition, which overflowed the planner): it runs as fast as batches go, each
+    batch taking a bounded step of each partition."""
+    config = parse({"ackstream.upstream": "generator", "ackstream.channel": str(tmp_path)})
+    channel, upstream = LocalChannel(config.channel), open_upstream(config)
+    spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel))
+    try:
+        first, second = spout.next_offset(), spout.next_offset()
+    finally:
+        spout.close()
+    step = UNBOUNDED_STEP
+    assert first["read"] == {TOPIC: {"0": [0, step], "1": [0, step]}}
+    assert second["read"] == {TOPIC: {"0": [step, 2 * step], "1": [step, 2 * step]}}

@@ -1,0 +1,93 @@
+"""Small text files in a query's checkpoint, at a plain path or a file system URL.
+
+A plain path is read and written directly. A URL (``file:``, ``hdfs:``, ``s3a:``...)
+goes through Spark's Hadoop file system, as Spark's own checkpoint files do: the
+session's Hadoop configuration holds the credentials and the file system classes.
+Under Spark Connect this process has no JVM: a URL is read with a Spark job
+(``spark.read.text``), and cannot be written from here.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+from ackstream.files import hidden_path, write_atomically
+from ackstream.session import is_connect
+
+__all__ = ["is_url", "read_text", "write_text"]
+
+
+def is_url(path: str) -> bool:
+    return bool(urlparse(path).scheme)
+
+
+def read_text(spark, path: str) -> str | None:
+    """The text of the file at ``path``; None if there is none."""
+    if not is_url(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+    if is_connect(spark):
+        return _read_with_spark(spark, path)
+    fs, hadoop_path = _hadoop(spark, path)
+    if not fs.exists(hadoop_path):
+        return None
+    stream = fs.open(hadoop_path)
+    try:
+        return spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(  # noqa: SLF001 - Spark has no Python API for Hadoop file systems
+            stream, "UTF-8"
+        )
+    finally:
+        stream.close()
+
+
+def write_text(spark, path: str, text: str) -> bool:
+    """Write ``text`` to ``path`` whole (under a hidden name first, then renamed into
+    place), making its folder; False under Spark Connect for a URL (no JVM here)."""
+    if not is_url(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write_atomically(path, lambda hidden: _write_local(hidden, text))
+        return True
+    if is_connect(spark):
+        return False
+    fs, hadoop_path = _hadoop(spark, path)
+    hidden = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(hidden_path(path))  # noqa: SLF001 - as above
+    fs.mkdirs(hadoop_path.getParent())
+    stream = fs.create(hidden, True)
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
+    fs.delete(hadoop_path, False)
+    if not fs.rename(hidden, hadoop_path):
+        raise OSError(f"could not rename {hidden_path(path)} to {path}")
+    return True
+
+
+def _write_local(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _hadoop(spark, path: str):
+    """The session's Hadoop file system of ``path``, and ``path`` as a Hadoop Path."""
+    context = spark.sparkContext
+    hadoop_path = context._jvm.org.apache.hadoop.fs.Path(path)  # noqa: SLF001 - as above
+    conf = context._jsc.hadoopConfiguration()  # noqa: SLF001 - as above
+    return hadoop_path.getFileSystem(conf), hadoop_path
+
+
+def _read_with_spark(spark, path: str) -> str | None:
+    """Through a Spark job: works from any session, Spark Connect's included."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        rows = spark.read.text(path, wholetext=True).collect()
+    except AnalysisException as problem:
+        if "PATH_NOT_FOUND" in str(problem):
+            return None
+        raise
+    return rows[0][0] if rows else ""

@@ -1,0 +1,51 @@
+"""Topics deleted under a running query, told apart from brokers that do not answer.
+
+kafka-python does not say that a topic is gone: an offset request, a commit or a send
+for a deleted topic waits for it to come back until the request or delivery timeout
+(30 s, 120 s), just as it waits for brokers that are down, and then only says that it
+timed out. A fresh topic listing tells the two apart: the brokers answer it, and the
+topic is not in it. The clients that read or write a topic ask once per planning
+round or write, before the calls that would wait, and again when a call fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Iterable
+
+__all__ = ["CHECK_EVERY_S", "deleted_topics", "never_create_topics"]
+
+#: How often a client waiting on a topic (a producer's flush) asks whether it is there.
+CHECK_EVERY_S = 1.0
+
+
+def deleted_topics(topics: Iterable[str], list_topics: Callable[[], Container[str]]) -> list[str]:
+    """The ``topics`` the brokers do not list, sorted. ``list_topics()`` asks them for
+    every topic name with a fresh metadata request (``KafkaConsumer.topics``); a Kafka
+    error from it means the brokers did not answer, which says nothing of the topics
+    (none are called deleted).
+
+    >>> deleted_topics(["a", "b"], lambda: {"a", "c"})
+    ['b']
+    """
+    from kafka.errors import KafkaError
+
+    try:
+        listed = list_topics()
+    except KafkaError:
+        return []
+    return sorted(topic for topic in set(topics) if topic not in listed)
+
+
+def never_create_topics(client):
+    """``client`` (a kafka-python consumer or producer), made to never ask the brokers to
+    create a topic. kafka-python 3.0 takes ``allow_auto_create_topics=False`` but its
+    metadata requests do not carry it: a client assigned to (or sending to) a deleted
+    topic had a broker that creates topics on demand re-create it, empty and with the
+    broker's default partition count, and the deletion went unseen."""
+    # private names, a consumer's and a producer's: kafka-python has no public handle;
+    # where it keeps them elsewhere (another version) nothing is changed
+    metadata = getattr(client, "_cluster", None) or getattr(client, "_metadata", None)
+    config = getattr(metadata, "config", None)
+    if isinstance(config, dict):
+        config["allow_auto_create_topics"] = False
+    return client
