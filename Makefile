@@ -7,7 +7,7 @@
 #   make test-cluster  the long runs CI makes too: broker, Spark worker and security
 #               failures, one small chaos seed
 #   make chaos  the chaos suite at the issue's size, CHAOS_SEEDS seeds (tests/test_chaos.py)
-#   make lint   ruff check, ruff format --check and the import contracts (CI runs it first)
+#   make lint   ruff check, ruff format --check, the import contracts and mypy (CI runs it first)
 #   make docs   builds the documentation site from docs/ into site/ (open site/index.html),
 #               strictly: a broken link or a docstring mkdocstrings cannot render fails it
 #   make bench-scale  the same tracked work on 1 and 2 executors of a standalone cluster
@@ -73,6 +73,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/lint-imports  # pyproject.toml's contracts: imports run one way
+	$(VENV)/bin/mypy  # the package's annotations ([tool.mypy] in pyproject.toml)
 
 # mkdocs.yml: Material theme, API pages from the docstrings (mkdocstrings), --strict
 docs: $(VENV)/.docs-installed

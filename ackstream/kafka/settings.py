@@ -80,6 +80,8 @@ def consumer_settings(config: SourceConfig) -> dict:
     from kafka import KafkaConsumer
 
     defaults = KafkaConsumer.DEFAULT_CONFIG
+    if not config.bootstrap_servers:  # config.parse requires it of a Kafka upstream
+        raise OptionError("kafka.bootstrap.servers", None, "host:port of the Kafka brokers")
     settings = {
         "bootstrap_servers": config.bootstrap_servers.split(","),
         "enable_auto_commit": False,

@@ -23,6 +23,7 @@ letters are durable (the source then counts those records as done):
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -158,7 +159,7 @@ class KafkaDeadLetters:
             acks="all",
             client_id=f"ackstream-{topology}-dead-letters",
         )
-        self._lister = None  # a consumer that lists the topics, made at the first write
+        self._lister: Any = None  # a consumer that lists the topics, made at the first write
         self._written = False  # the topic exists: a letter was written to it
 
     def write(self, letters, records) -> None:

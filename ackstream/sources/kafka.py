@@ -76,7 +76,7 @@ class KafkaUpstream:
         :data:`~ackstream.kafka.settings.OUTAGE_LIMIT_S` (see :class:`Outage`)."""
         from kafka.errors import KafkaError
 
-        outage = Outage(self.config.bootstrap_servers, clock=time.monotonic)
+        outage = Outage(str(self.config.bootstrap_servers), clock=time.monotonic)
         while True:
             try:
                 return call(self._consumer)
@@ -123,7 +123,8 @@ class KafkaUpstream:
     def _probe(self, outcome: list) -> None:
         from kafka.errors import KafkaError
 
-        config, problem = self.config, None
+        config = self.config
+        problem: AckstreamError | None = None
         settings = {**self.settings, "bootstrap_timeout_ms": CHECK_TIMEOUT_MS}  # bounded
         try:
             consumer = KafkaConsumer(group_id=None, **settings)
@@ -204,9 +205,7 @@ class KafkaUpstream:
             return list(self.config.assign)
         out = []
         for topic in self._topics():
-            parts = self._retried(
-                f"partitions of {topic}", lambda consumer, t=topic: consumer.partitions_for_topic(t)
-            )
+            parts = self._retried(f"partitions of {topic}", _partitions_of(topic))
             if not parts and not self.config.subscribe_pattern:
                 raise AckstreamError(
                     f"topic {topic!r} (option 'subscribe') does not exist on "
@@ -258,8 +257,7 @@ class KafkaUpstream:
         out = {}
         for tp in tps:
             got = self._retried(
-                f"the group's committed offset of {tp[0]}[{tp[1]}]",
-                lambda consumer, tp=tp: consumer.committed(TopicPartition(*tp), metadata=True),
+                f"the group's committed offset of {tp[0]}[{tp[1]}]", _committed_of(tp)
             )
             if got is not None and got.offset is not None and got.offset >= 0:
                 out[tp] = (got.offset, got.metadata or "")
@@ -336,10 +334,13 @@ class KafkaUpstream:
                     yield _batch(config, task, rows)
                 held += [(off, attempts.get(off, 0), NO_RECORD) for off in set(offsets) - seen]
             if config.tracking and held:
+                offsets_held, attempts_held, reasons = zip(*sorted(held))
                 yield held_batch(
                     config.id_namespace,
                     *tp,
-                    *zip(*sorted(held)),
+                    offsets_held,
+                    attempts_held,
+                    reasons,
                     include_headers=config.include_headers,
                 )
             finished = True
@@ -400,3 +401,13 @@ def _batch(config, task, rows):
         timestamp_types=types,
         headers=headers if config.include_headers else None,
     )
+
+
+def _partitions_of(topic: str) -> Callable:
+    """What :meth:`KafkaUpstream._retried` calls to ask a consumer for ``topic``'s partitions."""
+    return lambda consumer: consumer.partitions_for_topic(topic)
+
+
+def _committed_of(tp: TP) -> Callable:
+    """What :meth:`KafkaUpstream._retried` calls to ask for the group's commit of ``tp``."""
+    return lambda consumer: consumer.committed(TopicPartition(*tp), metadata=True)
