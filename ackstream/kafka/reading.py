@@ -5,13 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from ackstream.errors import AckstreamError
+from ackstream.errors import AckstreamError, EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
+from ackstream.kafka.topics import deleted_topics
 
 __all__ = ["FETCH_TIMEOUT_S", "MAX_RECORDS", "read_ranges", "read_records", "topic_ranges"]
 
 #: A fetch that makes no progress for this long raises (naming the partition).
 FETCH_TIMEOUT_S = 60.0
+#: A fetch that makes no progress asks this often whether its topic was deleted.
+DELETED_CHECK_S = 5.0
 #: Records one poll may return.
 MAX_RECORDS = 10_000
 
@@ -31,14 +34,16 @@ def read_records(
     *,
     fail_on_data_loss: bool = True,
     stall_timeout_s: float = FETCH_TIMEOUT_S,
+    deleted_check_s: float = DELETED_CHECK_S,
 ) -> Iterator:
     """kafka-python's ``ConsumerRecord`` of every record in the half-open ``[start,
     end)`` spans of partition ``tp``, in order, as they arrive; one seek per span.
 
     Offsets with no record (a compacted topic, transaction markers) are simply
     absent. Records deleted by retention raise when ``fail_on_data_loss``; so does
-    a span that makes no progress for ``stall_timeout_s``. ``consumer`` is left
-    assigned to ``tp`` alone.
+    a span that makes no progress for ``stall_timeout_s``, and, sooner, one whose
+    topic the brokers no longer list (asked every ``deleted_check_s`` of no progress).
+    ``consumer`` is left assigned to ``tp`` alone.
     """
     from kafka import TopicPartition
 
@@ -49,6 +54,7 @@ def read_records(
             continue
         consumer.seek(part, start)
         deadline = time.monotonic() + stall_timeout_s
+        check_at = time.monotonic() + deleted_check_s
         first = None
         while consumer.position(part) < end:
             polled = consumer.poll(timeout_ms=500, max_records=MAX_RECORDS)
@@ -60,7 +66,17 @@ def read_records(
                     yield rec
             if progressed:
                 deadline = time.monotonic() + stall_timeout_s
-            elif time.monotonic() > deadline:
+                check_at = time.monotonic() + deleted_check_s
+            elif time.monotonic() > check_at:
+                if deleted_topics([tp[0]], consumer.topics):
+                    raise EnvironmentProblem(
+                        f"topic {tp[0]!r} was deleted while offsets {start}..{end - 1} of its "
+                        f"partition {tp[1]} were read",
+                        "Start the query from a new checkpoint, with the topic re-created or "
+                        "no longer read",
+                    )
+                check_at = time.monotonic() + deleted_check_s
+            if not progressed and time.monotonic() > deadline:
                 raise AckstreamError(
                     f"no progress reading {tp[0]}[{tp[1]}] offsets "
                     f"{start}..{end - 1} for {stall_timeout_s:.0f}s; is the "

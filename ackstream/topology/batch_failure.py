@@ -141,8 +141,8 @@ def isolates(error: BaseException, deadline: BatchDeadline) -> bool:
     if isinstance(error, (AckstreamError, AnalysisException)) or not isinstance(error, Exception):
         return False
     text = str(error)
-    if "StageError:" in text or "OptionError:" in text:
-        return False
+    if any(f"{name}:" in text for name in ("StageError", "OptionError", "EnvironmentProblem")):
+        return False  # ackstream's own error, raised in a task (a read task's, a bolt's)
     return not any(word in text.lower() for word in _CANCELLED)
 
 

@@ -130,3 +130,48 @@ def test_the_dead_letter_topic_deleted_is_named_by_the_next_letter(broker, new_t
     assert f"dead-letter topic {topic!r} (option ackstream.deadLetterTopic) was deleted" in str(
         error
     )
+
+
+class StalledConsumer:
+    """A consumer whose fetches bring nothing, on brokers that list ``topics``."""
+
+    def __init__(self, topics):
+        self.listed, self.asked = set(topics), 0
+
+    def assign(self, parts):
+        pass
+
+    def seek(self, part, offset):
+        self.at = offset
+
+    def position(self, part):
+        return self.at
+
+    def poll(self, timeout_ms, max_records):
+        return {}
+
+    def topics(self):
+        self.asked += 1
+        return self.listed
+
+
+def test_a_read_stalled_on_a_deleted_topic_names_it_without_waiting_out_the_stall():
+    from ackstream.errors import EnvironmentProblem
+    from ackstream.kafka.reading import read_records
+
+    consumer = StalledConsumer({"other"})
+    with pytest.raises(EnvironmentProblem, match="topic 'gone' was deleted while offsets 3..9"):
+        list(read_records(consumer, ("gone", 0), [(3, 10)], deleted_check_s=0.0))
+    assert consumer.asked == 1
+
+
+def test_a_read_stalled_on_a_listed_topic_waits_out_the_stall_as_before():
+    from ackstream.errors import AckstreamError, EnvironmentProblem
+    from ackstream.kafka.reading import read_records
+
+    consumer = StalledConsumer({"here"})
+    with pytest.raises(AckstreamError, match="no progress reading here") as raised:
+        list(
+            read_records(consumer, ("here", 0), [(3, 10)], stall_timeout_s=1.2, deleted_check_s=0.5)
+        )
+    assert not isinstance(raised.value, EnvironmentProblem) and consumer.asked >= 1

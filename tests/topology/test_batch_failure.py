@@ -40,6 +40,7 @@ def test_an_error_a_record_may_cause_isolates_the_batch(error):
         EnvironmentProblem("the brokers did not answer", "start them"),
         AnalysisException("[UNRESOLVED_COLUMN] `nope` cannot be resolved"),
         RuntimeError("An exception was raised by the Python Proxy: StageError: stage 'm'"),
+        RuntimeError("PythonException: ackstream.errors.EnvironmentProblem: topic 't' was deleted"),
         RuntimeError("Job 3 cancelled because SparkContext was shut down"),
         KeyboardInterrupt(),
     ],
