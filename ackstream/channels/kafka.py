@@ -97,6 +97,9 @@ class KafkaChannel:
         self._consumer: Any = None  # a KafkaConsumer once one is needed
         self._outage = Outage(bootstrap)  # of the completion polls
         self._reading = threading.Lock()  # a consumer is not thread-safe
+        #: topics this channel saw exist (made or read or written): only those can be
+        #: deleted; one that never existed reads as empty (``ackstream status``)
+        self._known: set[str] = set()
 
     ack_files = False  # the acks topic, read by Spark's stream of it
 
@@ -178,6 +181,7 @@ class KafkaChannel:
             if wanted:
                 with contextlib.suppress(TopicAlreadyExistsError):  # a race with another
                     admin.create_topics(wanted)
+            self._known.update((self.acks_topic, self.done_topic))
         finally:
             admin.close()
 
@@ -259,6 +263,7 @@ class KafkaChannel:
                     table = decode(message, schema, topic, partition, offset)
                     tables += [table] if isinstance(table, pa.Table) else []
                 position[str(partition)] = end
+                self._known.add(topic)  # it has partitions: it exists
         return pa.concat_tables(tables), position
 
     @contextlib.contextmanager
@@ -275,6 +280,8 @@ class KafkaChannel:
                 raise
 
     def _check_not_deleted(self, topic: str) -> None:
+        if topic not in self._known:
+            return
         with self._reader() as consumer:
             check_not_deleted(self.bootstrap, topic, consumer)
 
@@ -320,6 +327,7 @@ class KafkaChannel:
                     self._check_not_deleted(topic)
             for future in futures:
                 future.get(timeout=30)  # raise if the broker did not take a message
+            self._known.add(topic)
         except KafkaError:
             self._check_not_deleted(topic)
             raise

@@ -73,8 +73,9 @@ def channel_consumer(bootstrap: str, settings: dict | None = None):
 def check_not_deleted(bootstrap: str, topic: str, consumer) -> None:
     """Stop, naming it, if the channel's ``topic`` was deleted from the brokers while the
     query ran (see :mod:`ackstream.kafka.topics`): kafka-python would wait for it as for
-    brokers that are down, then time out."""
-    if deleted_topics([topic], consumer.topics):
+    brokers that are down, then time out. Without a client (the brokers did not answer
+    to make one) nothing can be told."""
+    if consumer is not None and deleted_topics([topic], consumer.topics):
         raise EnvironmentProblem(
             f"topic {topic!r} of the topology's Kafka channel was deleted from {bootstrap} "
             "while the query ran: the ack records or completions it held are lost",
