@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ackstream.errors import OptionError
 
 __all__ = [
+    "RECORD_READERS",
     "RetryPolicy",
     "SourceConfig",
     "default_channel_dir",
@@ -74,12 +75,15 @@ _OURS = {
         "ackstream.deadLetterTopic",
         "ackstream.tracking",
         "ackstream.maxValueBytes",
+        "ackstream.recordReader",
         "ackstream.generator.count",
         "ackstream.generator.rate",
         "ackstream.generator.partitions",
     )
 }
 _NAMED_STARTS = ("earliest", "latest", "committed")
+#: Values of ``ackstream.recordReader``.
+RECORD_READERS = ("python", "spark")
 #: Options of Spark's Kafka source that ackstream takes (besides ``kafka.*``).
 _SPARK_KAFKA = {
     k.lower(): k
@@ -229,6 +233,10 @@ class SourceConfig:
     #: a bigger record value is rejected on read: dead-lettered (without its value) and
     #: never handed to the bolts, which it could stall or crash
     max_value_bytes: int = 16 << 20
+    #: who reads a batch's new offset ranges: "python" (the source's read tasks) or
+    #: "spark" (Spark's own Kafka source, in the topology's batch: the source's tasks
+    #: then read replays only; see ``ackstream.sources.spark_reader``)
+    record_reader: str = "python"
     generator_count: int | None = None
     generator_rate: float = 0.0  #: records per second over all partitions; 0 = no limit
     generator_partitions: int = 2
@@ -424,6 +432,15 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
         "maxRecordsPerPartition", opts.get("maxrecordsperpartition"), 1
     )
     kw["include_headers"] = _bool("includeHeaders", opts.get("includeheaders"), False)
+    reader = (ours("ackstream.recordReader") or "python").strip().lower()
+    if reader not in RECORD_READERS or (reader == "spark" and upstream != "kafka"):
+        raise OptionError(
+            "ackstream.recordReader",
+            ours("ackstream.recordReader"),
+            '"python" or "spark" (Spark\'s Kafka source; a Kafka upstream only; '
+            "topology.read_stream(...) chooses it when the connector is there)",
+        )
+    kw["record_reader"] = reader
     kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or (
         f"{topology}.dead" if channel == "kafka" else None
     )

@@ -64,6 +64,7 @@ import numpy as np
 from e2e_systems import (
     MARK,
     MESSAGE_TIMEOUT_MS,
+    PYTHON_READER,
     SPARK_SYSTEMS,
     SYSTEMS,
     TRACKED,
@@ -85,6 +86,7 @@ TARGETS = (
     ("tracked / kafka-python loop", TRACKED, "kafka_python_loop", ">=", 1.2, 100_000),
     ("tracking overhead, Kafka channel", TRACKED, UNTRACKED, "<=", 0.10, None),
     ("tracking overhead, local channel", "ackstream_local", UNTRACKED, None, None, None),
+    ("Spark's reader / Python reader, tracked", TRACKED, PYTHON_READER, None, None, None),
 )
 LATENCY_TARGETS = (("complete_p99_ms", "<=", 1000.0), ("committed_p99_ms", "<=", 2000.0))
 

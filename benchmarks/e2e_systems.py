@@ -34,14 +34,17 @@ sys.path.insert(0, ROOT)
 
 SYSTEMS = (
     "ackstream_kafka",
+    "ackstream_kafka_python_reader",
     "ackstream_local",
     "ackstream_untracked",
     "spark_kafka",
     "quix",
     "kafka_python_loop",
 )
-SPARK_SYSTEMS = SYSTEMS[:4]
+SPARK_SYSTEMS = SYSTEMS[:5]
 TRACKED, UNTRACKED = "ackstream_kafka", "ackstream_untracked"
+#: the tracked pipeline with every record read by the source's Python read tasks
+PYTHON_READER = "ackstream_kafka_python_reader"
 MARK = "e2e"  # the key of the worker's event lines on its stdout (Spark's JVM shares it)
 MESSAGE_TIMEOUT_MS = 120_000  # nothing may time out in a run: a replay would be a bug here
 SPARK_KAFKA_PREFIX = os.path.join(ROOT, ".cache", "spark-kafka-")
@@ -126,13 +129,15 @@ def run_until_stopped(query, stop: threading.Event) -> None:
 
 
 def work_ackstream(spark, a, stop, started) -> dict:
-    """The README's pipeline: tracked with the Kafka or the local channel, or untracked."""
+    """The README's pipeline: tracked with the Kafka or the local channel, or untracked;
+    the records read by Spark's Kafka source (``read_stream`` chooses it: the session
+    has the connector), or by the source's Python read tasks."""
     from pyspark.sql import functions as F
 
     from ackstream import KafkaChannel, KafkaSink, LocalChannel, Topology
 
     tracking = a.system != UNTRACKED
-    if a.system == TRACKED:
+    if a.system in (TRACKED, PYTHON_READER):
         channel = KafkaChannel(a.bootstrap, a.name)
     else:
         channel = LocalChannel(os.path.join(a.workdir, "channel"))
@@ -150,13 +155,15 @@ def work_ackstream(spark, a, stop, started) -> dict:
         "startingOffsets": "earliest",
         "maxOffsetsPerTrigger": a.max_per_batch,
         "kafka.group.id": a.group,
+        **({"ackstream.recordReader": "python"} if a.system == PYTHON_READER else {}),
     }  # the topology adds its name, channel and tracking
     checkpoint = os.path.join(a.workdir, "checkpoint")
     running = topology.start(topology.read_stream(options), checkpoint, trigger_ms=a.trigger_ms)
     try:
         started()
         run_until_stopped(running, stop)
-        return spark_summary(running.query, a.warmup_batches)
+        reader = topology.source_config.record_reader if topology.source_config else None
+        return {**spark_summary(running.query, a.warmup_batches), "record_reader": reader}
     finally:
         running.stop()
 

@@ -9,7 +9,12 @@ import pytest
 def spark():
     from ackstream import local_session
 
-    session = local_session("ackstream-tests", cores=2)
+    from helpers import spark_kafka_jars
+
+    jars = spark_kafka_jars()  # Spark's Kafka connector: the topologies read with it
+    session = local_session(
+        "ackstream-tests", cores=2, conf={"spark.jars": ",".join(jars)} if jars else None
+    )
     yield session
     for query in session.streams.active:
         query.stop()

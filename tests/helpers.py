@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import time
@@ -32,6 +33,16 @@ def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def spark_kafka_jars() -> list[str]:
+    """The jars of Spark's Kafka connector ``make spark-kafka`` resolved (the newest
+    version there), or none: the suite then runs every topology on the Python reader."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache")
+    for folder in sorted(glob.glob(os.path.join(root, "spark-kafka-*", "jars")), reverse=True):
+        if os.path.exists(os.path.join(folder, ".resolved")):
+            return sorted(glob.glob(os.path.join(folder, "*.jar")))
+    return []
 
 
 def commits(channel_dir):

@@ -1,5 +1,5 @@
-"""Issue 4's end-to-end run on the broker: sentences -> split -> count -> Kafka sink,
-with the ack and completion channels on Kafka too."""
+"""The end-to-end run on the broker: sentences -> split -> count -> Kafka sink, with the
+ack and completion channels on Kafka too, on either record reader."""
 
 import uuid
 
@@ -8,15 +8,22 @@ from pyspark.sql import functions as F
 
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
+from ackstream.offset_log import logged_offsets
+from ackstream.sources.spark_reader import has_connector
 
 from helpers import consume, sentences, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
+@pytest.mark.parametrize("reader", ["spark", "python"])
 def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dead_lettered(
-    spark, broker, new_topic, tmp_path
+    spark, broker, new_topic, tmp_path, reader
 ):
+    """``spark``: Spark's Kafka source reads the new records (what ``read_stream``
+    chooses when the connector is there), the Python read tasks the replays."""
+    if reader == "spark" and not has_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     inbox, outbox = new_topic(partitions=2), new_topic(partitions=1)
@@ -54,6 +61,7 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
             "ackstream.sourceTimeout": "90s",
             "ackstream.retryInitialDelay": "200ms",
             "ackstream.maxRetries": "2",
+            **({"ackstream.recordReader": "python"} if reader == "python" else {}),
         }
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
@@ -72,6 +80,9 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     finally:
         running.stop()
         group.close(autocommit=False)
+
+    logged = logged_offsets(spark, str(tmp_path / "checkpoint" / "topology"), 0)
+    assert [offset.get("reader", "python") for offset in logged] == [reader]
 
     written = {m.key.decode() for m in consume(broker.bootstrap, outbox)}
     expected = {w for line in lines for w in line.split()} - {"poison"}

@@ -36,7 +36,14 @@ from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
 from ackstream.kafka.topics import deleted_topics, never_create_topics
-from ackstream.sources.rows import NO_RECORD, TP, ReadTask, held_batch, spout_batch
+from ackstream.sources.rows import (
+    NO_RECORD,
+    TP,
+    ReadTask,
+    held_batch,
+    spout_batch,
+    too_big_reason,
+)
 from ackstream.sources.tracking import ranges
 
 __all__ = ["KafkaUpstream"]
@@ -322,7 +329,8 @@ class KafkaUpstream:
                         and value is not None
                         and len(value) > config.max_value_bytes
                     ):
-                        held.append((offset, attempt, _too_big(config, len(value))))
+                        why = too_big_reason(len(value), config.max_value_bytes)
+                        held.append((offset, attempt, why))
                         continue
                     stamp = (rec.timestamp, rec.timestamp_type, rec.headers)
                     rows.append((offset, attempt, key, value, *stamp))
@@ -378,13 +386,6 @@ def _return_reader(settings: dict, consumer: KafkaConsumer, keep: bool) -> None:
             _IDLE_READERS.setdefault(_pool_key(settings), []).append(consumer)
     else:
         consumer.close(autocommit=False)
-
-
-def _too_big(config: SourceConfig, size: int) -> str:
-    return (
-        f"value of {size} bytes is over ackstream.maxValueBytes "
-        f"({config.max_value_bytes}); raise that option to process it"
-    )
 
 
 def _batch(config, task, rows):

@@ -15,7 +15,10 @@ Spark writes to the query's offset log before the batch runs::
      "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch
      "replays": [[topic, partition, offset, attempt], ...],  # replays of this batch
      "done": <position in the completion channel>,
-     "owner": "<query id>"}                # this query's claim on its consumer group
+     "owner": "<query id>",                # this query's claim on its consumer group
+     "reader": "spark"}                    # only when Spark's Kafka source reads "read"
+                                           #   (in the topology's batch; the read tasks
+                                           #   then read the replays alone)
 
 ``read`` and ``replays`` name every record of the batch, so its read tasks
 (:func:`read_tasks`) and its roots (:func:`planned_inits`) come from the offset
@@ -35,7 +38,7 @@ from ackstream import ids
 from ackstream.records import ACK_RECORD_SCHEMA, INIT
 from ackstream.sources.rows import ReadTask
 
-__all__ = ["ROWS_PER_TASK", "planned_inits", "read_tasks"]
+__all__ = ["ROWS_PER_TASK", "new_ranges", "planned_inits", "read_tasks"]
 
 #: At most this many offsets of one partition per Spark task.
 ROWS_PER_TASK = 100_000
@@ -50,14 +53,15 @@ def read_tasks(
     """The Spark tasks of the batch that ends at ``end``: ranges of at most
     :data:`ROWS_PER_TASK` offsets (or ``max_records_per_partition``, the
     ``maxRecordsPerPartition`` option, if fewer), then the replays, per partition in
-    pieces of that size.
+    pieces of that size. An offset read by Spark's Kafka source (``"reader": "spark"``)
+    leaves its ranges to it: its tasks read the replays alone.
 
     With ``min_partitions`` (the ``minPartitions`` option) and fewer ranges than that,
     each range is cut into pieces in proportion to its share of the batch's offsets,
     as Spark's Kafka source does, so a batch of one big partition runs on many cores.
     """
     per_task = min(ROWS_PER_TASK, max_records_per_partition or ROWS_PER_TASK)
-    spans = list(_ranges(start, end))
+    spans = [] if end.get("reader") == "spark" else list(_ranges(start, end))
     total = sum(hi - lo for *_, lo, hi in spans)
     tasks = []
     for topic, p, lo, hi in spans:
@@ -92,6 +96,12 @@ def _ranges(start: dict, end: dict):
             lo = start["parts"].get(topic, {}).get(p, entry)["end"]
             if entry["end"] > lo:
                 yield topic, int(p), lo, entry["end"]
+
+
+def new_ranges(end: dict) -> list[tuple[str, int, int, int]]:
+    """``(topic, partition, from, to)`` of each partition the batch ending at ``end``
+    reads anew (attempt 0), for a reader other than the source's read tasks."""
+    return list(_ranges({}, end))
 
 
 def planned_inits(end: dict, now_ms: int) -> pa.Table | None:

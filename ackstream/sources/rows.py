@@ -35,6 +35,7 @@ __all__ = [
     "held_batch",
     "source_schema",
     "spout_batch",
+    "too_big_reason",
 ]
 
 TP = tuple[str, int]  #: an upstream partition: (topic, partition)
@@ -148,3 +149,12 @@ def held_batch(
         column = pa.array(column, field.type) if column else pa.nulls(n, field.type)
         rows = rows.set_column(schema.get_field_index(name), field, column)
     return rows
+
+
+def too_big_reason(size, limit: int) -> str:
+    """The ``_reason`` of a value of ``size`` bytes held back as over ``limit``
+    (``ackstream.maxValueBytes``); both readers say the same."""
+    return (
+        f"value of {size} bytes is over ackstream.maxValueBytes "
+        f"({limit}); raise that option to process it"
+    )

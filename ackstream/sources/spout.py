@@ -275,6 +275,8 @@ class Spout:
             "done": self.position,
             "owner": self.claim.owner,
         }
+        if self.config.record_reader == "spark":  # the topology reads the new ranges
+            offset["reader"] = "spark"
         if self.config.tracking:  # the batch's roots are waited for, on these terms
             self.seq += 1
             self.state.write(self.seq, tracker.unfinished())  # before Spark logs the offset

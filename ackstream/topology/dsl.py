@@ -30,9 +30,11 @@ from pyspark.sql import Column, DataFrame
 
 from ackstream.acker.precombine import precombine
 from ackstream.channels import check_reach
+from ackstream.config import SourceConfig
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
 from ackstream.session import is_connect, master_of
+from ackstream.sources.spark_reader import has_connector
 from ackstream.sources.upstream import check_options, open_upstream
 from ackstream.topology.batch import ack_mode as ack_mode_named
 from ackstream.topology.batch import run_batch
@@ -143,6 +145,9 @@ class Topology:
         self.held_folder: str | None = None
         self.sinks: list[SinkNode] = []
         self._ends_in_sink = False
+        #: the options of the stream :meth:`read_stream` made, parsed: a batch whose new
+        #: records Spark's Kafka source reads takes its brokers and settings from them
+        self.source_config: SourceConfig | None = None
 
     def without_session(self) -> Topology:
         """A copy that holds no session: what a ``foreachBatch`` function may carry (under
@@ -322,6 +327,19 @@ class Topology:
         security settings once."""
         merged = self.source_options(options)
         config = check_options(merged)
+        if "ackstream.recordreader" not in {k.lower() for k in merged} and self._spark_reads(
+            config
+        ):
+            merged["ackstream.recordReader"] = "spark"
+            config = check_options(merged)
+        elif config.record_reader == "spark" and not has_connector(self.spark):
+            raise OptionError(
+                "ackstream.recordReader",
+                "spark",
+                '"python", or a session with Spark\'s Kafka connector (spark.jars.packages '
+                "org.apache.spark:spark-sql-kafka-0-10_2.13:<Spark's version>)",
+            )
+        self.source_config = config
         self.check_reach()
         if not is_connect(self.spark):
             open_upstream(config).check()
@@ -330,6 +348,15 @@ class Topology:
         if not self.continue_trees:
             self.channel = self.channel.agreeing_with(merged)
         return self.spark.readStream.format("ackstream").options(**merged).load()
+
+    def _spark_reads(self, config: SourceConfig) -> bool:
+        """Whether Spark's Kafka source should read the new records (when the user did
+        not choose with ``ackstream.recordReader``): a Kafka upstream, a session that
+        has the connector, and a batch that takes its roots from the source's offset
+        (with a stage-by-stage ack mode a root is known by its row; an offset with no
+        record would have none, and wait for the source's timeout)."""
+        plans = not config.tracking or self.mode.plans_inits
+        return config.upstream == "kafka" and plans and has_connector(self.spark)
 
     def check_reach(self) -> None:
         """Refuse a channel the executors of this session's master may not reach: a

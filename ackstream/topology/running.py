@@ -27,6 +27,7 @@ from ackstream.errors import OptionError
 from ackstream.offset_log import logged_offsets
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import planned_inits
+from ackstream.sources.spark_reader import read_new_ranges
 from ackstream.topology.batch import run_batch
 from ackstream.topology.batch_failure import (
     BatchDeadline,
@@ -111,7 +112,9 @@ class BatchFunction:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         topology = self.topology
         plans = topology.tracking and not topology.continue_trees  # its source tracks roots
-        inits = self._planned_inits(batch, batch_id) if plans else None
+        offsets = self._offsets(batch, batch_id, plans)
+        batch = self._with_new_records(batch, offsets or [])
+        inits = self._planned_inits(offsets) if plans else None
         counts = StageCounts() if topology.stage_counts else None
         deadline = BatchDeadline(
             batch.sparkSession, job_tag(topology.name), topology.batch_deadline_ms
@@ -154,13 +157,19 @@ class BatchFunction:
             node.name for node in self.topology.sinks
         ]
 
-    def _planned_inits(self, batch: DataFrame, batch_id: int) -> pa.Table | None:
-        """The init records of every root of batch ``batch_id``, from the offsets Spark
-        logged for it; None when they must be read from the rows (an offset written
-        before it named its records). Checks the sources' terms first."""
+    def _offsets(self, batch: DataFrame, batch_id: int, plans: bool) -> list[dict] | None:
+        """The ``ackstream`` offsets Spark logged for batch ``batch_id`` (read when the
+        batch plans its roots from them, or reads its new records itself); None when
+        there is no such log and the roots can be read from the rows instead."""
+        config = self.topology.source_config
+        spark_reads = config is not None and config.record_reader == "spark"
+        if not (plans or spark_reads):
+            return None
         try:
-            offsets = logged_offsets(batch.sparkSession, self.offset_log, batch_id)
+            return logged_offsets(batch.sparkSession, self.offset_log, batch_id)
         except Exception:  # a Spark whose offset log looks otherwise: slower, still right
+            if spark_reads:  # ... unless the offset is the only record of what to read
+                raise
             log.warning(
                 "topology %s: no offset log for batch %d under %s; reading the "
                 "batch's roots from its rows",
@@ -169,6 +178,33 @@ class BatchFunction:
                 self.offset_log,
                 exc_info=True,
             )
+            return None
+
+    def _with_new_records(self, batch: DataFrame, offsets: list[dict]) -> DataFrame:
+        """``batch`` with the new records Spark's Kafka source reads for it (see
+        :mod:`ackstream.sources.spark_reader`): the source's own rows are then the
+        replays alone."""
+        for offset in offsets:
+            if offset.get("reader") != "spark":
+                continue
+            config = self.topology.source_config
+            if config is None:
+                raise OptionError(
+                    "ackstream.recordReader",
+                    "spark",
+                    '"python" for a stream not made by topology.read_stream(...) (the '
+                    "topology reads the new records with the options given there)",
+                )
+            records = read_new_ranges(batch.sparkSession, config, offset)
+            if records is not None:
+                batch = batch.unionByName(records)
+        return batch
+
+    def _planned_inits(self, offsets: list[dict] | None) -> pa.Table | None:
+        """The init records of every root of the batch, from the offsets Spark logged
+        for it; None when they must be read from the rows (no offset log, or an offset
+        written before it named its records). Checks the sources' terms first."""
+        if offsets is None:
             return None
         for offset in offsets:
             check_source_terms(self.topology, offset)
