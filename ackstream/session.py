@@ -1,5 +1,6 @@
 """What ackstream asks of a Spark session: Spark Connect or classic, its master, the
-Java it runs on, whether a function can travel to a Connect server. Making a session
+Java it runs on, whether a function can travel to a Connect server, whether it has
+Spark's Kafka connector. Making a session
 is :mod:`ackstream.launch`'s (it registers the data sources, which sit above this)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ackstream.errors import AckstreamError, EnvironmentProblem
 
 __all__ = [
     "check_picklable",
+    "has_kafka_connector",
     "is_connect",
     "is_local_master",
     "java_major_version",
@@ -66,3 +68,15 @@ def is_local_master(master: str) -> bool:
     """Whether ``master`` runs every executor in the driver's process (``local``,
     ``local[N]``, ``local[N,F]``); ``local-cluster[...]`` starts separate ones."""
     return master == "local" or master.startswith("local[")
+
+
+def has_kafka_connector(spark) -> bool:
+    """Whether ``spark`` can load Spark's Kafka source (``spark-sql-kafka-0-10`` on its
+    class path, e.g. by ``spark.jars.packages``). Asked by resolving a batch read's
+    schema, which touches no broker, so it works under Spark Connect too."""
+    try:
+        reader = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
+        reader.option("subscribe", "ackstream-probe").load().schema  # noqa: B018
+    except Exception:  # not found (or refused): the Python reader reads
+        return False
+    return True

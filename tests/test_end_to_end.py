@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.offset_log import logged_offsets
-from ackstream.sources.spark_reader import has_connector
+from ackstream.session import has_kafka_connector
 
 from helpers import consume, sentences, wait_for
 
@@ -22,7 +22,7 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
 ):
     """``spark``: Spark's Kafka source reads the new records (what ``read_stream``
     chooses when the connector is there), the Python read tasks the replays."""
-    if reader == "spark" and not has_connector(spark):
+    if reader == "spark" and not has_kafka_connector(spark):
         pytest.skip("Spark's Kafka connector is not on this session's class path")
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 

@@ -1,11 +1,14 @@
-"""Kafka output sink: produce from the executors, ack only what the broker confirmed.
+"""Kafka output sink: ack only what the broker confirmed.
 
-``write`` runs the produce inside Spark's tasks (``mapInArrow``): each task builds
-its own kafka-python producer from the sink's plain settings, sends its rows,
-flushes, and yields only the rows the broker did not confirm, with their lineage
-columns and a ``_reason``. The driver collects just those, so a clean batch moves
-no rows to the driver (issues 15 and 17), and ackstream fails their roots (they are
-replayed) and acks the rest. A row is never acked before the broker confirmed it.
+Where the session has Spark's Kafka connector, ``write`` is Spark's own Kafka writer:
+one job, the rows never leave the JVM, and a job that finishes means the broker
+confirmed every row. Otherwise, and whenever that job fails, the produce runs inside
+Spark's tasks (``mapInArrow``): each task builds its own kafka-python producer from
+the sink's plain settings, sends its rows, flushes, and yields only the rows the
+broker did not confirm, with their lineage columns and a ``_reason``. The driver
+collects just those, so a clean batch moves no rows to the driver, and ackstream
+fails their roots (they are replayed) and acks the rest. A row is never acked before
+the broker confirmed it.
 
 With ``continue_trees=True`` each message also carries its row's lineage as headers
 (:mod:`ackstream.continued`: its roots and a fresh random edge id), and its trees stay
@@ -24,17 +27,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream.continued import lineage_headers, mint_edges
+from ackstream.errors import OptionError
 from ackstream.kafka.settings import client_settings
 from ackstream.lineage import LINEAGE_COLUMNS, REASON
 from ackstream.records import ACK, ack_table
+from ackstream.session import has_kafka_connector
 
-__all__ = ["KafkaSink", "ProduceTask", "carried_columns"]
+__all__ = ["WRITERS", "KafkaSink", "ProduceTask", "carried_columns"]
 
 log = logging.getLogger(__name__)
 
 #: Characters of a ``_reason`` kept, as ``topology.bolts.REASON_LIMIT`` (not imported:
 #: executors unpickling the task would import the whole topology package).
 REASON_CHARS = 500
+#: Spark's setting naming the sources written through its version 1 write path.
+V1_SOURCES = "spark.sql.sources.useV1SourceList"
+#: Values of ``KafkaSink(writer=...)``.
+WRITERS = ("auto", "spark", "python")
 #: roots of a row (``topology.bolts.ROOTS``) and the edge id of its message, on the rows
 #: a continuing write hands back
 ROOTS, SENT_EDGE = "_roots", "_sent_edge"
@@ -51,6 +60,12 @@ class KafkaSink:
     ``max_request_size``) and wins; ``flush_timeout_s`` bounds each task's wait for
     confirmations. The sink holds only these settings, so it pickles (Spark Connect
     pickles the ``foreachBatch`` function with it).
+
+    ``writer``: ``"spark"``, Spark's own Kafka writer (one job, the rows stay in the
+    JVM; needs Spark's Kafka connector), ``"python"``, a kafka-python producer per
+    task, or ``"auto"``: Spark's when the session has the connector and no
+    ``producer_config`` is given. A continuing sink always writes from Python (each
+    message carries its own lineage headers).
 
     ``continue_trees=True``: the messages continue their rows' tuple trees in whatever
     process consumes the topic (see :mod:`ackstream.continued`); a topology's batch
@@ -69,20 +84,81 @@ class KafkaSink:
         producer_config: dict | None = None,
         flush_timeout_s: float = 30.0,
         continue_trees: bool = False,
+        writer: str = "auto",
     ):
+        if writer not in WRITERS:
+            raise OptionError("writer", writer, " or ".join(repr(w) for w in WRITERS))
         self.bootstrap, self.topic = bootstrap, topic
         self.key, self.value = key, value
-        kafka_options = {
-            k: v for k, v in (kafka_options or {}).items() if str(k).startswith("kafka.")
+        self.kafka_options = {
+            str(k): str(v) for k, v in (kafka_options or {}).items() if str(k).startswith("kafka.")
         }
         # a bad setting fails here, on the driver, not in every task
-        self.producer_config = {**client_settings(kafka_options), **(producer_config or {})}
+        self.producer_config = {**client_settings(self.kafka_options), **(producer_config or {})}
         self.flush_timeout_s = flush_timeout_s
         self.continue_trees = continue_trees
+        #: whether Spark's Kafka writer writes (None: asked at the first write). "auto"
+        #: not with a kafka-python ``producer_config``, which the JVM would not read.
+        self._spark_writes: bool | None = {
+            "spark": True,
+            "python": False,
+            "auto": False if producer_config else None,
+        }[writer]
 
     def write(self, outputs, batch_id: int):
-        """Write ``outputs``; return the rows the broker did not confirm (or None)."""
+        """Write ``outputs``; return the rows the broker did not confirm (or None).
+
+        With Spark's Kafka connector in the session, Spark's Kafka writer writes them in
+        one job and the rows stay in the JVM; if that job fails (a row the broker
+        refuses fails the whole job), the rows are written again by the executors'
+        Python producers, which say which rows were not confirmed, and why. Rows the
+        failed job had written are then written twice: a replay's duplicates, as ever."""
+        if self._spark_writes is None:
+            self._spark_writes = has_kafka_connector(outputs.sparkSession)
+        if self._spark_writes:
+            try:
+                self._write_with_spark(outputs)
+                return None
+            except Exception as error:  # which rows, and why: the per-row write says
+                log.warning(
+                    "batch %d: Spark's Kafka writer to %s failed (%s); writing the batch "
+                    "row by row to learn which rows the broker refuses",
+                    batch_id,
+                    self.topic,
+                    str(error).splitlines()[0][:300],
+                )
         return self._write(outputs, batch_id, continued=False)[0]
+
+    def _write_with_spark(self, outputs) -> None:
+        """One Spark job: Spark's Kafka writer, with the producers' settings in the
+        JVM's names: the source's ``kafka.*`` ones, acks from every replica, and the
+        sink's flush timeout as the longest a record may take to be confirmed."""
+        wait_ms = max(1, int(self.flush_timeout_s * 1000))
+        options = {
+            "kafka.acks": "all",
+            "kafka.delivery.timeout.ms": str(wait_ms),
+            "kafka.request.timeout.ms": str(min(wait_ms, 30_000)),
+            "kafka.max.block.ms": str(wait_ms),
+            **self.kafka_options,
+            "kafka.bootstrap.servers": self.bootstrap,
+            "topic": self.topic,
+        }
+        key = self.key if self.key and self.key in outputs.columns else None
+        columns = [_as_bytes(outputs, self.value).alias("value")]
+        if key:
+            columns.append(_as_bytes(outputs, key).alias("key"))
+        conf = outputs.sparkSession.conf
+        v1_sources = conf.get(V1_SOURCES, "")
+        # Spark's version 2 write: the writing job is an action of its own, whose plan
+        # holds the batch's, so an Observation on the batch (the topology's count of
+        # held-back rows) is filled by it; version 1 runs the plan inside a command
+        v2_only = ",".join(s for s in v1_sources.split(",") if s.strip().lower() != "kafka")
+        conf.set(V1_SOURCES, v2_only)
+        try:
+            writer = outputs.select(*columns).write.format("kafka").mode("append")
+            writer.options(**options).save()
+        finally:
+            conf.set(V1_SOURCES, v1_sources)
 
     def write_continued(self, outputs, batch_id: int):
         """Write ``outputs`` with their lineage as headers, leaving their trees open:
@@ -248,6 +324,17 @@ class ProduceTask:
             [*rows.columns, pa.array(why, pa.string()), edge],
             names=[*self.carried, REASON, SENT_EDGE],
         )
+
+
+def _as_bytes(frame, name: str):
+    """Column ``name`` as Spark's Kafka writer takes it: string or binary kept, any other
+    type as its string (as :func:`_bytes` does on the Python path)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StringType
+
+    if isinstance(frame.schema[name].dataType, (StringType, BinaryType)):
+        return F.col(name)
+    return F.col(name).cast("string")
 
 
 def _reason(what: str, error) -> str:

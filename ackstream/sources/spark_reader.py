@@ -4,10 +4,10 @@ With ``ackstream.recordReader=spark`` the records stay in the JVM: the source pl
 the batch as ever (its offset names every record), its Python read tasks read only
 the replays, and the topology's batch reads the new ranges the offset names with
 ``spark.read.format("kafka")`` (exact starting and ending offsets per partition), then
-adds the lineage columns as Spark expressions equal to the Python reader's
-(:func:`ackstream.ids.spark_root_id`: the same ``xxhash64``), so a record gets the same
-root whichever reader read it. A value over ``ackstream.maxValueBytes`` is held back
-as the Python reader holds it back (``_reason`` set); an offset with no record
+adds the lineage columns in SQL, by the same ``xxhash64`` as the Python reader's
+(:mod:`ackstream.ids`), so a record gets the same root whichever reader read it. A
+value over ``ackstream.maxValueBytes`` is held back as the Python reader holds it
+back (``_reason`` set); an offset with no record
 (compaction, transaction markers) has no row at all, which is its right outcome: a
 planned root no stage failed completes acked.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from ackstream import ids
 from ackstream.config import SourceConfig
@@ -28,19 +27,7 @@ from ackstream.lineage import ATTEMPT, EDGE, REASON, ROOT
 from ackstream.sources.offsets import new_ranges
 from ackstream.sources.rows import too_big_reason
 
-__all__ = ["has_connector", "read_new_ranges"]
-
-
-def has_connector(spark) -> bool:
-    """Whether ``spark`` can load Spark's Kafka source (``spark-sql-kafka-0-10`` on its
-    class path, e.g. by ``spark.jars.packages``). Asked by resolving a batch read's
-    schema, which touches no broker, so it works under Spark Connect too."""
-    try:
-        reader = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
-        reader.option("subscribe", "ackstream-probe").load().schema  # noqa: B018
-    except Exception:  # not found (or refused): the Python reader reads
-        return False
-    return True
+__all__ = ["read_new_ranges"]
 
 
 def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | None:
@@ -70,19 +57,30 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
     if config.max_records_per_partition:
         options["maxRecordsPerPartition"] = str(config.max_records_per_partition)
     records = spark.read.format("kafka").options(**options).load()
-    root = ids.spark_root_id(offset.get("ids", config.id_namespace), attempt=0)
-    return (
-        records.withColumn(ROOT, root)
-        .withColumn(EDGE, ids.spark_child_edge(ROOT, ids.SPOUT_STAGE, 0))
-        .withColumn(ATTEMPT, F.lit(0).cast("long"))
-        .withColumn(REASON, _held_back(config))
+    # one projection in SQL text: each Column built in Python is a call into the JVM,
+    # and each further DataFrame call another analysis of the plan
+    root = (
+        f"xxhash64({_sql_string(offset.get('ids', config.id_namespace))}, topic, "
+        "CAST(partition AS BIGINT), offset, 0L)"
+    )
+    return records.selectExpr(
+        "*",
+        f"{root} AS {ROOT}",
+        f"xxhash64({root}, {ids.SPOUT_STAGE}L, 0L) AS {EDGE}",
+        f"0L AS {ATTEMPT}",
+        f"{_held_back(config)} AS {REASON}",
     )
 
 
-def _held_back(config: SourceConfig):
-    """``_reason`` of a row: why it is held back from the stages, else null."""
+def _held_back(config: SourceConfig) -> str:
+    """``_reason`` of a row, in SQL: why it is held back from the stages, else null."""
     if not config.tracking:  # nothing is held back untracked, as in the Python reader
-        return F.lit(None).cast("string")
-    prefix, suffix = too_big_reason("\0", config.max_value_bytes).split("\0")
-    size = F.length("value")
-    return F.when(size > config.max_value_bytes, F.concat(F.lit(prefix), size, F.lit(suffix)))
+        return "CAST(NULL AS STRING)"
+    limit = config.max_value_bytes
+    prefix, suffix = (_sql_string(part) for part in too_big_reason("\0", limit).split("\0"))
+    return f"CASE WHEN length(value) > {limit} THEN concat({prefix}, length(value), {suffix}) END"
+
+
+def _sql_string(text: str) -> str:
+    """``text`` as a SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -33,8 +33,7 @@ from ackstream.channels import check_reach
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
-from ackstream.session import is_connect, master_of
-from ackstream.sources.spark_reader import has_connector
+from ackstream.session import has_kafka_connector, is_connect, master_of
 from ackstream.sources.upstream import check_options, open_upstream
 from ackstream.topology.batch import ack_mode as ack_mode_named
 from ackstream.topology.batch import run_batch
@@ -332,7 +331,7 @@ class Topology:
         ):
             merged["ackstream.recordReader"] = "spark"
             config = check_options(merged)
-        elif config.record_reader == "spark" and not has_connector(self.spark):
+        elif config.record_reader == "spark" and not has_kafka_connector(self.spark):
             raise OptionError(
                 "ackstream.recordReader",
                 "spark",
@@ -356,7 +355,7 @@ class Topology:
         (with a stage-by-stage ack mode a root is known by its row; an offset with no
         record would have none, and wait for the source's timeout)."""
         plans = not config.tracking or self.mode.plans_inits
-        return config.upstream == "kafka" and plans and has_connector(self.spark)
+        return config.upstream == "kafka" and plans and has_kafka_connector(self.spark)
 
     def check_reach(self) -> None:
         """Refuse a channel the executors of this session's master may not reach: a

@@ -29,22 +29,44 @@ class Observed:
 
     def __init__(self, df: DataFrame, what: str, **metrics: Column):
         self._observation = _observation(df, f"ackstream-{what}-{uuid.uuid4().hex}")
+        self._spark = df.sparkSession
         self.frame = df.observe(
             self._observation, *(column.alias(name) for name, column in metrics.items())
         )
 
     def metrics(self) -> dict | None:
-        """The metrics if a job over ``frame`` has finished, else None; never waits
-        (classic PySpark's ``get`` would wait for a job that may never come)."""
+        """The metrics if a job over ``frame`` has finished, else None; never waits for
+        a job (classic PySpark's ``get`` would wait for one that may never come).
+
+        A finished job's metrics reach the Observation through Spark's listener bus,
+        a few milliseconds after the job returned: when they are not there yet, this
+        waits (boundedly) for the bus to deliver the events already posted, so that a
+        job that did run is not taken for one that did not."""
         observation = self._observation
         job = getattr(observation, "_jo", None)  # classic: the JVM Observation
         try:
             if job is not None and not job.future().isCompleted():
-                return None
+                _deliver_posted_events(self._spark)
+                if not job.future().isCompleted():
+                    return None
             return observation.get or None  # Connect: {} until the job reported
         except Exception:  # the job failed, or an API this code does not know
             log.debug("no metrics from %r", observation, exc_info=True)
             return None
+
+
+#: The longest :meth:`Observed.metrics` waits for Spark's listener bus.
+DELIVERY_WAIT_MS = 2_000
+
+
+def _deliver_posted_events(spark) -> None:
+    """Wait until Spark's listener bus has delivered every event posted so far (the end
+    of a finished job among them), at most :data:`DELIVERY_WAIT_MS`."""
+    try:
+        bus = spark.sparkContext._jsc.sc().listenerBus()  # noqa: SLF001 - no Python API
+        bus.waitUntilEmpty(DELIVERY_WAIT_MS)
+    except Exception:  # a bus that stays busy, or a Spark without this method
+        log.debug("Spark's listener bus did not empty", exc_info=True)
 
 
 def _observation(df: DataFrame, name: str):

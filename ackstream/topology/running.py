@@ -183,22 +183,31 @@ class BatchFunction:
     def _with_new_records(self, batch: DataFrame, offsets: list[dict]) -> DataFrame:
         """``batch`` with the new records Spark's Kafka source reads for it (see
         :mod:`ackstream.sources.spark_reader`): the source's own rows are then the
-        replays alone."""
-        for offset in offsets:
-            if offset.get("reader") != "spark":
-                continue
-            config = self.topology.source_config
-            if config is None:
-                raise OptionError(
-                    "ackstream.recordReader",
-                    "spark",
-                    '"python" for a stream not made by topology.read_stream(...) (the '
-                    "topology reads the new records with the options given there)",
-                )
-            records = read_new_ranges(batch.sparkSession, config, offset)
-            if records is not None:
-                batch = batch.unionByName(records)
-        return batch
+        replays alone, and a batch without replays is the records Spark read (a union
+        costs another analysis of the plan)."""
+        read = [offset for offset in offsets if offset.get("reader") == "spark"]
+        if not read:
+            return batch
+        config = self.topology.source_config
+        if config is None:
+            raise OptionError(
+                "ackstream.recordReader",
+                "spark",
+                '"python" for a stream not made by topology.read_stream(...) (the '
+                "topology reads the new records with the options given there)",
+            )
+        frames = [
+            records
+            for offset in read
+            if (records := read_new_ranges(batch.sparkSession, config, offset)) is not None
+        ]
+        if len(read) < len(offsets) or any(offset.get("replays") for offset in offsets):
+            frames.insert(0, batch)
+        if not frames:
+            return batch
+        for frame in frames[1:]:
+            frames[0] = frames[0].unionByName(frame)
+        return frames[0]
 
     def _planned_inits(self, offsets: list[dict] | None) -> pa.Table | None:
         """The init records of every root of the batch, from the offsets Spark logged

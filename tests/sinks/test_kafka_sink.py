@@ -3,6 +3,8 @@
 import pytest
 from pyspark.sql import functions as F
 
+from ackstream.errors import OptionError
+from ackstream.session import has_kafka_connector
 from ackstream.sinks.kafka import KafkaSink
 from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology
@@ -67,7 +69,11 @@ def frame(spark, values, **columns):
     return df
 
 
-def test_a_clean_batch_moves_no_row_to_the_driver(spark, broker, new_topic, monkeypatch):
+@pytest.mark.parametrize("writer", ["python", "spark"])
+def test_a_clean_batch_moves_no_row_to_the_driver(spark, broker, new_topic, monkeypatch, writer):
+    """The Python producers hand back no row; Spark's writer collects nothing at all."""
+    if writer == "spark" and not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
     topic = new_topic()
     values = [f"v{i}" for i in range(50)]
     df = frame(spark, values).repartition(3)
@@ -80,9 +86,11 @@ def test_a_clean_batch_moves_no_row_to_the_driver(spark, broker, new_topic, monk
         return table
 
     monkeypatch.setattr(type(df), "toArrow", spy)
-    assert KafkaSink(broker.bootstrap, topic).write(df, 0) is None
+    assert KafkaSink(broker.bootstrap, topic, writer=writer).write(df, 0) is None
     # the one collect is of the unwritten rows: lineage and why, no payload, none here
-    assert collected == [(["_root", "_edge", "_anchors", "_attempt", "_reason"], 0)]
+    unwritten = [(["_root", "_edge", "_anchors", "_attempt", "_reason"], 0)]
+    assert collected == (unwritten if writer == "python" else [])
+    assert sorted(read_topic(broker.bootstrap, topic, 50)) == sorted(values)
     assert sorted(read_topic(broker.bootstrap, topic, 50)) == sorted(values)
 
 
@@ -143,3 +151,34 @@ def test_an_aggregate_row_the_broker_refused_fails_the_roots_of_its_group(spark,
         r["_root"]: ("failed" if r["value"] == "big" else "acked") for r in rows
     }
     assert sorted(read_topic(broker.bootstrap, topic, 2)) == ["1", "2"]
+
+
+def test_a_row_the_broker_refuses_fails_spark_s_write_and_alone_comes_back(
+    spark, broker, new_topic
+):
+    """Spark's writer fails as a whole on one refused row; the row-by-row write then
+    names that row, and the others are in the topic (written once or twice)."""
+    if not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    topic = new_topic()
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:  # the topic takes at most 2,000 bytes a message
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": "2000"})
+        admin.alter_configs([resource])
+    finally:
+        admin.close()
+    values = ["a", "b", "x" * 5000, "c"]
+    sink = KafkaSink(broker.bootstrap, topic, writer="spark", flush_timeout_s=20)
+    alone = frame(spark, values).repartitionByRange(len(values), "_edge")  # a task a row
+    unwritten = sink.write(alone, 0)
+    assert unwritten is not None
+    assert unwritten.column("_edge").to_pylist() == [102]
+    assert "KafkaSink to" in unwritten.column("_reason")[0].as_py()
+    assert set(read_topic(broker.bootstrap, topic, 3)) == {"a", "b", "c"}
+
+
+def test_a_writer_it_does_not_know_is_refused_by_name():
+    with pytest.raises(OptionError, match="writer"):
+        KafkaSink("127.0.0.1:9", "t", writer="jvm")

@@ -29,7 +29,13 @@ def parquet_rows(spark, path) -> list[dict]:
 
 
 @pytest.fixture(
-    params=["memory", "console", "parquet", pytest.param("kafka", marks=pytest.mark.broker)]
+    params=[
+        "memory",
+        "console",
+        "parquet",
+        pytest.param("kafka", marks=pytest.mark.broker),  # Spark's writer, with the connector
+        pytest.param("kafka-python", marks=pytest.mark.broker),
+    ]
 )
 def sink_and_reader(request, capsys, tmp_path):
     """``(sink, written)``: ``written()`` gives the values the sink wrote so far."""
@@ -53,7 +59,7 @@ def sink_and_reader(request, capsys, tmp_path):
     else:
         bootstrap = request.getfixturevalue("broker").bootstrap
         topic = request.getfixturevalue("new_topic")()
-        sink = KafkaSink(bootstrap, topic)
+        sink = KafkaSink(bootstrap, topic, writer="python" if "python" in request.param else "auto")
         yield sink, lambda: kafka_values(bootstrap, topic)
     sink.close()
 

@@ -3,16 +3,17 @@
 import pytest
 
 from ackstream.config import parse
+from ackstream.session import has_kafka_connector
 from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.rows import ReadTask
-from ackstream.sources.spark_reader import has_connector, read_new_ranges
+from ackstream.sources.spark_reader import read_new_ranges
 
 pytestmark = [pytest.mark.broker]
 
 
 @pytest.fixture
 def connector(spark):
-    if not has_connector(spark):
+    if not has_kafka_connector(spark):
         pytest.skip("Spark's Kafka connector is not on this session's class path")
 
 
