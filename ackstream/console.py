@@ -4,7 +4,8 @@ shows ackstream's own lines, and Ctrl-C asks the command to stop.
 - :class:`LogFile`: Spark's JVM log, the stderr of the Python workers Spark starts,
   and Python's logging records (pyspark's, py4j's, ackstream's, the topology file's)
   go to one file, which the command names when it ends badly; ``verbose`` leaves
-  them all on the console instead.
+  them all on the console instead. That includes the records of pyspark's loggers
+  that write to stderr of their own accord (:data:`PYSPARK_ERROR_LOGGERS`).
 - :func:`interrupts`: Ctrl-C sets an event the command polls, instead of raising
   ``KeyboardInterrupt`` wherever the main thread is: pyspark's own handler cancels
   Spark's jobs and raises, and a ``KeyboardInterrupt`` in the middle of a py4j call
@@ -25,9 +26,14 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-__all__ = ["LogFile", "interrupts"]
+__all__ = ["PYSPARK_ERROR_LOGGERS", "LogFile", "interrupts"]
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: pyspark's loggers that write each Spark error carrying a query context, the JVM's
+#: stack trace with it, to stderr whenever pyspark converts one, also one ackstream
+#: handles (a batch that fails as a whole); they do not propagate to the root logger.
+PYSPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 
 
 class LogFile:
@@ -40,16 +46,23 @@ class LogFile:
             fd, self.path = tempfile.mkstemp(prefix=f"ackstream-{command}-", suffix=".log")
             os.close(fd)
         self._handler: logging.Handler | None = None
+        self._pyspark_handlers: dict[logging.Logger, list[logging.Handler]] = {}
 
     def __enter__(self) -> LogFile:
         if self.path is not None:
             self._handler = logging.FileHandler(self.path)
             self._handler.setFormatter(logging.Formatter(_FORMAT))
             logging.getLogger().addHandler(self._handler)
+            for logger in _pyspark_error_loggers():
+                self._pyspark_handlers[logger] = logger.handlers
+                logger.handlers = [self._handler]  # not addHandler: pyspark's sets JSON
         return self
 
     def __exit__(self, *exc) -> None:
         if self._handler is not None:
+            for logger, handlers in self._pyspark_handlers.items():
+                logger.handlers = handlers
+            self._pyspark_handlers = {}
             logging.getLogger().removeHandler(self._handler)
             self._handler.close()
             self._handler = None
@@ -81,6 +94,15 @@ class LogFile:
         if self.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
+
+
+def _pyspark_error_loggers() -> list[logging.Logger]:
+    """The loggers of :data:`PYSPARK_ERROR_LOGGERS`, made as pyspark makes them."""
+    # imported here, not above: only the commands that run Spark enter a LogFile, and
+    # ackstream --help stays fast
+    from pyspark.logger import PySparkLogger
+
+    return [PySparkLogger.getLogger(name) for name in PYSPARK_ERROR_LOGGERS]
 
 
 @contextlib.contextmanager

@@ -623,6 +623,30 @@ def test_a_failed_query_is_one_line_with_the_error_inside_sparks_wrapping(
     assert "An exception was raised by the Python Proxy" in logged and "Traceback" in logged
 
 
+@pytest.mark.spark
+def test_sparks_own_error_records_go_to_the_log_file_not_the_console(
+    spark, tmp_path, capfd, monkeypatch
+):
+    """pyspark writes a Spark error that carries a query context, the JVM's stack trace
+    with it, to stderr whenever it converts one, also one ackstream handles (a batch
+    that fails as a whole is isolated and dead-lettered): under run and acker it goes
+    to the log file with the rest of Spark's log, and pyspark's loggers are given back
+    after."""
+    from pyspark.errors import ArrayIndexOutOfBoundsException
+    from pyspark.logger import PySparkLogger
+
+    from ackstream.console import PYSPARK_ERROR_LOGGERS, LogFile
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    loggers = [PySparkLogger.getLogger(name) for name in PYSPARK_ERROR_LOGGERS]
+    before = [list(logger.handlers) for logger in loggers]
+    with LogFile("run") as log, pytest.raises(ArrayIndexOutOfBoundsException):
+        spark.sql("SELECT split(CAST(id AS STRING), ',')[5] FROM range(1)").collect()
+    assert "INVALID_ARRAY_INDEX" in Path(log.path).read_text()
+    assert "INVALID_ARRAY_INDEX" not in capfd.readouterr().err
+    assert [logger.handlers for logger in loggers] == before
+
+
 NO_BROKER_FILE = """
 from ackstream import LocalChannel, MemorySink, Topology
 

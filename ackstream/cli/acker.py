@@ -1,0 +1,124 @@
+"""``ackstream acker``: a topology's acker query in a process of its own (the topology
+started with ``acker=False``), until stopped (:mod:`ackstream.acker.query` starts it)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ackstream.cli.arguments import (
+    Formatter,
+    add_channel_options,
+    add_session_options,
+    add_verbose,
+    command_kafka_options,
+)
+from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, refused
+from ackstream.cli.queries import local_session, stop, stopping, supervise
+from ackstream.config import default_channel_dir, parse_duration_ms
+from ackstream.console import LogFile
+from ackstream.errors import AckstreamError
+
+if TYPE_CHECKING:  # for annotations only: the command imports what it runs
+    from ackstream.channels.base import Channel
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(commands) -> None:
+    acker = commands.add_parser(
+        "acker",
+        help="run a topology's acker query in this process, until stopped",
+        description="Runs the acker query of a topology started elsewhere with acker=False:\n"
+        "ack records in from the channel, completions out to it. The pending\n"
+        "roots live in the checkpoint: restarted with the same --checkpoint\n"
+        "(after a crash, too), it resumes them. Stops on Ctrl-C or --timeout.",
+        formatter_class=Formatter,
+    )
+    acker.set_defaults(subparser=acker, handler=command)
+    add_channel_options(acker)
+    acker.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        required=True,
+        help="the acker query's checkpoint (keep it across restarts)",
+    )
+    acker.add_argument(
+        "--ackers", type=int, default=2, help="shards; fixed for the life of the checkpoint"
+    )
+    acker.add_argument(
+        "--message-timeout",
+        default="30s",
+        metavar="DURATION",
+        help='Storm\'s topology.message.timeout ("30s", "2 min", ms)',
+    )
+    acker.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval")
+    acker.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS", help="stop after this long"
+    )
+    add_verbose(acker)
+    add_session_options(acker)
+
+
+def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
+    """``ackstream acker``; its errors name the subcommand."""
+    return _acker(args.subparser, args)
+
+
+def _acker(parser: argparse.ArgumentParser, args) -> int:
+    if args.channel and args.bootstrap:
+        parser.error("--channel and --bootstrap are both set: give one")
+    if args.ackers < 1 or args.trigger_ms < 1:
+        parser.error("--ackers and --trigger-ms must be positive")
+    kafka_options = command_kafka_options(parser, args)
+    try:
+        timeout_ms = parse_duration_ms("--message-timeout", args.message_timeout)
+    except AckstreamError as problem:
+        parser.error(str(problem))
+    log_file = LogFile("acker", args.verbose)
+    with log_file:
+        code = _run_acker(args, kafka_options, timeout_ms, log_file)
+    if code == EXIT_OK:
+        log_file.discard()
+    return code
+
+
+def _run_acker(args, kafka_options: dict, timeout_ms: int, log_file: LogFile) -> int:
+    """Start the acker query, wait for it, stop it; the exit status."""
+    # Spark, Arrow and the channels: imported when the acker runs, not for --help
+    from ackstream.acker.query import start_acker
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.channels.local import LocalChannel
+
+    try:
+        spark = local_session(args, f"ackstream-acker-{args.topology}", log_file)
+    except AckstreamError as problem:
+        return refused(problem)
+    channel: Channel
+    if args.bootstrap:
+        channel = KafkaChannel(args.bootstrap, args.topology, kafka_options=kafka_options)
+    else:
+        channel = LocalChannel(args.channel or default_channel_dir(args.topology))
+    query, code = None, EXIT_FAILED
+    try:
+        query = start_acker(
+            spark,
+            channel,
+            checkpoint=args.checkpoint,
+            ackers=args.ackers,
+            message_timeout_ms=timeout_ms,
+            trigger_ms=args.trigger_ms,
+            query_name=f"{args.topology}.acker",
+        )
+        print(f"ackstream acker: {query.name} running, checkpoint {args.checkpoint}", flush=True)
+        code = supervise([query], args.timeout, None, log_file)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except AckstreamError as problem:
+        code = refused(problem)
+    finally:
+        stopping(code, log_file)
+        if query is not None:
+            stop([query])
+        spark.stop()
+    return code

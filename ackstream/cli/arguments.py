@@ -1,0 +1,143 @@
+"""The options several commands share, and how their help is laid out.
+
+Options default to environment variables, shown in ``--help``. Nothing here imports
+Spark, pandas or Arrow: building the parser keeps ``ackstream --help`` fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ackstream.errors import OptionError
+from ackstream.kafka.settings import properties_file_options
+
+__all__ = [
+    "ONE_SHOT_BOOTSTRAP_TIMEOUT_MS",
+    "Formatter",
+    "add_channel_options",
+    "add_dead_letter_options",
+    "add_session_options",
+    "add_verbose",
+    "command_kafka_options",
+    "env_float",
+    "env_int",
+]
+
+#: How long a one-shot command (status, dead-letters) waits for brokers that do not
+#: answer before it says so; queries ride out outages for OUTAGE_LIMIT_S (120 s) instead.
+ONE_SHOT_BOOTSTRAP_TIMEOUT_MS = 10_000
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value else None
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown in --help, descriptions kept as written."""
+
+
+def add_verbose(command) -> None:
+    command.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Spark's log, Python's logging and full errors on the console, not in a log file",
+    )
+
+
+def add_session_options(command) -> None:
+    """Where the command's Spark session runs: local[N], a master, or a Connect server."""
+    command.add_argument(
+        "--cores",
+        type=int,
+        default=env_int("ACKSTREAM_CORES", 2),
+        help="local[N] cores when the command makes a local session (env ACKSTREAM_CORES)",
+    )
+    where = command.add_mutually_exclusive_group()
+    where.add_argument(
+        "--master",
+        default=os.environ.get("ACKSTREAM_MASTER"),
+        metavar="URL",
+        help="Spark master instead of local[N], e.g. spark://host:7077 (env ACKSTREAM_MASTER); "
+        "the executors must import ackstream: install it on every host, or set "
+        "spark.submit.pyFiles in spark-defaults.conf",
+    )
+    where.add_argument(
+        "--remote",
+        default=os.environ.get("ACKSTREAM_REMOTE"),
+        metavar="URL",
+        help="a Spark Connect server instead of a session in this process, e.g. "
+        "sc://host:15002 (env ACKSTREAM_REMOTE)",
+    )
+
+
+def add_channel_options(command) -> None:
+    """--topology, --channel and --bootstrap: which ack and completion channels."""
+    command.add_argument(
+        "--topology",
+        default=os.environ.get("ACKSTREAM_TOPOLOGY", "ackstream"),
+        help="the topology's name, ackstream.topology (env ACKSTREAM_TOPOLOGY)",
+    )
+    command.add_argument(
+        "--channel",
+        metavar="DIR",
+        default=os.environ.get("ACKSTREAM_CHANNEL"),
+        help="the local channel directory, ackstream.channel (env "
+        "ACKSTREAM_CHANNEL; unset: the topology's default directory)",
+    )
+    command.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        default=os.environ.get("ACKSTREAM_BOOTSTRAP"),
+        help="use the Kafka channel (<topology>.acks, <topology>.done) on "
+        "this broker instead (env ACKSTREAM_BOOTSTRAP)",
+    )
+    command.add_argument(
+        "--command-config",
+        metavar="FILE",
+        default=os.environ.get("ACKSTREAM_COMMAND_CONFIG"),
+        help="with --bootstrap: a Kafka client properties file (security.protocol, "
+        "ssl.*, sasl.jaas.config...), as Kafka's own tools take (env "
+        "ACKSTREAM_COMMAND_CONFIG)",
+    )
+
+
+def add_dead_letter_options(command) -> None:
+    """--dead-letters and --dead-letter-topic: where a topology's dead letters are."""
+    command.add_argument(
+        "--dead-letters",
+        metavar="DIR",
+        default=None,
+        help="dead-letter Parquet folder (unset: <channel>/dead_letters with "
+        "--channel, the dead-letter topic with --bootstrap)",
+    )
+    command.add_argument(
+        "--dead-letter-topic",
+        metavar="TOPIC",
+        default=None,
+        help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
+    )
+
+
+def command_kafka_options(
+    parser: argparse.ArgumentParser, args, one_shot: bool = False
+) -> dict[str, str]:
+    """The ``kafka.*`` client options of ``--command-config`` (none without it); a file
+    that is missing or holds a setting no Kafka client knows stops the command. A
+    ``one_shot`` command gives up on silent brokers after
+    :data:`ONE_SHOT_BOOTSTRAP_TIMEOUT_MS` unless the file sets ``bootstrap.timeout.ms``."""
+    options = {"kafka.bootstrap.timeout.ms": str(ONE_SHOT_BOOTSTRAP_TIMEOUT_MS)} if one_shot else {}
+    if not args.command_config:
+        return options
+    if not (args.bootstrap or getattr(args, "upstream_bootstrap", None)):
+        parser.error("--command-config needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    try:
+        return {**options, **properties_file_options(args.command_config)}
+    except OptionError as problem:
+        parser.error(str(problem))

@@ -1,0 +1,115 @@
+"""The Spark queries of a long-running command (``run``, ``acker``): the session it
+makes, the wait for its queries with a progress line every few seconds, one line per
+query that failed, and the stop.
+
+What needs Spark is imported inside the function that uses it, so that building the
+parser (``ackstream --help``) imports no Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
+from ackstream.console import LogFile, interrupts
+from ackstream.errors import cause_of
+
+__all__ = ["local_session", "stop", "stopping", "supervise", "wait"]
+
+log = logging.getLogger(__name__)
+
+
+def local_session(args, app_name: str, log_file: LogFile):
+    """The command's Spark session (``--cores``, ``--master``, ``--remote``); a JVM
+    launched for it writes its log to ``log_file``."""
+    from ackstream.launch import local_session  # Spark: not for --help
+
+    with log_file.launching():
+        return local_session(app_name, cores=args.cores, master=args.master, remote=args.remote)
+
+
+def supervise(queries, timeout: float | None, until_idle: float | None, log_file: LogFile) -> int:
+    """Wait for the queries as :func:`wait` does, Ctrl-C included; a line for each
+    failed query; the exit status."""
+    with interrupts() as pressed:
+        code = wait(queries, timeout, until_idle, pressed)
+    return _failures(queries, log_file) if code == EXIT_FAILED else code
+
+
+def stopping(code: int, log_file: LogFile) -> None:
+    """Say so when Ctrl-C stops the command (its queries may take a trigger to stop)."""
+    if code == EXIT_INTERRUPTED:
+        print(f"ackstream: interrupted, stopping the queries{log_file.named()}", file=sys.stderr)
+
+
+def wait(
+    queries, timeout: float | None, until_idle: float | None, pressed, every_s: float = 5.0
+) -> int:
+    """Poll until every query ended (0), or one failed (1 at once: its peers would run
+    on without it), or the timeout passed, or the queries have read rows and then none
+    for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
+    :func:`~ackstream.console.interrupts`). Prints each query's progress every
+    ``every_s``."""
+    start, last_active, printed = time.monotonic(), None, time.monotonic()
+    seen: dict = {}
+    rows: dict = {}
+    while any(q.isActive for q in queries):
+        if pressed.is_set():
+            return EXIT_INTERRUPTED
+        now = time.monotonic()
+        if any(not q.isActive and q.exception() is not None for q in queries):
+            return EXIT_FAILED
+        for q in queries:
+            progress = q.lastProgress
+            if progress and seen.get(q.id) != progress.get("batchId"):
+                rows[q.id] = rows.get(q.id, 0) + progress.get("numInputRows", 0)
+                if progress.get("numInputRows", 0) > 0:
+                    last_active = now
+                seen[q.id] = progress.get("batchId")
+        if now - printed >= every_s:
+            printed = now
+            print(
+                f"[{now - start:6.1f}s] "
+                + "; ".join(
+                    f"{q.name}: batch {seen.get(q.id, '-')}, {rows.get(q.id, 0)} rows read"
+                    for q in queries
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+        if timeout is not None and now - start >= timeout:
+            print(
+                f"ackstream: --timeout {timeout:g}s reached, stopping the queries", file=sys.stderr
+            )
+            return EXIT_OK
+        if until_idle is not None and last_active is not None and now - last_active >= until_idle:
+            print(
+                f"ackstream: no rows read for {until_idle:g}s, stopping the queries",
+                file=sys.stderr,
+            )
+            return EXIT_OK
+        pressed.wait(0.2)
+    return EXIT_FAILED if any(q.exception() is not None for q in queries) else EXIT_OK
+
+
+def _failures(queries, log_file: LogFile) -> int:
+    """One line per failed query, saying why (its full error goes to ``log_file``); the
+    exit status: 3 if every cause is the environment, else 1."""
+    codes = []
+    for q in queries:
+        if q.exception() is not None:
+            error = str(q.exception())
+            log.error("query %s failed:\n%s", q.name, error)
+            cause = cause_of(error)
+            print(f"ackstream: query {q.name} failed: {cause}{log_file.named()}", file=sys.stderr)
+            codes.append(status_of(cause))
+    return min(codes, default=EXIT_FAILED)
+
+
+def stop(queries) -> None:
+    """Stop the queries, each topology query before its acker."""
+    from ackstream.topology.running import stop_queries  # Spark: not for --help
+
+    stop_queries(queries)
