@@ -111,7 +111,8 @@ def spark_session():
 def spark_summary(query, warmup_batches: int) -> dict:
     """Batches, and the median of each of Spark's phases (``addBatch``: the batch's work)
     over the batches after the warm-up, from the query's progress."""
-    batches = [p for p in query.recentProgress if p.get("numInputRows")]
+    # a batch that ran (Spark's reader leaves numInputRows to the replays alone)
+    batches = [p for p in query.recentProgress if p["durationMs"].get("addBatch")]
     timed = batches[warmup_batches:] or batches
     return {
         "batches": len(batches),

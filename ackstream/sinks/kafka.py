@@ -25,11 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import functions as F
 
 from ackstream.continued import lineage_headers, mint_edges
 from ackstream.errors import OptionError
 from ackstream.kafka.settings import client_settings
 from ackstream.lineage import LINEAGE_COLUMNS, REASON
+from ackstream.observed import Observed
 from ackstream.records import ACK, ack_table
 from ackstream.session import has_kafka_connector
 
@@ -42,6 +44,10 @@ log = logging.getLogger(__name__)
 REASON_CHARS = 500
 #: Spark's setting naming the sources written through its version 1 write path.
 V1_SOURCES = "spark.sql.sources.useV1SourceList"
+#: The Java producer's default ``max.request.size``, and what a record adds to its key
+#: and value in a request (a row nearer the limit is written by Python, which says
+#: whether it fits)
+JVM_MAX_REQUEST, RECORD_OVERHEAD = 1_048_576, 1_024
 #: Values of ``KafkaSink(writer=...)``.
 WRITERS = ("auto", "spark", "python")
 #: roots of a row (``topology.bolts.ROOTS``) and the edge id of its message, on the rows
@@ -109,16 +115,19 @@ class KafkaSink:
         """Write ``outputs``; return the rows the broker did not confirm (or None).
 
         With Spark's Kafka connector in the session, Spark's Kafka writer writes them in
-        one job and the rows stay in the JVM; if that job fails (a row the broker
-        refuses fails the whole job), the rows are written again by the executors'
-        Python producers, which say which rows were not confirmed, and why. Rows the
-        failed job had written are then written twice: a replay's duplicates, as ever."""
+        one job and the rows stay in the JVM. A row too big for a request (Spark's
+        writer would fail the whole job on it) is left out of that job and written
+        alone, by Python, which says why it was refused; the job counts such rows as
+        it goes, so a batch without any pays nothing for them. If the job fails all the
+        same (the broker refused or did not confirm a row), the rows are written again
+        by the executors' Python producers, which say which rows were not confirmed,
+        and why: rows the failed job had written are then written twice, a replay's
+        duplicates."""
         if self._spark_writes is None:
             self._spark_writes = has_kafka_connector(outputs.sparkSession)
         if self._spark_writes:
             try:
-                self._write_with_spark(outputs)
-                return None
+                too_big = self._write_with_spark(outputs)
             except Exception as error:  # which rows, and why: the per-row write says
                 log.warning(
                     "batch %d: Spark's Kafka writer to %s failed (%s); writing the batch "
@@ -127,12 +136,17 @@ class KafkaSink:
                     self.topic,
                     str(error).splitlines()[0][:300],
                 )
+            else:
+                if too_big is None:
+                    return None
+                return self._write(too_big, batch_id, continued=False)[0]
         return self._write(outputs, batch_id, continued=False)[0]
 
-    def _write_with_spark(self, outputs) -> None:
+    def _write_with_spark(self, outputs):
         """One Spark job: Spark's Kafka writer, with the producers' settings in the
         JVM's names: the source's ``kafka.*`` ones, acks from every replica, and the
-        sink's flush timeout as the longest a record may take to be confirmed."""
+        sink's flush timeout as the longest a record may take to be confirmed. Returns
+        the rows too big for a request, which it did not write (None: there were none)."""
         wait_ms = max(1, int(self.flush_timeout_s * 1000))
         options = {
             "kafka.acks": "all",
@@ -147,6 +161,11 @@ class KafkaSink:
         columns = [_as_bytes(outputs, self.value).alias("value")]
         if key:
             columns.append(_as_bytes(outputs, key).alias("key"))
+        limit = int(options.get("kafka.max.request.size", JVM_MAX_REQUEST)) - RECORD_OVERHEAD
+        size = " + ".join(f"coalesce(length(`{c}`), 0)" for c in (self.value, key) if c)
+        fits = F.expr(f"{size} <= {limit}")
+        counted = Observed(outputs, "sink-too-big", rows=F.count_if(~fits))
+        writes = counted.frame.where(fits)
         conf = outputs.sparkSession.conf
         v1_sources = conf.get(V1_SOURCES, "")
         # Spark's version 2 write: the writing job is an action of its own, whose plan
@@ -155,10 +174,14 @@ class KafkaSink:
         v2_only = ",".join(s for s in v1_sources.split(",") if s.strip().lower() != "kafka")
         conf.set(V1_SOURCES, v2_only)
         try:
-            writer = outputs.select(*columns).write.format("kafka").mode("append")
+            writer = writes.select(*columns).write.format("kafka").mode("append")
             writer.options(**options).save()
         finally:
             conf.set(V1_SOURCES, v1_sources)
+        seen = counted.metrics()
+        if seen is not None and not seen["rows"]:
+            return None
+        return outputs.where(~fits)  # some, or unknown: the Python producers say which
 
     def write_continued(self, outputs, batch_id: int):
         """Write ``outputs`` with their lineage as headers, leaving their trees open:
@@ -329,7 +352,6 @@ class ProduceTask:
 def _as_bytes(frame, name: str):
     """Column ``name`` as Spark's Kafka writer takes it: string or binary kept, any other
     type as its string (as :func:`_bytes` does on the Python path)."""
-    from pyspark.sql import functions as F
     from pyspark.sql.types import BinaryType, StringType
 
     if isinstance(frame.schema[name].dataType, (StringType, BinaryType)):

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.lineage import REASON
-from ackstream.topology.observed import Observed
+from ackstream.observed import Observed
 
 __all__ = ["HeldWatch"]
 
