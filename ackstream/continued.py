@@ -34,6 +34,11 @@ they always do, and :func:`translate` maps each batch's records from those local
 roots onto the upstream trees named by the headers before they go to the upstream
 channel. A record without the headers is processed untracked, as Storm's
 unanchored tuple: nothing acks, fails or replays it (the batch logs how many).
+
+Such a topology may write the trees on with a continuing sink of its own: its
+messages then name the upstream roots, not its local ones, so any number of
+processes continue the first topology's trees, each acking on that topology's
+channel (``ackstream.topology.batch.with_upstream_roots``).
 """
 
 from __future__ import annotations
