@@ -25,7 +25,7 @@ same outcome for every root (tests hold them to it):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from ackstream.acker.precombine import precombine, settle
 from ackstream.clock import now_ms
-from ackstream.continued import lineage_of, translate
+from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
@@ -199,6 +199,8 @@ class BatchRun:
             spout = self._keep(batch) if several else batch
         if self.tracking and self.topology.continue_trees:
             self.upstream = continued_lineage(spout, self.topology.name)
+            resets = UpstreamResets(self.topology.channel, self.upstream)
+            self.context = replace(self.context, resets=resets)
         if self.read_inits:
             self.frames.append(init_records(spout, self.now, self.mode.edges))
         if held and self.watch is None:

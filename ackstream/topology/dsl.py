@@ -259,13 +259,23 @@ class Topology:
         keys = [keys] if isinstance(keys, str | Column) else list(keys)
         return self._add(WindowStage, keys, aggs, count, name=name, after=after)
 
-    def pandas_bolt(self, fn, schema: str, *, name: str | None = None, after=None) -> Topology:
+    def pandas_bolt(
+        self,
+        fn,
+        schema: str,
+        *,
+        collector: bool = False,
+        name: str | None = None,
+        after=None,
+    ) -> Topology:
         """A pandas bolt, ``fn(frame) -> frame`` indexed by parent row position (Storm's
         ``emit(anchor, values)``; -1: unanchored); ``schema`` is its output DDL. An
         exception, or output that does not fit ``schema`` (columns, index, a value's
         type), fails only the roots of the rows it came from, with a reason naming the
-        stage and what was wrong."""
-        return self._add(PandasBoltStage, fn, schema, name=name, after=after)
+        stage and what was wrong. ``collector=True`` calls ``fn(frame, collector)``:
+        ``collector.reset_timeout(rows)`` is Storm's ``resetTimeout``, for slow work on
+        trees an upstream topology keeps open (see :class:`~ackstream.topology.bolts.Collector`)."""
+        return self._add(PandasBoltStage, fn, schema, collector, name=name, after=after)
 
     def sink(self, sink, *, name: str | None = None, after=None) -> Topology:
         """Write a stream to ``sink`` (``MemorySink``, ``ConsoleSink``, ``KafkaSink``, or

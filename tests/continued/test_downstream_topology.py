@@ -259,13 +259,17 @@ def test_three_processes_the_last_one_acks_or_fails_the_first_ones_records(
             ),
             str(tmp_path / "a"),
             trigger_ms=300,
-        ),
+        )
+    ]
+    # B starts once A wrote (two sources starting at once may outwait Spark on 2 cores)
+    wait_for(lambda: len(consume(broker.bootstrap, first)) == n, timeout=150, what="A's")
+    queries.append(
         middle.start(
             middle.read_stream({**options, "subscribe": first}),
             str(tmp_path / "b"),
             trigger_ms=300,
-        ),
-    ]
+        )
+    )
     group = KafkaConsumer(
         bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{a}", enable_auto_commit=False
     )
