@@ -34,12 +34,19 @@ they always do, and :func:`translate` maps each batch's records from those local
 roots onto the upstream trees named by the headers before they go to the upstream
 channel. A record without the headers is processed untracked, as Storm's
 unanchored tuple: nothing acks, fails or replays it (the batch logs how many).
+
+Such a topology may write the trees on with a continuing sink of its own: its
+messages then name the upstream roots, not its local ones, so any number of
+processes continue the first topology's trees, each acking on that topology's
+channel (``ackstream.topology.batch.with_upstream_roots``).
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +59,7 @@ __all__ = [
     "ROOTS_HEADER",
     "Lineage",
     "TreeClient",
+    "UpstreamResets",
     "continued_acks",
     "lineage_headers",
     "lineage_of",
@@ -135,6 +143,31 @@ def translate(records: pa.Table, local: dict[int, Lineage], now: int) -> pa.Tabl
     )
     table = table.set_column(kind, ACK_RECORD_SCHEMA.field(kind), pa.array(kinds, pa.int8()))
     return table.set_column(reason, ACK_RECORD_SCHEMA.field(reason), pa.array(reasons, pa.string()))
+
+
+@dataclass(frozen=True)
+class UpstreamResets:
+    """Storm's ``resetTimeout`` from a stage of a topology that continues upstream trees:
+    restarts the message timeout of the upstream trees its local roots continue
+    (``lineage``, as :func:`translate` reads it), on the upstream ``channel``. It is
+    pickled to wherever the stage runs; :meth:`close` releases the channel's client."""
+
+    channel: Any
+    lineage: Mapping[int, Lineage]
+    clock: Clock = now_ms
+
+    def reset(self, local_roots: Iterable[int]) -> int:
+        """Reset the upstream trees of ``local_roots`` (unknown ones are skipped: their
+        rows are untracked); returns how many upstream trees were reset."""
+        found = (self.lineage.get(root) for root in local_roots)
+        lineages = [lineage for lineage in found if lineage is not None]
+        if not lineages:
+            return 0
+        self.channel.write_acks(continued_acks(lineages, RESET, self.clock()))
+        return len({root for roots, _ in lineages for root in roots})
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 class TreeClient:

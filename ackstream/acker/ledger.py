@@ -7,14 +7,16 @@ acker query, in tests and in benchmarks.
 
 Per root the table keeps 40 bytes whatever the size of its tuple tree: the root
 id, the XOR of every value seen, the source coordinates from the init record,
-the init's timestamp (for complete latency) and a deadline. Storm's rules:
+the init's timestamp (for complete latency) and a deadline. A root failed with a
+reason before its init came also keeps the reason, beside the table, until it
+is reported. Storm's rules:
 
 - a root completes as *acked* when its value is 0 and its init arrived an odd
   number of times (a duplicated init cancels itself like any other record);
 - a fail record marks it *failed* at once (fail wins over acks in the same or a
-  later batch); it is reported once its init is known, with the fail's reason if
-  it came in the same batch as the completion; a reject record does the same and
-  reports *rejected* (the source dead-letters it without a replay);
+  later batch); it is reported once its init is known, with the first fail's
+  reason; a reject record does the same and reports *rejected* (the source
+  dead-letters it without a replay);
 - records that arrive before the init are held (the init may come later);
 - a root still pending at its deadline is *timed_out*, or *unknown* if its init
   never came (a stray ack: reported, and ignored by sources that do not track
@@ -26,7 +28,8 @@ the init's timestamp (for complete latency) and a deadline. Storm's rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -87,11 +90,13 @@ _COMPLETION_COLUMNS = [
 
 @dataclass(frozen=True)
 class Pending:
-    """A shard's pending roots: a table sorted by root, its time epoch and topic names."""
+    """A shard's pending roots: a table sorted by root, its time epoch, topic names, and
+    the reasons of the roots failed or rejected with one before their init came."""
 
     table: np.ndarray
     epoch_ms: int
     topics: tuple[str, ...] = field(default=())
+    reasons: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, now_ms: int) -> Pending:
@@ -231,12 +236,16 @@ def step(
             [acked[finished], done[finished] & rejected, done[finished], known], [0, 1, 2, 3], 4
         )
     ]
-    reason = _reasons(out["root"], batch)
+    held = _held_reasons(pending.reasons, batch)
+    reason = _reasons(out["root"], held)
     completions = _completions(out, status, reason, topics, pending.epoch_ms, now_ms)
     remaining = table[~finished]
     if not len(remaining):
         topics = ()  # nothing refers to a topic index any more
-    return Pending(remaining, pending.epoch_ms, topics), completions
+    if held:  # only roots still pending keep theirs
+        still = np.isin(np.fromiter(held, np.int64, len(held)), remaining["root"])
+        held = {root: why for (root, why), keep in zip(held.items(), still) if keep}
+    return Pending(remaining, pending.epoch_ms, topics, held), completions
 
 
 def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: int):
@@ -283,13 +292,25 @@ def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: 
     return np.insert(table, pos[new], fresh), topics
 
 
-def _reasons(roots: np.ndarray, batch: Combined | None) -> np.ndarray:
-    """The batch's fail or reject reason of each finished root (None if it had none)."""
+def _held_reasons(held: Mapping[int, str], batch: Combined | None) -> Mapping[int, str]:
+    """``held`` with the reasons of the batch's fails and rejects added (a root keeps the
+    reason it was first given). Few roots have one: a plain dict serves."""
+    if batch is None:
+        return held
+    given = np.flatnonzero(pd.notna(batch.reason))
+    if not len(given):
+        return held
+    added = dict(zip(batch.root[given].tolist(), batch.reason[given].tolist()))
+    return {**added, **held}
+
+
+def _reasons(roots: np.ndarray, held: Mapping[int, str]) -> np.ndarray:
+    """The fail or reject reason of each finished root (None if it had none)."""
     out = np.full(len(roots), None, dtype=object)
-    if batch is not None and len(roots):
-        pos = np.minimum(np.searchsorted(batch.root, roots), len(batch.root) - 1)
-        hit = batch.root[pos] == roots
-        out[hit] = batch.reason[pos[hit]]
+    if held and len(roots):
+        keys = np.fromiter(held, np.int64, len(held))
+        given = np.flatnonzero(np.isin(roots, keys))
+        out[given] = [held[root] for root in roots[given].tolist()]
     return out
 
 
@@ -329,7 +350,7 @@ def _rebased(pending: Pending, now_ms: int) -> Pending:
     table = pending.table.copy()
     for name in ("started", "deadline"):
         table[name] = np.clip(table[name].astype(np.int64) - shift, _I32_MIN, _I32_MAX)
-    return Pending(table, int(now_ms), pending.topics)
+    return replace(pending, table=table, epoch_ms=int(now_ms))
 
 
 def _completions(out, status, reason, topics, epoch_ms: int, now_ms: int) -> pd.DataFrame:

@@ -11,10 +11,13 @@ running acker reads its file only after a restart.
 
 A file is one Arrow IPC record batch of one row: the ledger's epoch, topic names
 and packed table (:meth:`Pending.to_state`), 40 bytes per pending root plus about a
-kilobyte per file.
+kilobyte per file, and the reasons held for roots failed before their init came
+(a file written before those were kept reads as holding none).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -25,7 +28,13 @@ __all__ = ["PendingStore"]
 
 FOLDER = "ackstream-pending"
 _SCHEMA = pa.schema(
-    [("epoch_ms", pa.int64()), ("topics", pa.string()), ("pending", pa.large_binary())]
+    [
+        ("epoch_ms", pa.int64()),
+        ("topics", pa.string()),
+        ("pending", pa.large_binary()),
+        ("reason_roots", pa.list_(pa.int64())),
+        ("reasons", pa.list_(pa.string())),
+    ]
 )
 
 
@@ -50,6 +59,8 @@ class PendingStore:
             return Pending.empty(now_ms)
         row = self.files.read(earlier).to_pylist()[0]
         pending = Pending.from_state((row["epoch_ms"], row["topics"], row["pending"]))
+        reasons = dict(zip(row.get("reason_roots") or (), row.get("reasons") or ()))
+        pending = replace(pending, reasons=reasons)
         if earlier == max(self.files.batch_ids()):  # what a later batch starts from, too
             self._cached = (earlier, pending)
         return pending
@@ -59,7 +70,13 @@ class PendingStore:
         Returns the file's size in bytes."""
         epoch_ms, topics, blob = pending.to_state()
         row = pa.table(
-            [pa.array([epoch_ms], pa.int64()), [topics], pa.array([blob], pa.large_binary())],
+            [
+                pa.array([epoch_ms], pa.int64()),
+                [topics],
+                pa.array([blob], pa.large_binary()),
+                [list(pending.reasons)],
+                [list(pending.reasons.values())],
+            ],
             schema=_SCHEMA,
         )
         size = self.files.write(batch_id, row)

@@ -25,7 +25,7 @@ same outcome for every root (tests hold them to it):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
@@ -35,12 +35,13 @@ from pyspark.sql import functions as F
 
 from ackstream.acker.precombine import precombine, settle
 from ackstream.clock import now_ms
-from ackstream.continued import lineage_of, translate
+from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.topology.bolts import (
     REASON_LIMIT,
+    ROOTS,
     BatchContext,
     GroupInput,
     anchor_pairs,
@@ -169,6 +170,8 @@ class BatchRun:
         self.groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
         self.frames: list[DataFrame] = []  # ack records, collected in one job at the end
         self.tables: list[pa.Table] = []  # ack records made on the driver
+        #: ack records of upstream trees this topology passes on to another process
+        self.passed_on: list[pa.Table] = []
         self.kept: list[DataFrame] = []
         self.watch: HeldWatch | None = None
         self.upstream: dict | None = None  # continued trees: the upstream lineage
@@ -196,6 +199,8 @@ class BatchRun:
             spout = self._keep(batch) if several else batch
         if self.tracking and self.topology.continue_trees:
             self.upstream = continued_lineage(spout, self.topology.name)
+            resets = UpstreamResets(self.topology.channel, self.upstream)
+            self.context = replace(self.context, resets=resets)
         if self.read_inits:
             self.frames.append(init_records(spout, self.now, self.mode.edges))
         if held and self.watch is None:
@@ -221,9 +226,12 @@ class BatchRun:
 
     def write_sink(self, node) -> None:
         outputs = self._count(join_streams(self.copies.pop(node.name), self.edges), node, "in")
-        written = _write_sink(self.topology, node, outputs, self.batch_id, self.now, self.groups)
+        written = _write_sink(
+            self.topology, node, outputs, self.batch_id, self.now, self.groups, self.upstream
+        )
         self.frames += written.frames
         self.tables += written.tables
+        self.passed_on += written.passed_on
 
     def read_held_back(self, batch: DataFrame) -> None:
         """The held-back rows' acks, when the sink's job did not count them (or some)."""
@@ -242,7 +250,8 @@ class BatchRun:
             tables.append(as_table(collected, ACK_RECORD_SCHEMA))
         records = pa.concat_tables(tables)
         if self.upstream is not None:
-            records = translate(precombine(records), self.upstream, self.now)
+            local = translate(precombine(records), self.upstream, self.now)
+            records = pa.concat_tables([local, *self.passed_on])
         return records
 
     def release(self) -> None:
@@ -287,25 +296,38 @@ class BatchRun:
 
 @dataclass
 class SinkAcks:
-    """The ack records of a sink's write: Spark frames, and the Arrow table of the
-    messages that continue their trees in another process."""
+    """The ack records of a sink's write: Spark frames, the Arrow table of the
+    messages that continue their trees in another process, and (a middle hop) that
+    of the messages that pass upstream trees on, already in the upstream's terms."""
 
     frames: list[DataFrame]
     tables: list[pa.Table]
+    passed_on: list[pa.Table]
 
 
 def _write_sink(
-    topology, node, outputs: DataFrame, batch_id: int, now: int, groups: dict[int, GroupInput]
+    topology,
+    node,
+    outputs: DataFrame,
+    batch_id: int,
+    now: int,
+    groups: dict[int, GroupInput],
+    upstream: dict | None = None,
 ) -> SinkAcks:
     """Write tuples to ``node``'s sink; return their ack records (and fails for unwritten
     rows). A sink that continues the trees also gives the ack records of the tuples it
-    emitted to another process: their trees stay open until that process acks."""
+    emitted to another process: their trees stay open until that process acks. With
+    ``upstream`` (this topology continues trees itself: its local roots' lineage), the
+    messages name the upstream roots instead, and their acks go to the upstream acker
+    as they are (see :func:`with_upstream_roots`)."""
     sink = node.sink
     unwritten, reason = None, f"sink {type(sink).__name__}: not written"
     continued = None  # a sink that continues the trees: its messages' (root, edge) acks
     try:
         if topology.tracking and node.continues_trees:
             rooted = with_tree_roots(outputs, groups)  # the sink writes each row's roots
+            if upstream is not None:
+                rooted = with_upstream_roots(rooted, upstream)
             unwritten, continued = sink.write_continued(rooted, batch_id)
         else:
             unwritten = sink.write(outputs, batch_id)
@@ -320,8 +342,8 @@ def _write_sink(
         unwritten = outputs
         reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"
     if not topology.tracking:
-        return SinkAcks([], [])
-    acks = SinkAcks(topology.mode.sink_acks(outputs, now), [])
+        return SinkAcks([], [], [])
+    acks = SinkAcks(topology.mode.sink_acks(outputs, now), [], [])
     if isinstance(unwritten, pa.Table) and unwritten.num_rows:
         unwritten = outputs.sparkSession.createDataFrame(unwritten)
     if isinstance(unwritten, DataFrame):
@@ -329,8 +351,27 @@ def _write_sink(
             unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
         acks.frames.append(ack_records(failed_roots(unwritten, groups), FAIL, now))
     if continued is not None and continued.num_rows:
-        acks.tables.append(continued)
+        (acks.tables if upstream is None else acks.passed_on).append(continued)
     return acks
+
+
+def with_upstream_roots(rooted: DataFrame, upstream: dict) -> DataFrame:
+    """``rooted`` with its ``_roots`` (this topology's local roots) replaced by the
+    upstream roots of their messages, once each: a middle hop passes the upstream trees
+    on, so that the next process acks them in the upstream acker's terms.
+
+    Its batch's acks then add, per upstream root, the edge of its incoming message
+    (:func:`~ackstream.continued.translate`) and the edge of each outgoing message
+    (the sink's ``(root, edge)`` records, which bypass ``translate``): the tree waits
+    for the next process as it waited for this one. A row of two local roots that share
+    an upstream root names it once, as its edge is sent once. A local root without
+    lineage names none: its row is untracked downstream too."""
+    roots_of = {local: roots for local, (roots, _) in upstream.items()}
+
+    def passed_on(local: list[int]) -> list[int]:
+        return sorted({u for r in local for u in roots_of.get(r, ())})
+
+    return rooted.withColumn(ROOTS, F.udf(passed_on, "array<bigint>", useArrow=True)(ROOTS))
 
 
 def continued_lineage(spout: DataFrame, name: str) -> dict:

@@ -42,6 +42,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.channels.base import Channel
+from ackstream.continued import UpstreamResets
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, REASON, ROOT
 
@@ -89,14 +90,18 @@ class GroupInput:
 class BatchContext:
     """What a stage may need of its batch beyond the rows (a window does: see
     :mod:`ackstream.topology.window`): the batch id, the time, the completion channel
-    (None: none to read), the message timeout and the folder of held tuples (None:
-    in memory)."""
+    (None: none to read), the message timeout, the folder of held tuples (None:
+    in memory) and the resets of trees a stage keeps alive (a pandas bolt's
+    :class:`Collector`)."""
 
     batch_id: int
     now_ms: int
     channel: Channel | None
     timeout_ms: int
     folder: str | None
+    #: how a stage resets the timeout of its rows' trees: only a topology that continues
+    #: upstream trees has any that can time out while its batch runs (None: it has not)
+    resets: UpstreamResets | None = None
 
 
 @dataclass(frozen=True)
@@ -416,13 +421,38 @@ class AggregateStage(Stage):
         )
 
 
+class Collector:
+    """What a pandas bolt declared with ``collector=True`` is given beside its chunk, as
+    a Storm bolt is given its ``OutputCollector``: emits and fails are its output and
+    its exceptions; the collector adds :meth:`reset_timeout`."""
+
+    def __init__(self, roots: pd.Series | None, resets: UpstreamResets | None):
+        self._roots, self._resets = roots, resets
+
+    def reset_timeout(self, rows=None) -> int:
+        """Storm's ``collector.resetTimeout``: restart the message timeout of the trees of
+        ``rows`` (the chunk's index labels: a position, a list of them or a boolean
+        mask; None: every row), for work that outlasts the timeout. Call it more often
+        than the timeout. Returns how many trees were reset.
+
+        Only trees that an upstream topology keeps open can time out while a batch
+        runs (``Topology(..., continue_trees=True)``): a topology's own records wait
+        for its batch, whose deadline bounds it instead (``batch_deadline_ms``), so
+        elsewhere this resets nothing and returns 0."""
+        if self._resets is None or self._roots is None:
+            return 0
+        roots = self._roots if rows is None else self._roots.iloc[np.atleast_1d(rows)]
+        return self._resets.reset(int(r) for r in roots.dropna())
+
+
 class PandasBoltStage(Stage):
     """A bolt in pandas: ``fn(frame) -> frame`` gets a chunk of input rows (payload
     columns only, index 0..n-1) and returns the output rows, each indexed by the
     position of the row it is anchored to (Storm's ``emit(anchor, values)``): pandas
     operations such as ``explode``, boolean masks and ``assign`` keep that index by
     themselves. Index -1 emits an unanchored row. ``schema`` is the DDL of the output
-    columns.
+    columns. With ``collector``, ``fn(frame, collector)`` is also given a
+    :class:`Collector` for its chunk.
 
     A failure is per row, as a Storm bolt fails single tuples: if ``fn`` raises, or
     returns output that does not fit ``schema`` (other columns, an index that is not
@@ -432,18 +462,17 @@ class PandasBoltStage(Stage):
 
     kind = "pandas_bolt"
 
-    def __init__(
-        self, number: int, fn: Callable[[pd.DataFrame], pd.DataFrame], schema: str, name=None
-    ):
+    def __init__(self, number: int, fn: Callable, schema: str, collector: bool = False, name=None):
         super().__init__(number, name)
-        self.fn, self.schema = fn, schema
+        self.fn, self.schema, self.collector = fn, schema, collector
         self._output: BoltOutput | None = None  # the schema's columns, found on first use
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         if is_multi_anchored(df) or GROUP in df.columns:
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
-        fn, name = self.fn, self.name
+        fn, name, collector = self.fn, self.name, self.collector
+        resets = context.resets if collector and tracking and context is not None else None
         if self._output is None:  # once: each DataFrame call is a trip to the JVM
             self._output = BoltOutput.of(df.sparkSession.createDataFrame([], self.schema).schema)
         output = self._output
@@ -451,7 +480,8 @@ class PandasBoltStage(Stage):
 
             def plain(frames):
                 for frame in frames:
-                    out = fn(frame[payload].reset_index(drop=True))
+                    given = (Collector(None, None),) if collector else ()
+                    out = fn(frame[payload].reset_index(drop=True), *given)
                     try:
                         yield output.checked(out, len(frame))[0]
                     except BoltOutputError as error:
@@ -462,8 +492,13 @@ class PandasBoltStage(Stage):
         schema = f"{self.schema}, {ROOT} long, {EDGE} long, {_ORDINAL} long, {_ERROR} string"
 
         def tracked(frames):
-            for frame in frames:
-                yield _run_bolt(fn, frame.reset_index(drop=True), payload, name, output)
+            try:
+                for frame in frames:
+                    chunk = frame.reset_index(drop=True)
+                    yield _run_bolt(fn, chunk, payload, name, output, collector, resets)
+            finally:
+                if resets is not None:
+                    resets.close()  # the channel's client, if a reset made one
 
         out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
         failed = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
@@ -541,17 +576,27 @@ class BoltOutput:
 
 
 def _run_bolt(
-    fn, frame: pd.DataFrame, payload: list[str], name: str, output: BoltOutput
+    fn,
+    frame: pd.DataFrame,
+    payload: list[str],
+    name: str,
+    output: BoltOutput,
+    collector: bool = False,
+    resets: UpstreamResets | None = None,
 ) -> pd.DataFrame:
-    """Run ``fn`` on ``frame``; isolate the rows it fails on (it raises, or its output does
-    not fit the schema) by bisection; attach lineage. Every returned frame has the
-    schema's columns, the failed rows' set to null."""
+    """Run ``fn`` on ``frame`` (with ``collector``, and a :class:`Collector` of the rows
+    it is given, resetting with ``resets``); isolate the rows it fails on (it raises,
+    or its output does not fit the schema) by bisection; attach lineage. Every
+    returned frame has the schema's columns, the failed rows' set to null."""
     outputs, failed, errors = [], [], []
 
     def attempt(lo: int, hi: int) -> None:
         chunk = frame.iloc[lo:hi][payload].reset_index(drop=True)
+        given = []
+        if collector:
+            given.append(Collector(frame[ROOT].iloc[lo:hi].reset_index(drop=True), resets))
         try:
-            out, parent = output.checked(fn(chunk), hi - lo)
+            out, parent = output.checked(fn(chunk, *given), hi - lo)
         except Exception as error:  # a user bolt's error fails its rows' roots
             if hi - lo == 1:
                 failed.append(lo)

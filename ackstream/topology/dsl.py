@@ -86,7 +86,9 @@ class Topology:
     :mod:`ackstream.continued`): ``channel`` is then the *upstream* topology's channel,
     where its acks go, to the upstream acker; its source reads untracked and with
     headers (its offsets are committed as Spark runs their batches; replays come from
-    upstream), and :meth:`start` runs no acker of its own.
+    upstream), and :meth:`start` runs no acker of its own. Its sinks may continue the
+    trees again (``KafkaSink(..., continue_trees=True)``): the next process acks them
+    on the same upstream channel.
 
     ``stage_counts=True`` counts the tuples each stage and sink reads and emits (Storm
     UI's executed and emitted; ``ackstream status --checkpoint``). Off by default: each
@@ -257,13 +259,23 @@ class Topology:
         keys = [keys] if isinstance(keys, str | Column) else list(keys)
         return self._add(WindowStage, keys, aggs, count, name=name, after=after)
 
-    def pandas_bolt(self, fn, schema: str, *, name: str | None = None, after=None) -> Topology:
+    def pandas_bolt(
+        self,
+        fn,
+        schema: str,
+        *,
+        collector: bool = False,
+        name: str | None = None,
+        after=None,
+    ) -> Topology:
         """A pandas bolt, ``fn(frame) -> frame`` indexed by parent row position (Storm's
         ``emit(anchor, values)``; -1: unanchored); ``schema`` is its output DDL. An
         exception, or output that does not fit ``schema`` (columns, index, a value's
         type), fails only the roots of the rows it came from, with a reason naming the
-        stage and what was wrong."""
-        return self._add(PandasBoltStage, fn, schema, name=name, after=after)
+        stage and what was wrong. ``collector=True`` calls ``fn(frame, collector)``:
+        ``collector.reset_timeout(rows)`` is Storm's ``resetTimeout``, for slow work on
+        trees an upstream topology keeps open (see :class:`~ackstream.topology.bolts.Collector`)."""
+        return self._add(PandasBoltStage, fn, schema, collector, name=name, after=after)
 
     def sink(self, sink, *, name: str | None = None, after=None) -> Topology:
         """Write a stream to ``sink`` (``MemorySink``, ``ConsoleSink``, ``KafkaSink``, or
@@ -273,13 +285,6 @@ class Topology:
         ``.sink(...)`` writes the same stream). A stream no stage or sink reads is
         acked at the end of each batch."""
         continues = bool(getattr(sink, "continue_trees", False))  # see ContinuingSink
-        if self.continue_trees and continues:
-            raise OptionError(
-                "continue_trees",
-                "True on both the topology and its sink",
-                "one of them: a topology that continues upstream trees cannot yet pass "
-                "them on to a third process",
-            )
         name = name or f"sink#{len(self.sinks) + 1}"
         after = self._subscribe(name, after, "sink")
         self.sinks.append(SinkNode(name, sink, after, continues_trees=continues))

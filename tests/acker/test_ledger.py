@@ -137,6 +137,29 @@ def test_fail_reason_travels_with_its_completion():
     assert {c["root"]: c["reason"] for c in done} == {ROOT: "parse: bad JSON", 7: None}
 
 
+def test_a_fail_before_its_init_keeps_its_reason_until_the_init_comes():
+    clock = FakeClock()
+    pending, done = run([[fail(ROOT, reason="downstream: no such customer"), ack(7, 3)]], clock)
+    assert done == [] and pending.reasons == {ROOT: "downstream: no such customer"}
+    pending, done = run([[fail(ROOT, reason="a later fail")]], clock, pending)
+    assert done == []
+    pending, done = run([[init(ROOT, 5, offset=3), init(7, 3)]], clock, pending)
+    got = {c["root"]: (c["status"], c["offset"], c["reason"]) for c in done}
+    assert got == {ROOT: (FAILED, 3, "downstream: no such customer"), 7: (ACKED, 0, None)}
+    assert len(pending) == 0 and pending.reasons == {}
+
+
+def test_a_reject_before_its_init_keeps_its_reason_and_a_timeout_reports_it():
+    clock = FakeClock()
+    pending, _ = run([[reject(ROOT, reason="value over 1 MB"), fail(7, reason="gone")]], clock)
+    pending, done = run([[init(ROOT, 5, offset=9)]], clock, pending)
+    assert [(c["status"], c["reason"]) for c in done] == [(REJECTED, "value over 1 MB")]
+    clock.advance(TIMEOUT)
+    pending, done = run([[]], clock, pending)  # 7's init never came
+    assert [(c["root"], c["status"], c["reason"]) for c in done] == [(7, UNKNOWN, "gone")]
+    assert pending.reasons == {}
+
+
 def test_reject_completes_as_rejected_even_before_the_init_and_with_acks_pending():
     _, done = run([[init(ROOT, 5), reject(ROOT, reason="value over 1 MB")]])
     assert [(c["status"], c["reason"]) for c in done] == [(REJECTED, "value over 1 MB")]

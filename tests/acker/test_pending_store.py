@@ -7,7 +7,8 @@ import pyarrow as pa
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.acker.pending_store import FOLDER, PendingStore
-from ackstream.records import ACK_RECORD_SCHEMA, INIT
+from ackstream.records import ACK_RECORD_SCHEMA, FAILED, INIT
+from ackstream.testing import ack_records, fail, init
 
 TIMEOUT = 60_000
 
@@ -52,3 +53,23 @@ def test_a_batch_starts_from_the_newest_table_saved_before_it(tmp_path):
     assert len(PendingStore(str(tmp_path / "new")).before(0, 123)) == 0
     saved = restarted.before(5, 0)
     assert saved.values() == pending_roots(7).values() and saved.topics == ("events",)
+
+
+def test_a_restored_table_keeps_the_reason_of_a_fail_that_came_before_its_init(tmp_path):
+    before, _ = step(
+        Pending.empty(1_000), ack_records([fail(5, reason="bolt: bad")]), 1_000, TIMEOUT
+    )
+    PendingStore(str(tmp_path)).save(0, before)
+    restored = PendingStore(str(tmp_path)).before(1, 2_000)
+    _, done = step(restored, ack_records([init(5, 1, offset=4)]), 2_000, TIMEOUT)
+    assert done[["root", "status", "offset", "reason"]].values.tolist() == [
+        [5, FAILED, 4, "bolt: bad"]
+    ]
+
+
+def test_a_table_saved_before_reasons_were_kept_restores_with_none(tmp_path):
+    epoch_ms, topics, blob = pending_roots(3).to_state()
+    old = pa.table({"epoch_ms": [epoch_ms], "topics": [topics], "pending": [blob]})
+    PendingStore(str(tmp_path)).files.write(0, old)
+    restored = PendingStore(str(tmp_path)).before(1, 0)
+    assert restored.values() == pending_roots(3).values() and restored.reasons == {}

@@ -5,13 +5,15 @@ acks or fails what it reads with ``TreeClient``, and the upstream offsets follow
 import time
 import uuid
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from pyspark.sql import functions as F
 
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
-from ackstream.continued import TreeClient
+from ackstream.continued import TreeClient, lineage_headers
+from ackstream.ids import root_ids
 from ackstream.records import CAUGHT_UP
 
 from helpers import consume, wait_for
@@ -161,10 +163,29 @@ def test_a_failed_message_replays_its_root_until_dead_lettered(pipeline):
     assert p.seen == Counter({f"R{i}": 3 if i == 7 else 1 for i in range(N)})
     (letter,) = consume(p.bootstrap, f"{p.name}.dead")
     assert letter.value == b"r7"
-    # the consumer's reason reaches the dead letter only if its fail reached the acker
-    # in the batch that also brought the upstream batch's records (the ledger keeps no
-    # reasons between batches), and the consumer may fail before those are reported
-    assert dict(letter.headers)["ackstream.reason"].decode().startswith("failed")
+    assert dict(letter.headers)["ackstream.reason"] == b"failed: refused by the consumer"
+
+
+def test_a_fail_that_reaches_the_acker_before_its_tree_keeps_its_reason(pipeline):
+    """The fails of R7's three attempts are written before the upstream topology reports
+    those trees (attempts 1 and 2 are not even read yet): the acker holds each fail's
+    reason until the tree's init comes, and the dead letter says it."""
+    p = pipeline()
+    attempts = root_ids(p.name, p.inbox, 0, [7, 7, 7], [0, 1, 2]).tolist()
+    early = SimpleNamespace(headers=lineage_headers(attempts, edge=1))
+    assert p.client.fail(early, reason="refused before the batch reported") == 1
+    p.serve(
+        lambda value, _: None if value == "R7" else "ack",
+        until=lambda: p.committed() == N,
+        what="every offset committed or dead-lettered",
+    )
+    outcomes = p.outcomes()
+    assert {k: v for k, v in outcomes.items() if k[0] == 7} == {
+        (7, a, "failed"): 1 for a in (0, 1, 2)
+    }
+    (letter,) = consume(p.bootstrap, f"{p.name}.dead")
+    assert letter.value == b"r7"
+    assert dict(letter.headers)["ackstream.reason"] == b"failed: refused before the batch reported"
 
 
 def test_a_message_never_acked_times_out_and_is_replayed(pipeline):
