@@ -91,6 +91,15 @@ TARGETS = (
 LATENCY_TARGETS = (("complete_p99_ms", "<=", 1000.0), ("committed_p99_ms", "<=", 2000.0))
 
 
+#: A worker that committed nothing new for this long (from its start: a cold Spark
+#: system commits first well within it) has stalled.
+STALL_S = 120.0
+
+
+class Stalled(RuntimeError):
+    """A worker's commits stopped moving (see :meth:`Poller.wait`)."""
+
+
 def log(message: str) -> None:
     print(f"e2e: {message}", file=sys.stderr, flush=True)
 
@@ -324,12 +333,20 @@ class Poller(threading.Thread):
 
     def wait(self, name: str, worker: Worker, timeout_s: float) -> tuple[float, float, int]:
         """When the commits covered ``name``'s offsets, the CPU seconds and the number of
-        offsets committed then."""
+        offsets committed then. A worker that commits nothing new for :data:`STALL_S`
+        has stalled (:class:`Stalled`)."""
         deadline = time.monotonic() + timeout_s
+        progress, last = time.monotonic(), sum(self.committed.values())
         while name not in self.reached:
             if self.error is not None:
                 raise RuntimeError(f"the commit poller of {self.group} failed: {self.error!r}")
             worker.check_alive()
+            committed = sum(self.committed.values())
+            if committed != last:
+                progress, last = time.monotonic(), committed
+            elif time.monotonic() - progress > STALL_S:
+                worker.kill()
+                raise Stalled(f"{self.group}: no new commit for {STALL_S:.0f} s, at {committed:,}")
             if time.monotonic() > deadline:
                 worker.fail(
                     f"committed {sum(self.committed.values()):,} offsets of "
@@ -519,12 +536,21 @@ def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=Fals
 
 
 def run_fresh(system: str, inp: Input, ctx, tag: str, cold=False) -> dict:
-    """``system`` in a worker process of its own."""
-    worker = Worker(os.path.join(ctx.workdir, f"{tag}-{system}.log"))
-    try:
-        return run_system(worker, system, inp, ctx, tag, cold=cold)
-    finally:
-        worker.close()
+    """``system`` in a worker process of its own; a run that stalled (kafka-python's
+    group coordination has been seen to spin without end in a fresh consumer) is
+    run once more in a new process, and the stall is recorded with the result."""
+    stalls = []
+    for attempt in range(2):
+        worker = Worker(os.path.join(ctx.workdir, f"{tag}-{system}-{attempt}.log"))
+        try:
+            result = run_system(worker, system, inp, ctx, f"{tag}-{attempt}", cold=cold)
+            return {**result, "stalled_runs": stalls} if stalls else result
+        except Stalled as stall:
+            log(f"{system}: stalled ({stall}); running it again in a new process")
+            stalls.append(str(stall))
+        finally:
+            worker.close()
+    raise RuntimeError(f"{system} stalled twice: {stalls}")
 
 
 def latency_run(worker: Worker, ctx, rate: float, seconds: float, max_per_batch: int) -> dict:

@@ -9,12 +9,10 @@ import pytest
 def spark():
     from ackstream import local_session
 
-    from helpers import spark_kafka_jars
+    from helpers import spark_kafka_conf
 
-    jars = spark_kafka_jars()  # Spark's Kafka connector: the topologies read with it
-    session = local_session(
-        "ackstream-tests", cores=2, conf={"spark.jars": ",".join(jars)} if jars else None
-    )
+    # with Spark's Kafka connector, when resolved: the topologies read and write with it
+    session = local_session("ackstream-tests", cores=2, conf=spark_kafka_conf())
     yield session
     for query in session.streams.active:
         query.stop()

@@ -33,6 +33,8 @@ import ackstream
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
 
+from helpers import spark_kafka_conf
+
 #: Timeouts kept short so that a killed run's lost roots replay within seconds.
 MESSAGE_TIMEOUT_MS = 5_000
 SOURCE_TIMEOUT = "20s"
@@ -135,9 +137,10 @@ def main(bootstrap: str, inbox: str, outbox: str, name: str, checkpoint: str) ->
     if master:
         from spark_cluster import APPLICATION_CONF
 
-        spark = ackstream.local_session(f"fault-{name}", master=master, conf=APPLICATION_CONF)
+        conf = {**APPLICATION_CONF, **spark_kafka_conf()}
+        spark = ackstream.local_session(f"fault-{name}", master=master, conf=conf)
     else:
-        spark = ackstream.local_session(f"fault-{name}", cores=2)
+        spark = ackstream.local_session(f"fault-{name}", cores=2, conf=spark_kafka_conf())
     running = start(spark, bootstrap, inbox, outbox, name, checkpoint)
     print("fault_driver: started", flush=True)
     while running.is_active():

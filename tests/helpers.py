@@ -45,6 +45,12 @@ def spark_kafka_jars() -> list[str]:
     return []
 
 
+def spark_kafka_conf() -> dict[str, str]:
+    """A session's setting that gives it Spark's Kafka connector, when resolved."""
+    jars = spark_kafka_jars()
+    return {"spark.jars": ",".join(jars)} if jars else {}
+
+
 def commits(channel_dir):
     try:
         with open(os.path.join(channel_dir, "generator-commits.json")) as f:

@@ -26,6 +26,7 @@ import ackstream
 from ackstream.session import is_connect
 
 from fault_driver import build
+from helpers import spark_kafka_conf
 from spark_cluster import APPLICATION_CONF
 
 
@@ -34,7 +35,8 @@ def session(url: str, name: str):
         spark = ackstream.local_session(f"remote-{name}", remote=url)
         assert is_connect(spark), type(spark)
         return spark
-    return ackstream.local_session(f"remote-{name}", master=url, conf=APPLICATION_CONF)
+    conf = {**APPLICATION_CONF, **spark_kafka_conf()}  # Spark's reader, when resolved
+    return ackstream.local_session(f"remote-{name}", master=url, conf=conf)
 
 
 def main(

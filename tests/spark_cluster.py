@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from broker import free_port
+from helpers import spark_kafka_conf
 
 __all__ = ["APPLICATION_CONF", "ConnectServer", "StandaloneCluster", "spark_env", "spark_home"]
 
@@ -101,6 +102,8 @@ class ConnectServer:
             "--conf",
             "spark.executorEnv.PYTHONWARNINGS=ignore::FutureWarning",
         ]
+        for key, value in spark_kafka_conf().items():  # Spark's Kafka connector, if resolved
+            command += ["--conf", f"{key}={value}"]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=spark_env(), cwd=self.dir
