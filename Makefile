@@ -28,7 +28,8 @@ KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:
 KAFKA_LIBS ?= .cache/kafka-$(KAFKA_VERSION)/libs
 # e.g. MVN_FLAGS=-Dmaven.repo.local=/tmp/m2 (another local repository)
 MVN_FLAGS ?=
-# Spark's own Kafka source for the end-to-end benchmark (benchmarks/spark-kafka/pom.xml).
+# Spark's own Kafka connector (benchmarks/spark-kafka/pom.xml): the tests' sessions and the
+# end-to-end benchmark load it; ackstream itself needs it only for its JVM record path.
 # It should match the installed pyspark; Maven Central has no spark-sql-kafka 4.3.0 yet,
 # so the newest release there is the default (e2e.py records both versions).
 SPARK_KAFKA_VERSION ?= 4.2.0
@@ -39,16 +40,18 @@ E2E_ARGS ?= --batch-sizes 20000,100000 --batches 10 --repeats 3
 demo: $(VENV)/.installed java
 	$(PY) -m ackstream demo
 
-test: $(VENV)/.installed java kafka
+# The tests' sessions load Spark's Kafka connector (make spark-kafka), so that topologies
+# read and write on the JVM record path; the Python reader keeps tests of its own.
+test: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The benchmarks' own end-to-end runs at tiny sizes (marked `bench`): each starts worker
 # processes with a Spark of their own, so they stay out of make test; CI runs them.
-test-bench: $(VENV)/.installed java kafka
+test-bench: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest -m bench $(PYTEST_ARGS)
 
 # The runs marked `long` (chaos seeds, broker failures, scale), left out of make test.
-test-long: $(VENV)/.installed java kafka
+test-long: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest -m long $(PYTEST_ARGS)
 
 # What CI runs after make test: the runs only a real cluster allows, at small sizes
@@ -57,7 +60,7 @@ test-long: $(VENV)/.installed java kafka
 # 2 idle cores.
 CLUSTER_TESTS := tests/kafka/test_broker_failures.py tests/test_standalone_cluster.py \
 	tests/test_secured_kafka.py tests/test_chaos.py::test_chaos_small
-test-cluster: $(VENV)/.installed java kafka
+test-cluster: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest -m long $(CLUSTER_TESTS) $(PYTEST_ARGS)
 
 # The chaos suite at full size (20,000 records, 4 partitions) for CHAOS_SEEDS seeds,
