@@ -112,6 +112,11 @@ COMPLETION_SCHEMA = pa.schema(
         pa.field("latency_ms", pa.int64()),  # completion time minus the init's ts
         pa.field("completed_ms", pa.int64()),
         pa.field("reason", pa.string()),  # the fail's, reject's or invalid record's reason
+        # a run of roots in one row (``ackstream.ranges``): offsets ``offset`` up to
+        # ``end_offset`` (exclusive) at ``attempt``, their roots minted under ``ids``
+        # (``root`` is the first's); both null on a row of one root
+        pa.field("end_offset", pa.int64()),
+        pa.field("ids", pa.string()),
     ]
 )
 
@@ -121,12 +126,12 @@ ACK_RECORD_DDL = (
 )
 COMPLETION_DDL = (
     "root long, status string, topic string, partition int, offset long, attempt int, "
-    "latency_ms long, completed_ms long, reason string"
+    "latency_ms long, completed_ms long, reason string, end_offset long, ids string"
 )
 
 
 #: Columns a writer may leave out; they are read as null.
-OPTIONAL_COLUMNS = ("reason",)
+OPTIONAL_COLUMNS = ("reason", "end_offset", "ids")
 
 
 def as_table(records, schema: pa.Schema) -> pa.Table:
@@ -168,6 +173,8 @@ def completion_table(
     latency_ms=None,
     completed_ms=None,
     reason=None,
+    end_offset=None,
+    ids=None,
 ) -> pa.Table:
     """Completions as an Arrow table of ``COMPLETION_SCHEMA``. Each field is a column
     (array-like), a scalar repeated to the length of ``root``, or None (all null)."""
@@ -182,6 +189,8 @@ def completion_table(
         latency_ms=latency_ms,
         completed_ms=completed_ms,
         reason=reason,
+        end_offset=end_offset,
+        ids=ids,
     )
     arrays = []
     for field in COMPLETION_SCHEMA:

@@ -57,9 +57,13 @@ class Channel(Protocol):
     def write_completions(self, table: pa.Table, batch_id: int | None = None) -> None:
         """Append completions; durable when it returns. A query's batch passes its id."""
 
-    def completions_since(self, position: Position = None) -> tuple[pa.Table, Position]:
+    def completions_since(
+        self, position: Position = None, *, runs: bool = False
+    ) -> tuple[pa.Table, Position]:
         """Completions written after ``position`` (None: from the first) and the position
-        after them, to pass next time. Nothing written after a position is ever missed."""
+        after them, to pass next time. Nothing written after a position is ever missed.
+        A run of acked offsets written as one row (:mod:`ackstream.ranges`) comes back
+        as one row per root, or as it was written with ``runs=True`` (for the source)."""
 
     def answering(self) -> bool:
         """Whether the last :meth:`completions_since` reached the completions (False while

@@ -47,6 +47,7 @@ from ackstream.errors import OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_options, client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics
+from ackstream.ranges import expand
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 __all__ = ["KafkaChannel"]
@@ -216,7 +217,9 @@ class KafkaChannel:
             key = None if batch_id is None else b"%d" % batch_id
             self._send(self.done_topic, as_table(table, COMPLETION_SCHEMA), key=key)
 
-    def completions_since(self, position: dict | None = None) -> tuple[pa.Table, dict]:
+    def completions_since(
+        self, position: dict | None = None, *, runs: bool = False
+    ) -> tuple[pa.Table, dict]:
         """Completions after ``position`` ({partition: next offset}) and the new position.
         While the brokers do not answer, none and the same position (the spout polls
         again next trigger); an outage past ``OUTAGE_LIMIT_S`` raises (see
@@ -229,7 +232,8 @@ class KafkaChannel:
             self._outage.failed(f"completions on {self.done_topic!r}", error)
             return COMPLETION_SCHEMA.empty_table(), dict(position or {})
         self._outage.answered()
-        return found
+        table, after = found
+        return (table if runs else expand(table)), after
 
     def answering(self) -> bool:
         """False from a completions read the brokers did not answer until one they did."""

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from ackstream.files import hidden_path, write_atomically
 from ackstream.ids import content_id
+from ackstream.ranges import expand
 from ackstream.records import (
     ACK_RECORD_DDL,
     ACK_RECORD_SCHEMA,
@@ -163,9 +164,12 @@ class LocalChannel:
         """Always: a folder read either works or raises."""
         return True
 
-    def completions_since(self, after: int | None = None) -> tuple[pa.Table, int]:
+    def completions_since(
+        self, after: int | None = None, *, runs: bool = False
+    ) -> tuple[pa.Table, int]:
         """Completions in files numbered after ``after`` (None: from the first), and the
-        last number read: the position to pass next time."""
+        last number read: the position to pass next time (``runs``: see
+        :meth:`~ackstream.channels.base.Channel.completions_since`)."""
         after = -1 if after is None else after
         files = sorted((n, tag) for n, tag in self._done_files().items() if n > after)
         tables = [
@@ -175,7 +179,7 @@ class LocalChannel:
             for n, tag in files
         ]
         table = pa.concat_tables(tables) if tables else COMPLETION_SCHEMA.empty_table()
-        return table, (files[-1][0] if files else after)
+        return (table if runs else expand(table)), (files[-1][0] if files else after)
 
     def end_position(self) -> int:
         """The position after every completion written so far: a new reader starts

@@ -353,7 +353,7 @@ class Spout:
         """Completions in, replays scheduled, dead letters out, acked offsets committed;
         first of all, stop if another query holds the consumer group."""
         renew = self._check_claim()
-        table, self.position = self.channel.completions_since(self.position)
+        table, self.position = self.channel.completions_since(self.position, runs=True)
         if table.num_rows:
             self.tracker.complete(table, now)
             # a read takes every completion written before its end (the channel lists

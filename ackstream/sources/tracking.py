@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from ackstream import ids
 from ackstream.config import RetryPolicy
+from ackstream.ranges import is_run
 from ackstream.records import (
     ACKED,
     ALIVE,
@@ -219,6 +220,10 @@ class Tracker:
         record says nothing about its root). Of several completions of one root,
         any other outcome applies before an ack (``records.one_outcome_per_root``).
         """
+        run = is_run(completions)  # runs of acked offsets (ackstream.ranges)
+        runs = completions.filter(pa.array(run)) if run.any() else None
+        if runs is not None:
+            completions = completions.filter(pa.array(~run))
         alive = pc.fill_null(pc.equal(completions.column("status"), ALIVE), False)
         if pc.any(alive).as_py():  # a reset reached the acker: the tree lives on
             self.flights.restart(completions.filter(alive).column("root").to_numpy(), now_ms)
@@ -250,16 +255,59 @@ class Tracker:
             new_dead += self._isolate(Roots(*(col[whole] for col in failed)), outcomes, now_ms)
         acks = completions.filter(acked)
         done = self.flights.take(acks.column("root").to_numpy())
+        self._acked(done)
+        if len(done.root) < acks.num_rows:  # some were not in flight
+            found = pc.is_in(acks.column("root"), pa.array(done.root))
+            self._late_acks(acks.filter(pc.invert(found)))
+        if runs is not None:
+            self._complete_runs(runs, failed)
+        return new_dead
+
+    def _acked(self, done: Roots) -> None:
+        """The roots ``done`` (taken out of flight) were acked: their records are done."""
         self.counts["acked"] += len(done.root)
         if self.uncharged:
             for part, offset in zip(done.part.tolist(), done.offset.tolist()):
                 self.uncharged.pop((self._tps[part], offset), None)
         for part in np.flatnonzero(np.bincount(done.part)).tolist():
             self.parts[self._tps[part]].mark_done(done.offset[done.part == part])
-        if len(done.root) < acks.num_rows:  # some were not in flight
-            found = pc.is_in(acks.column("root"), pa.array(done.root))
-            self._late_acks(acks.filter(pc.invert(found)))
-        return new_dead
+
+    def _complete_runs(self, runs: pa.Table, failed: Roots) -> None:
+        """Apply completions that each ack a run of offsets at attempt 0 (see
+        :mod:`ackstream.ranges`), without a root id per offset: the roots in flight in
+        a run are acked; its other offsets, not done yet, are acked late (as
+        :meth:`_late_acks`), but for those that failed in the same read (``failed``).
+        A run whose first root this source does not mint for its coordinates is
+        another source's, and ignored."""
+        topic = runs.column("topic").to_numpy(zero_copy_only=False)
+        partition, first, end, root = (
+            pc.fill_null(runs.column(c), 0).to_numpy()
+            for c in ("partition", "offset", "end_offset", "root")
+        )
+        mine = ids.root_ids(self.source, topic, partition, first, 0) == root
+        spans = [
+            (self._index[tp], lo, hi)
+            for tp, lo, hi, ok in zip(
+                zip(topic.tolist(), partition.tolist()), first.tolist(), end.tolist(), mine.tolist()
+            )
+            if ok and tp in self.parts and hi > lo
+        ]
+        if not spans:
+            return
+        rows = self.flights.rows
+        done = self.flights.take_where(_within(rows.part, rows.offset, spans) & (rows.attempt == 0))
+        self._acked(done)
+        if len(done.root) == sum(hi - lo for _, lo, hi in spans):
+            return
+        for part, lo, hi in spans:  # acks of offsets no longer in flight at attempt 0
+            tp, state = self._tps[part], self.parts[self._tps[part]]
+            offsets = np.arange(max(lo, state.watermark), min(hi, state.end), dtype=np.int64)
+            gone = np.concatenate(
+                [done.offset[done.part == part], failed.offset[failed.part == part]]
+            )
+            offsets = np.setdiff1d(np.setdiff1d(offsets, gone), state.done)
+            self.counts["acked"] += len(offsets)
+            self.mark_done(tp, offsets)
 
     def _isolate(self, failed: Roots, outcomes: dict, now_ms: int) -> list[DeadLetter]:
         """Roots whose batch failed as a whole (``failed``, in flight until now). A root
@@ -516,6 +564,24 @@ class Tracker:
                 p = self.parts[tp]
                 left = offset[order[starts[i] : starts[i + 1]]]
                 p.done = np.setdiff1d(np.arange(p.watermark, p.end), left)
+
+
+def _within(part: np.ndarray, offset: np.ndarray, spans: list[tuple[int, int, int]]) -> np.ndarray:
+    """Mask of the rows whose ``(part, offset)`` lies in one of ``spans``
+    (``(part, from, to)``, ``to`` exclusive): one sort of the spans and a binary search
+    per row, whatever their number."""
+    span = np.array(spans, np.int64).reshape(-1, 3)
+    if len(offset) and max(int(offset.max()), int(span[:, 2].max())) >= 1 << 40:
+        inside = np.zeros(len(offset), bool)  # offsets past 2**40: no packed keys
+        for p, lo, hi in spans:
+            inside |= (part == p) & (offset >= lo) & (offset < hi)
+        return inside
+    keys = (part << 40) | offset
+    starts, ends = (span[:, 0] << 40) | span[:, 1], (span[:, 0] << 40) | span[:, 2]
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    at = np.searchsorted(starts, keys, "right") - 1
+    return (at >= 0) & (keys < ends[at.clip(0)])
 
 
 def _why(outcome: str, reason: str | None) -> str:

@@ -38,6 +38,7 @@ from ackstream.clock import now_ms
 from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
+from ackstream.ranges import compact
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.topology.bolts import (
     REASON_LIMIT,
@@ -82,16 +83,23 @@ class AckMode:
         """The ack records of the tuples the sink wrote."""
         return []
 
-    def report(self, records: pa.Table, channel, batch_id: int) -> None:
-        """Send the batch's ack records where they belong."""
+    def report(
+        self, records: pa.Table, channel, batch_id: int, namespace: str | None = None
+    ) -> None:
+        """Send the batch's ack records where they belong. ``namespace``: what the
+        batch's root ids were minted under, when one source's (see :mod:`ackstream.ranges`)."""
         raise NotImplementedError
 
 
 class Telescoped(AckMode):
     name, edges, plans_inits = "telescoped", False, True
 
-    def report(self, records: pa.Table, channel, batch_id: int) -> None:
+    def report(
+        self, records: pa.Table, channel, batch_id: int, namespace: str | None = None
+    ) -> None:
         done, still_open = settle(records, now_ms())
+        if namespace is not None:  # unbroken runs of acked offsets: one row each
+            done = compact(done, namespace)
         if done.num_rows:
             channel.write_completions(done, batch_id)
         if still_open.num_rows:  # open trees: one record per root for the acker
@@ -112,7 +120,9 @@ class PerStage(AckMode):
     def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
         return [ack_records(anchor_pairs(outputs), ACK, now)]
 
-    def report(self, records: pa.Table, channel, batch_id: int) -> None:
+    def report(
+        self, records: pa.Table, channel, batch_id: int, namespace: str | None = None
+    ) -> None:
         if records.num_rows:
             channel.write_acks(precombine(records))
 

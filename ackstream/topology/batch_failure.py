@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
 
 from ackstream.errors import AckstreamError, cause_of
-from ackstream.records import BATCH_FAILED, COMPLETION_SCHEMA
+from ackstream.records import BATCH_FAILED, completion_table
 from ackstream.session import is_connect
 
 __all__ = [
@@ -159,18 +159,14 @@ def failure_reason(error: BaseException, deadline: BatchDeadline, stages) -> str
 def batch_failed_completions(inits: pa.Table, reason: str, now_ms: int) -> pa.Table:
     """A ``batch_failed`` completion per root of ``inits`` (init records, one per root
     of the failed batch), with ``reason``."""
-    rows = inits.num_rows
-    return pa.table(
-        {
-            "root": inits.column("root"),
-            "status": pa.array([BATCH_FAILED] * rows, pa.string()),
-            "topic": inits.column("topic"),
-            "partition": inits.column("partition"),
-            "offset": inits.column("offset"),
-            "attempt": inits.column("attempt"),
-            "latency_ms": pc.subtract(pa.scalar(now_ms, pa.int64()), inits.column("ts")),
-            "completed_ms": pa.array([now_ms] * rows, pa.int64()),
-            "reason": pa.array([reason] * rows, pa.string()),
-        },
-        schema=COMPLETION_SCHEMA,
+    return completion_table(
+        inits.column("root"),
+        BATCH_FAILED,
+        topic=inits.column("topic"),
+        partition=inits.column("partition"),
+        offset=inits.column("offset"),
+        attempt=inits.column("attempt"),
+        latency_ms=pc.subtract(pa.scalar(now_ms, pa.int64()), inits.column("ts")),
+        completed_ms=now_ms,
+        reason=reason,
     )

@@ -133,7 +133,7 @@ class BatchFunction:
             if records.num_rows:
                 topology.channel.write_acks(precombine(records))
         elif topology.tracking:
-            topology.mode.report(records, topology.channel, batch_id)
+            topology.mode.report(records, topology.channel, batch_id, _namespace(offsets))
         if counts is not None:
             counts.add_to(os.path.join(self.offset_log, STAGE_COUNTS_FILE))
 
@@ -222,6 +222,12 @@ class BatchFunction:
         if not tables or any(t is None for t in tables):
             return None
         return pa.concat_tables(tables)
+
+
+def _namespace(offsets: list[dict] | None) -> str | None:
+    """The namespace the batch's root ids were minted under, when its offsets agree."""
+    names = {offset.get("ids", offset["source"]) for offset in offsets or () if "source" in offset}
+    return names.pop() if len(names) == 1 else None
 
 
 def start_topology(

@@ -359,3 +359,56 @@ def test_a_pause_is_not_charged_to_the_roots_in_flight():
     assert t.expire(64_999) == [] and in_flight_offsets(t) == [10, 11]
     t.expire(65_000)
     assert in_flight_offsets(t) == [11]
+
+
+def run_of(first, end, minted_by="topo", tp=TP):
+    """One completion acking offsets ``first`` up to ``end`` at attempt 0 (ackstream.ranges)."""
+    return completions(
+        {
+            "root": int(ids.root_ids(minted_by, tp[0], tp[1], [first], [0])[0]),
+            "status": ACKED,
+            "topic": tp[0],
+            "partition": tp[1],
+            "offset": first,
+            "attempt": 0,
+            "end_offset": end,
+            "ids": minted_by,
+        }
+    )
+
+
+def test_a_run_acks_every_root_of_its_offsets_in_flight():
+    t = tracker()
+    t.emit_range(TP, 10, 20, now_ms=0)
+    t.complete(run_of(12, 20), 1)
+    assert in_flight_offsets(t) == [10, 11] and t.counts["acked"] == 8
+    assert t.watermarks() == {TP: 10}
+    t.complete(run_of(10, 12), 2)
+    assert t.watermarks() == {TP: 20} and not t.in_flight and t.counts["acked"] == 10
+
+
+def test_a_run_of_another_namespace_is_ignored():
+    t = tracker()
+    t.emit_range(TP, 10, 20, now_ms=0)
+    t.complete(run_of(10, 20, minted_by="another-topology"), 1)
+    assert t.in_flight == 10 and t.watermarks() == {TP: 10}
+
+
+def test_a_run_does_not_ack_a_replay_in_flight_but_settles_its_record_late():
+    """Offset 10 timed out and is replayed (attempt 1 in flight); the run of its first
+    attempt comes after: the first attempt's tree was processed, so 10 is done."""
+    t = tracker(timeout=5_000)
+    t.emit_range(TP, 10, 13, now_ms=0)
+    t.expire(5_000)
+    assert [r[2] for r in t.due(5_100, budget=1)] == [10]
+    t.complete(run_of(10, 13), 5_200)
+    assert t.watermarks() == {TP: 13} and not t.in_flight and not t.scheduled
+    assert t.counts["acked"] == 3
+
+
+def test_a_root_failed_in_the_same_read_as_its_run_is_replayed():
+    t = tracker()
+    t.emit_range(TP, 10, 14, now_ms=0)
+    t.complete(pa.concat_tables([done((root(12), FAILED)), run_of(10, 14)]), 1)
+    assert t.watermarks() == {TP: 12} and set(t.scheduled) == {(TP, 12)}
+    assert t.counts["acked"] == 3 and t.counts["failed"] == 1

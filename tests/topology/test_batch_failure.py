@@ -78,4 +78,6 @@ def test_every_root_of_the_batch_completes_as_batch_failed_with_the_reason():
         "latency_ms": [1_000, 500],
         "completed_ms": [2_000, 2_000],
         "reason": ["SparkRuntimeException: poison"] * 2,
+        "end_offset": [None, None],  # one row per root
+        "ids": [None, None],
     }
