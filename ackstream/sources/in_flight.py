@@ -1,9 +1,9 @@
-"""The roots a source has in flight, as numpy columns sorted by root id.
+"""The roots a source has in flight, as numpy columns.
 
-The source's driver looks up every completion's root here and puts every emitted
-record here, once per batch: thousands of roots each time. Columns keep both to a
-few vectorised passes (a binary search, an insert, a compaction), where one Python
-object and two dict entries per root cost about 40 ms per 10,000 roots.
+The source's driver puts every record it emits here, and takes them out as their
+completions come: a whole run of offsets at once, or one root by its id (a fail, a
+timeout, the acker's outcomes). Columns keep each to a few vectorised passes (a
+mask, a binary search, a compaction) instead of a Python object per root.
 """
 
 from __future__ import annotations
@@ -52,47 +52,91 @@ EMPTY = Roots.of([], 0, 0, 0, 0)
 
 
 class InFlight:
-    """Roots in flight, sorted by root id for lookups. A root id names one record at
-    one attempt, so it is in the table at most once."""
+    """Roots in flight. A root id names one record at one attempt, so it is in the
+    table at most once.
 
-    def __init__(self):
-        self.rows = EMPTY
+    Ids are minted lazily: rows put in flight with :meth:`add_unminted` carry their
+    coordinates alone, and their ids are computed (by ``mint(part, offset, attempt)``)
+    only when a lookup by id needs them. A batch whose trees all close comes back as
+    runs of offsets (:mod:`ackstream.ranges`), so in the steady state no id is ever
+    computed here. The first ``_sorted`` rows have their ids and are sorted by them;
+    the rest wait, in the order they were added."""
+
+    def __init__(self, mint=None):
+        self._rows = EMPTY
+        self._sorted = 0
+        self._mint = mint
 
     def __len__(self) -> int:
-        return len(self.rows.root)
+        return len(self._rows.root)
+
+    @property
+    def rows(self) -> Roots:
+        """Every row, ids minted."""
+        self._mint_waiting()
+        return self._rows
+
+    @property
+    def coordinates(self) -> Roots:
+        """Every row as it is: ``root`` is 0 where its id is not minted yet. For masks
+        over the other columns (:meth:`take_where` takes them in this order)."""
+        return self._rows
 
     def add(self, new: Roots) -> None:
-        """Put ``new`` in flight; a root that is already in flight is replaced."""
-        rows = Roots(*(np.concatenate(pair) for pair in zip(self.rows, new)))
+        """Put ``new`` (ids given) in flight; a root that is already in flight is replaced."""
+        self._mint_waiting()
+        self._merge(new)
+
+    def add_unminted(self, part, offset, attempt, emitted_ms, batch) -> None:
+        """Put records in flight by coordinates; their ids are minted when needed."""
+        new = Roots.of(np.zeros(len(offset), np.int64), part, offset, attempt, emitted_ms, batch)
+        if self._mint is None:
+            raise ValueError("an in-flight table without mint() takes roots with ids")
+        self._rows = Roots(*(np.concatenate(pair) for pair in zip(self._rows, new)))
+
+    def _mint_waiting(self) -> None:
+        """Mint the ids of the rows that wait for them, and sort them in."""
+        if self._sorted == len(self):
+            return
+        waiting = Roots(*(col[self._sorted :] for col in self._rows))
+        self._rows = Roots(*(col[: self._sorted] for col in self._rows))
+        root = self._mint(waiting.part, waiting.offset, waiting.attempt)
+        self._merge(waiting._replace(root=np.asarray(root, np.int64)))
+
+    def _merge(self, new: Roots) -> None:
+        rows = Roots(*(np.concatenate(pair) for pair in zip(self._rows, new)))
         order = np.argsort(rows.root, kind="stable")  # the old rows are one sorted run
         root = rows.root[order]
         newest = np.append(root[1:] != root[:-1], True)  # of equal roots, the one added last
-        self.rows = Roots(*(col[order[newest]] for col in rows))
+        self._rows = Roots(*(col[order[newest]] for col in rows))
+        self._sorted = len(self)
 
     def take(self, roots) -> Roots:
         """Remove those of ``roots`` that are in flight and return their rows."""
         roots = np.sort(np.asarray(roots, np.int64))  # sorted, the search stays in cache
         if not len(self) or not len(roots):
             return EMPTY
-        at = np.searchsorted(self.rows.root, roots)
+        self._mint_waiting()
+        at = np.searchsorted(self._rows.root, roots)
         found = at < len(self)
-        found[found] = self.rows.root[at[found]] == roots[found]
+        found[found] = self._rows.root[at[found]] == roots[found]
         mask = np.zeros(len(self), bool)
         mask[at[found]] = True
         return self.take_where(mask)
 
     def take_where(self, mask: np.ndarray) -> Roots:
-        """Remove the rows where ``mask`` is true and return them."""
+        """Remove the rows where ``mask`` (over :attr:`coordinates`) is true and return them."""
         if not mask.any():
             return EMPTY
         taken, kept = np.flatnonzero(mask), np.flatnonzero(~mask)
-        rows = self.rows
-        self.rows = Roots(*(col[kept] for col in rows))
+        rows = self._rows
+        self._sorted -= int(mask[: self._sorted].sum())
+        self._rows = Roots(*(col[kept] for col in rows))
         return Roots(*(col[taken] for col in rows))
 
     def take_offsets(self, part: int, offsets) -> Roots:
         """Remove the roots of these offsets of partition ``part``, at any attempt."""
-        rows = self.rows
+        rows = self._rows
         return self.take_where((rows.part == part) & np.isin(rows.offset, offsets))
 
     def restart(self, roots, now_ms: int) -> None:
@@ -101,24 +145,25 @@ class InFlight:
         roots = np.sort(np.asarray(roots, np.int64))
         if not len(self) or not len(roots):
             return
-        at = np.searchsorted(self.rows.root, roots)
+        self._mint_waiting()
+        at = np.searchsorted(self._rows.root, roots)
         found = at < len(self)
-        found[found] = self.rows.root[at[found]] == roots[found]
-        emitted = self.rows.emitted_ms
+        found[found] = self._rows.root[at[found]] == roots[found]
+        emitted = self._rows.emitted_ms
         hit = at[found]
         emitted[hit[emitted[hit] != NOT_STARTED]] = now_ms
 
     def start(self, now_ms: int) -> None:
         """Roots not started start their timeout at ``now_ms``."""
-        emitted = self.rows.emitted_ms
+        emitted = self._rows.emitted_ms
         emitted[emitted == NOT_STARTED] = now_ms
 
     def delay(self, ms: int) -> None:
         """Started roots start their timeout ``ms`` later (time that does not count)."""
-        emitted = self.rows.emitted_ms
+        emitted = self._rows.emitted_ms
         emitted[emitted != NOT_STARTED] += ms
 
     def started_at_or_before(self, ms: int) -> np.ndarray:
-        """Mask of the roots started at ``ms`` or earlier."""
-        emitted = self.rows.emitted_ms
+        """Mask (over :attr:`coordinates`) of the roots started at ``ms`` or earlier."""
+        emitted = self._rows.emitted_ms
         return (emitted != NOT_STARTED) & (emitted <= ms)

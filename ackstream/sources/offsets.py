@@ -31,14 +31,18 @@ from the rows instead.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ackstream import ids
-from ackstream.records import ACK_RECORD_SCHEMA, INIT
+from ackstream.records import ACK_RECORD_SCHEMA, ACKED, INIT, completion_table
 from ackstream.sources.rows import ReadTask
 
-__all__ = ["ROWS_PER_TASK", "new_ranges", "planned_inits", "read_tasks"]
+__all__ = ["ROWS_PER_TASK", "PlannedRoots", "new_ranges", "planned_inits", "read_tasks"]
 
 #: At most this many offsets of one partition per Spark task.
 ROWS_PER_TASK = 100_000
@@ -108,28 +112,115 @@ def planned_inits(end: dict, now_ms: int) -> pa.Table | None:
     """The init record (value 0, with coordinates) of every root of the batch that
     ends at ``end``, or None when the offset does not say (written before ``read``
     existed). With tracking off the source waits for no root: no records."""
-    if "read" not in end:
-        return None
-    if "source" not in end:
-        return ACK_RECORD_SCHEMA.empty_table()
-    pieces = [(topic, p, np.arange(lo, hi), 0) for topic, p, lo, hi in _ranges({}, end)]
-    pieces += [(topic, p, np.array([off]), att) for topic, p, off, att in end.get("replays", ())]
-    sizes = [len(offsets) for _, _, offsets, _ in pieces]
-    topic = np.repeat(np.array([t for t, *_ in pieces], dtype=object), sizes)
-    partition = np.repeat(np.array([p for _, p, *_ in pieces], dtype=np.int32), sizes)
-    offset = np.concatenate([o for *_, o, _ in pieces] or [np.empty(0, np.int64)])
-    attempt = np.repeat(np.array([a for *_, a in pieces], dtype=np.int32), sizes)
-    n = len(offset)
-    roots = ids.root_ids(end.get("ids", end["source"]), topic, partition, offset, attempt)
+    planned = PlannedRoots.of_offsets([end], now_ms)
+    return None if planned is None else planned.inits
+
+
+@dataclass
+class PlannedRoots:
+    """The roots of a batch as its offsets plan them: runs of new offsets (attempt 0),
+    whose ids are minted only when their init records are asked for, and the init
+    records of the rest (replays). A batch whose trees all close reports the runs as
+    they are (:meth:`acked`, see :mod:`ackstream.ranges`), so the driver mints no id
+    for them."""
+
+    #: ``(namespace, topic, partition, from, to)``, ``to`` exclusive
+    runs: list[tuple[str, str, int, int, int]]
+    #: init records of the roots outside the runs
+    singles: pa.Table
+    #: when the roots were planned: their inits' ``ts``
+    planned_ms: int
+
+    @classmethod
+    def of_inits(cls, inits: pa.Table) -> PlannedRoots:
+        """Roots known by their init records alone."""
+        return cls([], inits, 0)
+
+    @classmethod
+    def of_offsets(cls, offsets: list[dict], now_ms: int) -> PlannedRoots | None:
+        """The roots the ``ackstream`` offsets of a batch name; None when one of them
+        does not say (written before ``read`` existed). With tracking off the source
+        waits for no root: none."""
+        if any("read" not in end for end in offsets):
+            return None
+        runs, singles = [], []
+        for end in offsets:
+            if "source" not in end:
+                continue
+            namespace = end.get("ids", end["source"])
+            runs += [(namespace, *span) for span in _ranges({}, end)]
+            singles += [
+                _inits(namespace, topic, p, np.array([off]), att, now_ms)
+                for topic, p, off, att in end.get("replays", ())
+            ]
+        table = pa.concat_tables(singles) if singles else ACK_RECORD_SCHEMA.empty_table()
+        return cls(runs, table, now_ms)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(hi - lo for *_, lo, hi in self.runs) + self.singles.num_rows
+
+    @property
+    def namespace(self) -> str | None:
+        """The namespace of every run, when they share one."""
+        names = {run[0] for run in self.runs}
+        return names.pop() if len(names) == 1 else None
+
+    @cached_property
+    def inits(self) -> pa.Table:
+        """The init record of every root (value 0, with coordinates)."""
+        tables = [
+            _inits(ns, topic, p, np.arange(lo, hi), 0, self.planned_ms)
+            for ns, topic, p, lo, hi in self.runs
+        ]
+        return pa.concat_tables([*tables, self.singles])
+
+    def acked(self, now_ms: int) -> pa.Table:
+        """The completions of every root acked at ``now_ms``: a row per run, a row per
+        single root (``COMPLETION_SCHEMA``)."""
+        latency = now_ms - self.planned_ms
+        runs = completion_table(
+            [int(ids.root_ids(ns, t, p, [lo], [0])[0]) for ns, t, p, lo, _ in self.runs],
+            ACKED,
+            topic=[run[1] for run in self.runs],
+            partition=[run[2] for run in self.runs],
+            offset=[run[3] for run in self.runs],
+            attempt=0,
+            latency_ms=latency,
+            completed_ms=now_ms,
+            end_offset=[run[4] for run in self.runs],
+            ids=[run[0] for run in self.runs],
+        )
+        singles = self.singles
+        return pa.concat_tables(
+            [
+                runs,
+                completion_table(
+                    singles.column("root"),
+                    ACKED,
+                    topic=singles.column("topic"),
+                    partition=singles.column("partition"),
+                    offset=singles.column("offset"),
+                    attempt=singles.column("attempt"),
+                    latency_ms=pc.subtract(now_ms, singles.column("ts")),
+                    completed_ms=now_ms,
+                ),
+            ]
+        )
+
+
+def _inits(namespace: str, topic: str, partition: int, offsets, attempt: int, now_ms: int):
+    """Init records (value 0) of ``offsets`` of one partition at one attempt."""
+    n = len(offsets)
     return pa.table(
         {
-            "root": roots,
+            "root": ids.root_ids(namespace, topic, partition, offsets, attempt),
             "value": np.zeros(n, np.int64),
             "kind": np.full(n, INIT, np.int8),
-            "topic": pa.array(topic, pa.string()),
-            "partition": partition,
-            "offset": offset.astype(np.int64),
-            "attempt": attempt,
+            "topic": pa.array([topic] * n, pa.string()),
+            "partition": np.full(n, partition, np.int32),
+            "offset": np.asarray(offsets, np.int64),
+            "attempt": np.full(n, attempt, np.int32),
             "ts": np.full(n, now_ms, np.int64),
             "reason": pa.nulls(n, pa.string()),
         },

@@ -105,9 +105,9 @@ class Tracker:
         self.source, self.policy = source, policy
         self.source_timeout_ms, self.max_pending = source_timeout_ms, max_pending
         self.parts: dict[TP, _Partition] = {}
-        self._tps: list[TP] = []  # the partition of each index in ``flights.rows.part``
+        self._tps: list[TP] = []  # the partition of each index in the in-flight ``part`` column
         self._index: dict[TP, int] = {}
-        self.flights = InFlight()
+        self.flights = InFlight(self._mint)
         self.scheduled: dict[tuple[TP, int], tuple[int, int]] = {}  # -> (attempt, due_ms)
         self.dead: dict[tuple[TP, int], DeadLetter] = {}
         #: scheduled records that replay only with their group, in a batch of its own
@@ -194,20 +194,26 @@ class Tracker:
         self.batch += 1
 
     def _add_roots(self, part, offsets, attempts, now_ms: int, started=False) -> None:
-        """Put records in flight under their root ids (``part`` indexes the partitions).
-        Their timeout starts now if ``started`` or the clock does not wait for Spark."""
+        """Put records in flight (``part`` indexes the partitions); their root ids are
+        minted when a lookup needs them. Their timeout starts now if ``started`` or the
+        clock does not wait for Spark."""
         offsets = np.asarray(offsets, np.int64)
         if not len(offsets):
             return
+        emitted = now_ms if started or not self.clock_on_commit else NOT_STARTED
         part = np.broadcast_to(np.asarray(part, np.int64), offsets.shape)
+        self.flights.add_unminted(part, offsets, attempts, emitted, self.batch)
+
+    def _mint(self, part: np.ndarray, offset: np.ndarray, attempt: np.ndarray) -> np.ndarray:
+        """The root ids of records in flight (``part`` indexes the partitions)."""
+        if not len(offset):
+            return np.empty(0, np.int64)
         topics = np.array([t for t, _ in self._tps], dtype=object)
         partition = np.array([p for _, p in self._tps], np.int64)[part]
         topic = topics[part]
         if (topic == topic[0]).all():  # one topic: hashed once
             topic = topic[0]
-        roots = ids.root_ids(self.source, topic, partition, offsets, attempts)
-        emitted = now_ms if started or not self.clock_on_commit else NOT_STARTED
-        self.flights.add(Roots.of(roots, part, offsets, attempts, emitted, self.batch))
+        return ids.root_ids(self.source, topic, partition, offset, attempt)
 
     # --- completions, timeouts, replays ---------------------------------------------
 
@@ -294,7 +300,7 @@ class Tracker:
         ]
         if not spans:
             return
-        rows = self.flights.rows
+        rows = self.flights.coordinates  # no id is minted for a run
         done = self.flights.take_where(_within(rows.part, rows.offset, spans) & (rows.attempt == 0))
         self._acked(done)
         if len(done.root) == sum(hi - lo for _, lo, hi in spans):
@@ -495,7 +501,7 @@ class Tracker:
         """Every record between a watermark and its read position that is not done:
         in flight, scheduled (with its due time) or dead (its letter unwritten: in
         flight again after a restore). Columns, so its cost is a few numpy passes."""
-        rows = self.flights.rows
+        rows = self.flights.coordinates
         waiting = [
             (self._index[tp], off, att, due, self.suspects.get((tp, off), -1))
             for (tp, off), (att, due) in self.scheduled.items()

@@ -40,6 +40,7 @@ from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.ranges import compact
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
+from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.bolts import (
     REASON_LIMIT,
     ROOTS,
@@ -56,6 +57,7 @@ from ackstream.topology.stage_counts import StageCounts
 __all__ = [
     "ACK_MODES",
     "AckMode",
+    "BatchRecords",
     "BatchRun",
     "PerStage",
     "Telescoped",
@@ -83,23 +85,23 @@ class AckMode:
         """The ack records of the tuples the sink wrote."""
         return []
 
-    def report(
-        self, records: pa.Table, channel, batch_id: int, namespace: str | None = None
-    ) -> None:
-        """Send the batch's ack records where they belong. ``namespace``: what the
-        batch's root ids were minted under, when one source's (see :mod:`ackstream.ranges`)."""
+    def report(self, records: BatchRecords, channel, batch_id: int) -> None:
+        """Send the batch's ack records where they belong."""
         raise NotImplementedError
 
 
 class Telescoped(AckMode):
     name, edges, plans_inits = "telescoped", False, True
 
-    def report(
-        self, records: pa.Table, channel, batch_id: int, namespace: str | None = None
-    ) -> None:
-        done, still_open = settle(records, now_ms())
-        if namespace is not None:  # unbroken runs of acked offsets: one row each
-            done = compact(done, namespace)
+    def report(self, records: BatchRecords, channel, batch_id: int) -> None:
+        now = now_ms()
+        planned = records.planned
+        if planned is not None and not records.rest.num_rows:  # every tree closed
+            channel.write_completions(planned.acked(now), batch_id)
+            return
+        done, still_open = settle(records.table(), now)
+        if planned is not None and planned.namespace is not None:
+            done = compact(done, planned.namespace)  # unbroken runs of acks: a row each
         if done.num_rows:
             channel.write_completions(done, batch_id)
         if still_open.num_rows:  # open trees: one record per root for the acker
@@ -120,11 +122,10 @@ class PerStage(AckMode):
     def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
         return [ack_records(anchor_pairs(outputs), ACK, now)]
 
-    def report(
-        self, records: pa.Table, channel, batch_id: int, namespace: str | None = None
-    ) -> None:
-        if records.num_rows:
-            channel.write_acks(precombine(records))
+    def report(self, records: BatchRecords, channel, batch_id: int) -> None:
+        table = records.table()
+        if table.num_rows:
+            channel.write_acks(precombine(table))
 
 
 ACK_MODES = {mode.name: mode for mode in (Telescoped(), PerStage())}
@@ -137,20 +138,36 @@ def ack_mode(name: str) -> AckMode:
     return ACK_MODES[name]
 
 
+@dataclass
+class BatchRecords:
+    """A batch's ack records: the init records of the roots its offsets planned (made
+    only if asked for) and every other record (not pre-combined: the ledger combines
+    them)."""
+
+    planned: PlannedRoots | None  #: None: the inits were read from the rows, in ``rest``
+    rest: pa.Table
+
+    def table(self) -> pa.Table:
+        """Every record of the batch."""
+        if self.planned is None:
+            return self.rest
+        return pa.concat_tables([self.planned.inits, self.rest])
+
+
 def run_batch(
     topology,
     batch: DataFrame,
     batch_id: int,
-    inits: pa.Table | None,
+    planned: PlannedRoots | None,
     counts: StageCounts | None = None,
-) -> pa.Table:
+) -> BatchRecords:
     """Run every stage of ``topology`` on ``batch`` (a static DataFrame), write the
-    sinks, and return the batch's ack records (not pre-combined: the ledger combines
-    them). ``inits``: the batch's init records when they are known without reading
-    the batch (from the source's offset); else they are read from the rows, which
-    then costs a cache and a second Spark job. ``counts``: where to count each stage's
-    and sink's tuples in and out, as the batch's jobs read them."""
-    run = BatchRun(topology, batch_id, inits, counts)
+    sinks, and return the batch's ack records. ``planned``: the batch's roots when
+    they are known without reading the batch (from the source's offset); else their
+    inits are read from the rows, which then costs a cache and a second Spark job.
+    ``counts``: where to count each stage's and sink's tuples in and out, as the
+    batch's jobs read them."""
+    run = BatchRun(topology, batch_id, planned, counts)
     try:
         run.read_spout(batch)
         for stage in topology.stages:
@@ -168,14 +185,14 @@ class BatchRun:
     handed on, the ack records gathered so far (Spark frames to collect at the end,
     Arrow tables made on the driver), and the frames persisted on the way."""
 
-    def __init__(self, topology, batch_id: int, inits: pa.Table | None, counts):
-        self.topology, self.batch_id, self.inits = topology, batch_id, inits
+    def __init__(self, topology, batch_id: int, planned: PlannedRoots | None, counts):
+        self.topology, self.batch_id, self.planned = topology, batch_id, planned
         self.mode, self.tracking = topology.mode, topology.tracking
         self.edges = self.tracking and self.mode.edges
         self.now = now_ms()
         self.subs = subscribers(topology.stages, topology.sinks)
         #: nothing planned: no job may read the batch to count it
-        self.counts = None if inits is not None and not inits.num_rows else counts
+        self.counts = None if planned is not None and not planned.num_rows else counts
         self.copies: dict[str, list[DataFrame]] = {}  # per stage or sink, what it reads
         self.groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
         self.frames: list[DataFrame] = []  # ack records, collected in one job at the end
@@ -187,7 +204,7 @@ class BatchRun:
         self.upstream: dict | None = None  # continued trees: the upstream lineage
         continues = self.tracking and topology.continue_trees
         self.read_inits = self.tracking and (
-            inits is None or not self.mode.plans_inits or continues
+            planned is None or not self.mode.plans_inits or continues
         )
         self.context = BatchContext(
             batch_id, self.now, topology.channel, topology.message_timeout_ms, topology.held_folder
@@ -201,7 +218,7 @@ class BatchRun:
         held = self.tracking and REASON in batch.columns  # the source's held-back rows
         readers = len(self.subs[SPOUT])
         if held and not self.read_inits and readers == 1:
-            planned = 0 if self.inits is None else self.inits.num_rows
+            planned = 0 if self.planned is None else self.planned.num_rows
             self.watch = HeldWatch(batch, planned)  # counted as the sink reads
             spout = self.watch.frame
         else:  # the batch is read more than once (init records, held rows): read it once
@@ -249,20 +266,21 @@ class BatchRun:
             held = batch.where(f"{REASON} IS NOT NULL")
             self.frames += held_back_acks(held, self.mode, self.now)
 
-    def records(self) -> pa.Table:
-        """The batch's ack records, in one Spark job (for the upstream acker's trees
-        when this topology continues them)."""
+    def records(self) -> BatchRecords:
+        """The batch's ack records, in one Spark job; when this topology continues
+        upstream trees, translated for their acker (the inits are then read from the
+        rows: nothing is planned)."""
         if not self.tracking:
-            return ACK_RECORD_SCHEMA.empty_table()
-        tables = ([] if self.read_inits else [self.inits]) + self.tables
+            return BatchRecords(None, ACK_RECORD_SCHEMA.empty_table())
+        tables = list(self.tables)
         if self.frames:
             collected = _union_all(self.frames).toArrow()
             tables.append(as_table(collected, ACK_RECORD_SCHEMA))
-        records = pa.concat_tables(tables)
+        rest = pa.concat_tables(tables) if tables else ACK_RECORD_SCHEMA.empty_table()
         if self.upstream is not None:
-            local = translate(precombine(records), self.upstream, self.now)
-            records = pa.concat_tables([local, *self.passed_on])
-        return records
+            local = translate(precombine(rest), self.upstream, self.now)
+            rest = pa.concat_tables([local, *self.passed_on])
+        return BatchRecords(None if self.read_inits else self.planned, rest)
 
     def release(self) -> None:
         for df in self.kept:

@@ -34,6 +34,7 @@ from ackstream.config import SourceConfig
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
 from ackstream.session import has_kafka_connector, is_connect, master_of
+from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.upstream import check_options, open_upstream
 from ackstream.topology.batch import ack_mode as ack_mode_named
 from ackstream.topology.batch import run_batch
@@ -379,7 +380,8 @@ class Topology:
         started topology does in each micro-batch, for tests and notebooks.
         ``inits``: the batch's init records when known (else read from the rows)."""
         self._check_input(batch)
-        return precombine(run_batch(self, batch, batch_id, inits))
+        planned = None if inits is None else PlannedRoots.of_inits(inits)
+        return precombine(run_batch(self, batch, batch_id, planned).table())
 
     def _check_input(self, tuples: DataFrame) -> None:
         missing = [c for c in TRACKED_COLUMNS if c not in tuples.columns]

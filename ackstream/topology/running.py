@@ -26,7 +26,7 @@ from ackstream.config import parse_duration_ms
 from ackstream.errors import OptionError
 from ackstream.offset_log import logged_offsets
 from ackstream.session import check_picklable, is_connect
-from ackstream.sources.offsets import planned_inits
+from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.spark_reader import read_new_ranges
 from ackstream.topology.batch import run_batch
 from ackstream.topology.batch_failure import (
@@ -114,7 +114,7 @@ class BatchFunction:
         plans = topology.tracking and not topology.continue_trees  # its source tracks roots
         offsets = self._offsets(batch, batch_id, plans)
         batch = self._with_new_records(batch, offsets or [])
-        inits = self._planned_inits(offsets) if plans else None
+        planned = self._planned(offsets) if plans else None
         counts = StageCounts() if topology.stage_counts else None
         deadline = BatchDeadline(
             batch.sparkSession, job_tag(topology.name), topology.batch_deadline_ms
@@ -122,18 +122,24 @@ class BatchFunction:
         try:
             with deadline:
                 records = run_batch(
-                    topology, batch, batch_id, inits if topology.mode.plans_inits else None, counts
+                    topology,
+                    batch,
+                    batch_id,
+                    planned if topology.mode.plans_inits else None,
+                    counts,
                 )
         except Exception as error:
-            if inits is None or not isolates(error, deadline):
+            if planned is None or not isolates(error, deadline):
                 raise
-            self._fail_batch(inits, batch_id, failure_reason(error, deadline, self._stages()))
+            reason = failure_reason(error, deadline, self._stages())
+            self._fail_batch(planned.inits, batch_id, reason)
             return
         if topology.continue_trees and topology.tracking:  # upstream trees: their acker
-            if records.num_rows:
-                topology.channel.write_acks(precombine(records))
+            table = records.table()
+            if table.num_rows:
+                topology.channel.write_acks(precombine(table))
         elif topology.tracking:
-            topology.mode.report(records, topology.channel, batch_id, _namespace(offsets))
+            topology.mode.report(records, topology.channel, batch_id)
         if counts is not None:
             counts.add_to(os.path.join(self.offset_log, STAGE_COUNTS_FILE))
 
@@ -209,25 +215,17 @@ class BatchFunction:
             frames[0] = frames[0].unionByName(frame)
         return frames[0]
 
-    def _planned_inits(self, offsets: list[dict] | None) -> pa.Table | None:
-        """The init records of every root of the batch, from the offsets Spark logged
-        for it; None when they must be read from the rows (no offset log, or an offset
-        written before it named its records). Checks the sources' terms first."""
+    def _planned(self, offsets: list[dict] | None) -> PlannedRoots | None:
+        """The roots of the batch, from the offsets Spark logged for it; None when their
+        inits must be read from the rows (no offset log, or an offset written before it
+        named its records). Checks the sources' terms first."""
         if offsets is None:
             return None
         for offset in offsets:
             check_source_terms(self.topology, offset)
-        now = now_ms()
-        tables = [planned_inits(offset, now) for offset in offsets]
-        if not tables or any(t is None for t in tables):
+        if not offsets:
             return None
-        return pa.concat_tables(tables)
-
-
-def _namespace(offsets: list[dict] | None) -> str | None:
-    """The namespace the batch's root ids were minted under, when its offsets agree."""
-    names = {offset.get("ids", offset["source"]) for offset in offsets or () if "source" in offset}
-    return names.pop() if len(names) == 1 else None
+        return PlannedRoots.of_offsets(offsets, now_ms())
 
 
 def start_topology(
