@@ -8,6 +8,10 @@ written here, as numpy columns, one file per sequence number::
 
     <ackstream.stateDir>/<query's owner id>/<seq>.npz
 
+Rows that continue each other (the next offset of the same partition, everything
+else equal: the usual batch in flight) are written as one row with a ``length``,
+so a file costs per run of offsets, not per record.
+
 A file is written whole (hidden name, then renamed) before the offset that names
 it is returned to Spark, and never changed afterwards: a number is written again
 only when the offset that first named it was never logged (a crash in between),
@@ -40,6 +44,7 @@ _FILE = re.compile(r"^(\d+)\.npz$")
 _ABSENT = {
     "uncharged": lambda rows: np.zeros(rows, np.int64),
     "group": lambda rows: np.full(rows, -1, np.int64),
+    "length": lambda rows: np.ones(rows, np.int64),
 }
 
 
@@ -58,6 +63,37 @@ class Unfinished(NamedTuple):
     group: np.ndarray
 
 
+#: the per-record columns of :class:`Unfinished`
+_ROWS = Unfinished._fields[1:]
+
+
+def _runs(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``columns`` with each row that continues the one before it (next offset, same
+    partition, the rest equal) folded into it, and a ``length`` column."""
+    offset = columns["offset"]
+    starts = np.ones(len(offset), bool)
+    if len(offset):
+        same = offset[1:] == offset[:-1] + 1
+        for name in _ROWS:
+            if name != "offset":
+                same &= columns[name][1:] == columns[name][:-1]
+        starts[1:] = ~same
+    first = np.flatnonzero(starts)
+    return {
+        **{k: v[first] for k, v in columns.items()},
+        "length": np.diff(np.append(first, len(offset))),
+    }
+
+
+def _rows(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The rows :func:`_runs` folded, one per record again."""
+    length = columns.pop("length")
+    out = {k: np.repeat(v, length) for k, v in columns.items()}
+    step = np.arange(len(out["offset"])) - np.repeat(np.cumsum(length) - length, length)
+    out["offset"] = out["offset"] + step
+    return out
+
+
 class SourceState:
     """The numbered :class:`Unfinished` files of one query (see the module doc)."""
 
@@ -73,7 +109,7 @@ class SourceState:
         columns = {
             "topics": np.array([t for t, _ in unfinished.tps], dtype=np.str_),
             "partitions": np.array([p for _, p in unfinished.tps], dtype=np.int64),
-            **{k: np.asarray(getattr(unfinished, k), np.int64) for k in Unfinished._fields[1:]},
+            **_runs({k: np.asarray(getattr(unfinished, k), np.int64) for k in _ROWS}),
         }
 
         def save(hidden: str) -> None:
@@ -88,10 +124,8 @@ class SourceState:
             with np.load(self.path(seq), allow_pickle=False) as f:
                 tps = list(zip(f["topics"].tolist(), f["partitions"].tolist()))
                 rows = len(f["part"])
-                return Unfinished(
-                    tps,
-                    *(f[k] if k in f else _ABSENT[k](rows) for k in Unfinished._fields[1:]),
-                )
+                columns = {k: f[k] if k in f else _ABSENT[k](rows) for k in (*_ROWS, "length")}
+                return Unfinished(tps, **_rows(columns))
         except FileNotFoundError:
             log.warning(
                 "ackstream source state %s is missing (option ackstream.stateDir): the "

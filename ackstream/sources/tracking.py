@@ -85,6 +85,15 @@ class _Partition:
     def mark_done(self, offsets) -> None:
         """These offsets are done; the watermark moves over any run of done ones."""
         offsets = np.asarray(offsets, np.int64)
+        if (
+            not len(self.done)
+            and len(offsets)
+            and offsets[0] == self.watermark
+            and offsets[-1] == self.watermark + len(offsets) - 1
+            and (np.diff(offsets) == 1).all()
+        ):  # the usual batch: the offsets right above the watermark, in order
+            self.watermark += len(offsets)
+            return
         done = _sorted_unique(np.concatenate([self.done, offsets[offsets >= self.watermark]]))
         run = done - self.watermark == np.arange(len(done))
         ahead = len(done) if run.all() else int(np.argmin(run))

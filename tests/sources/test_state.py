@@ -151,3 +151,22 @@ def test_a_lost_state_file_costs_replays_never_a_record(make_spout, caplog):
             assert sorted(mine) == list(range(part.watermark, part.end))
     finally:
         again.close()
+
+
+def test_a_state_file_costs_per_run_of_offsets_and_reads_back_every_record(tmp_path):
+    from ackstream.sources.state import SourceState, Unfinished
+
+    n = 200_000
+    part = np.concatenate([np.zeros(n, np.int64), np.ones(3, np.int64)])
+    offset = np.concatenate([np.arange(5, 5 + n), [9, 10, 12]])
+    attempt = np.concatenate([np.zeros(n, np.int64), [1, 1, 1]])
+    due = np.concatenate([np.full(n, -1), [700, 700, 700]])
+    uncharged, group = np.zeros(n + 3, np.int64), np.full(n + 3, -1)
+    unfinished = Unfinished([("a", 0), ("a", 1)], part, offset, attempt, due, uncharged, group)
+    state = SourceState(str(tmp_path))
+    state.write(1, unfinished)
+    assert os.path.getsize(state.path(1)) < 4_000  # 200,003 records, three runs
+    back = state.read(1)
+    assert back.tps == unfinished.tps
+    for name in Unfinished._fields[1:]:
+        assert np.array_equal(getattr(back, name), getattr(unfinished, name)), name
