@@ -5,89 +5,85 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream import ids
-from ackstream.ranges import compact, expand, is_run
-from ackstream.records import ACKED, FAILED, completion_table
+from ackstream.ranges import expand, is_run
+from ackstream.sources.offsets import PlannedRoots
 
 
-def acked(offsets, namespace="topo", topic="events", partition=0, attempt=0, latency=5):
-    offsets = np.asarray(offsets, np.int64)
-    return completion_table(
-        ids.root_ids(namespace, topic, partition, offsets, attempt),
-        ACKED,
-        topic=topic,
-        partition=partition,
-        offset=offsets,
-        attempt=attempt,
-        latency_ms=latency,
-        completed_ms=1_000,
+def planned(read, replays=()):
+    """The roots an offset of namespace ``topo`` plans: ``read`` {partition: [from, to]}."""
+    end = {
+        "v": 1,
+        "source": "topo",
+        "ids": "topo",
+        "read": {"events": {str(p): span for p, span in read.items()}},
+        "replays": [["events", p, off, att] for p, off, att in replays],
+    }
+    return PlannedRoots.of_offsets([end], now_ms=1_000)
+
+
+def per_root(table):
+    rows = table.select(["root", "status", "topic", "partition", "offset", "attempt"])
+    return sorted(rows.to_pylist(), key=lambda row: row["root"])
+
+
+def acked_one_by_one(roots, inits):
+    """What a reader must see: one acked completion per root of ``inits``."""
+    return sorted(
+        (
+            {
+                "root": r["root"],
+                "status": "acked",
+                "topic": r["topic"],
+                "partition": r["partition"],
+                "offset": r["offset"],
+                "attempt": r["attempt"],
+            }
+            for r in inits.to_pylist()
+            if r["root"] in roots
+        ),
+        key=lambda row: row["root"],
     )
 
 
-def by_root(table):
-    return sorted(table.to_pylist(), key=lambda row: (row["root"], row["status"]))
+def test_a_batch_of_two_partitions_and_a_replay_reports_three_rows():
+    roots = planned({0: [100, 140], 3: [7, 9]}, replays=[(1, 4, 2)])
+    done = roots.acked(2_000)
+    assert done.num_rows == 3 and is_run(done).tolist() == [True, True, False]
+    assert done.column("latency_ms").to_pylist() == [1_000] * 3
+    everyone = set(roots.inits.column("root").to_pylist())
+    assert per_root(expand(done)) == acked_one_by_one(everyone, roots.inits)
 
 
-def test_a_batch_of_two_partitions_compacts_to_two_rows_and_expands_back():
-    done = pa.concat_tables([acked(range(100, 140)), acked(range(7, 9), partition=3)])
-    runs = compact(done, "topo")
-    assert runs.num_rows == 2 and is_run(runs).all()
-    assert sorted(
-        zip(
-            runs["partition"].to_pylist(),
-            runs["offset"].to_pylist(),
-            runs["end_offset"].to_pylist(),
-        )
-    ) == [(0, 100, 140), (3, 7, 9)]
-    assert by_root(expand(runs)) == by_root(done)
-
-
-def test_gaps_fails_replays_and_other_latencies_break_runs():
-    failed = completion_table(
-        ids.root_ids("topo", "events", 0, [103], [0]),
-        FAILED,
-        topic="events",
-        partition=0,
-        offset=[103],
-        attempt=0,
-        latency_ms=5,
-        completed_ms=1_000,
-        reason="bad",
-    )
-    done = pa.concat_tables(
-        [
-            acked([100, 101, 102]),  # a run, up to the failed offset
-            failed,
-            acked([104, 105], attempt=1),  # replays stay single
-            acked([106, 107], latency=9),  # another latency: a run of its own
-            acked([109]),  # alone after a gap
-        ]
-    )
-    runs = compact(done, "topo")
-    spans = sorted((r["offset"], r["end_offset"]) for r in runs.to_pylist() if r["end_offset"])
-    assert spans == [(100, 103), (106, 108)]
-    assert runs.num_rows == 2 + 1 + 2 + 1
-    assert by_root(expand(runs)) == by_root(done)
-
-
-def test_roots_of_another_namespace_are_not_compacted():
-    done = acked(range(10), namespace="another")
-    assert not is_run(compact(done, "topo")).any()
+def test_roots_settled_apart_cut_their_runs_and_are_left_out():
+    roots = planned({0: [100, 110]}, replays=[(0, 50, 1)])
+    inits = roots.inits
+    settled = inits.filter(pa.array(np.isin(inits.column("offset").to_numpy(), [100, 104, 50])))
+    done = roots.acked(2_000, settled)
+    spans = sorted(zip(done.column("offset").to_pylist(), done.column("end_offset").to_pylist()))
+    assert spans == [(101, 104), (105, 110)]
+    left = set(inits.column("root").to_pylist()) - set(settled.column("root").to_pylist())
+    assert per_root(expand(done)) == acked_one_by_one(left, inits)
 
 
 @settings(max_examples=60, deadline=None)
 @given(
+    st.dictionaries(
+        st.integers(0, 3), st.tuples(st.integers(0, 30), st.integers(0, 12)), max_size=4
+    ),
     st.lists(
-        st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 1), st.integers(0, 2)),
-        max_size=60,
-        unique_by=lambda row: row[:3],
-    )
+        st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(1, 3)),
+        max_size=5,
+        unique_by=lambda r: r[:2],
+    ),
+    st.data(),
 )
-def test_expand_gives_back_every_compacted_completion(rows):
-    """Whatever the mix of partitions, offsets, attempts and latencies, the readers get
-    every root's completion back, once."""
-    tables = [acked([o], partition=p, attempt=a, latency=lat) for p, o, a, lat in rows]
-    done = pa.concat_tables(tables) if tables else acked([])
-    runs = compact(done, "topo")
-    assert runs.num_rows <= done.num_rows
-    assert by_root(expand(runs)) == by_root(done)
+def test_every_root_but_those_settled_comes_back_acked_once(read, replays, data):
+    """Whatever the runs, replays and roots settled apart, a reader gets one acked
+    completion per other planned root, and none for a settled one."""
+    roots = planned({p: [lo, lo + n] for p, (lo, n) in read.items()}, replays)
+    inits = roots.inits
+    mask = data.draw(st.lists(st.booleans(), min_size=inits.num_rows, max_size=inits.num_rows))
+    settled = inits.filter(pa.array(mask, pa.bool_()))
+    done = roots.acked(2_000, settled)
+    left = set(inits.column("root").to_pylist()) - set(settled.column("root").to_pylist())
+    assert per_root(expand(done)) == acked_one_by_one(left, inits)

@@ -175,26 +175,37 @@ class PlannedRoots:
         ]
         return pa.concat_tables([*tables, self.singles])
 
-    def acked(self, now_ms: int) -> pa.Table:
-        """The completions of every root acked at ``now_ms``: a row per run, a row per
-        single root (``COMPLETION_SCHEMA``)."""
+    def inits_of(self, roots: pa.ChunkedArray | pa.Array) -> pa.Table:
+        """The init records of those of ``roots`` that are planned here (every id is
+        minted, unless ``roots`` is empty)."""
+        if not len(roots):
+            return ACK_RECORD_SCHEMA.empty_table()
+        return self.inits.filter(pc.is_in(self.inits.column("root"), value_set=roots))
+
+    def acked(self, now_ms: int, settled: pa.Table | None = None) -> pa.Table:
+        """The completions of every root acked at ``now_ms`` but those whose init records
+        are in ``settled`` (their outcome comes from the ledger): a row per run of
+        offsets, a row per single root (``COMPLETION_SCHEMA``)."""
+        runs, singles = self.runs, self.singles
+        if settled is not None and settled.num_rows:
+            runs = _cut(runs, settled)
+            known = pc.is_in(singles.column("root"), value_set=settled.column("root"))
+            singles = singles.filter(pc.invert(known))
         latency = now_ms - self.planned_ms
-        runs = completion_table(
-            [int(ids.root_ids(ns, t, p, [lo], [0])[0]) for ns, t, p, lo, _ in self.runs],
-            ACKED,
-            topic=[run[1] for run in self.runs],
-            partition=[run[2] for run in self.runs],
-            offset=[run[3] for run in self.runs],
-            attempt=0,
-            latency_ms=latency,
-            completed_ms=now_ms,
-            end_offset=[run[4] for run in self.runs],
-            ids=[run[0] for run in self.runs],
-        )
-        singles = self.singles
         return pa.concat_tables(
             [
-                runs,
+                completion_table(
+                    [int(ids.root_ids(ns, t, p, [lo], [0])[0]) for ns, t, p, lo, _ in runs],
+                    ACKED,
+                    topic=[run[1] for run in runs],
+                    partition=[run[2] for run in runs],
+                    offset=[run[3] for run in runs],
+                    attempt=0,
+                    latency_ms=latency,
+                    completed_ms=now_ms,
+                    end_offset=[run[4] for run in runs],
+                    ids=[run[0] for run in runs],
+                ),
                 completion_table(
                     singles.column("root"),
                     ACKED,
@@ -207,6 +218,24 @@ class PlannedRoots:
                 ),
             ]
         )
+
+
+def _cut(runs: list, settled: pa.Table) -> list:
+    """``runs`` without the attempt-0 offsets of ``settled`` (init records): each run
+    split around them."""
+    first = settled.filter(pc.equal(settled.column("attempt"), 0))
+    cuts: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in zip(
+        *(first.column(c).to_pylist() for c in ("topic", "partition", "offset"))
+    ):
+        cuts.setdefault((topic, partition), []).append(offset)
+    out = []
+    for ns, topic, p, lo, hi in runs:
+        at = np.sort(np.asarray(cuts.get((topic, p), []), np.int64))
+        at = at[(at >= lo) & (at < hi)]
+        bounds = zip(np.concatenate([[lo], at + 1]).tolist(), np.append(at, hi).tolist())
+        out += [(ns, topic, p, a, b) for a, b in bounds if b > a]
+    return out
 
 
 def _inits(namespace: str, topic: str, partition: int, offsets, attempt: int, now_ms: int):

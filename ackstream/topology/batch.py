@@ -28,6 +28,7 @@ import logging
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
@@ -38,7 +39,6 @@ from ackstream.clock import now_ms
 from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
-from ackstream.ranges import compact
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.bolts import (
@@ -96,12 +96,12 @@ class Telescoped(AckMode):
     def report(self, records: BatchRecords, channel, batch_id: int) -> None:
         now = now_ms()
         planned = records.planned
-        if planned is not None and not records.rest.num_rows:  # every tree closed
-            channel.write_completions(planned.acked(now), batch_id)
-            return
-        done, still_open = settle(records.table(), now)
-        if planned is not None and planned.namespace is not None:
-            done = compact(done, planned.namespace)  # unbroken runs of acks: a row each
+        if planned is None:
+            done, still_open = settle(records.rest, now)
+        else:  # a planned root no other record names is acked: its init's value is 0
+            named = planned.inits_of(pc.unique(records.rest.column("root")))
+            done, still_open = settle(pa.concat_tables([named, records.rest]), now)
+            done = pa.concat_tables([planned.acked(now, named), done])
         if done.num_rows:
             channel.write_completions(done, batch_id)
         if still_open.num_rows:  # open trees: one record per root for the acker

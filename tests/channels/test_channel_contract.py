@@ -216,27 +216,16 @@ def test_completions_are_read_once_from_a_position_and_a_new_reader_starts_at_th
 
 
 def test_a_run_of_acked_offsets_comes_back_one_row_per_root_but_to_the_source(channel):
-    from ackstream import ids
-    from ackstream.ranges import compact
-    from ackstream.records import completion_table
+    from ackstream.sources.offsets import PlannedRoots
 
-    offsets = list(range(5, 25))
-    roots = ids.root_ids("topo", "events", 1, offsets, 0)
-    done = completion_table(
-        roots,
-        ACKED,
-        topic="events",
-        partition=1,
-        offset=offsets,
-        attempt=0,
-        latency_ms=3,
-        completed_ms=1_000,
-    )
+    end = {"v": 1, "source": "topo", "ids": "topo", "read": {"events": {"1": [5, 25]}}}
+    planned = PlannedRoots.of_offsets([end], now_ms=1_000)
     start = channel.end_position()
-    channel.write_completions(compact(done, "topo"), 0)
+    channel.write_completions(planned.acked(1_003), 0)
     per_root, _ = channel.completions_since(start)
     as_written, _ = channel.completions_since(start, runs=True)
-    assert sorted(per_root.column("root").to_pylist()) == sorted(roots.tolist())
+    roots = planned.inits.column("root").to_pylist()
+    assert sorted(per_root.column("root").to_pylist()) == sorted(roots)
     assert per_root.column("end_offset").null_count == per_root.num_rows
     assert as_written.to_pylist() == [
         {**as_written.to_pylist()[0], "offset": 5, "end_offset": 25, "ids": "topo"}
