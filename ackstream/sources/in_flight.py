@@ -124,6 +124,24 @@ class InFlight:
         mask[at[found]] = True
         return self.take_where(mask)
 
+    def take_at(self, part, offset, attempt) -> Roots:
+        """Remove the rows of these coordinates (``part`` indexes the partitions) and
+        return them, without minting an id."""
+        part, offset, attempt = (np.asarray(v, np.int64) for v in (part, offset, attempt))
+        if not len(self) or not len(offset):
+            return EMPTY
+        rows = self._rows
+        if max(int(offset.max()), int(rows.offset.max())) < 1 << 40:
+            wanted = np.sort(_key(part, offset, attempt))
+            keys = _key(rows.part, rows.offset, rows.attempt)
+            at = np.searchsorted(wanted, keys).clip(0, len(wanted) - 1)
+            packed = (rows.attempt < 255) & (rows.part < 1 << 15)  # what a key holds
+            return self.take_where((wanted[at] == keys) & packed)
+        mask = np.zeros(len(self), bool)  # offsets past 2**40: no packed keys
+        for p, o, a in zip(part.tolist(), offset.tolist(), attempt.tolist()):
+            mask |= (rows.part == p) & (rows.offset == o) & (rows.attempt == a)
+        return self.take_where(mask)
+
     def take_where(self, mask: np.ndarray) -> Roots:
         """Remove the rows where ``mask`` (over :attr:`coordinates`) is true and return them."""
         if not mask.any():
@@ -167,3 +185,9 @@ class InFlight:
         """Mask (over :attr:`coordinates`) of the roots started at ``ms`` or earlier."""
         emitted = self._rows.emitted_ms
         return (emitted != NOT_STARTED) & (emitted <= ms)
+
+
+def _key(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray) -> np.ndarray:
+    """One int64 per (partition index below 2**15, offset below 2**40, attempt below
+    255): equal keys, equal coordinates within those widths."""
+    return ((part & 0x7FFF) << 48) | ((attempt & 0xFF) << 40) | offset

@@ -46,7 +46,7 @@ from ackstream.records import (
     TIMED_OUT,
     one_outcome_per_root,
 )
-from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
+from ackstream.sources.in_flight import EMPTY, NOT_STARTED, InFlight, Roots
 from ackstream.sources.rows import TP
 from ackstream.sources.state import Unfinished
 
@@ -253,7 +253,7 @@ class Tracker:
             )
         }
         new_dead = []
-        failed = self.flights.take(list(outcomes)).sorted_by("part", "offset")
+        failed = self._take(others).sorted_by("part", "offset")
         whole = np.array([outcomes[r][0] == BATCH_FAILED for r in failed.root.tolist()], bool)
         for root, part, offset, attempt in zip(*(col[~whole].tolist() for col in failed[:4])):
             outcome, reason = outcomes[root]
@@ -269,7 +269,7 @@ class Tracker:
         if whole.any():
             new_dead += self._isolate(Roots(*(col[whole] for col in failed)), outcomes, now_ms)
         acks = completions.filter(acked)
-        done = self.flights.take(acks.column("root").to_numpy())
+        done = self._take(acks)
         self._acked(done)
         if len(done.root) < acks.num_rows:  # some were not in flight
             found = pc.is_in(acks.column("root"), pa.array(done.root))
@@ -277,6 +277,35 @@ class Tracker:
         if runs is not None:
             self._complete_runs(runs, failed)
         return new_dead
+
+    def _take(self, completions: pa.Table) -> Roots:
+        """Take the roots of ``completions`` out of flight and return their rows. A
+        completion that names its record's coordinates (as the ledger's do) is found by
+        them, its id checked against the one this source mints for them; one that does
+        not, by its id, for which every id in flight is minted."""
+        if not completions.num_rows or not len(self.flights):
+            return EMPTY
+        topic = completions.column("topic").to_pylist()
+        partition = completions.column("partition").to_pylist()
+        part = np.array([self._index.get((t, p), -1) for t, p in zip(topic, partition)], np.int64)
+        offset, attempt, root = (
+            pc.fill_null(completions.column(c), -1).to_numpy()
+            for c in ("offset", "attempt", "root")
+        )
+        # the ledger caps an attempt it reports at 255: past it, only the id is sure
+        placed = (part >= 0) & (part < 1 << 15) & (offset >= 0) & (attempt >= 0) & (attempt < 255)
+        taken = [self.flights.take(root[~placed])] if (~placed).any() else []
+        if placed.any():
+            part, offset, attempt, root = (
+                part[placed],
+                offset[placed],
+                attempt[placed],
+                root[placed],
+            )
+            mine = self._mint(part, offset, attempt) == root
+            rows = self.flights.take_at(part[mine], offset[mine], attempt[mine])
+            taken.append(rows._replace(root=self._mint(rows.part, rows.offset, rows.attempt)))
+        return Roots(*(np.concatenate(cols) for cols in zip(*taken))) if taken else EMPTY
 
     def _acked(self, done: Roots) -> None:
         """The roots ``done`` (taken out of flight) were acked: their records are done."""

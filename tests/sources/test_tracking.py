@@ -412,3 +412,26 @@ def test_a_root_failed_in_the_same_read_as_its_run_is_replayed():
     t.complete(pa.concat_tables([done((root(12), FAILED)), run_of(10, 14)]), 1)
     assert t.watermarks() == {TP: 12} and set(t.scheduled) == {(TP, 12)}
     assert t.counts["acked"] == 3 and t.counts["failed"] == 1
+
+
+def test_a_completion_naming_its_record_is_applied_without_minting_the_ids_in_flight(
+    monkeypatch,
+):
+    """The driver hashes a root only when it is an exception: a fail that names its
+    record's coordinates costs a few ids, not one per root in flight."""
+    t = tracker()
+    t.emit_range(TP, 10, 10_010, now_ms=0)
+    minted = []
+    real = ids.root_ids
+    monkeypatch.setattr(
+        ids,
+        "root_ids",
+        lambda *a: minted.append(len(a[3])) or real(*a),  # a[3]: the offsets
+    )
+    failed = acks_with_coordinates((500, 0)).set_column(1, "status", pa.array([FAILED]))
+    t.complete(failed, 1)
+    assert set(t.scheduled) == {(TP, 500)} and t.in_flight == 9_999
+    assert sum(minted) <= 4
+    forged = failed.set_column(4, "offset", pa.array([501], pa.int64()))  # another's root
+    t.complete(forged, 2)
+    assert t.in_flight == 9_999 and set(t.scheduled) == {(TP, 500)}
