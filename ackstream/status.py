@@ -68,9 +68,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream.channels.local import SOURCE_METRICS_FILE
+from ackstream.channels.kafka import KafkaChannel
+from ackstream.channels.local import SOURCE_METRICS_FILE, LocalChannel
 from ackstream.clock import now_ms
 from ackstream.errors import EnvironmentProblem
+from ackstream.kafka.offsets import end_offsets
+from ackstream.kafka.settings import client_settings
 from ackstream.records import (
     ACKED,
     BATCH_FAILED,
@@ -82,6 +85,11 @@ from ackstream.records import (
     UNKNOWN,
     one_outcome_per_root,
 )
+from ackstream.sinks.dead_letters import read_dead_letters
+from ackstream.topology.held_store import FOLDER as HELD_FOLDER
+from ackstream.topology.held_store import held_counts
+from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
+from ackstream.topology.stage_counts import read_stage_counts
 
 __all__ = [
     "PERCENTILES",
@@ -388,8 +396,6 @@ def local_status(
 ) -> Status:
     """The status of the local channel in ``directory`` (dead letters default to
     ``<directory>/dead_letters``, the source's folder when no dead-letter topic is set)."""
-    from ackstream.channels.local import LocalChannel
-    from ackstream.sinks.dead_letters import read_dead_letters
 
     if not os.path.isdir(directory):
         raise EnvironmentProblem(
@@ -415,18 +421,14 @@ def held_in(checkpoint: str) -> dict:
     """Per window stage of the topology started with ``checkpoint`` (the directory given
     to ``Topology.start``), the tuples and distinct roots it holds now: ``{stage:
     {"tuples": n, "roots": n}}``, {} when it has no window stage or has run none."""
-    from ackstream.topology.held_store import FOLDER, held_counts
-
-    return held_counts(os.path.join(checkpoint, "topology", FOLDER))
+    return held_counts(os.path.join(checkpoint, "topology", HELD_FOLDER))
 
 
 def stages_in(checkpoint: str) -> dict:
     """Per stage and sink of the topology started with ``checkpoint``, the tuples it
     read and emitted since the checkpoint began: ``{node: {"in": n, "out": n}}``, {}
     before its first counted batch."""
-    from ackstream.topology.stage_counts import FILE, read_stage_counts
-
-    return read_stage_counts(os.path.join(checkpoint, "topology", FILE))
+    return read_stage_counts(os.path.join(checkpoint, "topology", STAGE_COUNTS_FILE))
 
 
 def read_source_metrics(directory: str) -> dict | None:
@@ -460,8 +462,6 @@ def kafka_status(
     ``ackstream.channel=kafka``). Brokers that do not answer fail the first read
     (raised as kafka-python raises it); a completions read they do not answer raises
     :class:`EnvironmentProblem`."""
-    from ackstream.channels.kafka import KafkaChannel
-    from ackstream.sinks.dead_letters import read_dead_letters
 
     channel = KafkaChannel(bootstrap, topology, kafka_options=kafka_options)
     try:
@@ -500,9 +500,6 @@ def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:
     has committed nothing."""
     from kafka import KafkaAdminClient, KafkaConsumer
     from kafka.errors import KafkaError
-
-    from ackstream.kafka.offsets import end_offsets
-    from ackstream.kafka.settings import client_settings
 
     settings = client_settings(kafka_options or {})
     admin = KafkaAdminClient(

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ackstream import ids
+from ackstream.acker import precombine as batch
 from ackstream.clock import now_ms
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
@@ -241,10 +242,8 @@ def settle(records, now_ms: int = 1_000_000) -> dict[int, str]:
     """What a topology batch settles of these ack records (Arrow, pandas or a list of
     dicts): per root ``acked``, ``failed``, ``rejected``, or ``pending`` for a root
     whose tree the batch leaves open (it would go to the acker)."""
-    from ackstream.acker.precombine import precombine, settle
-
     frame = ack_records(records) if isinstance(records, list) else records
-    done, still_open = settle(precombine(as_table(frame, ACK_RECORD_SCHEMA)), now_ms)
+    done, still_open = batch.settle(batch.precombine(as_table(frame, ACK_RECORD_SCHEMA)), now_ms)
     outcome = dict(zip(done.column("root").to_pylist(), done.column("status").to_pylist()))
     outcome.update({root: "pending" for root in still_open.column("root").to_pylist()})
     return outcome

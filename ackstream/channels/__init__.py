@@ -11,6 +11,7 @@ from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import OptionError
 from ackstream.kafka.settings import kafka_options_of
+from ackstream.session import is_local_master
 
 __all__ = ["Channel", "KafkaChannel", "LocalChannel", "Position", "check_reach", "open_channel"]
 
@@ -38,8 +39,6 @@ def check_reach(channel, master: str) -> None:
     completions to the channel from the executors, and the acker reads ack records there,
     so a folder only the driver's host sees would lose them silently. Raises an
     :class:`~ackstream.errors.OptionError` naming ``ackstream.channel``."""
-    from ackstream.session import is_local_master
-
     if not isinstance(channel, LocalChannel) or channel.shared or is_local_master(master):
         return
     raise OptionError(

@@ -21,7 +21,7 @@ unless given (``-1`` in CreateTopics, Kafka >= 2.4).
 
 A channel keeps one consumer for its reads (made on first use, dropped by
 ``close()`` and on pickling): building one per call was most of the source
-planner's time (issue 15). Executors read with :mod:`ackstream.channels.messages` instead.
+planner's time. Executors read with :mod:`ackstream.channels.messages` instead.
 """
 
 from __future__ import annotations
@@ -194,6 +194,8 @@ class KafkaChannel:
 
     def ack_stream(self, spark, max_files_per_trigger: int | None = None):
         """The ack records as a streaming DataFrame, for the acker query."""
+        # pyspark's data source API: only the acker's stream needs it, not the
+        # channel's other users (the source's planner, the sinks, ``ackstream status``)
         from ackstream.channels.ack_source import ChannelSource
 
         spark.dataSource.register(ChannelSource)

@@ -32,6 +32,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 from ackstream.errors import EnvironmentProblem
 from ackstream.files import write_atomically
 from ackstream.ids import content_id, hash_text
+from ackstream.kafka.reading import read_records, topic_ranges
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, deleted_topics
 
@@ -263,8 +264,6 @@ def _with_every_column(table: pa.Table) -> pa.Table:
 
 def _read_topic(bootstrap: str | None, topic: str, kafka_options) -> pa.Table:
     from kafka import KafkaConsumer
-
-    from ackstream.kafka.reading import read_records, topic_ranges
 
     if not bootstrap:
         raise ValueError(f"reading the dead-letter topic {topic!r} needs the brokers' bootstrap")

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
+from ackstream.clock import now_ms
 from ackstream.continued import lineage_headers, mint_edges
 from ackstream.errors import OptionError
 from ackstream.kafka.settings import client_settings
@@ -236,8 +237,6 @@ class KafkaSink:
 
 def sent_acks(sent: pa.Table) -> pa.Table:
     """The ack records of confirmed continued messages: per root of a row, its edge."""
-    from ackstream.clock import now_ms
-
     roots = sent.column(ROOTS)
     counts = pc.fill_null(pc.list_value_length(roots), 0).to_numpy()
     edges = np.repeat(sent.column(SENT_EDGE).to_numpy(), counts)

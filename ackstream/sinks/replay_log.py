@@ -22,6 +22,7 @@ import json
 import os
 from typing import Protocol, runtime_checkable
 
+from ackstream.kafka.reading import read_records, topic_ranges
 from ackstream.kafka.settings import client_settings
 
 __all__ = ["FileReplayLog", "ReplayLog", "TopicReplayLog", "letter_name"]
@@ -81,8 +82,6 @@ class TopicReplayLog:
 
     def replayed(self) -> dict[str, int]:
         from kafka import KafkaConsumer
-
-        from ackstream.kafka.reading import read_records, topic_ranges
 
         consumer = KafkaConsumer(
             **self.settings,

@@ -13,7 +13,9 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from ackstream.config import SourceConfig
+from ackstream.config import SourceConfig, parse
+from ackstream.sources.generator import GeneratorUpstream
+from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.rows import TP, ReadTask
 
 __all__ = ["Upstream", "check_options", "open_upstream"]
@@ -60,8 +62,6 @@ def check_options(options) -> SourceConfig:
     ``load()`` checks them too, but Spark wraps what a data source raises in its own
     ``AnalysisException``; called first, this raises :class:`ackstream.OptionError`
     itself, naming the option (``Topology.read_stream`` does so)."""
-    from ackstream.config import parse
-
     config = parse(options)
     open_upstream(config).close()  # the Kafka upstream checks its kafka.* settings
     return config
@@ -70,9 +70,5 @@ def check_options(options) -> SourceConfig:
 def open_upstream(config: SourceConfig) -> Upstream:
     """The upstream ``config`` names (``ackstream.upstream``); nothing is opened yet."""
     if config.upstream == "generator":
-        from ackstream.sources.generator import GeneratorUpstream
-
         return GeneratorUpstream(config)
-    from ackstream.sources.kafka import KafkaUpstream
-
     return KafkaUpstream(config)
