@@ -6,7 +6,7 @@
 #   make test-long  the runs marked long (chaos, broker failures, scale), not in make test
 #   make test-cluster  the long runs CI makes too: broker, Spark worker and security
 #               failures, one small chaos seed
-#   make chaos  the chaos suite at the issue's size, CHAOS_SEEDS seeds (tests/test_chaos.py)
+#   make chaos  the chaos suite at full size, CHAOS_SEEDS seeds (tests/test_chaos.py)
 #   make lint   ruff check, ruff format --check, the import contracts and mypy (CI runs it first)
 #   make docs   builds the documentation site from docs/ into site/ (open site/index.html),
 #               strictly: a broken link or a docstring mkdocstrings cannot render fails it
@@ -20,7 +20,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-scale java kafka spark-kafka clean
+.PHONY: demo test test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-driver bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -54,8 +54,8 @@ test-bench: $(VENV)/.installed java kafka spark-kafka
 test-long: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest -m long $(PYTEST_ARGS)
 
-# What CI runs after make test: the runs only a real cluster allows, at small sizes
-# (issues 14, 17, 18): the three-broker cluster's failures, a standalone Spark cluster
+# What CI runs after make test: the runs only a real cluster allows, at small sizes:
+# the three-broker cluster's failures, a standalone Spark cluster
 # losing a Worker, TLS and SASL listeners, one small chaos seed. About 15 minutes on
 # 2 idle cores.
 CLUSTER_TESTS := tests/kafka/test_broker_failures.py tests/test_standalone_cluster.py \
@@ -98,11 +98,15 @@ bench: $(VENV)/.installed java
 # broker, warm, 3 runs alternating, at 20,000 and 100,000 records per batch, cold starts
 # and the half-rate latency run (benchmarks/e2e.py). Quix Streams comes with the bench
 # extra, Spark's Kafka connector with make spark-kafka. Run it on an idle machine.
+# The driver's CPU per batch, by process, of the README's pipeline at two batch sizes.
+bench-driver: $(VENV)/.installed java kafka spark-kafka
+	$(PY) benchmarks/driver_cpu.py
+
 bench-e2e: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/e2e.py $(E2E_ARGS)
 
-# Scale-out (issue 17): 1 and 2 executors of one core on a standalone cluster started from
+# Scale-out: 1 and 2 executors of one core on a standalone cluster started from
 # the pyspark package on loopback; a figure for a machine with at least 3 free cores.
 # make bench-scale SCALE_ARGS="--records 40000 --repeat 3"
 SCALE_ARGS ?=

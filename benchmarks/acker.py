@@ -1,4 +1,4 @@
-"""Acker benchmark (issue 2): ack records per second, four ways, in one run.
+"""Acker benchmark: ack records per second, four ways, in one run.
 
 - ``ledger``: the pure vectorised ``step`` in batches;
 - ``acker_query``: the real ``start_acker`` query on the local channel, with where its
@@ -522,7 +522,7 @@ def run(
             "ledger_over_storm_dict": rate(ledger) / rate(storm),
         },
         "state_bytes_per_pending_root": size,
-        "targets_met": {  # issues 2 and 15: >= 1M records/s on 2 cores, <= 40 B a root
+        "targets_met": {  # >= 1M records/s on 2 cores, <= 40 B a root
             "acker_query_1M_records_per_s": rate(acker) >= 1_000_000,
             "acker_query_500x_per_root": rate(acker) >= 500 * rate(per_root),
             "state_40_bytes_per_root": max(v for k, v in size.items() if k.endswith("more_root"))

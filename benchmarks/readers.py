@@ -1,4 +1,4 @@
-"""Readers benchmark (issue 14): ackstream's Python Kafka reader beside Spark's JVM Kafka
+"""Readers benchmark: ackstream's Python Kafka reader beside Spark's JVM Kafka
 source, both giving rows with ackstream's root ids, in one Spark session and one run.
 
 Would ackstream be faster if its records came through ``format("kafka")``? Only the

@@ -1,4 +1,4 @@
-"""Scale-out benchmark (issue 17): the same tracked work on 1 and on 2 executors.
+"""Scale-out benchmark: the same tracked work on 1 and on 2 executors.
 
 A Spark standalone cluster from the pyspark package (a Master and two Workers of one
 core each, on 127.0.0.1; tests/spark_cluster.py) runs, once with ``spark.cores.max=1``

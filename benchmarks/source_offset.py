@@ -1,4 +1,4 @@
-"""Source offset benchmark (issue 17): offset size and planning time against work in flight.
+"""Source offset benchmark: offset size and planning time against work in flight.
 
 The spout alone (generator upstream, local channel, a hand-moved clock; no Spark):
 ``--records`` offsets are emitted on each of ``--partitions`` partitions and all but

@@ -1,4 +1,4 @@
-"""Topology benchmark (issue 4): the same pipeline with tracking on and off, in one run.
+"""Topology benchmark: the same pipeline with tracking on and off, in one run.
 
 generator upstream -> explode words -> count per word -> memory sink, on the local
 channel, at most ``--batch`` offsets per micro-batch (so a run is many batches, a

@@ -1,4 +1,4 @@
-"""The local channel on a master whose executors may run on other hosts (issue 17)."""
+"""The local channel on a master whose executors may run on other hosts."""
 
 import pytest
 

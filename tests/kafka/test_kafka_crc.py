@@ -6,7 +6,7 @@ from kafka.record import default_records, util
 
 def test_record_batches_are_checked_with_the_crc32c_package():
     """kafka-python binds its CRC32C implementation when ``kafka.record.util`` is
-    imported: the C one if ``crc32c`` imports, else a pure-Python loop (issue 15)."""
+    imported: the C one if ``crc32c`` imports, else a pure-Python loop."""
     assert util.crc32c_c is crc32c.crc32c
     # the function record batches call, with the implementation it bound at import
     assert default_records.calc_crc32c.__defaults__ == (crc32c.crc32c,)
