@@ -107,7 +107,7 @@ bench-e2e: $(VENV)/.installed java kafka spark-kafka
 	$(PY) benchmarks/e2e.py $(E2E_ARGS)
 
 # Scale-out: 1 and 2 executors of one core on a standalone cluster started from
-# the pyspark package on loopback; a figure for a machine with at least 3 free cores.
+# the pyspark package on loopback; a ratio only on a machine with at least 4 free cores.
 # make bench-scale SCALE_ARGS="--records 40000 --repeat 3"
 SCALE_ARGS ?=
 bench-scale: $(VENV)/.installed java

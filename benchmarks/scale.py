@@ -5,12 +5,19 @@ core each, on 127.0.0.1; tests/spark_cluster.py) runs, once with ``spark.cores.m
 (one executor) and once with 2, the same topology: generator upstream (2 partitions)
 -> explode words -> a pandas bolt doing ``--work`` rounds of SHA-256 per word (the
 per-record work a real bolt does, on the executors) -> count per word -> memory sink,
-tracking on, a shared local channel (one host). Records/s run from the start of the
-first batch with input until every generated offset is committed (acked), so the
-executors' start-up is left out. ``--repeat`` 1/2 pairs run alternately (the median of
-each is reported) after an untimed warm-up pair. The load average is recorded beside
-each run: on a machine whose cores other work shares, the ratio says how much of the
-machine two executors got, not how ackstream scales.
+tracking on, a shared local channel (one host).
+
+A run is timed from the end of its first ``--warmup-batches`` batches (the executors'
+start-up and their Python workers' first imports are left out) to the commit of
+every generated offset, over the records committed in between. ``--repeat`` pairs
+run in alternating order (1 then 2, then 2 then 1) after an untimed warm-up pair;
+each pair's ratio is printed, and their spread. Beside the wall clock, the CPU of
+each role over the timed part, per batch, from /proc: the executors (their JVMs and
+Python workers), the driver (this process, its JVM and the source's runners) and the
+cluster's daemons. Two one-core executors cannot give more than 2x, and only on a
+machine with a core to spare for the driver and another for the rest: with fewer
+free cores than executors + 2 (cores minus the load average) before a pair, the
+pair's ratio is not reported, only its figures.
 
 Prints one JSON line and writes it to ``benchmarks/results/scale-<date>.json``.
 
@@ -21,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import glob
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -60,7 +69,9 @@ def hashing_bolt(rounds: int):
     return work
 
 
-def run(master: str, executors: int, records: int, batch: int, rounds: int) -> dict:
+def run(
+    master: str, executors: int, records: int, batch: int, rounds: int, warmup_batches: int
+) -> dict:
     """One run on ``executors`` executors of one core, to the last committed offset."""
     spark = local_session(
         f"scale-{executors}",
@@ -100,78 +111,147 @@ def run(master: str, executors: int, records: int, batch: int, rounds: int) -> d
         load_before = os.getloadavg()[0]
         started = time.time()
         running = topology.start(stream, os.path.join(directory, "checkpoint"), trigger_ms=200)
-        first_batch = None
         try:
+            while _batches(running.query) < warmup_batches:
+                _check(running, started)
+            warm_records, cpu_before, warm_at = (
+                committed_count(channel_dir),
+                process_cpu(),
+                time.time(),
+            )
+            warm_batches = _batches(running.query)
             while committed_count(channel_dir) < records:
-                if running.exception() or time.time() - started > 1800:
-                    raise RuntimeError(f"run did not finish: {running.exception()}")
-                first_batch = first_batch or _batch_start(running.query.lastProgress)
-                time.sleep(0.05)
-            ended = time.time()
-            progress = running.query.recentProgress
-            first_batch = first_batch or next(filter(None, map(_batch_start, progress)))
+                _check(running, started)
+            ended, cpu_after = time.time(), process_cpu()
+            batches = _batches(running.query) - warm_batches
             batch_ms = [
-                p["durationMs"]["triggerExecution"] for p in progress if p.get("numInputRows")
+                p["durationMs"]["triggerExecution"]
+                for p in running.query.recentProgress[warm_batches:]
+                if p["durationMs"].get("addBatch")
             ]
             seen = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # noqa: SLF001
         finally:
             running.stop()
     finally:
         spark.stop()
+    timed = records - warm_records
     return {
         "executors": executors,
         "executors_seen": seen,
-        "records_per_s": records / (ended - first_batch),
+        "records_per_s": timed / (ended - warm_at),
+        "timed_records": timed,
         "seconds": ended - started,
-        "startup_s": first_batch - started,
-        "batch_ms_median": float(np.median(batch_ms)),
-        "batches": len(batch_ms),
+        "startup_s": warm_at - started,
+        "batch_ms_median": float(np.median(batch_ms)) if batch_ms else None,
+        "batches": batches,
+        "cpu_s_per_batch": {
+            role: (cpu_after[role] - cpu_before[role]) / max(batches, 1) for role in ROLES
+        },
         "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
 
 
-def _batch_start(progress) -> float | None:
-    """Epoch seconds at which the batch of ``progress`` started, if it read any input."""
-    if not progress or not progress.get("numInputRows"):
-        return None
-    return dt.datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+def _batches(query) -> int:
+    """Batches of the query that ran (read input or not)."""
+    return sum(1 for p in query.recentProgress if p["durationMs"].get("addBatch"))
 
 
-def _median(runs: list[dict]) -> dict:
-    return sorted(runs, key=lambda r: r["records_per_s"])[len(runs) // 2]
+def _check(running, started: float) -> None:
+    if running.exception() or time.time() - started > 1800:
+        raise RuntimeError(f"run did not finish: {running.exception()}")
+    time.sleep(0.05)
+
+
+ROLES = ("executors", "driver", "cluster")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu() -> dict[str, float]:
+    """User + system CPU seconds of this process and its descendants by role: under an
+    executor's JVM (``CoarseGrainedExecutorBackend``), a Master or Worker daemon (the
+    cluster), or else the driver's (this process, its JVM, the source's runners)."""
+    table = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        pid = int(stat.split("/")[2])
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        table[pid] = (int(fields[1]), sum(int(v) for v in fields[11:15]), cmdline)
+    out = dict.fromkeys(ROLES, 0.0)
+    for pid, (_, ticks, _) in table.items():
+        role, at = None, pid
+        while at in table and role is None:
+            parent, _, cmdline = table[at]
+            if "CoarseGrainedExecutorBackend" in cmdline:
+                role = "executors"
+            elif "deploy.master.Master" in cmdline or "deploy.worker.Worker" in cmdline:
+                role = "cluster"
+            elif at == os.getpid():
+                role = "driver"
+            at = parent
+        if role is not None:
+            out[role] += ticks / _CLK_TCK
+    return out
+
+
+def free_cores() -> float:
+    """Cores minus the 1-minute load average: what a run can count on now."""
+    return len(os.sched_getaffinity(0)) - os.getloadavg()[0]
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=5_000, help="max offsets per micro-batch")
+    parser.add_argument("--batch", type=int, default=2_500, help="max offsets per micro-batch")
     parser.add_argument("--work", type=int, default=200, help="SHA-256 rounds per word")
+    parser.add_argument("--warmup-batches", type=int, default=2, help="dropped before timing")
     parser.add_argument("--repeat", type=int, default=2, help="1/2-executor pairs, alternately")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
     cluster = StandaloneCluster(workers=2, cores=1, memory="1g").start()
+    pairs = []
     try:
-        sizes = (args.records, args.batch, args.work)
+        sizes = (args.records, args.batch, args.work, args.warmup_batches)
         for executors in (1, 2):  # untimed: JIT, Python workers, page cache
-            run(cluster.url, executors, args.batch, args.batch, args.work)
-        pairs = [
-            (run(cluster.url, 1, *sizes), run(cluster.url, 2, *sizes)) for _ in range(args.repeat)
-        ]
+            run(cluster.url, executors, args.batch * 3, args.batch, args.work, 1)
+        for i in range(args.repeat):
+            free = free_cores()
+            order = (1, 2) if i % 2 == 0 else (2, 1)
+            runs = {n: run(cluster.url, n, *sizes) for n in order}
+            sound = free >= 2 + 2
+            ratio = runs[2]["records_per_s"] / runs[1]["records_per_s"]
+            pairs.append(
+                {
+                    "order": list(order),
+                    "free_cores_before": round(free, 2),
+                    "one_executor": runs[1],
+                    "two_executors": runs[2],
+                    "speedup": round(ratio, 3) if sound else None,
+                    "why_no_speedup": None
+                    if sound
+                    else f"{free:.1f} free cores before the pair, fewer than 2 executors + 2",
+                }
+            )
+            print(json.dumps(pairs[-1]), file=sys.stderr, flush=True)
     finally:
         cluster.stop()
-    one, two = _median([p[0] for p in pairs]), _median([p[1] for p in pairs])
     from acker import machine  # the same machine description as the other benchmarks
 
+    speedups = [p["speedup"] for p in pairs if p["speedup"] is not None]
     out = {
         "benchmark": "scale",
         "date": dt.datetime.now(dt.UTC).isoformat(),
         "records": args.records,
         "max_offsets_per_batch": args.batch,
         "sha256_rounds_per_word": args.work,
-        "one_executor": one,
-        "two_executors": two,
-        "speedup": two["records_per_s"] / one["records_per_s"],
-        "pair_speedups": [round(b["records_per_s"] / a["records_per_s"], 2) for a, b in pairs],
+        "warmup_batches": args.warmup_batches,
+        "pairs": pairs,
+        "speedup_median": statistics.median(speedups) if speedups else None,
+        "speedup_spread": [min(speedups), max(speedups)] if speedups else None,
         "machine": machine(),
     }
     print(json.dumps(out))
