@@ -113,9 +113,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict):
         if self.config.tracking:
             self._spout_from(end)  # a restart re-running its last batch starts here
-        tasks = read_tasks(
-            start, end, self.config.min_partitions, self.config.max_records_per_partition
-        )
+        tasks = read_tasks(end, self.config.min_partitions, self.config.max_records_per_partition)
         return [TaskPartition(task) for task in tasks]
 
     def commit(self, end: dict) -> None:

@@ -7,8 +7,7 @@ Spark writes to the query's offset log before the batch runs::
      "source": "<topology>",             # only with tracking on: the topology's name,
      "channel": "<ackstream.channel>",   #   the channel and the message timeout, which
      "timeout": <message timeout ms>,    #   the topology reading it checks against its own
-     "ids": "<namespace>",               # what root ids hash (SourceConfig.id_namespace;
-                                         #   "source" in offsets written before it)
+     "ids": "<namespace>",               # what root ids hash (SourceConfig.id_namespace)
      "parts": <Tracker.snapshot()>,      # read position and watermark per partition
      "seq": <n>,                         # with tracking on: the state file of the records
                                          #   not done (ackstream.sources.state), for a restart
@@ -21,12 +20,10 @@ Spark writes to the query's offset log before the batch runs::
                                            #   then read the replays alone)
 
 ``read`` and ``replays`` name every record of the batch, so its read tasks
-(:func:`read_tasks`) and its roots (:func:`planned_inits`) come from the offset
+(:func:`read_tasks`) and its roots (:class:`PlannedRoots`) come from the offset
 without touching the data. That is what lets a topology batch report its trees
 without reading its input a second time: the topology finds the offset in
-Spark's offset log (:mod:`ackstream.offset_log`) under its batch id. Offsets written
-before ``read`` existed give ``None`` there, and the topology reads the roots
-from the rows instead.
+Spark's offset log (:mod:`ackstream.offset_log`) under its batch id.
 """
 
 from __future__ import annotations
@@ -49,7 +46,6 @@ ROWS_PER_TASK = 100_000
 
 
 def read_tasks(
-    start: dict,
     end: dict,
     min_partitions: int | None = None,
     max_records_per_partition: int | None = None,
@@ -65,7 +61,7 @@ def read_tasks(
     as Spark's Kafka source does, so a batch of one big partition runs on many cores.
     """
     per_task = min(ROWS_PER_TASK, max_records_per_partition or ROWS_PER_TASK)
-    spans = [] if end.get("reader") == "spark" else list(_ranges(start, end))
+    spans = [] if end.get("reader") == "spark" else list(_ranges(end))
     total = sum(hi - lo for *_, lo, hi in spans)
     tasks = []
     for topic, p, lo, hi in spans:
@@ -87,33 +83,24 @@ def read_tasks(
     return tasks
 
 
-def _ranges(start: dict, end: dict):
+def _ranges(end: dict):
     """(topic, partition, from, to) of each partition that advanced in the batch."""
-    if "read" in end:
-        for topic, parts in end["read"].items():
-            for p, (lo, hi) in parts.items():
-                if hi > lo:
-                    yield topic, int(p), lo, hi
-        return
-    for topic, parts in end["parts"].items():  # an offset written before "read" existed
-        for p, entry in parts.items():
-            lo = start["parts"].get(topic, {}).get(p, entry)["end"]
-            if entry["end"] > lo:
-                yield topic, int(p), lo, entry["end"]
+    for topic, parts in end["read"].items():
+        for p, (lo, hi) in parts.items():
+            if hi > lo:
+                yield topic, int(p), lo, hi
 
 
 def new_ranges(end: dict) -> list[tuple[str, int, int, int]]:
     """``(topic, partition, from, to)`` of each partition the batch ending at ``end``
     reads anew (attempt 0), for a reader other than the source's read tasks."""
-    return list(_ranges({}, end))
+    return list(_ranges(end))
 
 
-def planned_inits(end: dict, now_ms: int) -> pa.Table | None:
+def planned_inits(end: dict, now_ms: int) -> pa.Table:
     """The init record (value 0, with coordinates) of every root of the batch that
-    ends at ``end``, or None when the offset does not say (written before ``read``
-    existed). With tracking off the source waits for no root: no records."""
-    planned = PlannedRoots.of_offsets([end], now_ms)
-    return None if planned is None else planned.inits
+    ends at ``end``. With tracking off the source waits for no root: no records."""
+    return PlannedRoots.of_offsets([end], now_ms).inits
 
 
 @dataclass
@@ -137,18 +124,15 @@ class PlannedRoots:
         return cls([], inits, 0)
 
     @classmethod
-    def of_offsets(cls, offsets: list[dict], now_ms: int) -> PlannedRoots | None:
-        """The roots the ``ackstream`` offsets of a batch name; None when one of them
-        does not say (written before ``read`` existed). With tracking off the source
-        waits for no root: none."""
-        if any("read" not in end for end in offsets):
-            return None
+    def of_offsets(cls, offsets: list[dict], now_ms: int) -> PlannedRoots:
+        """The roots the ``ackstream`` offsets of a batch name. With tracking off the
+        source waits for no root: none."""
         runs, singles = [], []
         for end in offsets:
             if "source" not in end:
                 continue
-            namespace = end.get("ids", end["source"])
-            runs += [(namespace, *span) for span in _ranges({}, end)]
+            namespace = end["ids"]
+            runs += [(namespace, *span) for span in _ranges(end)]
             singles += [
                 _inits(namespace, topic, p, np.array([off]), att, now_ms)
                 for topic, p, off, att in end.get("replays", ())

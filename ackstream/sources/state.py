@@ -40,12 +40,6 @@ __all__ = ["SourceState", "Unfinished"]
 log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(\d+)\.npz$")
-#: columns a file written before they existed lacks: their values then
-_ABSENT = {
-    "uncharged": lambda rows: np.zeros(rows, np.int64),
-    "group": lambda rows: np.full(rows, -1, np.int64),
-    "length": lambda rows: np.ones(rows, np.int64),
-}
 
 
 class Unfinished(NamedTuple):
@@ -123,8 +117,7 @@ class SourceState:
         try:
             with np.load(self.path(seq), allow_pickle=False) as f:
                 tps = list(zip(f["topics"].tolist(), f["partitions"].tolist()))
-                rows = len(f["part"])
-                columns = {k: f[k] if k in f else _ABSENT[k](rows) for k in (*_ROWS, "length")}
+                columns = {k: f[k] for k in (*_ROWS, "length")}
                 return Unfinished(tps, **_rows(columns))
         except FileNotFoundError:
             log.warning(

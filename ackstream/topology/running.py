@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 def check_source_terms(topology, offset: dict) -> None:
     """Raise an :class:`OptionError` naming both values if the ``ackstream`` source that
     wrote ``offset`` was given another topology name, channel or message timeout than
-    ``topology`` (an offset written with tracking off, or by an older source, says none)."""
+    ``topology`` (an offset written with tracking off says none)."""
     if "source" not in offset:
         return
     terms = (
@@ -217,8 +217,7 @@ class BatchFunction:
 
     def _planned(self, offsets: list[dict] | None) -> PlannedRoots | None:
         """The roots of the batch, from the offsets Spark logged for it; None when their
-        inits must be read from the rows (no offset log, or an offset written before it
-        named its records). Checks the sources' terms first."""
+        inits must be read from the rows (no offset log). Checks the sources' terms first."""
         if offsets is None:
             return None
         for offset in offsets:

@@ -118,6 +118,7 @@ def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
 
     end = {
         "source": "topo",
+        "ids": "topo",
         "read": {"a": {"0": [5, 9], "3": [0, 2]}, "b": {"1": [7, 8]}},
         "replays": [["a", 0, 2, 1], ["b", 1, 3, 300]],
     }

@@ -65,14 +65,6 @@ def test_the_planned_roots_are_the_roots_the_batch_reads(tmp_path, monkeypatch):
     assert set(inits.column("ts").to_pylist()) == {1234}
 
 
-def test_an_offset_without_its_records_named_is_read_from_the_rows():
-    """Offsets logged before ``read`` existed: tasks from start to end, no planned roots."""
-    start = {"v": 1, "parts": {"t": {"0": {"end": 5, "wm": 0}}}, "replays": [], "done": -1}
-    end = {"v": 1, "parts": {"t": {"0": {"end": 9, "wm": 0}}}, "replays": [], "done": -1}
-    assert [(t.start, t.end) for t in offsets.read_tasks(start, end)] == [(5, 9)]
-    assert offsets.planned_inits(end, 0) is None
-
-
 def test_with_tracking_off_no_root_is_planned(tmp_path):
     config = parse({**GENERATOR, "ackstream.channel": str(tmp_path), "ackstream.tracking": "false"})
     reader = AckstreamStreamReader(config)
@@ -129,25 +121,25 @@ def test_the_offset_logged_under_a_batch_id_names_that_batch_s_rows(spark, tmp_p
 
 def test_min_partitions_cuts_big_ranges_in_proportion_as_sparks_kafka_source():
     end = {"read": {"t": {"0": [0, 900], "1": [0, 100]}}, "replays": [["t", 1, 5, 1]]}
-    assert len(offsets.read_tasks({}, end)) == 3  # a range per partition, the replays
-    tasks = offsets.read_tasks({}, end, min_partitions=10)
+    assert len(offsets.read_tasks(end)) == 3  # a range per partition, the replays
+    tasks = offsets.read_tasks(end, min_partitions=10)
     ranges = [(t.partition, t.start, t.end) for t in tasks if not t.replays]
     assert [r for r in ranges if r[0] == 0] == [(0, 100 * i, 100 * i + 100) for i in range(9)]
     assert [r for r in ranges if r[0] == 1] == [(1, 0, 100)]
     assert tasks[-1].replays == ((5, 1),)  # replays are not cut
     # never a task without an offset, whatever the minimum
-    tiny = offsets.read_tasks({}, {"read": {"t": {"0": [7, 10]}}}, min_partitions=50)
+    tiny = offsets.read_tasks({"read": {"t": {"0": [7, 10]}}}, min_partitions=50)
     assert [(t.start, t.end) for t in tiny] == [(7, 8), (8, 9), (9, 10)]
 
 
 def test_max_records_per_partition_cuts_ranges_and_replays_as_sparks_kafka_source():
     replays = [["t", 1, off, 1] for off in range(5)]
     end = {"read": {"t": {"0": [0, 900], "1": [0, 100]}}, "replays": replays}
-    tasks = offsets.read_tasks({}, end, max_records_per_partition=300)
+    tasks = offsets.read_tasks(end, max_records_per_partition=300)
     ranges = [(t.partition, t.start, t.end) for t in tasks if not t.replays]
     assert ranges == [(0, 0, 300), (0, 300, 600), (0, 600, 900), (1, 0, 100)]
     assert [len(t.replays) for t in tasks if t.replays] == [5]
-    tasks = offsets.read_tasks({}, end, min_partitions=10, max_records_per_partition=2)
+    tasks = offsets.read_tasks(end, min_partitions=10, max_records_per_partition=2)
     assert max(t.end - t.start for t in tasks if not t.replays) == 2
     assert [t.replays for t in tasks if t.replays] == [
         ((0, 1), (1, 1)),

@@ -216,16 +216,6 @@ def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
     assert r.due(6) == [] and r.due_group(6) == [("events", 0, 11, 1)]
 
 
-def test_a_state_file_written_before_suspects_existed_reads_as_none(tmp_path):
-    import numpy as np
-
-    with open(tmp_path / "3.npz", "wb") as f:
-        columns = dict(part=[0], offset=[12], attempt=[1], due=[400])
-        np.savez(f, topics=np.array(["events"]), partitions=np.array([0]), **columns)
-    unfinished = SourceState(str(tmp_path)).read(3)
-    assert (unfinished.uncharged.tolist(), unfinished.group.tolist()) == ([0], [-1])
-
-
 def test_commit_metadata_fits_the_broker_limit():
     t = tracker()
     t.emit_range(TP, 10, 5000, 0)

@@ -54,7 +54,11 @@ def test_held_back_rows_are_rejected_or_acked_and_no_stage_sees_them(
         .reject_where(F.col("value").isNull(), "value is null")  # what a stage would say
         .sink(sink)
     )
-    inits = planned_inits({"read": {"t": {"0": [0, 4]}}, "source": "test"}, 0) if planned else None
+    inits = (
+        planned_inits({"read": {"t": {"0": [0, 4]}}, "source": "test", "ids": "test"}, 0)
+        if planned
+        else None
+    )
     records = topology.run_batch(batch, inits=inits)
 
     _, done = step(Pending.empty(0), records.to_pandas(), 0, 60_000)
