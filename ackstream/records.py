@@ -206,6 +206,22 @@ def completion_table(
     return pa.Table.from_arrays(arrays, schema=COMPLETION_SCHEMA)
 
 
+def completions_of(inits: pa.Table, status: str, now_ms: int, reason=None) -> pa.Table:
+    """A completion per init record of ``inits``, with ``status`` at ``now_ms``: its
+    coordinates, and its latency from the init's ``ts``."""
+    return completion_table(
+        inits.column("root"),
+        status,
+        topic=inits.column("topic"),
+        partition=inits.column("partition"),
+        offset=inits.column("offset"),
+        attempt=inits.column("attempt"),
+        latency_ms=pc.subtract(pa.scalar(now_ms, pa.int64()), inits.column("ts")),
+        completed_ms=now_ms,
+        reason=reason,
+    )
+
+
 #: Completion statuses that are no outcome of their root.
 NOTICES = (ALIVE, CAUGHT_UP)
 

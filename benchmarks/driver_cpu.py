@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import json
 import os
 import statistics
@@ -43,37 +42,18 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from e2e import loadavg, machine, make_input  # noqa: E402
 from e2e_systems import MESSAGE_TIMEOUT_MS, spark_session  # noqa: E402
+from proc_cpu import descendants, process_table  # noqa: E402
 
 ROLES = ("driver_python", "runners", "python_workers", "jvm")
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu() -> dict[str, float]:
     """User + system CPU seconds of this process and its descendants, by role (see the
     module doc). Children already waited for count with their parent."""
-    table = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        pid = int(stat.split("/")[2])
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # gone meanwhile
-            continue
-        ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-        table[pid] = (int(fields[1]), ticks, cmdline)  # fields[1]: the parent
-    mine, out = {os.getpid()}, dict.fromkeys(ROLES, 0.0)
-    grew = True
-    while grew:
-        new = {pid for pid, (parent, *_) in table.items() if parent in mine} - mine
-        mine |= new
-        grew = bool(new)
-    for pid in mine:
-        if pid not in table:
-            continue
-        _, ticks, cmdline = table[pid]
-        out[role_of(pid, cmdline)] += ticks / _CLK_TCK
+    table, out = process_table(), dict.fromkeys(ROLES, 0.0)
+    for pid in descendants(table, os.getpid()):
+        _, seconds, cmdline = table[pid]
+        out[role_of(pid, cmdline)] += seconds
     return out
 
 

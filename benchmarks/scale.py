@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import glob
 import json
 import os
 import statistics
@@ -42,6 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
+from proc_cpu import descendants, process_table  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from ackstream import LocalChannel, MemorySink, Topology, local_session  # noqa: E402
@@ -163,38 +163,25 @@ def _check(running, started: float) -> None:
 
 
 ROLES = ("executors", "driver", "cluster")
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu() -> dict[str, float]:
     """User + system CPU seconds of this process and its descendants by role: under an
     executor's JVM (``CoarseGrainedExecutorBackend``), a Master or Worker daemon (the
     cluster), or else the driver's (this process, its JVM, the source's runners)."""
-    table = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        pid = int(stat.split("/")[2])
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except OSError:  # gone meanwhile
-            continue
-        table[pid] = (int(fields[1]), sum(int(v) for v in fields[11:15]), cmdline)
-    out = dict.fromkeys(ROLES, 0.0)
-    for pid, (_, ticks, _) in table.items():
-        role, at = None, pid
-        while at in table and role is None:
+    table, out = process_table(), dict.fromkeys(ROLES, 0.0)
+    for pid in descendants(table, os.getpid()):
+        role, at = "driver", pid
+        while at in table and at != os.getpid():
             parent, _, cmdline = table[at]
             if "CoarseGrainedExecutorBackend" in cmdline:
                 role = "executors"
-            elif "deploy.master.Master" in cmdline or "deploy.worker.Worker" in cmdline:
+                break
+            if "deploy.master.Master" in cmdline or "deploy.worker.Worker" in cmdline:
                 role = "cluster"
-            elif at == os.getpid():
-                role = "driver"
+                break
             at = parent
-        if role is not None:
-            out[role] += ticks / _CLK_TCK
+        out[role] += table[pid][1]
     return out
 
 

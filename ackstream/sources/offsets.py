@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream import ids
-from ackstream.records import ACK_RECORD_SCHEMA, ACKED, INIT, completion_table
+from ackstream.records import ACK_RECORD_SCHEMA, ACKED, INIT, completion_table, completions_of
 from ackstream.sources.rows import ReadTask
 
 __all__ = ["ROWS_PER_TASK", "PlannedRoots", "new_ranges", "planned_inits", "read_tasks"]
@@ -190,16 +190,7 @@ class PlannedRoots:
                     end_offset=[run[4] for run in runs],
                     ids=[run[0] for run in runs],
                 ),
-                completion_table(
-                    singles.column("root"),
-                    ACKED,
-                    topic=singles.column("topic"),
-                    partition=singles.column("partition"),
-                    offset=singles.column("offset"),
-                    attempt=singles.column("attempt"),
-                    latency_ms=pc.subtract(now_ms, singles.column("ts")),
-                    completed_ms=now_ms,
-                ),
+                completions_of(singles, ACKED, now_ms),
             ]
         )
 

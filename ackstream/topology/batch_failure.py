@@ -22,11 +22,10 @@ import logging
 import threading
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
 
 from ackstream.errors import AckstreamError, cause_of
-from ackstream.records import BATCH_FAILED, completion_table
+from ackstream.records import BATCH_FAILED, completions_of
 from ackstream.session import is_connect
 
 __all__ = [
@@ -159,14 +158,4 @@ def failure_reason(error: BaseException, deadline: BatchDeadline, stages) -> str
 def batch_failed_completions(inits: pa.Table, reason: str, now_ms: int) -> pa.Table:
     """A ``batch_failed`` completion per root of ``inits`` (init records, one per root
     of the failed batch), with ``reason``."""
-    return completion_table(
-        inits.column("root"),
-        BATCH_FAILED,
-        topic=inits.column("topic"),
-        partition=inits.column("partition"),
-        offset=inits.column("offset"),
-        attempt=inits.column("attempt"),
-        latency_ms=pc.subtract(pa.scalar(now_ms, pa.int64()), inits.column("ts")),
-        completed_ms=now_ms,
-        reason=reason,
-    )
+    return completions_of(inits, BATCH_FAILED, now_ms, reason)
