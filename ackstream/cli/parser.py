@@ -12,8 +12,15 @@ import argparse
 import difflib
 import re
 
+# the command modules by their own names: not through ``ackstream.cli``, whose face
+# re-exports this module's names
+import ackstream.cli.acker as acker
+import ackstream.cli.bench as bench
+import ackstream.cli.dead_letters as dead_letters
+import ackstream.cli.demo as demo
+import ackstream.cli.run as run
+import ackstream.cli.status as status
 from ackstream import __version__
-from ackstream.cli import acker, bench, dead_letters, demo, run, status
 from ackstream.cli.arguments import Formatter
 from ackstream.cli.exits import EXIT_INTERRUPTED, EXIT_STATUS, EXIT_USAGE
 
