@@ -81,24 +81,47 @@ class _Partition:
     #: done offsets above the watermark, sorted: numpy, so a partition with many done
     #: around a few slow ones costs a merge per batch, not a Python object per offset
     done: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    #: the last commit metadata, under the (watermark, number done) it was made for:
+    #: ``done`` only grows while the watermark stands, so the pair names its contents
+    _metadata: tuple[int, int, str] = (-1, -1, "")
 
     def mark_done(self, offsets) -> None:
-        """These offsets are done; the watermark moves over any run of done ones."""
+        """These offsets are done; the watermark moves over any run of done ones. A
+        merge into the sorted ``done`` (no sort of it), and a scan only when the
+        watermark moves."""
         offsets = np.asarray(offsets, np.int64)
+        offsets = offsets[offsets >= self.watermark]
+        if not len(offsets):
+            return
         if (
             not len(self.done)
-            and len(offsets)
             and offsets[0] == self.watermark
             and offsets[-1] == self.watermark + len(offsets) - 1
             and (np.diff(offsets) == 1).all()
         ):  # the usual batch: the offsets right above the watermark, in order
             self.watermark += len(offsets)
             return
-        done = _sorted_unique(np.concatenate([self.done, offsets[offsets >= self.watermark]]))
-        run = done - self.watermark == np.arange(len(done))
-        ahead = len(done) if run.all() else int(np.argmin(run))
+        new = _sorted_unique(offsets)
+        done = self.done
+        if len(done):
+            at = np.searchsorted(done, new)
+            fresh = done[at.clip(max=len(done) - 1)] != new
+            fresh |= at == len(done)
+            done = np.insert(done, at[fresh], new[fresh])
+        else:
+            done = new
+        ahead = _leading_run(done) if done[0] == self.watermark else 0
         self.watermark += ahead
         self.done = done[ahead:]
+
+    def commit_metadata(self) -> str:
+        """Done offsets above the watermark as JSON ranges, the lowest first, as many as
+        fit the broker's limit (:data:`METADATA_LIMIT`)."""
+        watermark, count, text = self._metadata
+        if (watermark, count) != (self.watermark, len(self.done)):
+            text = _spans_json(self.done)
+            self._metadata = (self.watermark, len(self.done), text)
+        return text
 
 
 class Tracker:
@@ -518,13 +541,9 @@ class Tracker:
         return {tp: p.watermark for tp, p in self.parts.items()}
 
     def commit_metadata(self, tp: TP) -> str:
-        """Done offsets above the watermark as JSON ranges, the lowest first, as many as
-        fit the broker's limit."""
-        starts, ends = _spans(self.parts[tp].done)
-        chars = _digits(starts) + _digits(ends) + 4  # "[a,b],"
-        fit = int(np.searchsorted(np.cumsum(chars), METADATA_LIMIT - len('{"done":[]}') + 1))
-        spans = np.stack([starts[:fit], ends[:fit]], axis=1).tolist()
-        return json.dumps({"done": spans}, separators=(",", ":"))
+        """Done offsets above ``tp``'s watermark as JSON ranges, the lowest first, as
+        many as fit the broker's limit."""
+        return self.parts[tp].commit_metadata()
 
     def snapshot(self) -> dict:
         """JSON-able positions, a few dozen bytes a partition whatever is in flight: per
@@ -653,6 +672,41 @@ def _spans(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not len(offsets):
         return offsets, offsets
     return offsets[first], offsets[last] + 1
+
+
+def _spans_json(done: np.ndarray) -> str:
+    """``{"done": [[start, end], ...]}`` of the lowest runs of sorted, distinct ``done``
+    that fit :data:`METADATA_LIMIT`; only a prefix of ``done`` is read: one with more
+    runs than could fit (a run costs four characters at least)."""
+    room = METADATA_LIMIT - len('{"done":[]}') + 1
+    most = room // 4  # runs that could fit
+    size = most + 1
+    while True:  # a prefix with more runs than could fit, or all of ``done``
+        head = done[:size]
+        starts, ends = _spans(head)
+        if len(head) == len(done) or len(starts) > most:
+            break
+        size *= 4
+    if len(head) < len(done):  # the last run may go on past the prefix
+        starts, ends = starts[:-1], ends[:-1]
+    chars = _digits(starts) + _digits(ends) + 4  # "[a,b],"
+    fit = int(np.searchsorted(np.cumsum(chars), room))
+    spans = np.stack([starts[:fit], ends[:fit]], axis=1).tolist()
+    return json.dumps({"done": spans}, separators=(",", ":"))
+
+
+def _leading_run(values: np.ndarray) -> int:
+    """How many of sorted, distinct ``values`` continue its first one by one; windows
+    that grow, so a short run costs little whatever follows it."""
+    size = 1024
+    while True:
+        head = values[:size]
+        gaps = np.flatnonzero(np.diff(head) != 1)
+        if len(gaps):
+            return int(gaps[0]) + 1
+        if len(head) == len(values):
+            return len(values)
+        size *= 4
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:

@@ -5,13 +5,13 @@ acking what is in flight (dead letters written) eventually commits everything.""
 import json
 
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ackstream import ids
 from ackstream.config import RetryPolicy
 from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, INVALID, REJECTED, TIMED_OUT
-from ackstream.sources.tracking import Tracker
+from ackstream.sources.tracking import METADATA_LIMIT, Tracker
 
 TPS = [("a", 0), ("a", 1), ("b", 0)]
 STATUSES = [ACKED, ACKED, ACKED, FAILED, TIMED_OUT, REJECTED, INVALID]
@@ -117,3 +117,42 @@ def test_every_record_is_in_one_state_and_all_end_committed(ops, clock_on_commit
         t.due(now)
         check_states(t)
     assert t.watermarks() == {tp: part.end for tp, part in t.parts.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 3000), max_size=300), max_size=8),
+    st.integers(0, 5),
+)
+@example([list(range(1, 3000, 2)), [0], list(range(2, 900, 2))], 0)  # runs past the limit
+@example([list(range(7, 3000, 7)), list(range(8, 3000, 7)), list(range(1, 7))], 0)
+def test_done_offsets_watermark_and_commit_metadata_follow_a_plain_set(batches, start):
+    """A partition's done offsets kept as one sorted array merged into (not sorted
+    again), its watermark moved by a scan only when needed, and its commit metadata read
+    from a prefix (and cached): the same as a set of every offset marked done."""
+    t, tp, marked = new_tracker(), ("c", 0), set()
+    t.add_partition(tp, start)
+    t.emit_range(tp, start, 4000, 0)
+    part = t.parts[tp]
+    for offsets in batches:
+        t.mark_done(tp, offsets)
+        marked |= set(offsets)
+        watermark = start
+        while watermark in marked:
+            watermark += 1
+        assert part.watermark == watermark
+        assert part.done.tolist() == sorted(o for o in marked if o > watermark)
+        spans, lo = [], None  # runs of the done offsets above the watermark, in full
+        for o in part.done.tolist():
+            if lo is not None and o == spans[-1][1]:
+                spans[-1][1] = o + 1
+            else:
+                spans.append([o, o + 1])
+            lo = o
+        meta = t.commit_metadata(tp)
+        assert len(meta) < METADATA_LIMIT
+        got = json.loads(meta)["done"]
+        assert got == spans[: len(got)]
+        if len(got) < len(spans):  # it stopped because the next run would not fit
+            longer = json.dumps({"done": spans[: len(got) + 1]}, separators=(",", ":"))
+            assert len(longer) >= METADATA_LIMIT
