@@ -5,11 +5,13 @@ The spout alone (generator upstream, local channel, a hand-moved clock; no Spark
 every 7th are acked, so a seventh of them stays in flight with done offsets around
 each. Then ``--batches`` steady batches of ``--batch`` new offsets per partition are
 planned, each after the previous one's completions (again all but every 7th acked),
-and each ``next_offset`` call is timed: it applies the completions, commits, writes
-the state file and returns the offset. Prints one JSON line: the offset's size in
-bytes (the Spark offset log holds it per batch), the state file's size, and the
-median and largest planning time (wall clock, and the median in CPU time, which a
-loaded machine inflates less).
+as Spark drives a source: ``next_offset`` plans a batch (and writes its state file),
+the batch's completions come, and ``on_spark_commit`` applies them and commits to the
+consumer group; both calls are timed. Prints one JSON line: the offset's size in
+bytes (the Spark offset log holds it per batch), the bytes of state written per steady
+batch (median and largest) and of the whole file they go against, and the median and
+largest planning time (wall clock, and the median in CPU time, which a loaded machine
+inflates less).
 
     .venv/bin/python benchmarks/source_offset.py [--partitions 100] [--records 10000]
 """
@@ -81,23 +83,34 @@ def run(partitions: int, records: int, batch: int, batches: int, folder: str) ->
         offset = spout.next_offset(max_rows=partitions * records)
         ack_all_but_every_7th(channel, offset)
         spout.next_offset(max_rows=partitions * batch)  # the big completion applied
-        times, cpu = [], []
+        times, cpu, commits, written = [], [], [], []
         for _ in range(batches):
             clock.advance(100)
             started, started_cpu = time.perf_counter(), time.process_time()
             offset = spout.next_offset(max_rows=partitions * batch)
             times.append(time.perf_counter() - started)
             cpu.append(time.process_time() - started_cpu)
+            written.append(os.path.getsize(spout.state.path(offset["seq"])))
             ack_all_but_every_7th(channel, offset)
+            started = time.perf_counter()
+            spout.on_spark_commit(offset)  # Spark ran the batch: its completions applied here
+            commits.append(time.perf_counter() - started)
         return {
             "benchmark": "source_offset",
             "partitions": partitions,
             "records_per_partition": records,
             "in_flight": spout.tracker.in_flight,
             "offset_bytes": len(json.dumps(offset).encode()),
-            "state_file_bytes": os.path.getsize(spout.state.path(offset["seq"])),
+            "state_bytes_median": int(statistics.median(written)),
+            "state_bytes_max": max(written),
+            "state_whole_file_bytes": os.path.getsize(spout.state.path(spout.state.base)),
             "planning_ms_median": round(1000 * statistics.median(times), 1),
             "planning_ms_max": round(1000 * max(times), 1),
+            "commit_ms_median": round(1000 * statistics.median(commits), 1),
+            "commit_ms_max": round(1000 * max(commits), 1),
+            "planning_and_commit_ms_median": round(
+                1000 * statistics.median([a + b for a, b in zip(times, commits)]), 1
+            ),
             "planning_cpu_ms_median": round(1000 * statistics.median(cpu), 1),
             "batch_per_partition": batch,
             "load_average": round(os.getloadavg()[0], 2),

@@ -279,7 +279,7 @@ class Spout:
             offset["reader"] = "spark"
         if self.config.tracking:  # the batch's roots are waited for, on these terms
             self.seq += 1
-            self.state.write(self.seq, tracker.unfinished())  # before Spark logs the offset
+            self.state.write(self.seq, tracker)  # before Spark logs the offset
             offset.update(
                 seq=self.seq,
                 counts=dict(tracker.counts),

@@ -4,22 +4,28 @@ A Spark offset is written to the query's offset log every batch, so it must stay
 small whatever is in flight. It names each partition's read position and
 watermark and a sequence number; the records between the two that are not done
 (in flight, scheduled for a replay, or dead and waiting for their letter) are
-written here, as numpy columns, one file per sequence number::
+written here, one file per sequence number::
 
     <ackstream.stateDir>/<query's owner id>/<seq>.npz
 
-Rows that continue each other (the next offset of the same partition, everything
-else equal: the usual batch in flight) are written as one row with a ``length``,
-so a file costs per run of offsets, not per record.
+A file is *whole* (every record not done) or holds the *changes* since a whole file
+of the same writer (its ``base``): the records put in flight and taken out since,
+and the few scheduled, dead and uncharged ones in full. A steady batch with a
+million records in flight writes a few kilobytes; a whole file is written again once
+the changes grow past a quarter of what is in flight, and first of all after a start.
+A whole file folds rows that continue each other (the next offset of the same
+partition at the same attempt) into runs, sorted, and keeps small numbers (steps
+between runs) in the narrowest integers that hold them: a byte or two a run.
 
 A file is written whole (hidden name, then renamed) before the offset that names
 it is returned to Spark, and never changed afterwards: a number is written again
 only when the offset that first named it was never logged (a crash in between),
 so the file an offset names reads back as it was when that offset was logged.
-Files older than the offset of the last batch Spark committed are deleted: a
-restart resumes from that offset or a later one. A missing file (the folder was
-lost) costs replays, never a record: every offset between the watermark and the
-read position is in flight again, at attempt 0.
+Files older than the offset of the last batch Spark committed are deleted, but for
+the whole file a later one is written against: a restart resumes from that offset
+or a later one. A missing file (the folder was lost) costs replays, never a record:
+every offset between the watermark and the read position is in flight again, at
+attempt 0.
 """
 
 from __future__ import annotations
@@ -28,83 +34,113 @@ import contextlib
 import logging
 import os
 import re
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from ackstream.files import write_atomically
+from ackstream.sources.in_flight import Changes
 from ackstream.sources.rows import TP
 
-__all__ = ["SourceState", "Unfinished"]
+__all__ = ["DEAD", "Flying", "SourceState", "Uncharged", "Unfinished", "Waiting"]
 
 log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(\d+)\.npz$")
+#: ``due`` of a dead record: its letter is not written yet (in flight again after a restore)
+DEAD = -2
+#: changes below this many rows never call for a whole file
+_FEW_CHANGES = 10_000
 
 
-class Unfinished(NamedTuple):
-    """Records not done, one row each; ``part`` indexes ``tps``; ``due`` is when a
-    scheduled replay is due (ms), or -1 for a record in flight (or dead, unwritten);
-    ``uncharged`` counts its attempts not charged to its retries, ``group`` the group
-    a scheduled replay belongs to, or -1 (see :mod:`ackstream.sources.tracking`)."""
+class Flying(NamedTuple):
+    """Records in flight; ``part`` indexes :attr:`Unfinished.tps`."""
 
-    tps: list[TP]
+    part: np.ndarray
+    offset: np.ndarray
+    attempt: np.ndarray
+
+
+class Waiting(NamedTuple):
+    """Records scheduled for a replay (``due``: when, in ms) or dead (``due`` is
+    :data:`DEAD`); ``group``: the group a scheduled replay belongs to, or -1 (see
+    :mod:`ackstream.sources.tracking`)."""
+
     part: np.ndarray
     offset: np.ndarray
     attempt: np.ndarray
     due: np.ndarray
-    uncharged: np.ndarray
     group: np.ndarray
 
 
-#: the per-record columns of :class:`Unfinished`
-_ROWS = Unfinished._fields[1:]
+class Uncharged(NamedTuple):
+    """Per record not done, its attempts not charged to its retries (as a suspect)."""
+
+    part: np.ndarray
+    offset: np.ndarray
+    attempts: np.ndarray
 
 
-def _runs(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``columns`` with each row that continues the one before it (next offset, same
-    partition, the rest equal) folded into it, and a ``length`` column."""
-    offset = columns["offset"]
-    starts = np.ones(len(offset), bool)
-    if len(offset):
-        same = offset[1:] == offset[:-1] + 1
-        for name in _ROWS:
-            if name != "offset":
-                same &= columns[name][1:] == columns[name][:-1]
-        starts[1:] = ~same
-    first = np.flatnonzero(starts)
-    return {
-        **{k: v[first] for k, v in columns.items()},
-        "length": np.diff(np.append(first, len(offset))),
-    }
+class Unfinished(NamedTuple):
+    """Every record between a watermark and its read position that is not done."""
+
+    tps: list[TP]
+    flying: Flying
+    waiting: Waiting
+    uncharged: Uncharged
 
 
-def _rows(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The rows :func:`_runs` folded, one per record again."""
-    length = columns.pop("length")
-    out = {k: np.repeat(v, length) for k, v in columns.items()}
-    step = np.arange(len(out["offset"])) - np.repeat(np.cumsum(length) - length, length)
-    out["offset"] = out["offset"] + step
-    return out
+class Recorded(Protocol):
+    """What the state asks of the source's bookkeeping (the tracker)."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def unfinished(self, flying: bool = True) -> Unfinished:
+        """Every record not done; without those in flight if not ``flying``."""
+        ...
+
+    def changes(self) -> Changes:
+        """The in-flight records added and taken out since :meth:`mark`."""
+        ...
+
+    def mark(self) -> None:
+        """A whole file was written: changes count from now."""
+        ...
 
 
 class SourceState:
-    """The numbered :class:`Unfinished` files of one query (see the module doc)."""
+    """The numbered files of one query's source (see the module doc)."""
 
     def __init__(self, directory: str):
         self.directory = directory
+        self.base: int | None = None  # the whole file this writer's changes go against
 
     def path(self, seq: int) -> str:
         return os.path.join(self.directory, f"{seq}.npz")
 
-    def write(self, seq: int, unfinished: Unfinished) -> None:
-        """Write the state of offset ``seq``, whole, before the offset is returned."""
+    def write(self, seq: int, source: Recorded) -> None:
+        """Write the state of offset ``seq`` (whole, or the changes since the last whole
+        file) before the offset is returned."""
+        changes = source.changes() if self.base is not None else None
+        if changes is None or len(changes) > max(_FEW_CHANGES, source.in_flight // 4):
+            self._save(seq, _whole(source.unfinished()))
+            source.mark()
+            self.base = seq
+            return
+        rest = source.unfinished(flying=False)
+        self._save(
+            seq,
+            {
+                **_header(rest),
+                "base": np.array([self.base], np.int64),
+                **_columns("added", Flying(*changes.added)),
+                **_columns("removed", Flying(*changes.removed)),
+            },
+        )
+
+    def _save(self, seq: int, columns: dict[str, np.ndarray]) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        columns = {
-            "topics": np.array([t for t, _ in unfinished.tps], dtype=np.str_),
-            "partitions": np.array([p for _, p in unfinished.tps], dtype=np.int64),
-            **_runs({k: np.asarray(getattr(unfinished, k), np.int64) for k in _ROWS}),
-        }
 
         def save(hidden: str) -> None:
             with open(hidden, "wb") as f:
@@ -116,27 +152,151 @@ class SourceState:
         """The state offset ``seq`` was logged with, or None (logged) if it is missing."""
         try:
             with np.load(self.path(seq), allow_pickle=False) as f:
-                tps = list(zip(f["topics"].tolist(), f["partitions"].tolist()))
-                columns = {k: f[k] for k in (*_ROWS, "length")}
-                return Unfinished(tps, **_rows(columns))
-        except FileNotFoundError:
+                unfinished = _unfinished(f)
+                if "base" not in f.files:
+                    return unfinished
+                base_seq = int(f["base"][0])
+                added, removed = _rows_of(f, "added", Flying), _rows_of(f, "removed", Flying)
+            with np.load(self.path(base_seq), allow_pickle=False) as f:
+                base = _unfinished(f)
+        except FileNotFoundError as e:
             log.warning(
                 "ackstream source state %s is missing (option ackstream.stateDir): the "
                 "records between each watermark and read position are in flight again at "
                 "attempt 0; those not acked replay after ackstream.sourceTimeout",
-                self.path(seq),
+                e.filename,
             )
             return None
+        index = {tp: i for i, tp in enumerate(unfinished.tps)}  # the base's names a prefix
+        renumber = np.array([index[tp] for tp in base.tps], np.int64)
+        flying = base.flying
+        if len(renumber):
+            flying = flying._replace(part=renumber[flying.part])
+        flying = Flying(*(col[~_member(flying, removed)] for col in flying))
+        flying = Flying(*(np.concatenate(pair) for pair in zip(flying, added)))
+        return unfinished._replace(flying=flying)
 
     def forget_before(self, seq: int) -> None:
         """Delete the files of offsets before ``seq`` (Spark committed the batch ``seq``
-        ends: no restart goes back further)."""
+        ends: no restart goes back further), but the whole files that later ones hold
+        changes against."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return
-        for name in names:
-            match = _FILE.match(name)
-            if match and int(match.group(1)) < seq:
+        numbers = [int(m.group(1)) for m in map(_FILE.match, names) if m]
+        bases = set() if self.base is None else {self.base}
+        for number in numbers:
+            if number >= seq:
+                with (
+                    contextlib.suppress(OSError, KeyError, ValueError),
+                    np.load(self.path(number), allow_pickle=False) as f,
+                ):
+                    if "base" in f.files:
+                        bases.add(int(f["base"][0]))
+        for number in numbers:
+            if number < seq and number not in bases:
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(self.directory, name))
+                    os.remove(self.path(number))
+
+
+def _header(unfinished: Unfinished) -> dict[str, np.ndarray]:
+    """The columns every file has: partition names, waiting and uncharged records."""
+    return {
+        "topics": np.array([t for t, _ in unfinished.tps], dtype=np.str_),
+        "partitions": np.array([p for _, p in unfinished.tps], dtype=np.int64),
+        **_columns("waiting", unfinished.waiting),
+        **_columns("uncharged", unfinished.uncharged),
+    }
+
+
+def _whole(unfinished: Unfinished) -> dict[str, np.ndarray]:
+    """A whole file's columns: the records in flight sorted by partition, attempt and
+    offset, folded into runs; per (partition, attempt) group its first offset and
+    number of runs, per run its step from the run before in its group and its length:
+    small numbers, in the narrowest integers that hold them."""
+    flying = unfinished.flying
+    order = np.lexsort((flying.offset, flying.attempt, flying.part))
+    part, offset, attempt = (col[order] for col in flying)
+    other = np.ones(len(offset), bool)  # another (partition, attempt) group starts
+    other[1:] = (part[1:] != part[:-1]) | (attempt[1:] != attempt[:-1])
+    starts = other.copy()
+    starts[1:] |= offset[1:] != offset[:-1] + 1
+    first = np.flatnonzero(starts)  # the rows that start a run
+    start, group_starts = offset[first], other[first]
+    step = np.diff(start, prepend=0)
+    step[group_starts] = 0
+    groups = first[group_starts]
+    return {
+        **_header(unfinished),
+        **_narrow(
+            {
+                "flying.part": part[groups],
+                "flying.attempt": attempt[groups],
+                "flying.first": offset[groups],
+                "flying.runs": np.diff(np.append(np.flatnonzero(group_starts), len(first))),
+                "flying.step": step,
+                "flying.length": np.diff(np.append(first, len(offset))),
+            }
+        ),
+    }
+
+
+def _unfinished(f) -> Unfinished:
+    """What a file holds, but for the changes of a file that has a base."""
+    tps = list(zip(f["topics"].tolist(), f["partitions"].tolist()))
+    waiting, uncharged = _rows_of(f, "waiting", Waiting), _rows_of(f, "uncharged", Uncharged)
+    if "flying.length" not in f.files:
+        empty = np.empty(0, np.int64)
+        return Unfinished(tps, Flying(empty, empty, empty), waiting, uncharged)
+    part, attempt, first, runs, step, length = (
+        f[f"flying.{k}"].astype(np.int64)
+        for k in ("part", "attempt", "first", "runs", "step", "length")
+    )
+    total = np.cumsum(step)
+    group_total = np.repeat(total[np.cumsum(runs) - runs] if len(runs) else total, runs)
+    start = np.repeat(first, runs) + total - group_total
+    within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    flying = Flying(
+        np.repeat(np.repeat(part, runs), length),
+        np.repeat(start, length) + within,
+        np.repeat(np.repeat(attempt, runs), length),
+    )
+    return Unfinished(tps, flying, waiting, uncharged)
+
+
+def _columns(name: str, rows: Flying | Waiting | Uncharged) -> dict[str, np.ndarray]:
+    return _narrow({f"{name}.{k}": np.asarray(v, np.int64) for k, v in rows._asdict().items()})
+
+
+def _rows_of(f, name: str, kind):
+    return kind(*(f[f"{name}.{k}"].astype(np.int64) for k in kind._fields))
+
+
+def _narrow(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each column in the narrowest signed integer type that holds its values."""
+    out = {}
+    for name, col in columns.items():
+        col = np.asarray(col, np.int64)
+        lo, hi = (int(col.min()), int(col.max())) if len(col) else (0, 0)
+        for dtype in (np.int8, np.int16, np.int32, np.int64):
+            info = np.iinfo(dtype)
+            if info.min <= lo and hi <= info.max:
+                out[name] = col.astype(dtype)
+                break
+    return out
+
+
+def _member(rows: Flying, of: Flying) -> np.ndarray:
+    """Mask of ``rows`` (distinct) that are also in ``of``."""
+    if not len(of.offset) or not len(rows.offset):
+        return np.zeros(len(rows.offset), bool)
+    cols = [np.concatenate(pair) for pair in zip(rows, of)]
+    tag = np.concatenate([np.zeros(len(rows.offset), np.int8), np.ones(len(of.offset), np.int8)])
+    order = np.lexsort((tag, cols[2], cols[1], cols[0]))
+    part, offset, attempt, tag = (c[order] for c in (*cols, tag))
+    same = (part[1:] == part[:-1]) & (offset[1:] == offset[:-1]) & (attempt[1:] == attempt[:-1])
+    hit = np.append((tag[:-1] == 0) & (tag[1:] == 1) & same, False)
+    mask = np.zeros(len(rows.offset), bool)
+    mask[order[hit]] = True
+    return mask

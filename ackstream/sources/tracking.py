@@ -46,9 +46,16 @@ from ackstream.records import (
     TIMED_OUT,
     one_outcome_per_root,
 )
-from ackstream.sources.in_flight import EMPTY, NOT_STARTED, InFlight, Roots
+from ackstream.sources.in_flight import (
+    EMPTY,
+    NOT_STARTED,
+    Changes,
+    InFlight,
+    Roots,
+    started_at_or_before,
+)
 from ackstream.sources.rows import TP
-from ackstream.sources.state import Unfinished
+from ackstream.sources.state import DEAD, Flying, Uncharged, Unfinished, Waiting
 
 __all__ = ["ISOLATION_PARTS", "METADATA_LIMIT", "OUTCOME_COUNTS", "DeadLetter", "Tracker", "ranges"]
 
@@ -81,9 +88,11 @@ class _Partition:
     #: done offsets above the watermark, sorted: numpy, so a partition with many done
     #: around a few slow ones costs a merge per batch, not a Python object per offset
     done: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    #: the last commit metadata, under the (watermark, number done) it was made for:
-    #: ``done`` only grows while the watermark stands, so the pair names its contents
-    _metadata: tuple[int, int, str] = (-1, -1, "")
+    #: the last commit metadata: (watermark, number done, ``lowest``, text) when it was
+    #: made; ``done`` only grows while the watermark stands, and offsets done from
+    #: ``lowest`` up (the first run the broker's limit left out, if any) do not change it
+    _metadata: tuple[int, int, float, str] = (-1, -1, 0, "")
+    _lowest_new: float = np.inf  # the lowest offset marked done since it was made
 
     def mark_done(self, offsets) -> None:
         """These offsets are done; the watermark moves over any run of done ones. A
@@ -102,6 +111,7 @@ class _Partition:
             self.watermark += len(offsets)
             return
         new = _sorted_unique(offsets)
+        self._lowest_new = min(self._lowest_new, int(new[0]))
         done = self.done
         if len(done):
             at = np.searchsorted(done, new)
@@ -117,10 +127,11 @@ class _Partition:
     def commit_metadata(self) -> str:
         """Done offsets above the watermark as JSON ranges, the lowest first, as many as
         fit the broker's limit (:data:`METADATA_LIMIT`)."""
-        watermark, count, text = self._metadata
-        if (watermark, count) != (self.watermark, len(self.done)):
-            text = _spans_json(self.done)
-            self._metadata = (self.watermark, len(self.done), text)
+        watermark, count, lowest, text = self._metadata
+        if watermark != self.watermark or (count != len(self.done) and self._lowest_new < lowest):
+            text, lowest = _spans_json(self.done)
+            self._metadata = (self.watermark, len(self.done), lowest, text)
+        self._lowest_new = np.inf
         return text
 
 
@@ -328,7 +339,7 @@ class Tracker:
             mine = self._mint(part, offset, attempt) == root
             rows = self.flights.take_at(part[mine], offset[mine], attempt[mine])
             taken.append(rows._replace(root=self._mint(rows.part, rows.offset, rows.attempt)))
-        return Roots(*(np.concatenate(cols) for cols in zip(*taken))) if taken else EMPTY
+        return Roots.concat(taken)
 
     def _acked(self, done: Roots) -> None:
         """The roots ``done`` (taken out of flight) were acked: their records are done."""
@@ -361,8 +372,7 @@ class Tracker:
         ]
         if not spans:
             return
-        rows = self.flights.coordinates  # no id is minted for a run
-        done = self.flights.take_where(_within(rows.part, rows.offset, spans) & (rows.attempt == 0))
+        done = self.flights.take_runs(spans)  # no id is minted for a run
         self._acked(done)
         if len(done.root) == sum(hi - lo for _, lo, hi in spans):
             return
@@ -434,13 +444,12 @@ class Tracker:
 
     def overdue(self, before_ms: int) -> bool:
         """Whether a root in flight was emitted at ``before_ms`` or earlier."""
-        return bool(self.flights.started_at_or_before(before_ms).any())
+        return self.flights.any_started_at_or_before(before_ms)
 
     def expire(self, now_ms: int) -> list[DeadLetter]:
         """Roots in flight for longer than the source timeout count as timed out."""
-        overdue = self.flights.take_where(
-            self.flights.started_at_or_before(now_ms - self.source_timeout_ms)
-        )
+        cutoff = now_ms - self.source_timeout_ms
+        overdue = self.flights.take_where(lambda rows: started_at_or_before(rows, cutoff))
         overdue = overdue.sorted_by("emitted_ms", "part", "offset")
         self.counts["timed_out"] += len(overdue.root)
         new_dead = []
@@ -554,46 +563,43 @@ class Tracker:
             out.setdefault(tp[0], {})[str(tp[1])] = {"end": part.end, "wm": part.watermark}
         return out
 
-    def unfinished(self) -> Unfinished:
+    def unfinished(self, flying: bool = True) -> Unfinished:
         """Every record between a watermark and its read position that is not done:
-        in flight, scheduled (with its due time) or dead (its letter unwritten: in
-        flight again after a restore). Columns, so its cost is a few numpy passes."""
-        rows = self.flights.coordinates
+        in flight (unless not ``flying``), scheduled (with its due time) or dead (its
+        letter unwritten: in flight again after a restore). Columns, so its cost is a
+        few numpy passes."""
+        rows = self.flights.coordinates if flying else EMPTY
         waiting = [
             (self._index[tp], off, att, due, self.suspects.get((tp, off), -1))
             for (tp, off), (att, due) in self.scheduled.items()
         ]
         waiting += [
-            (self._index[tp], off, letter.attempts - 1, -1, -1)
+            (self._index[tp], off, letter.attempts - 1, DEAD, -1)
             for (tp, off), letter in self.dead.items()
         ]
-        extra = np.array(waiting, np.int64).reshape(-1, 5)
-        part = np.concatenate([rows.part, extra[:, 0]])
-        offset = np.concatenate([rows.offset, extra[:, 1]])
+        uncharged = [(self._index[tp], off, n) for (tp, off), n in self.uncharged.items()]
         return Unfinished(
             list(self._tps),
-            part,
-            offset,
-            np.concatenate([rows.attempt, extra[:, 2]]),
-            np.concatenate([np.full(len(rows.part), -1, np.int64), extra[:, 3]]),
-            self._uncharged_of(part, offset),
-            np.concatenate([np.full(len(rows.part), -1, np.int64), extra[:, 4]]),
+            Flying(rows.part, rows.offset, rows.attempt),
+            Waiting(*np.array(waiting, np.int64).reshape(-1, 5).T),
+            Uncharged(*np.array(uncharged, np.int64).reshape(-1, 3).T),
         )
 
-    def _uncharged_of(self, part: np.ndarray, offset: np.ndarray) -> np.ndarray:
-        """Per record (``part`` indexes the partitions), its attempts not charged."""
-        if not self.uncharged:
-            return np.zeros(len(part), np.int64)
-        known = {(self._index[tp], off): n for (tp, off), n in self.uncharged.items()}
-        pairs = zip(part.tolist(), offset.tolist())
-        return np.fromiter((known.get(pair, 0) for pair in pairs), np.int64, len(part))
+    def changes(self) -> Changes:
+        """The records put in flight and taken out since :meth:`mark`, net."""
+        return self.flights.changes()
+
+    def mark(self) -> None:
+        """Every record not done was written down: :meth:`changes` count from now."""
+        self.flights.mark()
 
     def restore(self, snapshot: dict, now_ms: int, unfinished: Unfinished | None) -> None:
         """Rebuild from :meth:`snapshot` and :meth:`unfinished`: records in flight then
         are in flight again (their completion may still come; if not, the source
-        timeout replays them), scheduled replays stay scheduled, the rest between a
-        watermark and its read position is done. Without ``unfinished`` (lost), every
-        record between the two is in flight again at attempt 0."""
+        timeout replays them), scheduled replays stay scheduled, dead ones are in
+        flight again, the rest between a watermark and its read position is done.
+        Without ``unfinished`` (lost), every record between the two is in flight again
+        at attempt 0."""
         for topic, parts in snapshot.items():
             for p, entry in parts.items():
                 tp = (topic, int(p))
@@ -605,46 +611,36 @@ class Tracker:
                 self._add_roots(self._index[tp], offsets, 0, now_ms, started=True)
             return
         index = np.array([self._number(tp) for tp in unfinished.tps], np.int64)
-        part = index[unfinished.part] if len(index) else unfinished.part
-        offset, attempt, due = unfinished.offset, unfinished.attempt, unfinished.due
-        scheduled = due >= 0
-        for i, off, att, at, group in zip(
-            *(col[scheduled].tolist() for col in (part, offset, attempt, due, unfinished.group))
-        ):
-            self.scheduled[(self._tps[i], off)] = (att, at)
+        flying, waiting, uncharged = unfinished.flying, unfinished.waiting, unfinished.uncharged
+        scheduled = waiting.due != DEAD  # a dead one's letter was not written: in flight again
+        for i, off, att, at, group in zip(*(col[scheduled].tolist() for col in waiting)):
+            tp = self._tps[index[i]]
+            self.scheduled[(tp, off)] = (att, at)
             if group >= 0:
-                self.suspects[(self._tps[i], off)] = group
+                self.suspects[(tp, off)] = group
                 self._groups = max(self._groups, group)
-        free = unfinished.uncharged > 0
-        for i, off, n in zip(*(col[free].tolist() for col in (part, offset, unfinished.uncharged))):
-            self.uncharged[(self._tps[i], off)] = n
-        live = ~scheduled
-        self._add_roots(part[live], offset[live], attempt[live], now_ms, started=True)
-        order = np.argsort(part, kind="stable")
-        starts = np.searchsorted(part[order], np.arange(len(self._tps) + 1))
+        for i, off, n in zip(*(col.tolist() for col in uncharged)):
+            self.uncharged[(self._tps[index[i]], off)] = n
+        dead = ~scheduled
+        part = (
+            index[np.concatenate([flying.part, waiting.part[dead]])] if len(index) else flying.part
+        )
+        self._add_roots(
+            part,
+            np.concatenate([flying.offset, waiting.offset[dead]]),
+            np.concatenate([flying.attempt, waiting.attempt[dead]]),
+            now_ms,
+            started=True,
+        )
+        left = np.concatenate([part, index[waiting.part[scheduled]] if len(index) else part[:0]])
+        offset = np.concatenate([flying.offset, waiting.offset[dead], waiting.offset[scheduled]])
+        order = np.argsort(left, kind="stable")
+        starts = np.searchsorted(left[order], np.arange(len(self._tps) + 1))
         for i, tp in enumerate(self._tps):
             if tp in self.parts:
                 p = self.parts[tp]
-                left = offset[order[starts[i] : starts[i + 1]]]
-                p.done = np.setdiff1d(np.arange(p.watermark, p.end), left)
-
-
-def _within(part: np.ndarray, offset: np.ndarray, spans: list[tuple[int, int, int]]) -> np.ndarray:
-    """Mask of the rows whose ``(part, offset)`` lies in one of ``spans``
-    (``(part, from, to)``, ``to`` exclusive): one sort of the spans and a binary search
-    per row, whatever their number."""
-    span = np.array(spans, np.int64).reshape(-1, 3)
-    if len(offset) and max(int(offset.max()), int(span[:, 2].max())) >= 1 << 40:
-        inside = np.zeros(len(offset), bool)  # offsets past 2**40: no packed keys
-        for p, lo, hi in spans:
-            inside |= (part == p) & (offset >= lo) & (offset < hi)
-        return inside
-    keys = (part << 40) | offset
-    starts, ends = (span[:, 0] << 40) | span[:, 1], (span[:, 0] << 40) | span[:, 2]
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    at = np.searchsorted(starts, keys, "right") - 1
-    return (at >= 0) & (keys < ends[at.clip(0)])
+                mine = offset[order[starts[i] : starts[i + 1]]]
+                p.done = np.setdiff1d(np.arange(p.watermark, p.end), mine)
 
 
 def _why(outcome: str, reason: str | None) -> str:
@@ -674,10 +670,11 @@ def _spans(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return offsets[first], offsets[last] + 1
 
 
-def _spans_json(done: np.ndarray) -> str:
+def _spans_json(done: np.ndarray) -> tuple[str, float]:
     """``{"done": [[start, end], ...]}`` of the lowest runs of sorted, distinct ``done``
-    that fit :data:`METADATA_LIMIT`; only a prefix of ``done`` is read: one with more
-    runs than could fit (a run costs four characters at least)."""
+    that fit :data:`METADATA_LIMIT`, and the start of the first run left out (infinity
+    if none was). Only a prefix of ``done`` is read: one with more runs than could fit
+    (a run costs four characters at least)."""
     room = METADATA_LIMIT - len('{"done":[]}') + 1
     most = room // 4  # runs that could fit
     size = most + 1
@@ -692,7 +689,8 @@ def _spans_json(done: np.ndarray) -> str:
     chars = _digits(starts) + _digits(ends) + 4  # "[a,b],"
     fit = int(np.searchsorted(np.cumsum(chars), room))
     spans = np.stack([starts[:fit], ends[:fit]], axis=1).tolist()
-    return json.dumps({"done": spans}, separators=(",", ":"))
+    left_out = int(starts[fit]) if fit < len(starts) else np.inf
+    return json.dumps({"done": spans}, separators=(",", ":")), left_out
 
 
 def _leading_run(values: np.ndarray) -> int:

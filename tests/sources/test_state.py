@@ -10,6 +10,7 @@ import numpy as np
 from ackstream import ids
 from ackstream.records import ACKED, FAILED, completion_table
 from ackstream.sources.spout import Spout
+from ackstream.sources.state import DEAD, Flying, SourceState, Uncharged, Unfinished, Waiting
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import open_upstream
 
@@ -153,20 +154,82 @@ def test_a_lost_state_file_costs_replays_never_a_record(make_spout, caplog):
         again.close()
 
 
-def test_a_state_file_costs_per_run_of_offsets_and_reads_back_every_record(tmp_path):
-    from ackstream.sources.state import SourceState, Unfinished
+class Recorded:
+    """A tracker's side of the state files, as plain columns."""
 
+    def __init__(self, unfinished):
+        from ackstream.sources.in_flight import InFlight
+
+        self.whole = unfinished
+        self.flights = InFlight(lambda part, offset, attempt: offset)
+        self.flights.add_unminted(*unfinished.flying, 0, 0)
+
+    @property
+    def in_flight(self):
+        return len(self.flights)
+
+    def unfinished(self, flying=True):
+        rows = self.flights.coordinates
+        flying_now = Flying(rows.part, rows.offset, rows.attempt)
+        return self.whole._replace(flying=flying_now if flying else Flying(*rows[1:4])[:0])
+
+    def changes(self):
+        return self.flights.changes()
+
+    def mark(self):
+        self.flights.mark()
+
+
+def flying_of(unfinished):
+    return sorted(zip(*(c.tolist() for c in unfinished.flying)))
+
+
+def test_a_whole_state_file_costs_per_run_of_offsets_and_reads_back_every_record(tmp_path):
     n = 200_000
     part = np.concatenate([np.zeros(n, np.int64), np.ones(3, np.int64)])
     offset = np.concatenate([np.arange(5, 5 + n), [9, 10, 12]])
     attempt = np.concatenate([np.zeros(n, np.int64), [1, 1, 1]])
-    due = np.concatenate([np.full(n, -1), [700, 700, 700]])
-    uncharged, group = np.zeros(n + 3, np.int64), np.full(n + 3, -1)
-    unfinished = Unfinished([("a", 0), ("a", 1)], part, offset, attempt, due, uncharged, group)
+    waiting = Waiting(
+        *(np.array(c, np.int64) for c in ([1, 0], [20, 4], [2, 0], [700, DEAD], [3, -1]))
+    )
+    uncharged = Uncharged(*(np.array(c, np.int64) for c in ([1], [20], [1])))
+    unfinished = Unfinished([("a", 0), ("a", 1)], Flying(part, offset, attempt), waiting, uncharged)
     state = SourceState(str(tmp_path))
-    state.write(1, unfinished)
-    assert os.path.getsize(state.path(1)) < 4_000  # 200,003 records, three runs
+    state.write(1, Recorded(unfinished))
+    assert os.path.getsize(state.path(1)) < 6_000  # 200,003 records, three runs: headers
     back = state.read(1)
     assert back.tps == unfinished.tps
-    for name in Unfinished._fields[1:]:
-        assert np.array_equal(getattr(back, name), getattr(unfinished, name)), name
+    assert flying_of(back) == flying_of(unfinished)
+    for name in ("waiting", "uncharged"):
+        for a, b in zip(getattr(back, name), getattr(unfinished, name)):
+            assert np.array_equal(a, b), name
+
+
+def test_a_steady_batch_writes_its_changes_and_reads_back_whole_through_its_base(tmp_path):
+    """A million records in flight, every 7th of 7 M: the first file is whole (a byte or
+    so a record); the next ones hold only the changes since it, and each reads back as
+    the whole state; the whole file is kept while a later one holds changes against it."""
+    offsets = np.arange(7_000_000)[::7]
+    part = offsets % 100
+    empty = np.empty(0, np.int64)
+    unfinished = Unfinished(
+        [("a", p) for p in range(100)],
+        Flying(part, offsets, np.zeros(len(offsets), np.int64)),
+        Waiting(empty, empty, empty, empty, empty),
+        Uncharged(empty, empty, empty),
+    )
+    source, state = Recorded(unfinished), SourceState(str(tmp_path))
+    state.write(1, source)
+    assert os.path.getsize(state.path(1)) < 5_000_000
+    expected = set(flying_of(unfinished))
+    for seq in (2, 3):
+        source.flights.add_unminted(np.arange(100), 7_000_000 + seq, 0, 0, 0)
+        expected |= {(p, 7_000_000 + seq, 0) for p in range(100)}
+        taken = source.flights.take_at(part[:50], offsets[:50], 0)  # acked at last
+        expected -= set(zip(*(c.tolist() for c in taken[1:4])))
+        state.write(seq, source)
+        assert os.path.getsize(state.path(seq)) < 10_000
+        assert set(flying_of(state.read(seq))) == expected
+    state.forget_before(3)
+    assert os.path.exists(state.path(1)) and not os.path.exists(state.path(2))
+    assert set(flying_of(state.read(3))) == expected

@@ -2,7 +2,10 @@
 
 import json
 
+import numpy as np
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ackstream import ids
 from ackstream.config import RetryPolicy
@@ -15,7 +18,7 @@ from ackstream.records import (
     REJECTED,
     TIMED_OUT,
 )
-from ackstream.sources.in_flight import NOT_STARTED, InFlight, Roots
+from ackstream.sources.in_flight import NOT_STARTED, InFlight
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import METADATA_LIMIT, Tracker, ranges
 
@@ -208,7 +211,7 @@ def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
     t.complete(done(*((root(o), BATCH_FAILED) for o in range(10, 14))), 5)
     t.due_group(5)  # 10 in flight at attempt 1, uncharged; 11, 12 and 13 wait
     state = SourceState(str(tmp_path))
-    state.write(1, t.unfinished())
+    state.write(1, t)
     r = tracker()
     r.restore(json.loads(json.dumps(t.snapshot())), 6, state.read(1))
     assert (r.scheduled, r.suspects, r.uncharged) == (t.scheduled, t.suspects, t.uncharged)
@@ -260,16 +263,86 @@ def test_timeouts_follow_emission_order_across_batches_and_replays():
     assert in_flight_offsets(t) == [13] and t.flights.rows.emitted_ms.tolist() == [NOT_STARTED]
 
 
-def test_in_flight_table_finds_takes_and_replaces_roots_by_id():
-    table = InFlight()
-    table.add(Roots.of([30, -5, 12], 0, [3, 1, 2], 0, 100))
-    table.add(Roots.of([7, 12], 1, [9, 8], 1, 200))  # 12 again: the new row replaces it
-    assert table.rows.root.tolist() == [-5, 7, 12, 30]
-    assert table.rows.part.tolist() == [0, 1, 1, 0]
-    taken = table.take([12, 99, -5])
-    assert sorted(zip(taken.root.tolist(), taken.offset.tolist())) == [(-5, 1), (12, 8)]
-    assert table.take_offsets(0, [3, 9]).root.tolist() == [30]  # 9 is of partition 1
-    assert table.rows.root.tolist() == [7] and not table.take([]).root.size
+def test_in_flight_table_finds_and_takes_roots_by_id_coordinates_and_runs():
+    minted = []
+
+    def mint(part, offset, attempt):
+        minted.append(len(offset))
+        return 1000 * part + 10 * offset + attempt
+
+    table = InFlight(mint)
+    table.add_unminted(0, [3, 1, 2], 0, 100, 0)
+    table.add_unminted([1, 1, 0], [9, 8, 5], [1, 1, 2], 200, 1)
+    assert len(table) == 6 and not minted  # no id until a lookup by id
+    assert table.take_runs([(0, 2, 4), (1, 8, 10)]).offset.tolist() == [2, 3]  # attempt 0 only
+    assert not minted
+    assert table.take_at([1, 0], [9, 5], [1, 1]).offset.tolist() == [9]  # 5 is at attempt 2
+    taken = table.take([1081, 99, 10])  # ids of (1, 8, 1) and (0, 1, 0)
+    assert sorted(zip(taken.root.tolist(), taken.offset.tolist())) == [(10, 1), (1081, 8)]
+    assert minted  # a lookup by id minted the ids of its chunks
+    assert table.rows.root.tolist() == [52] and len(table) == 1
+    assert table.take_offsets(0, [5, 9]).attempt.tolist() == [2]
+    assert not len(table) and not table.take([]).root.size
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "add", "add", "runs", "at", "id", "offsets", "mark"]),
+            st.lists(
+                st.tuples(st.integers(0, 2), st.integers(0, 60), st.integers(0, 2)), max_size=12
+            ),
+        ),
+        min_size=20,
+        max_size=80,
+    )
+)
+def test_in_flight_table_and_its_changes_follow_a_plain_set(steps):
+    """Chunks, compaction, merges and the change log against a set of coordinates: what
+    each take returns, what stays, and the changes since the last mark, net."""
+    table = InFlight(lambda part, offset, attempt: 1000 * part + 10 * offset + attempt)
+    model, at_mark = set(), set()
+    for kind, rows in steps:
+        rows = sorted(set(rows))
+        if kind == "add":
+            rows = [r for r in rows if (r[0], r[1]) not in {(p, o) for p, o, _ in model}]
+            rows = list({(p, o): (p, o, a) for p, o, a in rows}.values())  # once per record
+            if rows:
+                table.add_unminted(*(np.array(c) for c in zip(*rows)), 0, 0)
+            model |= set(rows)
+            continue
+        if kind == "mark":
+            table.changes()  # the log kept net must not change what comes next
+            if rows:
+                table.mark()
+                at_mark = set(model)
+            continue
+        if kind == "runs":
+            spans = [(p, min(o, a * 20), max(o, a * 20) + 1) for p, o, a in rows]
+            taken = table.take_runs(spans)
+            gone = {
+                (p, o, a)
+                for p, o, a in model
+                if a == 0 and any(p == q and lo <= o < hi for q, lo, hi in spans)
+            }
+        elif kind == "at":
+            taken = table.take_at(*(np.array([r[i] for r in rows], np.int64) for i in range(3)))
+            gone = model & set(rows)
+        elif kind == "id":
+            taken = table.take([1000 * p + 10 * o + a for p, o, a in rows])
+            gone = model & set(rows)
+        else:
+            offsets = [o for _, o, _ in rows]
+            taken = table.take_offsets(1, offsets)
+            gone = {r for r in model if r[0] == 1 and r[1] in offsets}
+        assert sorted(zip(*(c.tolist() for c in taken[1:4]))) == sorted(gone)
+        model -= gone
+        assert len(table) == len(model)
+    assert sorted(zip(*(c.tolist() for c in table.rows[1:4]))) == sorted(model)
+    added, removed = table.changes()
+    assert sorted(zip(*(c.tolist() for c in added))) == sorted(model - at_mark)
+    assert sorted(zip(*(c.tolist() for c in removed))) == sorted(at_mark - model)
 
 
 def test_a_reset_reported_by_the_acker_restarts_the_source_timeout():
