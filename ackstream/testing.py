@@ -271,9 +271,14 @@ def wait_until_settled(running, *, records: int | None = None, timeout_s: float 
     """Wait until the started topology's source says every record it read is settled
     (acked or dead-lettered: no root pending, no replay waiting, every partition's
     watermark at its end), and at least ``records`` of them when given; return its
-    figures (:func:`ackstream.status.source_metrics`). The consumer group's commit of
-    the last offsets follows with the next batch. A query that stopped raises its
-    error; ``timeout_s`` passing raises :class:`TimeoutError` with the last figures."""
+    figures (:func:`ackstream.status.source_metrics`). The source commits its
+    watermark upstream as it moves, so the offsets are committed by then.
+
+    The figures come with Spark's progress, which a trigger that runs no batch reports
+    every ``spark.sql.streaming.noDataProgressEventInterval`` (10 s by default): set
+    lower on the session before the start, the settled figures show sooner. A query
+    that stopped raises its error; ``timeout_s`` passing raises :class:`TimeoutError`
+    with the last figures."""
     deadline = time.monotonic() + timeout_s
     figures: dict | None = None
     while time.monotonic() < deadline:

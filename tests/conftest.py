@@ -11,8 +11,11 @@ def spark():
 
     from helpers import spark_kafka_conf
 
-    # with Spark's Kafka connector, when resolved: the topologies read and write with it
-    session = local_session("ackstream-tests", cores=2, conf=spark_kafka_conf())
+    # with Spark's Kafka connector, when resolved: the topologies read and write with it;
+    # a trigger that runs no batch reports its progress at once, not every 10 s, so a
+    # source's settled figures show without delay (ackstream.testing.wait_until_settled)
+    conf = {**spark_kafka_conf(), "spark.sql.streaming.noDataProgressEventInterval": "200ms"}
+    session = local_session("ackstream-tests", cores=2, conf=conf)
     yield session
     for query in session.streams.active:
         query.stop()

@@ -59,6 +59,21 @@ def commits(channel_dir):
         return {}
 
 
+def group_commits(bootstrap: str, topology: str, topic: str) -> dict[int, int | None]:
+    """The offsets of ``topic`` the source of ``topology`` committed (its consumer group
+    ``ackstream-<topology>``), by partition; None for a partition it has not committed."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    group = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=f"ackstream-{topology}", enable_auto_commit=False
+    )
+    try:
+        partitions = sorted(group.partitions_for_topic(topic))
+        return {p: group.committed(TopicPartition(topic, p)) for p in partitions}
+    finally:
+        group.close(autocommit=False)
+
+
 def generator_stream(spark, channel_dir, **options):
     """The ``ackstream`` source over the generator, ``options`` as ``ackstream.<name>``."""
     reader = (

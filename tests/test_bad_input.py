@@ -10,8 +10,9 @@ from pyspark.sql import functions as F
 
 from ackstream import MemorySink, Topology
 from ackstream.channels.kafka import KafkaChannel
+from ackstream.testing import wait_until_settled
 
-from helpers import wait_for
+from helpers import group_commits
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -22,7 +23,7 @@ LIMIT = 4096
 def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_replayed(
     spark, broker, new_topic, tmp_path
 ):
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import KafkaProducer
 
     from helpers import consume
 
@@ -59,21 +60,13 @@ def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_re
         .sink(sink)
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
-    group = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
-    )
     try:
-        wait_for(
-            lambda: group.committed(TopicPartition(inbox, 0)) == len(values) or running.exception(),
-            timeout=120,
-            interval=0.5,
-            what="every offset committed",
-        )
-        assert running.exception() is None and running.is_active()
+        wait_until_settled(running, records=len(values), timeout_s=120)
+        assert running.is_active()
     finally:
         running.stop()
-        group.close(autocommit=False)
 
+    assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(r["doc"]["n"] for r in sink.rows()) == sorted(set(range(12)) - set(bad))
     letters = {}
     for message in consume(broker.bootstrap, f"{name}.dead"):
@@ -158,7 +151,7 @@ def test_a_missing_topic_is_an_error_at_load(spark, broker):
 def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new_topic, tmp_path):
     """Transaction markers take offsets that carry no record; the source acks them itself
     (the source timeout is far away here, so only that can let the commit pass them)."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import KafkaProducer
 
     inbox, name = new_topic(partitions=1), f"gaps-{uuid.uuid4().hex[:8]}"
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=name)
@@ -188,20 +181,11 @@ def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new
         .sink(sink)
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
     )
-    group = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
-    )
     try:
-        wait_for(
-            lambda: group.committed(TopicPartition(inbox, 0)) == 5 or running.exception(),
-            timeout=90,
-            interval=0.5,
-            what="the commit past both markers",
-        )
-        assert running.exception() is None
+        wait_until_settled(running, records=3, timeout_s=90)
     finally:
         running.stop()
-        group.close(autocommit=False)
+    assert group_commits(broker.bootstrap, name, inbox) == {0: 5}  # past both markers
     assert sorted(r["value"] for r in sink.rows()) == [b"a", b"b", b"c"]
 
 
@@ -212,7 +196,7 @@ def test_a_poison_record_alone_in_its_batch_costs_only_that_record(
     another, with one record a batch: each bad record alone fails every row of its chunk,
     and still only its root fails; the query goes on and dead-letters both."""
     import pandas as pd
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import KafkaProducer
 
     from ackstream.channels.local import LocalChannel
 
@@ -253,20 +237,12 @@ def test_a_poison_record_alone_in_its_batch_costs_only_that_record(
         .sink(sink)
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
-    group = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
-    )
     try:
-        wait_for(
-            lambda: group.committed(TopicPartition(inbox, 0)) == len(values) or running.exception(),
-            timeout=120,
-            interval=0.5,
-            what="every offset committed",
-        )
-        assert running.exception() is None and running.is_active()
+        wait_until_settled(running, records=len(values), timeout_s=120)
+        assert running.is_active()
     finally:
         running.stop()
-        group.close(autocommit=False)
+    assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(r["text"] for r in sink.rows()) == ["v0", "v1", "v3", "v5"]
     reasons = {}
     for message in consume(broker.bootstrap, f"{name}.dead"):

@@ -13,8 +13,9 @@ from pyspark.sql import functions as F
 
 from ackstream import MemorySink, Topology
 from ackstream.channels.local import LocalChannel
+from ackstream.testing import wait_until_settled
 
-from helpers import consume, wait_for
+from helpers import consume, group_commits, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -43,24 +44,6 @@ def tracked_stream(spark, broker, inbox: str, name: str, channel, **options):
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
-
-
-def run_until_committed(running, broker, topic: str, name: str, count: int) -> None:
-    from kafka import KafkaConsumer, TopicPartition
-
-    group = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
-    )
-    try:
-        wait_for(
-            lambda: group.committed(TopicPartition(topic, 0)) == count or running.exception(),
-            timeout=240,
-            interval=0.5,
-            what="every offset committed",
-        )
-        assert running.exception() is None and running.is_active()
-    finally:
-        group.close(autocommit=False)
 
 
 def letters(bootstrap: str, topic: str) -> dict[int, str]:
@@ -100,9 +83,11 @@ def test_a_sql_stage_raising_on_one_record_dead_letters_only_that_record(
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
     try:
-        run_until_committed(running, broker, inbox, name, len(values))
+        wait_until_settled(running, records=len(values), timeout_s=240)
+        assert running.is_active()
     finally:
         running.stop()
+    assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(set(r["text"] for r in sink.rows())) == sorted(set(values) - {"poison"})
     reasons = letters(broker.bootstrap, f"{name}.dead")
     assert sorted(reasons) == [6]
@@ -136,9 +121,11 @@ def test_a_bolt_hanging_on_one_record_is_cancelled_at_the_deadline_and_dead_lett
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
     try:
-        run_until_committed(running, broker, inbox, name, len(values))
+        wait_until_settled(running, records=len(values), timeout_s=240)
+        assert running.is_active()
     finally:
         running.stop()
+    assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(set(r["text"] for r in sink.rows())) == ["a", "b", "c"]
     reasons = letters(broker.bootstrap, f"{name}.dead")
     assert sorted(reasons) == [2]

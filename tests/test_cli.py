@@ -10,7 +10,7 @@ from ackstream.cli import build_parser, main
 
 def test_demo_arguments_and_env_default(monkeypatch):
     monkeypatch.setenv("ACKSTREAM_DEMO_RECORDS", "123")
-    args = build_parser().parse_args(["demo", "--poison-every", "7"])
+    args = build_parser("demo").parse_args(["demo", "--poison-every", "7"])
     assert (args.records, args.poison_every) == (123, 7)
 
 
@@ -65,7 +65,7 @@ def test_demo_accounts_for_every_record_and_leaves_its_channel_for_status(spark,
 
 def test_run_arguments_and_env_default(monkeypatch):
     monkeypatch.setenv("ACKSTREAM_RUN_TIMEOUT", "12.5")
-    args = build_parser().parse_args(["run", "topo.py", "--until-idle", "3"])
+    args = build_parser("run").parse_args(["run", "topo.py", "--until-idle", "3"])
     assert (args.file, args.timeout, args.until_idle, args.cores) == ("topo.py", 12.5, 3.0, 2)
 
 
@@ -85,7 +85,7 @@ def test_bad_run_arguments_name_the_problem(argv, says, capsys):
 def test_status_arguments_default_from_the_environment(monkeypatch):
     monkeypatch.setenv("ACKSTREAM_TOPOLOGY", "words")
     monkeypatch.setenv("ACKSTREAM_CHANNEL", "/data/ch")
-    args = build_parser().parse_args(["status", "--json"])
+    args = build_parser("status").parse_args(["status", "--json"])
     assert (args.topology, args.channel, args.bootstrap, args.json) == (
         "words",
         "/data/ch",
@@ -94,7 +94,7 @@ def test_status_arguments_default_from_the_environment(monkeypatch):
     )
     monkeypatch.delenv("ACKSTREAM_CHANNEL")
     monkeypatch.delenv("ACKSTREAM_TOPOLOGY")
-    args = build_parser().parse_args(["status", "--bootstrap", "127.0.0.1:9092"])
+    args = build_parser("status").parse_args(["status", "--bootstrap", "127.0.0.1:9092"])
     assert (args.topology, args.channel, args.bootstrap) == ("ackstream", None, "127.0.0.1:9092")
 
 
@@ -159,7 +159,7 @@ def test_status_json(capsys, tmp_path):
 
 
 def test_bench_arguments_and_forwarded_options():
-    parser = build_parser()
+    parser = build_parser("bench")
     args, extra = parser.parse_known_args(["bench", "--quick"])
     assert (args.name, args.quick, extra) == ("acker", True, [])
     args, extra = parser.parse_known_args(["bench", "acker", "--records", "1000"])
@@ -282,12 +282,14 @@ def test_version_and_a_help_that_imports_neither_pyspark_nor_pandas():
         [
             sys.executable,
             "-c",
-            "import sys, ackstream.cli; ackstream.cli.build_parser();"
-            "print(sorted(m for m in ('pyspark', 'pandas') if m in sys.modules))",
+            "import contextlib, io, sys, ackstream.cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "    ackstream.cli.main(['--help'])\n"
+            "print(sorted(m for m in ('pyspark', 'pandas', 'pyarrow') if m in sys.modules))",
         ],
         capture_output=True,
     )
-    assert loaded.stdout.decode().strip() == "[]"
+    assert loaded.stdout.decode().strip() == "[]", loaded.stderr
 
 
 # --- the command as users run it --------------------------------------------------------
@@ -449,7 +451,7 @@ def test_one_shot_commands_give_up_on_silent_brokers_in_seconds(capsys, tmp_path
     120 s); a command-config's bootstrap.timeout.ms wins. Port 9 on loopback: nobody."""
     from ackstream.cli import ONE_SHOT_BOOTSTRAP_TIMEOUT_MS, command_kafka_options
 
-    parser = build_parser()
+    parser = build_parser("status")
     args = parser.parse_args(["status", "--bootstrap", "127.0.0.1:9"])
     assert command_kafka_options(parser, args, one_shot=True) == {
         "kafka.bootstrap.timeout.ms": str(ONE_SHOT_BOOTSTRAP_TIMEOUT_MS)

@@ -10,8 +10,9 @@ from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.offset_log import logged_offsets
 from ackstream.session import has_kafka_connector
+from ackstream.testing import wait_until_settled
 
-from helpers import consume, sentences, wait_for
+from helpers import consume, group_commits, sentences
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -24,7 +25,7 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     chooses when the connector is there), the Python read tasks the replays."""
     if reader == "spark" and not has_kafka_connector(spark):
         pytest.skip("Spark's Kafka connector is not on this session's class path")
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import KafkaProducer
 
     inbox, outbox = new_topic(partitions=2), new_topic(partitions=1)
     name = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -65,21 +66,11 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
         }
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
-    group = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{name}", enable_auto_commit=False
-    )
-    partitions = [TopicPartition(inbox, p) for p in (0, 1)]
     try:
-        wait_for(
-            lambda: [group.committed(tp) for tp in partitions] == [30, 30] or running.exception(),
-            timeout=150,
-            interval=0.5,
-            what="every input offset committed",
-        )
-        assert running.exception() is None
+        wait_until_settled(running, records=len(lines), timeout_s=150)
     finally:
         running.stop()
-        group.close(autocommit=False)
+    assert group_commits(broker.bootstrap, name, inbox) == {0: 30, 1: 30}
 
     logged = logged_offsets(spark, str(tmp_path / "checkpoint" / "topology"), 0)
     assert [offset.get("reader", "python") for offset in logged] == [reader]

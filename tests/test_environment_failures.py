@@ -14,8 +14,9 @@ from ackstream import MemorySink, Topology
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import AckstreamError
 from ackstream.offset_log import logged_offsets
+from ackstream.testing import wait_until_settled
 
-from helpers import commits, consume, wait_for
+from helpers import commits, consume, group_commits, wait_for
 
 pytestmark = [pytest.mark.spark]
 
@@ -45,16 +46,6 @@ def produce(bootstrap, topic, values, max_request_size=1 << 20):
     producer.close()
 
 
-def group_committed(bootstrap, group, topic):
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    try:
-        return consumer.committed(TopicPartition(topic, 0))
-    finally:
-        consumer.close(autocommit=False)
-
-
 @pytest.mark.broker
 def test_a_topic_deleted_mid_run_stops_the_query_naming_it(spark, broker, new_topic, tmp_path):
     from kafka.admin import KafkaAdminClient
@@ -73,15 +64,8 @@ def test_a_topic_deleted_mid_run_stops_the_query_naming_it(spark, broker, new_to
         )
     )
     try:
-        wait_for(
-            lambda: (
-                group_committed(broker.bootstrap, f"ackstream-{name}", inbox) == 3
-                or running.exception()
-            ),
-            timeout=90,
-            interval=0.5,
-            what="the first records committed",
-        )
+        wait_until_settled(running, records=3, timeout_s=90)
+        assert group_commits(broker.bootstrap, name, inbox) == {0: 3}
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
         try:
             admin.delete_topics([inbox])
@@ -178,18 +162,10 @@ def test_a_20_mb_record_is_dead_lettered_with_its_reason(spark, broker, tmp_path
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
     )
     try:
-        wait_for(
-            lambda: (
-                group_committed(broker.bootstrap, f"ackstream-{name}", inbox) == 5
-                or running.exception()
-            ),
-            timeout=180,
-            interval=0.5,
-            what="every offset committed",
-        )
-        assert running.exception() is None, running.exception()
+        wait_until_settled(running, records=5, timeout_s=180)
     finally:
         running.stop()
+    assert group_commits(broker.bootstrap, name, inbox) == {0: 5}
 
     assert sorted(m.value for m in consume(broker.bootstrap, outbox)) == [b"a", b"c", b"e"]
     letters = {}
@@ -236,13 +212,7 @@ def burst(spark, tmp_path, records: int, max_pending: int, timeout: float):
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     try:
-        wait_for(
-            lambda: sum(commits(channel).values()) == records or running.exception(),
-            timeout=timeout,
-            interval=0.5,
-            what=f"all {records} records committed",
-        )
-        assert running.exception() is None, running.exception()
+        wait_until_settled(running, records=records, timeout_s=timeout)
     finally:
         running.stop()
     assert max(sink.sizes) <= max_pending, sink.sizes

@@ -4,9 +4,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream import LocalChannel, MemorySink, Topology
-from ackstream.status import source_metrics
+from ackstream.testing import wait_until_settled
 
-from helpers import commits, generator_stream, wait_for
+from helpers import commits, generator_stream
 
 # about 5 min on a machine loaded 12 times over its cores (make test-long)
 pytestmark = [pytest.mark.spark, pytest.mark.long]
@@ -31,28 +31,13 @@ def test_last_progress_shows_outcomes_pending_and_lag_per_partition(spark, tmp_p
         .fail_where(F.col("offset") == 5, name="poison")
         .sink(MemorySink())
     )
-    interval = "spark.sql.streaming.noDataProgressEventInterval"
-    before = spark.conf.get(interval)
-    spark.conf.set(interval, "200")  # idle triggers report progress too, not every 10 s
     running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
     try:
-        wait_for(
-            lambda: (
-                commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
-                or running.exception()
-            ),
-            timeout=120,
-            what="every offset committed",
-        )
-        assert running.exception() is None
-        metrics = wait_for(
-            lambda: (m := source_metrics(running.query.lastProgress)) and done(m) and m,
-            timeout=60,
-            what="a progress after the last completion",
-        )
+        metrics = wait_until_settled(running, records=40, timeout_s=180)
     finally:
         running.stop()
-        spark.conf.set(interval, before)
+    assert commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
+    assert done(metrics), metrics
     counts = {k: metrics[k] for k in ("acked", "failed", "replayed", "dead_lettered", "pending")}
     assert counts == {"acked": 38, "failed": 6, "replayed": 4, "dead_lettered": 2, "pending": 0}
 

@@ -16,8 +16,9 @@ import uuid
 import pytest
 
 from ackstream.cli import main
+from ackstream.testing import wait_until_settled
 
-from helpers import consume, sentences, wait_for
+from helpers import consume, group_commits, sentences
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.long]
 
@@ -42,7 +43,7 @@ def secured_broker():
 def test_source_channel_dead_letters_and_sink_all_work_through_a_secured_listener(
     spark, secured_broker, tmp_path, protocol, ack_mode, capsys
 ):
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import KafkaProducer
 
     from broker import create_topic
     from fault_driver import build
@@ -70,21 +71,11 @@ def test_source_channel_dead_letters_and_sink_all_work_through_a_secured_listene
         kafka_options=options,
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
-    group = KafkaConsumer(
-        bootstrap_servers=plain, group_id=f"ackstream-{name}", enable_auto_commit=False
-    )
-    partitions = [TopicPartition(inbox, p) for p in (0, 1)]
     try:
-        wait_for(
-            lambda: [group.committed(tp) for tp in partitions] == [15, 15] or running.exception(),
-            timeout=300,  # a loaded machine; about 30 s when idle
-            interval=0.5,
-            what=f"every input offset committed through {protocol}",
-        )
-        assert running.exception() is None
+        wait_until_settled(running, records=len(lines), timeout_s=300)  # 30 s when idle
     finally:
         running.stop()
-        group.close(autocommit=False)
+    assert group_commits(plain, name, inbox) == {0: 15, 1: 15}
 
     letters = consume(plain, f"{name}.dead")
     assert [m.value for m in letters] == [lines[11].encode()]

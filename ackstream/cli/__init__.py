@@ -28,8 +28,9 @@ environment problem (Java, a broker that does not answer, a missing topic); 130
 interrupted (Ctrl-C); ``bench`` exits as its benchmark does, ``run`` as the file's
 own ``sys.exit()``.
 
-Building the parser imports no Spark, pandas or Arrow: a command imports what it
-runs inside its function, so ``ackstream --help`` stays fast.
+Building the parser imports no Spark, pandas or Arrow: it imports only the chosen
+command's module (:data:`~ackstream.cli.parser.COMMANDS`), so ``ackstream --help``
+stays fast.
 """
 
 from __future__ import annotations
@@ -37,12 +38,10 @@ from __future__ import annotations
 from ackstream.cli.arguments import ONE_SHOT_BOOTSTRAP_TIMEOUT_MS, command_kafka_options
 from ackstream.cli.exits import EXIT_STATUS
 from ackstream.cli.parser import build_parser, main
-from ackstream.cli.run import RUN_HELP
 
 __all__ = [
     "EXIT_STATUS",
     "ONE_SHOT_BOOTSTRAP_TIMEOUT_MS",
-    "RUN_HELP",
     "build_parser",
     "command_kafka_options",
     "main",

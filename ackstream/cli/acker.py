@@ -4,10 +4,12 @@ started with ``acker=False``), until stopped (:mod:`ackstream.acker.query` start
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
+from ackstream.acker.query import start_acker
+from ackstream.channels.base import Channel
+from ackstream.channels.kafka import KafkaChannel
+from ackstream.channels.local import LocalChannel
 from ackstream.cli.arguments import (
-    Formatter,
     add_channel_options,
     add_session_options,
     add_verbose,
@@ -19,23 +21,17 @@ from ackstream.config import default_channel_dir, parse_duration_ms
 from ackstream.console import LogFile
 from ackstream.errors import AckstreamError
 
-if TYPE_CHECKING:  # for annotations only: the command imports what it runs
-    from ackstream.channels.base import Channel
-
-__all__ = ["add_parser", "command"]
+__all__ = ["add_arguments", "command"]
 
 
-def add_parser(commands) -> None:
-    acker = commands.add_parser(
-        "acker",
-        help="run a topology's acker query in this process, until stopped",
-        description="Runs the acker query of a topology started elsewhere with acker=False:\n"
+def add_arguments(acker: argparse.ArgumentParser) -> None:
+    acker.description = (
+        "Runs the acker query of a topology started elsewhere with acker=False:\n"
         "ack records in from the channel, completions out to it. The pending\n"
         "roots live in the checkpoint: restarted with the same --checkpoint\n"
-        "(after a crash, too), it resumes them. Stops on Ctrl-C or --timeout.",
-        formatter_class=Formatter,
+        "(after a crash, too), it resumes them. Stops on Ctrl-C or --timeout."
     )
-    acker.set_defaults(subparser=acker, handler=command)
+    acker.set_defaults(subparser=acker)
     add_channel_options(acker)
     acker.add_argument(
         "--checkpoint",
@@ -85,11 +81,6 @@ def _acker(parser: argparse.ArgumentParser, args) -> int:
 
 def _run_acker(args, kafka_options: dict, timeout_ms: int, log_file: LogFile) -> int:
     """Start the acker query, wait for it, stop it; the exit status."""
-    # Spark, Arrow and the channels: imported when the acker runs, not for --help
-    from ackstream.acker.query import start_acker
-    from ackstream.channels.kafka import KafkaChannel
-    from ackstream.channels.local import LocalChannel
-
     try:
         spark = local_session(args, f"ackstream-acker-{args.topology}", log_file)
     except AckstreamError as problem:

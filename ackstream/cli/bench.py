@@ -11,26 +11,22 @@ import sys
 from pathlib import Path
 
 import ackstream
-from ackstream.cli.arguments import Formatter
 
-__all__ = ["add_parser", "command"]
+__all__ = ["add_arguments", "command"]
 
 
 def _checkout_benchmarks() -> Path:
     return Path(ackstream.__file__).resolve().parents[1] / "benchmarks"
 
 
-def add_parser(commands) -> None:
-    bench = commands.add_parser(
-        "bench",
-        help="run a benchmark from the source checkout",
-        description="Runs benchmarks/<name>.py of the source checkout with this Python.\n"
+def add_arguments(bench: argparse.ArgumentParser) -> None:
+    bench.description = (
+        "Runs benchmarks/<name>.py of the source checkout with this Python.\n"
         "Options bench does not know are passed on to the benchmark; name the\n"
         "benchmark before them (ackstream bench acker --records 100000) or write\n"
-        "--records=100000. Benchmarks are not part of the installed package.",
-        formatter_class=Formatter,
+        "--records=100000. Benchmarks are not part of the installed package."
     )
-    bench.set_defaults(subparser=bench, handler=command)  # errors name the subcommand
+    bench.set_defaults(subparser=bench)  # errors name the subcommand
     bench.add_argument(
         "name", nargs="?", default="acker", choices=["acker"], help="which benchmark"
     )

@@ -9,7 +9,6 @@ import datetime
 import os
 import re
 import sys
-from typing import TYPE_CHECKING
 
 from ackstream.cli.arguments import (
     Formatter,
@@ -20,21 +19,21 @@ from ackstream.cli.arguments import (
 from ackstream.cli.exits import EXIT_FAILED, unanswered
 from ackstream.clock import now_ms
 from ackstream.config import default_channel_dir
+from ackstream.sinks.dead_letters import (
+    read_dead_letters,
+    replay_dead_letters,
+    select_dead_letters,
+)
+from ackstream.sinks.replay_log import FileReplayLog, ReplayLog, TopicReplayLog, letter_name
 
-if TYPE_CHECKING:  # for annotations only: the command imports what it runs
-    from ackstream.sinks.replay_log import ReplayLog
-
-__all__ = ["add_parser", "command"]
+__all__ = ["add_arguments", "command"]
 
 
-def add_parser(commands) -> None:
-    dead = commands.add_parser(
-        "dead-letters",
-        help="list a topology's dead letters, or replay chosen ones to their topic",
-        description="Reads the dead letters a topology wrote: from --dead-letters DIR (Parquet),\n"
+def add_arguments(dead: argparse.ArgumentParser) -> None:
+    dead.description = (
+        "Reads the dead letters a topology wrote: from --dead-letters DIR (Parquet),\n"
         "else with --bootstrap from its dead-letter topic, else from\n"
-        "<channel>/dead_letters. Reads files or topics only: no Spark session.",
-        formatter_class=Formatter,
+        "<channel>/dead_letters. Reads files or topics only: no Spark session."
     )
     actions = dead.add_subparsers(dest="action", required=True)
     for name, text in (
@@ -49,7 +48,7 @@ def add_parser(commands) -> None:
         ),
     ):
         action = actions.add_parser(name, help=text, description=text, formatter_class=Formatter)
-        action.set_defaults(subparser=action, handler=command)  # errors name the subcommand
+        action.set_defaults(subparser=action)  # errors name the subcommand
         add_channel_options(action)
         add_dead_letter_options(action)
         action.add_argument(
@@ -77,14 +76,6 @@ def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
 
 
 def _dead_letters(parser: argparse.ArgumentParser, args) -> int:
-    # Arrow and Kafka's client: imported when the command runs, not for --help
-    from ackstream.sinks.dead_letters import (
-        read_dead_letters,
-        replay_dead_letters,
-        select_dead_letters,
-    )
-    from ackstream.sinks.replay_log import FileReplayLog, TopicReplayLog, letter_name
-
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be a positive number")
     records = []

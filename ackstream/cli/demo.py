@@ -8,19 +8,14 @@ import sys
 
 from ackstream.cli.arguments import env_int
 from ackstream.cli.exits import EXIT_USAGE, refused
+from ackstream.demo import run_demo
 from ackstream.errors import AckstreamError
+from ackstream.launch import local_session
 
-__all__ = ["add_parser", "command"]
+__all__ = ["add_arguments", "command"]
 
 
-def add_parser(commands) -> None:
-    demo = commands.add_parser(
-        "demo",
-        help="run a word-split topology on the embedded default (no broker needed): "
-        "generator upstream, local channel, injected failures, a summary at the end",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    demo.set_defaults(handler=command)
+def add_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--records",
         type=int,
@@ -64,10 +59,6 @@ def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
 
 
 def _demo(args) -> int:
-    # Spark: imported when the demo runs, not for --help
-    from ackstream.demo import run_demo
-    from ackstream.launch import local_session
-
     if not 0 <= args.fail_percent <= 100 or args.max_retries < 0:
         print("ackstream: --fail-percent must be 0 to 100 and --max-retries >= 0", file=sys.stderr)
         return EXIT_USAGE

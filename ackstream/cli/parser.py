@@ -1,33 +1,59 @@
 """The ``ackstream`` parser, and :func:`main`, which hands the parsed arguments to the
-command's module.
+chosen command's module.
 
-Each command's module has ``add_parser(commands)``, which declares its subcommand and
-sets ``handler``, and ``command(parser, args, extra) -> exit status``: ``parser`` is
-the top-level parser, ``extra`` the options no parser knew (only ``bench`` takes any).
+:data:`COMMANDS` names each command's module and its line in ``ackstream --help``.
+Only the chosen command's module is imported: it imports what the command runs
+(Spark, Arrow, pandas) at its top, and ``ackstream --help`` imports none of it.
+
+Each command's module has ``add_arguments(parser)``, which declares the command's
+description and options on its parser, and ``command(parser, args, extra) -> exit
+status``: ``parser`` is the top-level parser, ``extra`` the options no parser knew
+(only ``bench`` takes any).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import re
+from types import ModuleType
+from typing import NamedTuple
 
-# the command modules by their own names: not through ``ackstream.cli``, whose face
-# re-exports this module's names
-import ackstream.cli.acker as acker
-import ackstream.cli.bench as bench
-import ackstream.cli.dead_letters as dead_letters
-import ackstream.cli.demo as demo
-import ackstream.cli.run as run
-import ackstream.cli.status as status
 from ackstream import __version__
 from ackstream.cli.arguments import Formatter
 from ackstream.cli.exits import EXIT_INTERRUPTED, EXIT_STATUS, EXIT_USAGE
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
-#: The commands' modules, in the order ``ackstream --help`` lists them.
-COMMANDS = (demo, run, status, dead_letters, acker, bench)
+
+class Command(NamedTuple):
+    """A command: the module that declares and runs it, its line in ``--help``."""
+
+    module: str
+    summary: str
+
+
+#: The commands, in the order ``ackstream --help`` lists them.
+COMMANDS = {
+    "demo": Command(
+        "ackstream.cli.demo",
+        "run a word-split topology on the embedded default (no broker needed): generator "
+        "upstream, local channel, injected failures, a summary at the end",
+    ),
+    "run": Command("ackstream.cli.run", "run a topology file with a local Spark session"),
+    "status": Command(
+        "ackstream.cli.status", "what became of a topology's roots, from its channels"
+    ),
+    "dead-letters": Command(
+        "ackstream.cli.dead_letters",
+        "list a topology's dead letters, or replay chosen ones to their topic",
+    ),
+    "acker": Command(
+        "ackstream.cli.acker", "run a topology's acker query in this process, until stopped"
+    ),
+    "bench": Command("ackstream.cli.bench", "run a benchmark from the source checkout"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,7 +68,9 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*declared: str) -> argparse.ArgumentParser:
+    """The ``ackstream`` parser: every command by name and summary, and the options of
+    the ``declared`` commands (which imports their modules)."""
     parser = _Parser(
         prog="ackstream",
         description="Storm's guaranteed message processing for Spark Structured Streaming.",
@@ -52,9 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ackstream {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.add_parser(commands)
+    for name, command in COMMANDS.items():
+        # undeclared, a command leaves its options, --help too, to the declared parser
+        subparser = commands.add_parser(
+            name, help=command.summary, formatter_class=Formatter, add_help=name in declared
+        )
+        if name in declared:
+            _module(name).add_arguments(subparser)
     return parser
+
+
+def _module(name: str) -> ModuleType:
+    # the one import of a command's module, made when the command is chosen: only its
+    # module imports Spark, Arrow or pandas, and only when it runs
+    return importlib.import_module(COMMANDS[name].module)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(argv: list[str] | None) -> int:
-    parser = build_parser()
+    # which command: ackstream --help, --version and a missing command end here
+    chosen, _ = build_parser().parse_known_args(argv)
+    parser = build_parser(chosen.command)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "bench":  # only bench passes options on
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args.handler(parser, args, extra)
+    return _module(args.command).command(parser, args, extra)

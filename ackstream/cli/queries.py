@@ -1,10 +1,6 @@
 """The Spark queries of a long-running command (``run``, ``acker``): the session it
 makes, the wait for its queries with a progress line every few seconds, one line per
-query that failed, and the stop.
-
-What needs Spark is imported inside the function that uses it, so that building the
-parser (``ackstream --help``) imports no Spark.
-"""
+query that failed, and the stop."""
 
 from __future__ import annotations
 
@@ -12,9 +8,11 @@ import logging
 import sys
 import time
 
+from ackstream import launch
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
 from ackstream.console import LogFile, interrupts
 from ackstream.errors import cause_of
+from ackstream.topology.running import stop_queries
 
 __all__ = ["local_session", "stop", "stopping", "supervise", "wait"]
 
@@ -24,10 +22,10 @@ log = logging.getLogger(__name__)
 def local_session(args, app_name: str, log_file: LogFile):
     """The command's Spark session (``--cores``, ``--master``, ``--remote``); a JVM
     launched for it writes its log to ``log_file``."""
-    from ackstream.launch import local_session  # Spark: not for --help
-
     with log_file.launching():
-        return local_session(app_name, cores=args.cores, master=args.master, remote=args.remote)
+        return launch.local_session(
+            app_name, cores=args.cores, master=args.master, remote=args.remote
+        )
 
 
 def supervise(queries, timeout: float | None, until_idle: float | None, log_file: LogFile) -> int:
@@ -110,6 +108,4 @@ def _failures(queries, log_file: LogFile) -> int:
 
 def stop(queries) -> None:
     """Stop the queries, each topology query before its acker."""
-    from ackstream.topology.running import stop_queries  # Spark: not for --help
-
     stop_queries(queries)

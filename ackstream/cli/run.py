@@ -10,13 +10,16 @@ import runpy
 import sys
 import traceback
 
-from ackstream.cli.arguments import Formatter, add_session_options, add_verbose, env_float
+from pyspark.sql import SparkSession
+
+from ackstream.cli.arguments import add_session_options, add_verbose, env_float
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, refused, status_of
 from ackstream.cli.queries import local_session, stop, stopping, supervise
 from ackstream.console import LogFile
 from ackstream.errors import AckstreamError, cause_of
+from ackstream.sources.datasource import register
 
-__all__ = ["RUN_HELP", "add_parser", "command"]
+__all__ = ["RUN_HELP", "add_arguments", "command"]
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +52,9 @@ A topology file, e.g. words.py:
 """
 
 
-def add_parser(commands) -> None:
-    run = commands.add_parser(
-        "run",
-        help="run a topology file with a local Spark session",
-        description=RUN_HELP,
-        formatter_class=Formatter,
-    )
-    run.set_defaults(subparser=run, handler=command)  # errors name the subcommand
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    run.description = RUN_HELP
+    run.set_defaults(subparser=run)  # errors name the subcommand
     run.add_argument("file", help="the topology file (a Python script)")
     run.add_argument(
         "--timeout",
@@ -97,11 +95,6 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
 
 def _run_file(args, log_file: LogFile) -> int:
     """Run the topology file, wait for its queries, stop them; the exit status."""
-    # Spark: imported when a file runs, not for --help
-    from pyspark.sql import SparkSession
-
-    from ackstream.sources.datasource import register
-
     spark, made = SparkSession.getActiveSession(), False
     if spark is None:
         try:

@@ -9,7 +9,6 @@ import os
 from dataclasses import replace
 
 from ackstream.cli.arguments import (
-    Formatter,
     add_channel_options,
     add_dead_letter_options,
     command_kafka_options,
@@ -17,15 +16,14 @@ from ackstream.cli.arguments import (
 from ackstream.cli.exits import refused, unanswered
 from ackstream.config import default_channel_dir
 from ackstream.errors import AckstreamError
+from ackstream.status import group_lag, held_in, kafka_status, local_status, stages_in
 
-__all__ = ["add_parser", "command"]
+__all__ = ["add_arguments", "command"]
 
 
-def add_parser(commands) -> None:
-    status = commands.add_parser(
-        "status",
-        help="what became of a topology's roots, from its channels",
-        description="Counts roots (one per attempt; a replay is a new root) by outcome, from\n"
+def add_arguments(status: argparse.ArgumentParser) -> None:
+    status.description = (
+        "Counts roots (one per attempt; a replay is a new root) by outcome, from\n"
         "the ack and completion channels: pending (init record seen, no completion\n"
         "yet), acked, failed, timed out, replayed (failed or timed out and not\n"
         "dead-lettered), dead-lettered, and the complete latency of acked roots\n"
@@ -33,10 +31,9 @@ def add_parser(commands) -> None:
         "failed roots by the stage their reason names; and per partition the end,\n"
         "committed offset and lag: as the source last saved them (local channel) or\n"
         "of the source's consumer group (--bootstrap). Reads files or topics only:\n"
-        "no Spark session.",
-        formatter_class=Formatter,
+        "no Spark session."
     )
-    status.set_defaults(subparser=status, handler=command)  # errors name the subcommand
+    status.set_defaults(subparser=status)  # errors name the subcommand
     add_channel_options(status)
     add_dead_letter_options(status)
     status.add_argument(
@@ -78,9 +75,6 @@ def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
 
 
 def _status(parser: argparse.ArgumentParser, args) -> int:
-    # Arrow and pandas: imported when the command runs, not for --help
-    from ackstream.status import group_lag, held_in, kafka_status, local_status, stages_in
-
     if args.channel and args.bootstrap:
         parser.error(
             "--channel and --bootstrap are both set (check ACKSTREAM_CHANNEL and "

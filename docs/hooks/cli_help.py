@@ -13,11 +13,11 @@ ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _helps() -> list[tuple[str, str]]:
-    from ackstream.cli import build_parser
+    from ackstream.cli.parser import COMMANDS, build_parser
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ACKSTREAM_")}
     with mock.patch.dict(os.environ, {**clean, "COLUMNS": "90"}, clear=True):
-        parser = build_parser()
+        parser = build_parser(*COMMANDS)
         out = [("ackstream", parser.format_help())]
         stack = [("ackstream", parser)]
         while stack:

@@ -10,7 +10,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.records import ACKED, FAILED
 from ackstream.sinks.memory import MemorySink
 from ackstream.status import stages_in
-from ackstream.testing import with_lineage
+from ackstream.testing import wait_until_settled, with_lineage
 from ackstream.topology import Topology
 
 from helpers import wait_for
@@ -188,17 +188,10 @@ def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereadi
     )
     running = topology.start(stream.where("offset % 2 = 0"), str(tmp_path / "ckpt"), trigger_ms=200)
     try:
-        wait_for(
-            lambda: (
-                commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
-                or running.exception()
-            ),
-            timeout=90,
-            what="every offset committed",
-        )
-        assert running.exception() is None
+        wait_until_settled(running, records=40, timeout_s=90)
     finally:
         running.stop()
+    assert commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
     done = channel.completions_since(None)[0].to_pylist()
     assert {(c["partition"], c["offset"]) for c in done if c["status"] == ACKED} == {
         (p, o) for p in (0, 1) for o in range(20)

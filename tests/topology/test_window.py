@@ -14,7 +14,7 @@ from ackstream.acker.ledger import Pending, step
 from ackstream.errors import StageError
 from ackstream.records import ACKED, FAILED, NOTICES, TIMED_OUT
 from ackstream.sinks.memory import MemorySink
-from ackstream.testing import settle, tracked_frame
+from ackstream.testing import settle, tracked_frame, wait_until_settled
 from ackstream.topology import Topology
 from ackstream.topology.batch import ACK_MODES
 
@@ -213,14 +213,10 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mod
 
     topology, sink, running = started(spark, tmp_path, 6, ack_mode=ack_mode)
     try:
-        wait_for(
-            lambda: commits(channel_dir) == {"generator/0": 6} or running.exception(),
-            timeout=120,
-            what="every offset committed",
-        )
-        assert running.exception() is None
+        wait_until_settled(running, records=6, timeout_s=120)
     finally:
         running.stop()
+    assert commits(channel_dir) == {"generator/0": 6}
     assert sorted((r["offsets"], r["attempts"]) for r in sink.rows()) == [
         ([0, 1, 2], [0, 0, 0]),
         ([3, 4, 5], [0, 0, 0]),
@@ -240,7 +236,7 @@ def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spa
     own timeout is set long, so that every timeout is the acker's, with a completion.)"""
     from ackstream import read_dead_letters
 
-    from helpers import commits, wait_for
+    from helpers import commits
 
     channel_dir = str(tmp_path / "channel")
     topology, sink, running = started(
@@ -251,14 +247,10 @@ def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spa
         **{"ackstream.maxRetries": "1", "ackstream.sourceTimeout": "120s"},
     )
     try:
-        wait_for(
-            lambda: commits(channel_dir) == {"generator/0": 2} or running.exception(),
-            timeout=180,
-            what="both offsets dead-lettered",
-        )
-        assert running.exception() is None
+        wait_until_settled(running, records=2, timeout_s=180)
     finally:
         running.stop()
+    assert commits(channel_dir) == {"generator/0": 2}
     done = topology.channel.completions_since(None)[0].to_pylist()
     done = [c for c in done if c["status"] not in NOTICES]
     assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == [
@@ -282,9 +274,8 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
     from kafka import KafkaProducer
 
     from ackstream.channels.kafka import KafkaChannel
-    from ackstream.status import group_lag
 
-    from helpers import wait_for
+    from helpers import group_commits
 
     inbox, name = new_topic(partitions=1), f"win-{uuid.uuid4().hex[:8]}"
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
@@ -316,26 +307,12 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
         }
     )
     running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
-
-    def committed(group):
-        return (
-            (group_lag(broker.bootstrap, group) or {}).get(inbox, {}).get("0", {}).get("committed")
-        )
-
-    def settled():
-        done = channel.completions_since(None)[0].to_pylist()
-        return len([c for c in done if c["status"] == ACKED]) >= 6 and done
-
     try:
-        done = wait_for(lambda: settled() or running.exception(), timeout=240, what="6 acks")
-        assert running.exception() is None
-        wait_for(
-            lambda: committed(f"ackstream-{name}") == 6 or running.exception(),
-            timeout=60,
-            what="the group's commit at 6",
-        )
+        wait_until_settled(running, records=6, timeout_s=300)
     finally:
         running.stop()
+    assert group_commits(broker.bootstrap, name, inbox) == {0: 6}
+    done = channel.completions_since(None)[0].to_pylist()
     assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == sorted(
         [(o, 0, FAILED) for o in (0, 2, 4)]
         + [(o, 1, ACKED) for o in (0, 2, 4)]
