@@ -153,7 +153,7 @@ def test_the_run_file_example_of_the_cli_runs_unbounded(spark, tmp_path):
     import runpy
     import textwrap
 
-    from ackstream.cli import RUN_HELP
+    from ackstream.cli.run import RUN_HELP
     from ackstream.topology.running import stop_queries
 
     example = textwrap.dedent(RUN_HELP.split("e.g. words.py:")[1])
