@@ -12,8 +12,10 @@ roots in flight and a thousand new ones a batch must not pay a million per batch
 - root ids are minted lazily (``mint(part, offset, attempt)``), per chunk, only when
   a lookup by id needs them: a batch whose trees all close comes back as runs of
   offsets (:mod:`ackstream.ranges`), so in the steady state no id is computed;
-- what was added and taken since :meth:`InFlight.mark` is kept (:meth:`InFlight.changes`),
-  so the source's state file can be written as the changes since its last whole file.
+- each row knows whether it was added since :meth:`InFlight.mark`, and rows that were
+  there at the mark are remembered when a compaction drops them, so the changes since
+  (:meth:`InFlight.changes`) are a few masks, and the source's state file can be
+  written as the changes since its last whole file.
 
 Coordinates are in flight at most once (the tracker adds a record only after taking
 its earlier attempt out).
@@ -76,9 +78,10 @@ EMPTY = Roots.of([], 0, [], 0, 0)
 
 
 class Changes(NamedTuple):
-    """In-flight coordinates (``part``, ``offset``, ``attempt`` columns each) added and
-    taken out since :meth:`InFlight.mark`, net: a record added and taken again is in
-    neither; one taken and added back at the same attempt neither."""
+    """In-flight coordinates (``part``, ``offset``, ``attempt`` columns each) taken out
+    of those there at :meth:`InFlight.mark`, and added since and still in flight: what
+    was in flight at the mark, less ``removed``, plus ``added``, is in flight now. A
+    record added and taken again since is in neither."""
 
     added: tuple[np.ndarray, np.ndarray, np.ndarray]
     removed: tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -91,16 +94,17 @@ class _Chunk:
     """Rows added together, sorted by their packed key when every row has one (else in
     the order given, and searched by masks); ``live`` marks the rows not taken."""
 
-    def __init__(self, rows: Roots, minted: bool):
+    def __init__(self, rows: Roots, minted: bool, new: np.ndarray):
         packable = _packable(rows.part, rows.offset, rows.attempt)
         self.keys: np.ndarray | None = None
         if packable.all():
             keys = _key(rows.part, rows.offset, rows.attempt)
             if len(keys) > 1 and (keys[1:] < keys[:-1]).any():
                 order = np.argsort(keys, kind="stable")
-                keys, rows = keys[order], rows.at(order)
+                keys, rows, new = keys[order], rows.at(order), new[order]
             self.keys = keys
         self.rows, self.minted = rows, minted
+        self.new = new  # added since the table's mark
         self.live = np.ones(len(rows.offset), bool)
         self.count = len(rows.offset)
         self._by_root: np.ndarray | None = None  # the rows' order by root id
@@ -144,8 +148,15 @@ class _Chunk:
             lengths = (hi - lo).clip(0)
             if not lengths.sum():
                 return np.empty(0, np.int64)
-            hit = np.repeat(lo - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-            hit = np.unique(hit) if len(spans) > 1 else hit  # spans may overlap
+            order = np.argsort(lo, kind="stable")
+            if (lo[order][1:] < hi[order][:-1]).any():  # spans that overlap: once each
+                covered = np.zeros(len(self.keys) + 1, np.int64)
+                np.add.at(covered, lo, 1)
+                np.add.at(covered, hi, -1)
+                hit = np.flatnonzero(np.cumsum(covered)[:-1] > 0)
+            else:
+                starts = np.cumsum(lengths) - lengths
+                hit = np.repeat(lo - starts, lengths) + np.arange(lengths.sum())
         else:
             rows, mask = self.rows, np.zeros(len(self.live), bool)
             for p, a, b in spans.tolist():
@@ -154,15 +165,27 @@ class _Chunk:
         return hit[self.live[hit]]
 
     def take(self, hit: np.ndarray) -> Roots:
+        """Mark the rows at positions ``hit`` (distinct, live) gone and return them."""
+        whole = len(hit) == self.count == len(self.live)  # the usual batch, acked whole
         self.live[hit] = False
         self.count -= len(hit)
-        return self.rows.at(hit)
+        return self.rows if whole and (hit[1:] > hit[:-1]).all() else self.rows.at(hit)
 
-    def compacted(self) -> _Chunk:
-        """This chunk without the rows taken, once half of it is gone."""
-        if self.count * 2 >= len(self.live):
+    def compacted(self, removed: list, share: float = 0.5) -> _Chunk:
+        """This chunk without the rows taken once more than ``share`` of it is gone (any,
+        if 0); the rows dropped that were there at the mark go to ``removed``."""
+        gone = len(self.live) - self.count
+        if not gone or gone <= share * len(self.live):
             return self
-        return _Chunk(self.rows.at(self.live), self.minted)
+        removed.append(self.gone_since_mark())
+        return _Chunk(self.rows.at(self.live), self.minted, self.new[self.live])
+
+    def gone_since_mark(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The coordinates of the rows taken that were in flight at the table's mark."""
+        if not self.count and not self.new.any():  # all gone, all there at the mark
+            return self.rows.part, self.rows.offset, self.rows.attempt
+        gone = ~self.live & ~self.new
+        return self.rows.part[gone], self.rows.offset[gone], self.rows.attempt[gone]
 
 
 class InFlight:
@@ -172,9 +195,8 @@ class InFlight:
     def __init__(self, mint: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]):
         self._chunks: list[_Chunk] = []
         self._mint = mint
-        self._added: list[tuple[np.ndarray, ...]] = []  # since mark(), in order
-        self._removed: list[tuple[np.ndarray, ...]] = []
-        self._events = 0  # numbers the added and removed arrays, in order
+        #: coordinates of rows there at mark() that compactions dropped
+        self._removed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def __len__(self) -> int:
         return sum(chunk.count for chunk in self._chunks)
@@ -184,6 +206,18 @@ class InFlight:
         """Every row, ids minted, ordered by id (for tests and the rare full listing)."""
         rows = Roots.concat([c.minted_rows(self._mint).at(c.live) for c in self._chunks])
         return rows.at(np.argsort(rows.root, kind="stable"))
+
+    def flying(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``part``, ``offset`` and ``attempt`` of every row in flight, each chunk's
+        sorted by them."""
+        return _concat(
+            [
+                (c.rows.part, c.rows.offset, c.rows.attempt)
+                if c.count == len(c.live)
+                else (c.rows.part[c.live], c.rows.offset[c.live], c.rows.attempt[c.live])
+                for c in self._chunks
+            ]
+        )
 
     @property
     def coordinates(self) -> Roots:
@@ -195,8 +229,7 @@ class InFlight:
         new = Roots.of(0, part, offset, attempt, emitted_ms, batch)
         if not len(new.offset):
             return
-        self._chunks.append(_Chunk(new, minted=False))
-        self._log(self._added, new)
+        self._chunks.append(_Chunk(new, minted=False, new=np.ones(len(new.offset), bool)))
         if len(self._chunks) > MAX_CHUNKS:
             self._merge_smallest()
 
@@ -241,11 +274,10 @@ class InFlight:
         for chunk in self._chunks:
             hit = find(chunk)
             if len(hit):
-                rows = chunk.take(hit)
-                taken.append(rows)
-                self._log(self._removed, rows)
+                taken.append(chunk.take(hit))
         if taken:
-            self._chunks = [c.compacted() for c in self._chunks if c.count]
+            self._chunks = [c.compacted(self._removed) for c in self._chunks]
+            self._chunks = [c for c in self._chunks if c.count]
         return Roots.concat(taken)
 
     def _merge_smallest(self) -> None:
@@ -254,8 +286,10 @@ class InFlight:
         half = len(self._chunks) // 2
         small, self._chunks = self._chunks[:half], self._chunks[half:]
         minted = all(c.minted for c in small)
+        self._removed += [c.gone_since_mark() for c in small]
         rows = Roots.concat([c.rows.at(c.live) for c in small])
-        self._chunks.append(_Chunk(rows, minted))
+        new = np.concatenate([c.new[c.live] for c in small])
+        self._chunks.append(_Chunk(rows, minted, new))
 
     def restart(self, roots, now_ms: int) -> None:
         """Those of ``roots`` in flight whose timeout has started start it again at
@@ -286,44 +320,41 @@ class InFlight:
         )
 
     def mark(self) -> None:
-        """Forget the changes so far: :meth:`changes` counts from here."""
-        self._added, self._removed, self._events = [], [], 0
+        """What is in flight now is written down: :meth:`changes` count from here."""
+        self._chunks = [c.compacted([], share=0) for c in self._chunks]
+        self._chunks = [c for c in self._chunks if c.count]
+        for chunk in self._chunks:
+            chunk.new[:] = False
+        self._removed = []
 
     def changes(self) -> Changes:
-        """The coordinates added and taken out since :meth:`mark`, net (and the log of
-        them kept net from now on: its cost follows the net changes, not every event)."""
-        events = [(arrays, 1) for arrays in self._added] + [(arrays, 0) for arrays in self._removed]
-        if not events:
-            empty = (np.empty(0, np.int64),) * 3
-            return Changes(empty, empty)
-        cols = [np.concatenate([arrays[i] for arrays, _ in events]) for i in range(4)]
-        part, offset, attempt, order_of = cols
-        added = np.concatenate([np.full(len(arrays[0]), kind, bool) for arrays, kind in events])
-        order = np.lexsort((order_of, attempt, offset, part))
-        part, offset, attempt, added = part[order], offset[order], attempt[order], added[order]
-        same = (part[1:] == part[:-1]) & (offset[1:] == offset[:-1]) & (attempt[1:] == attempt[:-1])
-        first = np.append(True, ~same)  # the first event of its coordinates
-        last = np.append(~same, True)
-        first_added = np.repeat(added[first], np.diff(np.append(np.flatnonzero(first), len(part))))
-        keep_added = last & added & first_added  # new since mark, still in flight
-        keep_removed = last & ~added & ~first_added  # there at mark, gone now
-        net = Changes(
-            (part[keep_added], offset[keep_added], attempt[keep_added]),
-            (part[keep_removed], offset[keep_removed], attempt[keep_removed]),
-        )
-        # the log from now on: the net changes, before any later event (number 0)
-        self._added = [(*net.added, np.zeros(len(net.added[0]), np.int64))]
-        self._removed = [(*net.removed, np.zeros(len(net.removed[0]), np.int64))]
-        return net
+        """The coordinates taken out and added since :meth:`mark` (see :class:`Changes`):
+        a mask per chunk, no sort."""
+        added = [(c.rows.part, c.rows.offset, c.rows.attempt) for c in self._chunks]
+        added = [tuple(col[c.live & c.new] for col in cols) for c, cols in zip(self._chunks, added)]
+        removed = [*self._removed, *(c.gone_since_mark() for c in self._chunks)]
+        return Changes(_concat(added), _concat(removed))
 
-    def _log(self, into: list, rows: Roots) -> None:
-        self._events += 1
-        into.append((rows.part, rows.offset, rows.attempt, np.full(len(rows.offset), self._events)))
+    def changed(self) -> int:
+        """How many rows :meth:`changes` would give, without gathering them."""
+        dropped = sum(len(part) for part, _, _ in self._removed)
+        return dropped + sum(
+            int((c.live & c.new).sum()) + int((~c.live & ~c.new).sum()) for c in self._chunks
+        )
 
 
 def started_at_or_before(rows: Roots, ms: int) -> np.ndarray:
     """Mask of ``rows`` whose timeout started at ``ms`` or earlier."""
     return (rows.emitted_ms != NOT_STARTED) & (rows.emitted_ms <= ms)
+
+
+def _concat(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Coordinates (``part``, ``offset``, ``attempt``) of several lists as one."""
+    if not parts:
+        empty = np.empty(0, np.int64)
+        return empty, empty, empty
+    part, offset, attempt = (np.concatenate(cols) for cols in zip(*parts))
+    return part, offset, attempt
 
 
 def _packable(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray | int) -> np.ndarray:

@@ -13,9 +13,9 @@ of the same writer (its ``base``): the records put in flight and taken out since
 and the few scheduled, dead and uncharged ones in full. A steady batch with a
 million records in flight writes a few kilobytes; a whole file is written again once
 the changes grow past a quarter of what is in flight, and first of all after a start.
-A whole file folds rows that continue each other (the next offset of the same
-partition at the same attempt) into runs, sorted, and keeps small numbers (steps
-between runs) in the narrowest integers that hold them: a byte or two a run.
+Records in flight are written as runs of offsets (the next offset of the same
+partition at the same attempt continues a run), with small numbers (steps between
+runs) in the narrowest integers that hold them: a byte or two a run.
 
 A file is written whole (hidden name, then renamed) before the offset that names
 it is returned to Spark, and never changed afterwards: a number is written again
@@ -104,6 +104,10 @@ class Recorded(Protocol):
         """The in-flight records added and taken out since :meth:`mark`."""
         ...
 
+    def changed(self) -> int:
+        """How many rows :meth:`changes` would give (cheaper than asking them)."""
+        ...
+
     def mark(self) -> None:
         """A whole file was written: changes count from now."""
         ...
@@ -122,20 +126,19 @@ class SourceState:
     def write(self, seq: int, source: Recorded) -> None:
         """Write the state of offset ``seq`` (whole, or the changes since the last whole
         file) before the offset is returned."""
-        changes = source.changes() if self.base is not None else None
-        if changes is None or len(changes) > max(_FEW_CHANGES, source.in_flight // 4):
+        if self.base is None or source.changed() > max(_FEW_CHANGES, source.in_flight // 4):
             self._save(seq, _whole(source.unfinished()))
             source.mark()
             self.base = seq
             return
-        rest = source.unfinished(flying=False)
+        changes, rest = source.changes(), source.unfinished(flying=False)
         self._save(
             seq,
             {
                 **_header(rest),
                 "base": np.array([self.base], np.int64),
-                **_columns("added", Flying(*changes.added)),
-                **_columns("removed", Flying(*changes.removed)),
+                **_runs("added", Flying(*changes.added)),
+                **_runs("removed", Flying(*changes.removed)),
             },
         )
 
@@ -156,7 +159,7 @@ class SourceState:
                 if "base" not in f.files:
                     return unfinished
                 base_seq = int(f["base"][0])
-                added, removed = _rows_of(f, "added", Flying), _rows_of(f, "removed", Flying)
+                added, removed = _rows_of_runs(f, "added"), _rows_of_runs(f, "removed")
             with np.load(self.path(base_seq), allow_pickle=False) as f:
                 base = _unfinished(f)
         except FileNotFoundError as e:
@@ -211,35 +214,53 @@ def _header(unfinished: Unfinished) -> dict[str, np.ndarray]:
 
 
 def _whole(unfinished: Unfinished) -> dict[str, np.ndarray]:
-    """A whole file's columns: the records in flight sorted by partition, attempt and
-    offset, folded into runs; per (partition, attempt) group its first offset and
-    number of runs, per run its step from the run before in its group and its length:
-    small numbers, in the narrowest integers that hold them."""
-    flying = unfinished.flying
-    order = np.lexsort((flying.offset, flying.attempt, flying.part))
-    part, offset, attempt = (col[order] for col in flying)
-    other = np.ones(len(offset), bool)  # another (partition, attempt) group starts
+    """A whole file's columns: the records in flight as runs (:func:`_runs`)."""
+    return {**_header(unfinished), **_runs("flying", unfinished.flying)}
+
+
+def _runs(name: str, rows: Flying) -> dict[str, np.ndarray]:
+    """``rows`` folded into runs of offsets, in their order (the in-flight table gives
+    them sorted within each chunk, so no sort here): per stretch of one partition and
+    attempt its first offset and number of runs, per run its step from the run before
+    in its stretch and its length; small numbers, in the narrowest integers that hold
+    them."""
+    part, offset, attempt = rows
+    other = np.ones(len(offset), bool)  # another (partition, attempt) stretch starts
     other[1:] = (part[1:] != part[:-1]) | (attempt[1:] != attempt[:-1])
     starts = other.copy()
     starts[1:] |= offset[1:] != offset[:-1] + 1
     first = np.flatnonzero(starts)  # the rows that start a run
-    start, group_starts = offset[first], other[first]
+    start, stretch_starts = offset[first], other[first]
     step = np.diff(start, prepend=0)
-    step[group_starts] = 0
-    groups = first[group_starts]
-    return {
-        **_header(unfinished),
-        **_narrow(
-            {
-                "flying.part": part[groups],
-                "flying.attempt": attempt[groups],
-                "flying.first": offset[groups],
-                "flying.runs": np.diff(np.append(np.flatnonzero(group_starts), len(first))),
-                "flying.step": step,
-                "flying.length": np.diff(np.append(first, len(offset))),
-            }
-        ),
-    }
+    step[stretch_starts] = 0
+    stretches = first[stretch_starts]
+    return _narrow(
+        {
+            f"{name}.part": part[stretches],
+            f"{name}.attempt": attempt[stretches],
+            f"{name}.first": offset[stretches],
+            f"{name}.runs": np.diff(np.append(np.flatnonzero(stretch_starts), len(first))),
+            f"{name}.step": step,
+            f"{name}.length": np.diff(np.append(first, len(offset))),
+        }
+    )
+
+
+def _rows_of_runs(f, name: str) -> Flying:
+    """The rows :func:`_runs` folded."""
+    part, attempt, first, runs, step, length = (
+        f[f"{name}.{k}"].astype(np.int64)
+        for k in ("part", "attempt", "first", "runs", "step", "length")
+    )
+    total = np.cumsum(step)
+    stretch_total = np.repeat(total[np.cumsum(runs) - runs] if len(runs) else total, runs)
+    start = np.repeat(first, runs) + total - stretch_total
+    within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    return Flying(
+        np.repeat(np.repeat(part, runs), length),
+        np.repeat(start, length) + within,
+        np.repeat(np.repeat(attempt, runs), length),
+    )
 
 
 def _unfinished(f) -> Unfinished:
@@ -249,20 +270,7 @@ def _unfinished(f) -> Unfinished:
     if "flying.length" not in f.files:
         empty = np.empty(0, np.int64)
         return Unfinished(tps, Flying(empty, empty, empty), waiting, uncharged)
-    part, attempt, first, runs, step, length = (
-        f[f"flying.{k}"].astype(np.int64)
-        for k in ("part", "attempt", "first", "runs", "step", "length")
-    )
-    total = np.cumsum(step)
-    group_total = np.repeat(total[np.cumsum(runs) - runs] if len(runs) else total, runs)
-    start = np.repeat(first, runs) + total - group_total
-    within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
-    flying = Flying(
-        np.repeat(np.repeat(part, runs), length),
-        np.repeat(start, length) + within,
-        np.repeat(np.repeat(attempt, runs), length),
-    )
-    return Unfinished(tps, flying, waiting, uncharged)
+    return Unfinished(tps, _rows_of_runs(f, "flying"), waiting, uncharged)
 
 
 def _columns(name: str, rows: Flying | Waiting | Uncharged) -> dict[str, np.ndarray]:

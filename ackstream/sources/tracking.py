@@ -568,7 +568,7 @@ class Tracker:
         in flight (unless not ``flying``), scheduled (with its due time) or dead (its
         letter unwritten: in flight again after a restore). Columns, so its cost is a
         few numpy passes."""
-        rows = self.flights.coordinates if flying else EMPTY
+        rows = Flying(*self.flights.flying()) if flying else Flying(*EMPTY[1:4])
         waiting = [
             (self._index[tp], off, att, due, self.suspects.get((tp, off), -1))
             for (tp, off), (att, due) in self.scheduled.items()
@@ -580,7 +580,7 @@ class Tracker:
         uncharged = [(self._index[tp], off, n) for (tp, off), n in self.uncharged.items()]
         return Unfinished(
             list(self._tps),
-            Flying(rows.part, rows.offset, rows.attempt),
+            rows,
             Waiting(*np.array(waiting, np.int64).reshape(-1, 5).T),
             Uncharged(*np.array(uncharged, np.int64).reshape(-1, 3).T),
         )
@@ -588,6 +588,10 @@ class Tracker:
     def changes(self) -> Changes:
         """The records put in flight and taken out since :meth:`mark`, net."""
         return self.flights.changes()
+
+    def changed(self) -> int:
+        """How many records :meth:`changes` would give."""
+        return self.flights.changed()
 
     def mark(self) -> None:
         """Every record not done was written down: :meth:`changes` count from now."""

@@ -176,6 +176,9 @@ class Recorded:
     def changes(self):
         return self.flights.changes()
 
+    def changed(self):
+        return self.flights.changed()
+
     def mark(self):
         self.flights.mark()
 
