@@ -8,7 +8,7 @@ nothing falls back silently to a default. Kafka options mirror Spark's Kafka sou
 
 >>> cfg = parse({"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "a,b",
 ...              "ackstream.messageTimeout": "2 min"})
->>> cfg.topics, cfg.message_timeout_ms
+>>> cfg.kafka.topics, cfg.message_timeout_ms
 (('a', 'b'), 120000)
 """
 
@@ -20,7 +20,7 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ackstream.errors import OptionError
 
@@ -182,10 +182,9 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
-class SourceConfig:
-    """Everything the source needs, validated; picklable (it travels to ``read()``)."""
+class KafkaOptions:
+    """What to read from Kafka and how, as Spark's Kafka source names it."""
 
-    upstream: str = "kafka"  #: "kafka" or "generator"
     bootstrap_servers: str | None = None
     #: exactly one of the three ways to name what to read, as Spark's: ``subscribe``
     #: (topics), ``assign`` (fixed partitions) or ``subscribePattern`` (a regex matched
@@ -203,16 +202,59 @@ class SourceConfig:
     starting_timestamps: str | None = None
     #: a partition with no record that late: "error" (fail the start) or "latest"
     starting_timestamp_strategy: str = "error"
+    #: a ``headers`` column: array<struct<key: string, value: binary>>, null when none
+    include_headers: bool = False
+    group_id: str = "ackstream-ackstream"
+    fail_on_data_loss: bool = True
+    options: tuple[tuple[str, str], ...] = ()  #: other ``kafka.*`` settings
+
+    def starting_map(self) -> dict[str, dict[int, int]] | None:
+        """The JSON form of ``startingOffsets`` as ``{topic: {partition: offset}}``, or None."""
+        if self.starting_offsets in _NAMED_STARTS:
+            return None
+        raw = json.loads(self.starting_offsets)
+        return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
+
+    def timestamp_map(self) -> dict[str, dict[int, int]] | None:
+        """``startingOffsetsByTimestamp`` as ``{topic: {partition: ms}}``, or None."""
+        if self.starting_timestamps is None:
+            return None
+        raw = json.loads(self.starting_timestamps)
+        return {t: {int(p): int(ms) for p, ms in parts.items()} for t, parts in raw.items()}
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How much the source lets in: per batch, per read task, in flight, per record."""
+
     max_offsets_per_trigger: int | None = None
     #: at least this many read tasks per batch: big offset ranges are split (Spark's)
     min_partitions: int | None = None
     #: at most this many records per read task: bigger offset ranges are split (Spark's)
     max_records_per_partition: int | None = None
-    #: a ``headers`` column: array<struct<key: string, value: binary>>, null when none
-    include_headers: bool = False
-    group_id: str = "ackstream-ackstream"
-    fail_on_data_loss: bool = True
-    kafka_options: tuple[tuple[str, str], ...] = ()  #: other ``kafka.*`` settings
+    max_pending: int | None = None  #: roots in flight at most (None: no limit)
+    #: a bigger record value is rejected on read: dead-lettered (without its value) and
+    #: never handed to the bolts, which it could stall or crash
+    max_value_bytes: int = 16 << 20
+
+
+@dataclass(frozen=True)
+class GeneratorOptions:
+    """The test upstream's records (``ackstream.upstream=generator``)."""
+
+    count: int | None = None
+    rate: float = 0.0  #: records per second over all partitions; 0 = no limit
+    partitions: int = 2
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Everything the source needs, validated; picklable (it travels to ``read()``)."""
+
+    upstream: str = "kafka"  #: "kafka" or "generator"
+    kafka: KafkaOptions = KafkaOptions()
+    admission: Admission = Admission()
+    generator: GeneratorOptions = GeneratorOptions()
     topology: str = "ackstream"
     channel: str = ""
     #: the local channel's folder is on a file system every host mounts at the same path
@@ -227,19 +269,12 @@ class SourceConfig:
     tracking: bool = True
     message_timeout_ms: int = 30_000
     source_timeout_ms: int = 60_000  #: in-flight roots with no completion replay after this
-    max_pending: int | None = None
     retry: RetryPolicy = RetryPolicy()
     dead_letter_topic: str | None = None
-    #: a bigger record value is rejected on read: dead-lettered (without its value) and
-    #: never handed to the bolts, which it could stall or crash
-    max_value_bytes: int = 16 << 20
     #: who reads a batch's new offset ranges: "python" (the source's read tasks) or
     #: "spark" (Spark's own Kafka source, in the topology's batch: the source's tasks
     #: then read replays only; see ``ackstream.sources.spark_reader``)
     record_reader: str = "python"
-    generator_count: int | None = None
-    generator_rate: float = 0.0  #: records per second over all partitions; 0 = no limit
-    generator_partitions: int = 2
 
     @property
     def id_namespace(self) -> str:
@@ -248,9 +283,9 @@ class SourceConfig:
         one name that commit to different groups share the channel (it is named by the
         topology) but then never settle each other's records. (The generator has no
         group: two of one name share their commits and are refused by the claim.)"""
-        if self.upstream != "kafka" or self.group_id == f"ackstream-{self.topology}":
+        if self.upstream != "kafka" or self.kafka.group_id == f"ackstream-{self.topology}":
             return self.topology
-        return f"{self.topology}@{self.group_id}"
+        return f"{self.topology}@{self.kafka.group_id}"
 
     @property
     def dead_letter_dir(self) -> str:
@@ -266,20 +301,6 @@ class SourceConfig:
             folder = self.id_namespace.replace(os.sep, "_")  # one per group, as the ids
             return os.path.join(tempfile.gettempdir(), "ackstream", folder, "source_state")
         return os.path.join(self.channel, "source_state")
-
-    def starting_map(self) -> dict[str, dict[int, int]] | None:
-        """The JSON form of ``startingOffsets`` as ``{topic: {partition: offset}}``, or None."""
-        if self.starting_offsets in _NAMED_STARTS:
-            return None
-        raw = json.loads(self.starting_offsets)
-        return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
-
-    def timestamp_map(self) -> dict[str, dict[int, int]] | None:
-        """``startingOffsetsByTimestamp`` as ``{topic: {partition: ms}}``, or None."""
-        if self.starting_timestamps is None:
-            return None
-        raw = json.loads(self.starting_timestamps)
-        return {t: {int(p): int(ms) for p, ms in parts.items()} for t, parts in raw.items()}
 
 
 def option_names() -> dict[str, tuple[str, ...]]:
@@ -450,7 +471,7 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
             "ackstream.generator.count", ours("ackstream.generator.count"), 0
         )
         parts = _int("ackstream.generator.partitions", ours("ackstream.generator.partitions"), 1)
-        kw["generator_partitions"] = parts or SourceConfig.generator_partitions
+        kw["generator_partitions"] = parts or GeneratorOptions.partitions
         rate = ours("ackstream.generator.rate")
         if rate is not None:
             try:
@@ -497,7 +518,26 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
                 if k.startswith("kafka.") and k not in ("kafka.bootstrap.servers", "kafka.group.id")
             )
         )
-    return SourceConfig(**kw)
+    return _grouped(kw)
+
+
+def _grouped(kw: dict) -> SourceConfig:
+    """The options :func:`parse` gathered by name, in their groups."""
+    kafka = {f.name: kw.pop(f.name) for f in fields(KafkaOptions) if f.name in kw}
+    if "kafka_options" in kw:
+        kafka["options"] = kw.pop("kafka_options")
+    admission = {f.name: kw.pop(f.name) for f in fields(Admission) if f.name in kw}
+    generator = {
+        f.name: kw.pop(f"generator_{f.name}")
+        for f in fields(GeneratorOptions)
+        if f"generator_{f.name}" in kw
+    }
+    return SourceConfig(
+        **kw,
+        kafka=KafkaOptions(**kafka),
+        admission=Admission(**admission),
+        generator=GeneratorOptions(**generator),
+    )
 
 
 def _check_name(key: str, value: str) -> None:

@@ -10,11 +10,11 @@ KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "events"}
 
 def test_defaults_mirror_spark_and_storm():
     cfg = parse(KAFKA)
-    assert cfg.topics == ("events",)
-    assert cfg.starting_offsets == "committed"
+    assert cfg.kafka.topics == ("events",)
+    assert cfg.kafka.starting_offsets == "committed"
     assert cfg.message_timeout_ms == 30_000 and cfg.source_timeout_ms == 60_000
-    assert cfg.group_id == "ackstream-ackstream" and cfg.tracking
-    assert cfg.max_pending is None and cfg.max_offsets_per_trigger is None
+    assert cfg.kafka.group_id == "ackstream-ackstream" and cfg.tracking
+    assert cfg.admission.max_pending is None and cfg.admission.max_offsets_per_trigger is None
     assert cfg.channel.endswith("ackstream/ackstream/channel")
 
 
@@ -36,13 +36,13 @@ def test_keys_are_case_insensitive_and_everything_parses():
             "kafka.request.timeout.ms": "5000",
         }
     )
-    assert cfg.topics == ("a", "b") and cfg.max_pending == 10
-    assert cfg.max_offsets_per_trigger == 100 and cfg.retry.max_retries == 0
+    assert cfg.kafka.topics == ("a", "b") and cfg.admission.max_pending == 10
+    assert cfg.admission.max_offsets_per_trigger == 100 and cfg.retry.max_retries == 0
     assert (cfg.retry.initial_delay_ms, cfg.retry.max_delay_ms) == (2000, 60_000)
-    assert cfg.group_id == "g" and not cfg.fail_on_data_loss
+    assert cfg.kafka.group_id == "g" and not cfg.kafka.fail_on_data_loss
     assert cfg.dead_letter_topic == "dlq" and cfg.topology == "wc"
-    assert cfg.starting_map() == {"a": {0: 5, 1: -2}}
-    assert cfg.kafka_options == (("request.timeout.ms", "5000"),)
+    assert cfg.kafka.starting_map() == {"a": {0: 5, 1: -2}}
+    assert cfg.kafka.options == (("request.timeout.ms", "5000"),)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_generator_needs_no_broker_and_rejects_a_dead_letter_topic():
             "ackstream.generator.partitions": "4",
         }
     )
-    assert (cfg.generator_count, cfg.generator_rate, cfg.generator_partitions) == (100, 50.0, 4)
+    assert (cfg.generator.count, cfg.generator.rate, cfg.generator.partitions) == (100, 50.0, 4)
     with pytest.raises(OptionError) as err:
         parse({"ackstream.upstream": "generator", "ackstream.deadLetterTopic": "dlq"})
     assert err.value.option == "ackstream.deadLetterTopic"
@@ -175,14 +175,15 @@ def test_spark_kafka_options_parse_as_sparks_do():
             "startingOffsetsByTimestampStrategy": "LATEST",
         }
     )
-    assert cfg.include_headers and cfg.min_partitions == 8
-    assert cfg.starting_timestamp == 1_600_000_000_000
-    assert cfg.timestamp_map() == {"events": {0: 1_700_000_000_000}}
-    assert cfg.starting_timestamp_strategy == "latest"
+    assert cfg.kafka.include_headers and cfg.admission.min_partitions == 8
+    assert cfg.kafka.starting_timestamp == 1_600_000_000_000
+    assert cfg.kafka.timestamp_map() == {"events": {0: 1_700_000_000_000}}
+    assert cfg.kafka.starting_timestamp_strategy == "latest"
     assigned = parse({"kafka.bootstrap.servers": "h:1", "assign": '{"a": [1, 0], "b": [2]}'})
-    assert assigned.assign == (("a", 0), ("a", 1), ("b", 2)) and assigned.topics == ("a", "b")
+    assert assigned.kafka.assign == (("a", 0), ("a", 1), ("b", 2))
+    assert assigned.kafka.topics == ("a", "b")
     pattern = parse({"kafka.bootstrap.servers": "h:1", "subscribePattern": "orders-.*"})
-    assert pattern.subscribe_pattern == "orders-.*" and pattern.topics == ()
+    assert pattern.kafka.subscribe_pattern == "orders-.*" and pattern.kafka.topics == ()
 
 
 @pytest.mark.parametrize(
@@ -263,5 +264,8 @@ def test_values_spark_or_kafka_would_refuse_are_refused_before_start(options, op
 
 
 def test_max_records_per_partition_is_sparks_option():
-    assert parse({**KAFKA, "maxRecordsPerPartition": "5000"}).max_records_per_partition == 5000
-    assert parse(KAFKA).max_records_per_partition is None
+    assert (
+        parse({**KAFKA, "maxRecordsPerPartition": "5000"}).admission.max_records_per_partition
+        == 5000
+    )
+    assert parse(KAFKA).admission.max_records_per_partition is None

@@ -17,10 +17,10 @@ GENERATOR = {"ackstream.upstream": "generator"}
 
 #: option -> (the options parsed for it, the parsed default as the page writes it)
 DEFAULTS = {
-    "startingOffsets": (KAFKA, lambda c: c.starting_offsets),
-    "startingOffsetsByTimestampStrategy": (KAFKA, lambda c: c.starting_timestamp_strategy),
-    "includeHeaders": (KAFKA, lambda c: str(c.include_headers).lower()),
-    "failOnDataLoss": (KAFKA, lambda c: str(c.fail_on_data_loss).lower()),
+    "startingOffsets": (KAFKA, lambda c: c.kafka.starting_offsets),
+    "startingOffsetsByTimestampStrategy": (KAFKA, lambda c: c.kafka.starting_timestamp_strategy),
+    "includeHeaders": (KAFKA, lambda c: str(c.kafka.include_headers).lower()),
+    "failOnDataLoss": (KAFKA, lambda c: str(c.kafka.fail_on_data_loss).lower()),
     "ackstream.topology": (KAFKA, lambda c: c.topology),
     "ackstream.upstream": (KAFKA, lambda c: c.upstream),
     "ackstream.tracking": (KAFKA, lambda c: str(c.tracking).lower()),
@@ -29,9 +29,9 @@ DEFAULTS = {
     "ackstream.retryInitialDelay": (KAFKA, lambda c: c.retry.initial_delay_ms),
     "ackstream.retryMaxDelay": (KAFKA, lambda c: c.retry.max_delay_ms),
     "ackstream.maxRetries": (KAFKA, lambda c: c.retry.max_retries),
-    "ackstream.maxValueBytes": (KAFKA, lambda c: c.max_value_bytes),
-    "ackstream.generator.rate": (GENERATOR, lambda c: c.generator_rate),
-    "ackstream.generator.partitions": (GENERATOR, lambda c: c.generator_partitions),
+    "ackstream.maxValueBytes": (KAFKA, lambda c: c.admission.max_value_bytes),
+    "ackstream.generator.rate": (GENERATOR, lambda c: c.generator.rate),
+    "ackstream.generator.partitions": (GENERATOR, lambda c: c.generator.partitions),
 }
 
 

@@ -22,7 +22,7 @@ def open_channel(config) -> Channel:
     ``kafka.*`` client settings (security included) and channel topic options."""
     if config.channel == "kafka":
         channel = KafkaChannel(
-            config.bootstrap_servers,
+            config.kafka.bootstrap_servers,
             config.topology,
             kafka_options=kafka_options_of(config),
             replication_factor=config.channel_replication,

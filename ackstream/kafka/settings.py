@@ -80,10 +80,10 @@ def consumer_settings(config: SourceConfig) -> dict:
     from kafka import KafkaConsumer
 
     defaults = KafkaConsumer.DEFAULT_CONFIG
-    if not config.bootstrap_servers:  # config.parse requires it of a Kafka upstream
+    if not config.kafka.bootstrap_servers:  # config.parse requires it of a Kafka upstream
         raise OptionError("kafka.bootstrap.servers", None, "host:port of the Kafka brokers")
     settings = {
-        "bootstrap_servers": config.bootstrap_servers.split(","),
+        "bootstrap_servers": config.kafka.bootstrap_servers.split(","),
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "client_id": f"ackstream-{config.topology}",
@@ -93,7 +93,7 @@ def consumer_settings(config: SourceConfig) -> dict:
         "allow_auto_create_topics": False,
         **_RIDE_OUT,
     }
-    for key, value in config.kafka_options:
+    for key, value in config.kafka.options:
         option = "kafka." + key
         if key == "sasl.jaas.config":
             settings.update(_from_jaas(option, value))
@@ -182,7 +182,7 @@ def _client_names() -> tuple[frozenset, frozenset, dict]:
 def kafka_options_of(config: SourceConfig) -> dict[str, str]:
     """The source's ``kafka.*`` options (but bootstrap servers and group id), prefixed:
     the form a :class:`~ackstream.channels.kafka.KafkaChannel` and a ``KafkaSink`` take."""
-    return {f"kafka.{key}": value for key, value in config.kafka_options}
+    return {f"kafka.{key}": value for key, value in config.kafka.options}
 
 
 def properties_file_options(path: str) -> dict[str, str]:

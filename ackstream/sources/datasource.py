@@ -48,7 +48,7 @@ class AckstreamDataSource(DataSource):
         return "ackstream"
 
     def schema(self) -> str:
-        return source_ddl(self.config.include_headers)
+        return source_ddl(self.config.kafka.include_headers)
 
     def streamReader(self, schema) -> AckstreamStreamReader:
         return AckstreamStreamReader(self.config)
@@ -88,8 +88,8 @@ class AckstreamStreamReader(DataSourceStreamReader):
             channel.close()
 
     def getDefaultReadLimit(self):
-        if self.config.max_offsets_per_trigger:
-            return ReadMaxRows(self.config.max_offsets_per_trigger)
+        if self.config.admission.max_offsets_per_trigger:
+            return ReadMaxRows(self.config.admission.max_offsets_per_trigger)
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit) -> dict:
@@ -113,7 +113,11 @@ class AckstreamStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict):
         if self.config.tracking:
             self._spout_from(end)  # a restart re-running its last batch starts here
-        tasks = read_tasks(end, self.config.min_partitions, self.config.max_records_per_partition)
+        tasks = read_tasks(
+            end,
+            self.config.admission.min_partitions,
+            self.config.admission.max_records_per_partition,
+        )
         return [TaskPartition(task) for task in tasks]
 
     def commit(self, end: dict) -> None:

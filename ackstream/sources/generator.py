@@ -117,9 +117,9 @@ def _saved(channel: str) -> dict[str, list]:
 
 
 def _count(config: SourceConfig, partition: int) -> int | None:
-    if config.generator_count is None:
+    if config.generator.count is None:
         return None
-    per, extra = divmod(config.generator_count, config.generator_partitions)
+    per, extra = divmod(config.generator.count, config.generator.partitions)
     return per + (1 if partition < extra else 0)
 
 
@@ -136,7 +136,7 @@ class GeneratorUpstream:
         """Nothing can be missing: the records are computed."""
 
     def partitions(self) -> list[tuple[str, int]]:
-        return [(TOPIC, p) for p in range(self.config.generator_partitions)]
+        return [(TOPIC, p) for p in range(self.config.generator.partitions)]
 
     def earliest(self, tps):
         return {tp: 0 for tp in tps}
@@ -146,7 +146,7 @@ class GeneratorUpstream:
         position the reader first asked at; with neither, :data:`UNBOUNDED_STEP` beyond
         the reader's position at a time."""
         out = {}
-        rate = self.config.generator_rate / self.config.generator_partitions
+        rate = self.config.generator.rate / self.config.generator.partitions
         for tp in tps:
             count = _count(self.config, tp[1])
             position = (positions or {}).get(tp, 0)
@@ -198,7 +198,7 @@ class GeneratorUpstream:
                 [_key(task.partition, int(o)) for o in offsets],
                 [s.encode() for s in _sentences(task.partition, offsets)],
                 EPOCH_MS + offsets,
-                headers=[None] * len(chunk) if self.config.include_headers else None,
+                headers=[None] * len(chunk) if self.config.kafka.include_headers else None,
             )
 
     def close(self) -> None:

@@ -73,7 +73,7 @@ class KafkaUpstream:
         """The driver's consumer with the group id, made on first use (executors that
         only ``read`` never make one)."""
         if self._client is None:
-            consumer = KafkaConsumer(group_id=self.config.group_id, **self.settings)
+            consumer = KafkaConsumer(group_id=self.config.kafka.group_id, **self.settings)
             self._client = never_create_topics(consumer)
         return self._client
 
@@ -83,7 +83,7 @@ class KafkaUpstream:
         :data:`~ackstream.kafka.settings.OUTAGE_LIMIT_S` (see :class:`Outage`)."""
         from kafka.errors import KafkaError
 
-        outage = Outage(str(self.config.bootstrap_servers), clock=time.monotonic)
+        outage = Outage(str(self.config.kafka.bootstrap_servers), clock=time.monotonic)
         while True:
             try:
                 return call(self._consumer)
@@ -97,17 +97,17 @@ class KafkaUpstream:
         """Stop, naming them, if topics the query reads were deleted from the brokers
         (see :mod:`ackstream.kafka.topics`)."""
         config = self.config
-        if config.assign:
-            option, read = "assign", {t for t, _ in config.assign}
-        elif config.subscribe_pattern:
+        if config.kafka.assign:
+            option, read = "assign", {t for t, _ in config.kafka.assign}
+        elif config.kafka.subscribe_pattern:
             option, read = "subscribePattern", self._ever_matched
         else:
-            option, read = "subscribe", set(config.topics)
+            option, read = "subscribe", set(config.kafka.topics)
         gone = deleted_topics(read, lambda: self._consumer.topics())
         if gone:
             raise EnvironmentProblem(
                 f"topic {', '.join(map(repr, gone))} (option {option}) was deleted from "
-                f"{config.bootstrap_servers} while the query ran: its records not yet acked "
+                f"{config.kafka.bootstrap_servers} while the query ran: its records not yet acked "
                 "can be neither replayed nor dead-lettered",
                 "Start the query from a new checkpoint, with the topic re-created or no "
                 "longer read",
@@ -139,24 +139,24 @@ class KafkaUpstream:
             outcome.append(self._silent())
             return
         try:
-            option = "assign" if config.assign else "subscribe"
-            missing = [t for t in config.topics if not consumer.partitions_for_topic(t)]
+            option = "assign" if config.kafka.assign else "subscribe"
+            missing = [t for t in config.kafka.topics if not consumer.partitions_for_topic(t)]
             missing += [
                 f"{t}[{p}]"
-                for t, p in config.assign
+                for t, p in config.kafka.assign
                 if t not in missing and p not in (consumer.partitions_for_topic(t) or ())
             ]
             if missing:
                 problem = EnvironmentProblem(
                     f"topic(s) or partition(s) {', '.join(missing)} (option {option}) do not "
-                    f"exist on {config.bootstrap_servers}",
+                    f"exist on {config.kafka.bootstrap_servers}",
                     "Create them first, or fix the name.",
                 )
             else:
                 problem = self._starts_not_read(consumer)
         except KafkaError as error:
             problem = EnvironmentProblem(
-                f"the Kafka broker at {config.bootstrap_servers} did not answer: {error}",
+                f"the Kafka broker at {config.kafka.bootstrap_servers} did not answer: {error}",
                 "Check that it is up and reachable from here.",
             )
         finally:
@@ -169,13 +169,17 @@ class KafkaUpstream:
         (a topic a ``subscribePattern`` may match later is not checked)."""
         config = self.config
         for option, given, named in (
-            ("startingOffsets", config.starting_offsets, config.starting_map()),
-            ("startingOffsetsByTimestamp", config.starting_timestamps, config.timestamp_map()),
+            ("startingOffsets", config.kafka.starting_offsets, config.kafka.starting_map()),
+            (
+                "startingOffsetsByTimestamp",
+                config.kafka.starting_timestamps,
+                config.kafka.timestamp_map(),
+            ),
         ):
             for topic, parts in (named or {}).items():
                 read = (
-                    {p for t, p in config.assign if t == topic}
-                    if config.assign
+                    {p for t, p in config.kafka.assign if t == topic}
+                    if config.kafka.assign
                     else consumer.partitions_for_topic(topic)
                 )
                 extra = sorted(set(parts) - set(read)) if read else []
@@ -190,9 +194,9 @@ class KafkaUpstream:
         return None
 
     def _silent(self) -> EnvironmentProblem:
-        protocol = dict(self.config.kafka_options).get("security.protocol", "PLAINTEXT")
+        protocol = dict(self.config.kafka.options).get("security.protocol", "PLAINTEXT")
         return EnvironmentProblem(
-            f"no Kafka broker answers at {self.config.bootstrap_servers} (option "
+            f"no Kafka broker answers at {self.config.kafka.bootstrap_servers} (option "
             f"kafka.bootstrap.servers) with kafka.security.protocol={protocol} within "
             f"{CHECK_TIMEOUT_MS / 1000:g} s",
             "Start the broker, or give the host:port it listens on"
@@ -208,15 +212,15 @@ class KafkaUpstream:
         round, first, so a topic read that was deleted stops the query, named, before
         a call waits on it."""
         self._check_not_deleted()
-        if self.config.assign:
-            return list(self.config.assign)
+        if self.config.kafka.assign:
+            return list(self.config.kafka.assign)
         out = []
         for topic in self._topics():
             parts = self._retried(f"partitions of {topic}", _partitions_of(topic))
-            if not parts and not self.config.subscribe_pattern:
+            if not parts and not self.config.kafka.subscribe_pattern:
                 raise AckstreamError(
                     f"topic {topic!r} (option 'subscribe') does not exist on "
-                    f"{self.config.bootstrap_servers}: create it first"
+                    f"{self.config.kafka.bootstrap_servers}: create it first"
                 )
             out += [(topic, p) for p in sorted(parts or ())]
         return out
@@ -225,9 +229,9 @@ class KafkaUpstream:
         """The subscribed topics, or those matching ``subscribePattern`` (whole name, as
         Java's consumer matches; internal ``__`` topics left out), asked of the brokers
         at most once per ``kafka.metadata.max.age.ms``, as a Kafka client refreshes."""
-        pattern = self.config.subscribe_pattern
+        pattern = self.config.kafka.subscribe_pattern
         if not pattern:
-            return list(self.config.topics)
+            return list(self.config.kafka.topics)
         asked, topics = self._matched
         if time.monotonic() - asked >= self.settings.get("metadata_max_age_ms", 300_000) / 1000:
             regex = re.compile(pattern)
@@ -319,7 +323,7 @@ class KafkaUpstream:
             for spans, offsets, attempts in passes:
                 rows, size, seen = [], 0, set()
                 for rec in read_records(
-                    consumer, tp, spans, fail_on_data_loss=config.fail_on_data_loss
+                    consumer, tp, spans, fail_on_data_loss=config.kafka.fail_on_data_loss
                 ):
                     offset, key, value = rec.offset, rec.key, rec.value
                     seen.add(offset)
@@ -327,9 +331,9 @@ class KafkaUpstream:
                     if (
                         config.tracking
                         and value is not None
-                        and len(value) > config.max_value_bytes
+                        and len(value) > config.admission.max_value_bytes
                     ):
-                        why = too_big_reason(len(value), config.max_value_bytes)
+                        why = too_big_reason(len(value), config.admission.max_value_bytes)
                         held.append((offset, attempt, why))
                         continue
                     stamp = (rec.timestamp, rec.timestamp_type, rec.headers)
@@ -349,7 +353,7 @@ class KafkaUpstream:
                     offsets_held,
                     attempts_held,
                     reasons,
-                    include_headers=config.include_headers,
+                    include_headers=config.kafka.include_headers,
                 )
             finished = True
         finally:
@@ -400,7 +404,7 @@ def _batch(config, task, rows):
         values,
         stamps,
         timestamp_types=types,
-        headers=headers if config.include_headers else None,
+        headers=headers if config.kafka.include_headers else None,
     )
 
 

@@ -44,18 +44,18 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
         starts.setdefault(topic, {})[str(partition)] = start
         ends.setdefault(topic, {})[str(partition)] = end
     options = {
-        "kafka.bootstrap.servers": config.bootstrap_servers,
-        **{f"kafka.{key}": value for key, value in config.kafka_options},
+        "kafka.bootstrap.servers": config.kafka.bootstrap_servers,
+        **{f"kafka.{key}": value for key, value in config.kafka.options},
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(starts),
         "endingOffsets": json.dumps(ends),
-        "failOnDataLoss": str(config.fail_on_data_loss).lower(),
-        "includeHeaders": str(config.include_headers).lower(),
+        "failOnDataLoss": str(config.kafka.fail_on_data_loss).lower(),
+        "includeHeaders": str(config.kafka.include_headers).lower(),
     }
-    if config.min_partitions:
-        options["minPartitions"] = str(config.min_partitions)
-    if config.max_records_per_partition:
-        options["maxRecordsPerPartition"] = str(config.max_records_per_partition)
+    if config.admission.min_partitions:
+        options["minPartitions"] = str(config.admission.min_partitions)
+    if config.admission.max_records_per_partition:
+        options["maxRecordsPerPartition"] = str(config.admission.max_records_per_partition)
     records = spark.read.format("kafka").options(**options).load()
     # one projection in SQL text: each Column built in Python is a call into the JVM,
     # and each further DataFrame call another analysis of the plan
@@ -76,7 +76,7 @@ def _held_back(config: SourceConfig) -> str:
     """``_reason`` of a row, in SQL: why it is held back from the stages, else null."""
     if not config.tracking:  # nothing is held back untracked, as in the Python reader
         return "CAST(NULL AS STRING)"
-    limit = config.max_value_bytes
+    limit = config.admission.max_value_bytes
     prefix, suffix = (_sql_string(part) for part in too_big_reason("\0", limit).split("\0"))
     return f"CASE WHEN length(value) > {limit} THEN concat({prefix}, length(value), {suffix}) END"
 

@@ -70,20 +70,22 @@ def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -
 
 
 def _new_tracker(config: SourceConfig) -> Tracker:
-    return Tracker(config.id_namespace, config.retry, config.source_timeout_ms, config.max_pending)
+    return Tracker(
+        config.id_namespace, config.retry, config.source_timeout_ms, config.admission.max_pending
+    )
 
 
 def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
     earliest, latest = upstream.earliest(tps), upstream.latest(tps, {})
-    explicit = config.starting_map()
+    explicit = config.kafka.starting_map()
     if explicit is not None:
         out = {}
         for tp in tps:
             off = explicit.get(tp[0], {}).get(tp[1], -1)
             out[tp] = earliest[tp] if off == -2 else latest[tp] if off == -1 else off
-    elif config.starting_offsets == "earliest":
+    elif config.kafka.starting_offsets == "earliest":
         out = dict(earliest)
-    elif config.starting_offsets == "latest":
+    elif config.kafka.starting_offsets == "latest":
         out = dict(latest)
     else:
         committed = upstream.committed(tps)  # "committed": the group's offset, else earliest
@@ -95,10 +97,10 @@ def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
 def _positions_by_time(config: SourceConfig, upstream, tps, latest) -> dict:
     """Where ``startingTimestamp`` (every partition) or ``startingOffsetsByTimestamp``
     (the partitions it names; the others start as ``startingOffsets`` says) start."""
-    by_partition = config.timestamp_map() or {}
+    by_partition = config.kafka.timestamp_map() or {}
     times = {
-        tp: config.starting_timestamp
-        if config.starting_timestamp is not None
+        tp: config.kafka.starting_timestamp
+        if config.kafka.starting_timestamp is not None
         else by_partition.get(tp[0], {}).get(tp[1])
         for tp in tps
     }
@@ -108,11 +110,11 @@ def _positions_by_time(config: SourceConfig, upstream, tps, latest) -> dict:
     out = {}
     option = (
         "startingTimestamp"
-        if config.starting_timestamp is not None
+        if config.kafka.starting_timestamp is not None
         else ("startingOffsetsByTimestamp")
     )
     for tp, offset in upstream.offsets_for_times(times).items():
-        if offset is None and config.starting_timestamp_strategy == "error":
+        if offset is None and config.kafka.starting_timestamp_strategy == "error":
             raise AckstreamError(
                 f"{tp[0]}[{tp[1]}] has no record at or after {times[tp]} ms (option "
                 f"{option}); give an earlier time, or set "
@@ -156,7 +158,7 @@ class Spout:
     ):
         self.config, self.upstream, self.channel, self.clock = config, upstream, channel, clock
         owner = offset.get("owner") or new_owner()  # an offset from before owners
-        self.claim = GroupClaim(config.topology, config.group_id, owner)
+        self.claim = GroupClaim(config.topology, config.kafka.group_id, owner)
         self.state = SourceState(os.path.join(config.state_dir, owner))
         self.seq = offset.get("seq", 0)
         unfinished = self.state.read(self.seq) if "seq" in offset else None
@@ -328,7 +330,7 @@ class Spout:
         for tp in tps:
             part = self.tracker.parts[tp]
             if earliest[tp] > part.end:
-                if self.config.fail_on_data_loss:
+                if self.config.kafka.fail_on_data_loss:
                     raise AckstreamError(
                         f"{tp[0]}[{tp[1]}] offsets {part.end}..{earliest[tp] - 1} were deleted "
                         "by retention before they were read (data loss); set "
@@ -412,9 +414,9 @@ class Spout:
     def _write_dead_letters(self) -> None:
         letters = list(self.tracker.dead.values())
         if self.letters is None:
-            if self.config.dead_letter_topic and self.config.bootstrap_servers:
+            if self.config.dead_letter_topic and self.config.kafka.bootstrap_servers:
                 self.letters = KafkaDeadLetters(
-                    self.config.bootstrap_servers,
+                    self.config.kafka.bootstrap_servers,
                     self.config.dead_letter_topic,
                     self.config.topology,
                     kafka_options=kafka_options_of(self.config),
@@ -422,7 +424,7 @@ class Spout:
             else:
                 self.letters = ParquetDeadLetters(self.config.dead_letter_dir, self.config.topology)
         records = self.upstream.fetch([((lt.topic, lt.partition), lt.offset) for lt in letters])
-        limit = self.config.max_value_bytes  # a rejected huge value stays upstream only
+        limit = self.config.admission.max_value_bytes  # a rejected huge value stays upstream only
         records = {
             k: (key, None if value is not None and len(value) > limit else value, *rest)
             for k, (key, value, *rest) in records.items()
