@@ -20,7 +20,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-driver bench-scale java kafka spark-kafka clean
+.PHONY: demo test test-unit test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-driver bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -44,6 +44,10 @@ demo: $(VENV)/.installed java
 # read and write on the JVM record path; the Python reader keeps tests of its own.
 test: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tests alone: no Spark session, no broker (conftest marks the tests that use one).
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest -m "not spark and not broker and not long and not bench" $(PYTEST_ARGS)
 
 # The benchmarks' own end-to-end runs at tiny sizes (marked `bench`): each starts worker
 # processes with a Spark of their own, so they stay out of make test; CI runs them.

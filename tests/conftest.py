@@ -1,8 +1,19 @@
-"""Session-wide fixtures: one local SparkSession (and, where tests ask, one broker)."""
+"""Session-wide fixtures: one local SparkSession (and, where tests ask, one broker).
+
+A test that uses either (itself or through another fixture) is marked ``spark`` or
+``broker``: a system test. The rest are unit tests, which ``make test-unit`` runs apart
+in seconds (``-m "not spark and not broker"``)."""
 
 from __future__ import annotations
 
 import pytest
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture in ("spark", "broker"):
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(fixture)
 
 
 @pytest.fixture(scope="session")

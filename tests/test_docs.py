@@ -38,6 +38,9 @@ from ackstream import read_dead_letters
 
 from helpers import consume, wait_for
 
+#: the examples run in the session's Spark and on its broker: system tests
+pytestmark = pytest.mark.spark
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 #: the brokers as the examples name them
