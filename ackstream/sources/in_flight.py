@@ -219,11 +219,6 @@ class InFlight:
             ]
         )
 
-    @property
-    def coordinates(self) -> Roots:
-        """Every row as it is: ``root`` is 0 where its id is not minted yet."""
-        return Roots.concat([c.rows.at(c.live) for c in self._chunks])
-
     def add_unminted(self, part, offset, attempt, emitted_ms, batch) -> None:
         """Put records in flight by coordinates; their ids are minted when needed."""
         new = Roots.of(0, part, offset, attempt, emitted_ms, batch)

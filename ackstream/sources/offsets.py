@@ -39,7 +39,7 @@ from ackstream import ids
 from ackstream.records import ACK_RECORD_SCHEMA, ACKED, INIT, completion_table, completions_of
 from ackstream.sources.rows import ReadTask
 
-__all__ = ["ROWS_PER_TASK", "PlannedRoots", "new_ranges", "planned_inits", "read_tasks"]
+__all__ = ["ROWS_PER_TASK", "PlannedRoots", "new_ranges", "read_tasks"]
 
 #: At most this many offsets of one partition per Spark task.
 ROWS_PER_TASK = 100_000
@@ -95,12 +95,6 @@ def new_ranges(end: dict) -> list[tuple[str, int, int, int]]:
     """``(topic, partition, from, to)`` of each partition the batch ending at ``end``
     reads anew (attempt 0), for a reader other than the source's read tasks."""
     return list(_ranges(end))
-
-
-def planned_inits(end: dict, now_ms: int) -> pa.Table:
-    """The init record (value 0, with coordinates) of every root of the batch that
-    ends at ``end``. With tracking off the source waits for no root: no records."""
-    return PlannedRoots.of_offsets([end], now_ms).inits
 
 
 @dataclass

@@ -114,7 +114,7 @@ def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
     from ackstream.acker.ledger import MAX_TIMEOUT_MS
     from ackstream.acker.precombine import settle
     from ackstream.records import COMPLETION_SCHEMA
-    from ackstream.sources.offsets import planned_inits
+    from ackstream.sources.offsets import PlannedRoots
 
     end = {
         "source": "topo",
@@ -122,7 +122,7 @@ def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
         "read": {"a": {"0": [5, 9], "3": [0, 2]}, "b": {"1": [7, 8]}},
         "replays": [["a", 0, 2, 1], ["b", 1, 3, 300]],
     }
-    inits = planned_inits(end, now_ms=1_000)
+    inits = PlannedRoots.of_offsets([end], 1_000).inits
     done, still_open = settle(inits, 1_250)
     _, by_ledger = step(Pending.empty(1_250), inits.to_pandas(), 1_250, MAX_TIMEOUT_MS)
     assert done.num_rows == 9 and still_open.num_rows == 0

@@ -49,7 +49,7 @@ def test_the_planned_roots_are_the_roots_the_batch_reads(tmp_path, monkeypatch):
     start = reader.initialOffset()
     end = dict(reader.latestOffset(start, None), replays=[["generator", 1, 3, 2]])
     assert len(reader.partitions(start, end)) == 3 + 3 + 1
-    inits = offsets.planned_inits(end, now_ms=1234)
+    inits = offsets.PlannedRoots.of_offsets([end], 1234).inits
     planned = set(
         zip(
             *(
@@ -69,7 +69,7 @@ def test_with_tracking_off_no_root_is_planned(tmp_path):
     config = parse({**GENERATOR, "ackstream.channel": str(tmp_path), "ackstream.tracking": "false"})
     reader = AckstreamStreamReader(config)
     end = reader.latestOffset(reader.initialOffset(), None)
-    assert end["read"] and offsets.planned_inits(end, 0).num_rows == 0
+    assert end["read"] and offsets.PlannedRoots.of_offsets([end], 0).inits.num_rows == 0
 
 
 @pytest.mark.spark
@@ -97,7 +97,7 @@ def test_the_offset_logged_under_a_batch_id_names_that_batch_s_rows(spark, tmp_p
         through_jvm = logged_offsets(
             spark, "file://" + os.path.abspath(checkpoint), batch_id
         )  # a URL: read by Hadoop in the JVM
-        planned = offsets.planned_inits(logged[0], 0).column("root").to_numpy()
+        planned = offsets.PlannedRoots.of_offsets([logged[0]], 0).inits.column("root").to_numpy()
         compared.append((batch_id, rows == set(planned.tolist()), logged == through_jvm, len(rows)))
 
     query = (

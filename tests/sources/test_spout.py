@@ -349,7 +349,7 @@ def run_batches(spout, channel, clock, fails, rounds=60, max_rows=None):
     Returns the planned batches, each ``(offset, {(partition, offset, attempt)})``, once
     nothing is left to plan (backoffs are waited out)."""
     from ackstream.records import BATCH_FAILED
-    from ackstream.sources.offsets import planned_inits
+    from ackstream.sources.offsets import PlannedRoots
 
     batches = []
     for _ in range(rounds):
@@ -359,7 +359,7 @@ def run_batches(spout, channel, clock, fails, rounds=60, max_rows=None):
                 return batches
             clock.advance(1_000)  # a backoff
             continue
-        inits = planned_inits(offset, clock())
+        inits = PlannedRoots.of_offsets([offset], clock()).inits
         records = set(
             zip(*(inits.column(c).to_pylist() for c in ("partition", "offset", "attempt")))
         )

@@ -169,9 +169,9 @@ class Recorded:
         return len(self.flights)
 
     def unfinished(self, flying=True):
-        rows = self.flights.coordinates
-        flying_now = Flying(rows.part, rows.offset, rows.attempt)
-        return self.whole._replace(flying=flying_now if flying else Flying(*rows[1:4])[:0])
+        flying_now = Flying(*self.flights.flying())
+        empty = Flying(*(col[:0] for col in flying_now))
+        return self.whole._replace(flying=flying_now if flying else empty)
 
     def changes(self):
         return self.flights.changes()

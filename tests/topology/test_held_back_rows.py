@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 from ackstream.acker.ledger import Pending, step
 from ackstream.lineage import NO_RECORD, REASON
 from ackstream.sinks.memory import MemorySink
-from ackstream.sources.offsets import planned_inits
+from ackstream.sources.offsets import PlannedRoots
 from ackstream.testing import tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.held_watch import HeldWatch
@@ -55,7 +55,9 @@ def test_held_back_rows_are_rejected_or_acked_and_no_stage_sees_them(
         .sink(sink)
     )
     inits = (
-        planned_inits({"read": {"t": {"0": [0, 4]}}, "source": "test", "ids": "test"}, 0)
+        PlannedRoots.of_offsets(
+            [{"read": {"t": {"0": [0, 4]}}, "source": "test", "ids": "test"}], 0
+        ).inits
         if planned
         else None
     )
