@@ -86,9 +86,6 @@ class Changes(NamedTuple):
     added: tuple[np.ndarray, np.ndarray, np.ndarray]
     removed: tuple[np.ndarray, np.ndarray, np.ndarray]
 
-    def __len__(self) -> int:
-        return len(self.added[0]) + len(self.removed[0])
-
 
 class _Chunk:
     """Rows added together, sorted by their packed key when every row has one (else in
@@ -145,8 +142,9 @@ class _Chunk:
         if self.keys is not None and _packable(spans[:, 0], spans[:, 2] - 1, 0).all():
             lo = np.searchsorted(self.keys, _key(spans[:, 0], spans[:, 1].clip(0), 0))
             hi = np.searchsorted(self.keys, _key(spans[:, 0], spans[:, 2], 0))
-            lengths = (hi - lo).clip(0)
-            if not lengths.sum():
+            lengths = hi - lo
+            lo, hi, lengths = lo[lengths > 0], hi[lengths > 0], lengths[lengths > 0]
+            if not len(lengths):
                 return np.empty(0, np.int64)
             order = np.argsort(lo, kind="stable")
             if (lo[order][1:] < hi[order][:-1]).any():  # spans that overlap: once each
