@@ -67,6 +67,7 @@ _OURS = {
         "ackstream.stateDir",
         "ackstream.messageTimeout",
         "ackstream.sourceTimeout",
+        "ackstream.idleBatchInterval",
         "ackstream.maxPending",
         "ackstream.retryInitialDelay",
         "ackstream.retryMaxDelay",
@@ -269,6 +270,9 @@ class SourceConfig:
     tracking: bool = True
     message_timeout_ms: int = 30_000
     source_timeout_ms: int = 60_000  #: in-flight roots with no completion replay after this
+    #: a batch with no new records this often while roots are in flight (a topology
+    #: with a processing-time window sets it, so its windows close on time); None: never
+    idle_batch_ms: int | None = None
     retry: RetryPolicy = RetryPolicy()
     dead_letter_topic: str | None = None
     #: who reads a batch's new offset ranges: "python" (the source's read tasks) or
@@ -425,6 +429,11 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
                 ours("ackstream.sourceTimeout"),
                 f"a duration longer than ackstream.messageTimeout ({timeout} ms)",
             )
+    idle = ours("ackstream.idleBatchInterval")
+    if idle is not None:
+        kw["idle_batch_ms"] = parse_duration_ms("ackstream.idleBatchInterval", idle)
+        if kw["idle_batch_ms"] <= 0:
+            raise OptionError("ackstream.idleBatchInterval", idle, "a positive duration")
     retry = {}
     for name, field in (
         ("ackstream.retryInitialDelay", "initial_delay_ms"),

@@ -107,3 +107,15 @@ def consume(bootstrap, topic):
         return list(consumer)
     finally:
         consumer.close()
+
+
+def through_ledger(batches, timeout_ms: int = 60_000):
+    """Each batch's ack records (Arrow) through the acker's ledger in turn, as the acker
+    query would: the outcome per root that completed, and the roots still pending."""
+    from ackstream.acker.ledger import Pending, step
+
+    pending, outcome = Pending.empty(0), {}
+    for i, records in enumerate(batches):
+        pending, done = step(pending, records.to_pandas(), i, timeout_ms)
+        outcome.update(zip(done["root"], done["status"]))
+    return outcome, set(pending.values())

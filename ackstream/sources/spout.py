@@ -170,6 +170,7 @@ class Spout:
         self.position = offset.get("done", -1)
         self.letters: KafkaDeadLetters | ParquetDeadLetters | None = None
         self._dead_since_snapshot = False
+        self._planned_ms = clock()  # when the last offset was planned
         self._ticked_ms = 0
         #: the latest tick the acker echoed: no root times out before the acker has read
         #: every ack record written until its deadline (a slow acker restart must not
@@ -264,8 +265,10 @@ class Spout:
         else:
             for tp, _, end in spans:
                 tracker.parts[tp].end = tracker.parts[tp].watermark = end
-        if not replays and not read and not self._dead_since_snapshot:
+        idle = not replays and not read
+        if idle and not self._dead_since_snapshot and not self._idle_batch_due(now):
             return None
+        self._planned_ms = now
         # a new offset persists the snapshot, dead letters written included: a restart
         # then does not write them again (see the report in the module doc)
         self._dead_since_snapshot = False
@@ -277,6 +280,8 @@ class Spout:
             "done": self.position,
             "owner": self.claim.owner,
         }
+        if idle:  # nothing new: an offset of its own, so that Spark runs the batch
+            offset["idle"] = now
         if self.config.record_reader == "spark":  # the topology reads the new ranges
             offset["reader"] = "spark"
         if self.config.tracking:  # the batch's roots are waited for, on these terms
@@ -291,6 +296,15 @@ class Spout:
                 timeout=self.config.message_timeout_ms,
             )
         return offset
+
+    def _idle_batch_due(self, now: int) -> bool:
+        """A batch with nothing new is due (``ackstream.idleBatchInterval``): roots are
+        in flight (always, untracked: the source cannot see what a stage holds) and no
+        batch was planned for the interval."""
+        interval = self.config.idle_batch_ms
+        if interval is None or now - self._planned_ms < interval:
+            return False
+        return not self.config.tracking or self.tracker.in_flight > 0
 
     def metrics(self) -> dict:
         """What this source has seen since its checkpoint began, JSON-ready: the

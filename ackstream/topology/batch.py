@@ -160,14 +160,15 @@ def run_batch(
     batch_id: int,
     planned: PlannedRoots | None,
     counts: StageCounts | None = None,
+    now: int | None = None,
 ) -> BatchRecords:
     """Run every stage of ``topology`` on ``batch`` (a static DataFrame), write the
     sinks, and return the batch's ack records. ``planned``: the batch's roots when
     they are known without reading the batch (from the source's offset); else their
     inits are read from the rows, which then costs a cache and a second Spark job.
     ``counts``: where to count each stage's and sink's tuples in and out, as the
-    batch's jobs read them."""
-    run = BatchRun(topology, batch_id, planned, counts)
+    batch's jobs read them. ``now``: the batch's time (default: the clock's)."""
+    run = BatchRun(topology, batch_id, planned, counts, now)
     try:
         run.read_spout(batch)
         for stage in topology.stages:
@@ -185,11 +186,11 @@ class BatchRun:
     handed on, the ack records gathered so far (Spark frames to collect at the end,
     Arrow tables made on the driver), and the frames persisted on the way."""
 
-    def __init__(self, topology, batch_id: int, planned: PlannedRoots | None, counts):
+    def __init__(self, topology, batch_id: int, planned: PlannedRoots | None, counts, now=None):
         self.topology, self.batch_id, self.planned = topology, batch_id, planned
         self.mode, self.tracking = topology.mode, topology.tracking
         self.edges = self.tracking and self.mode.edges
-        self.now = now_ms()
+        self.now = now_ms() if now is None else now
         self.subs = subscribers(topology.stages, topology.sinks)
         #: nothing planned: no job may read the batch to count it
         self.counts = None if planned is not None and not planned.num_rows else counts

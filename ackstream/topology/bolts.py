@@ -252,6 +252,9 @@ class Stage:
     stages of a topology must keep their order for ids to be reproducible."""
 
     kind = "stage"
+    #: how often the source should run a batch with no new records while roots are in
+    #: flight, for this stage to go on (a processing-time window); None: no need
+    idle_batch_ms: int | None = None
 
     def __init__(self, number: int, name: str | None = None):
         self.number = number

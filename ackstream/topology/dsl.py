@@ -52,6 +52,7 @@ from ackstream.topology.bolts import (
 from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.running import RunningTopology, same_term, start_topology
 from ackstream.topology.window import WindowStage
+from ackstream.topology.window_closing import window_closing
 
 __all__ = ["Topology"]
 
@@ -248,17 +249,40 @@ class Topology:
         return self._add(AggregateStage, keys, aggs, name=name, after=after)
 
     def window(
-        self, keys, *aggs: Column, count: int, name: str | None = None, after=None
+        self,
+        keys,
+        *aggs: Column,
+        count: int | None = None,
+        duration: int | str | None = None,
+        slide: int | str | None = None,
+        time: str | Column | None = None,
+        delay: int | str = 0,
+        name: str | None = None,
+        after=None,
     ) -> Topology:
-        """Storm's tumbling count window per key: hold the tuples of each key, across
-        micro-batches, until ``count`` have arrived; then emit ``groupBy(keys).agg(*aggs)``
-        over them, anchored to all of them (across roots and batches). Held tuples stay
-        un-acked (their offsets uncommitted) until their window emits; a root held
-        longer than the message timeout times out and is replayed. The held tuples are
-        kept beside the checkpoint and survive a restart (see
+        """A window per key: hold the tuples of each key, across micro-batches, until
+        their window closes; then emit ``groupBy(keys).agg(*aggs)`` over the window,
+        anchored to all of its tuples (across roots and batches).
+
+        ``count=k``: Storm's tumbling count window, every k tuples of a key.
+        ``duration`` (ms, or ``"10s"``, ``"2 min"``) and ``slide`` (default: the
+        duration, a tumbling window): Storm's duration windows and Spark's
+        ``window()``; output rows carry ``window``, ``struct<start, end>``. By
+        processing time (the batch's), unless ``time`` names an event-time column
+        (a timestamp or epoch ms): its windows close when the watermark, the
+        largest time seen minus ``delay``, passes their end, and a tuple whose
+        windows have all closed is rejected as late (dead-lettered with a reason).
+
+        Held tuples stay un-acked (their offsets uncommitted) until their last window
+        closes; a root held longer than the message timeout times out and is replayed.
+        The held tuples are kept beside the checkpoint and survive a restart (see
         :mod:`ackstream.topology.window`)."""
         keys = [keys] if isinstance(keys, str | Column) else list(keys)
-        return self._add(WindowStage, keys, aggs, count, name=name, after=after)
+        number = len(self.stages) + 1
+        stage_name = name or f"{WindowStage.kind}#{number}"
+        closing = window_closing(stage_name, count, duration, slide, time, delay)
+        closing.check(stage_name, self.message_timeout_ms, self.tracking)
+        return self._add(WindowStage, keys, aggs, closing, name=name, after=after)
 
     def pandas_bolt(
         self,
@@ -304,6 +328,9 @@ class Topology:
             "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
             "ackstream.tracking": str(self.tracking and not self.continue_trees).lower(),
         }
+        idle = [s.idle_batch_ms for s in self.stages if s.idle_batch_ms is not None]
+        if idle:  # a processing-time window closes on time: batches while roots wait
+            ours["ackstream.idleBatchInterval"] = f"{min(idle)}ms"
         if self.continue_trees:  # the upstream lineage travels in the headers
             ours["includeHeaders"] = "true"
         merged = {str(k): str(v) for k, v in (options or {}).items()}
@@ -373,15 +400,20 @@ class Topology:
     # --- running ----------------------------------------------------------------------
 
     def run_batch(
-        self, batch: DataFrame, batch_id: int = 0, inits: pa.Table | None = None
+        self,
+        batch: DataFrame,
+        batch_id: int = 0,
+        inits: pa.Table | None = None,
+        now_ms: int | None = None,
     ) -> pa.Table:
         """Run every stage on ``batch`` (a static DataFrame), write the sink, and return
         the batch's ack records, pre-combined per root, without reporting them: what a
         started topology does in each micro-batch, for tests and notebooks.
-        ``inits``: the batch's init records when known (else read from the rows)."""
+        ``inits``: the batch's init records when known (else read from the rows);
+        ``now_ms``: the batch's time (default: the clock's)."""
         self._check_input(batch)
         planned = None if inits is None else PlannedRoots.of_inits(inits)
-        return precombine(run_batch(self, batch, batch_id, planned).table())
+        return precombine(run_batch(self, batch, batch_id, planned, now=now_ms).table())
 
     def _check_input(self, tuples: DataFrame) -> None:
         missing = [c for c in TRACKED_COLUMNS if c not in tuples.columns]

@@ -2,8 +2,8 @@
 
 A topology runs in ``foreachBatch``, where Spark keeps no state for it, so a stage
 that holds tuples across batches keeps them itself: after each batch that changed
-them, the held rows (payload and lineage, as Arrow) and the completion channel's
-position the stage had read up to are written whole to
+them, the held rows (payload and lineage, as Arrow), the completion channel's
+position the stage had read up to and its closing's clock are written whole to
 ``<checkpoint>/topology/ackstream-held/<stage>/<batch id>`` (under a hidden name,
 then moved into place). A batch starts from the newest file saved by an *earlier*
 batch, so a batch that Spark runs again after a crash starts from the state before
@@ -26,16 +26,17 @@ __all__ = ["FOLDER", "HeldState", "HeldStore", "held_counts"]
 #: The folder of the held stores in a topology query's checkpoint.
 FOLDER = "ackstream-held"
 _KEEP = 2
-_POSITION = b"ackstream.position"
+_POSITION, _CLOCK = b"ackstream.position", b"ackstream.clock"
 
 
 @dataclass(frozen=True)
 class HeldState:
-    """A window stage's held rows after a batch, and the completion position it had
-    read up to (None: it has read none yet)."""
+    """A window stage's held rows after a batch, the completion position it had read
+    up to (None: it has read none yet) and the clock its closing reached (None: none)."""
 
     rows: pa.Table | None
     position: object = None
+    clock: int | None = None
 
 
 class HeldStore:
@@ -56,8 +57,10 @@ class HeldStore:
         if earlier is None:
             return None
         table = self.files.read(earlier)
-        position = json.loads((table.schema.metadata or {}).get(_POSITION, b"null"))
-        return HeldState(table.replace_schema_metadata(None), position)
+        meta = table.schema.metadata or {}
+        position = json.loads(meta.get(_POSITION, b"null"))
+        clock = json.loads(meta.get(_CLOCK, b"null"))
+        return HeldState(table.replace_schema_metadata(None), position, clock)
 
     def latest(self) -> HeldState | None:
         """The newest saved state (None if there is none)."""
@@ -72,7 +75,8 @@ class HeldStore:
                 del self._memory[old]
             return
         rows = state.rows if state.rows is not None else pa.table({})
-        rows = rows.replace_schema_metadata({_POSITION: json.dumps(state.position).encode()})
+        meta = {_POSITION: json.dumps(state.position), _CLOCK: json.dumps(state.clock)}
+        rows = rows.replace_schema_metadata({k: v.encode() for k, v in meta.items()})
         self.files.write(batch_id, rows)
 
 

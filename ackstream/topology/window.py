@@ -1,27 +1,31 @@
-"""Count windows: a keyed stage that holds its input tuples across micro-batches.
+"""Windows: a keyed stage that holds its input tuples across micro-batches.
 
-``Topology.window(keys, *aggs, count=k)`` is Storm's tumbling count window per key
-(``BaseWindowedBolt.withTumblingWindow(Count.of(k))`` behind a fields grouping):
-the tuples of a key are held until k of them have arrived, in any number of
-batches; then one output row per k tuples is emitted, ``groupBy(keys).agg(*aggs)``
-over them, anchored to all k (across roots and batches). Tuples of a key that has
-fewer than k wait. Their trees stay open meanwhile:
+``Topology.window(keys, *aggs, ...)`` holds the tuples of each key until a window
+closes, in any number of batches; then it emits one output row per key and window,
+``groupBy(keys).agg(*aggs)`` over the window's tuples, anchored to all of them (across
+roots and batches). When a window closes is its :class:`~ackstream.topology.
+window_closing.Closing`'s business: every k tuples (Storm's tumbling count window,
+``count=k``) or by time (``duration=``, ``slide=``: Storm's tumbling and sliding
+duration windows, Spark's ``window()``, by processing or event time). A tuple stays
+held until the last window that holds it has closed. Its tree stays open meanwhile:
 
 - telescoped acks (the default): a tuple still held at the end of its batch adds a
   fresh id ``h`` to its root's XOR (an ``ACK (root, h)`` record), so the batch
   cannot close the tree and it goes to the acker; the batch that releases the
   tuple sends ``ACK (root, h)`` again. The output row carries ``_group`` as an
-  aggregate's does; if it fails, every root of its k inputs fails.
-- per-stage acks: a held tuple is simply not acked until it is released; then its
-  edge is acked and the output row is multi-anchored (``_anchors``) to all k.
+  aggregate's does; if it fails, every root of its window's tuples fails.
+- per-stage acks: a held tuple is simply not acked until it is released; every
+  output row is multi-anchored (``_anchors``) to its window's tuples, with a child
+  edge per window, so a tuple in several sliding windows anchors each apart.
 
 The message timeout still applies: a root whose tuple is held too long times out in
 the acker and its record is replayed (and held again). The held tuple of a root that
 has an outcome (timed out, or failed elsewhere) is dropped, read from the completion
 channel at the start of each batch, and so is a tuple held longer than the message
 timeout (its root cannot be acked any more): the replay would otherwise be counted
-twice. The held rows and the completion position are saved per batch beside the
-checkpoint (:mod:`ackstream.topology.held_store`), so a driver restart keeps them.
+twice. The held rows, the completion position and the closing's clock are saved
+per batch beside the checkpoint (:mod:`ackstream.topology.held_store`), so a driver
+restart keeps them.
 
 Spark's own stateful operators (``groupBy().count()`` with a state store,
 ``transformWithState``) run inside a streaming query's plan; a topology's stages run
@@ -36,12 +40,12 @@ import os
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream import ids
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, EDGE, GROUP, ROOT
+from ackstream.lineage import ANCHORS, EDGE, GROUP, REASON, ROOT
 from ackstream.records import ACK, NOTICES, ack_table
 from ackstream.topology.bolts import (
     BatchContext,
@@ -52,13 +56,14 @@ from ackstream.topology.bolts import (
     is_multi_anchored,
 )
 from ackstream.topology.held_store import HeldState, HeldStore
+from ackstream.topology.window_closing import SEQ, SINCE, Closing
 
 __all__ = ["WindowStage", "finished_roots", "hold_ids"]
 
-# columns of a held row besides the stage input's: its hold id (telescoped acks),
-# the batch it arrived in and its place there (arrival order), and when it was held
-HOLD, SINCE, SEQ, HELD_MS = "_hold", "_since", "_seq", "_held_ms"
-_COUNT, _RANK, _WINDOW, _GROUP_ID = "_count", "_rank", "_window", "_group_id"
+# columns of a held row besides the stage input's and its closing's: its hold id
+# (telescoped acks) and when it was held
+HOLD, HELD_MS = "_hold", "_held_ms"
+_GROUP_ID = "_group_id"
 
 
 def hold_ids(roots: np.ndarray, batch_id: int, stage: int) -> np.ndarray:
@@ -77,20 +82,19 @@ def finished_roots(completions: pa.Table) -> pa.Array:
 
 
 class WindowStage(Stage):
-    """Per key, one output row for every ``count`` input tuples, holding tuples across
-    batches until their window is full (see the module doc)."""
+    """Per key, one output row for each window its ``closing`` closes, holding tuples
+    across batches until their last window has closed (see the module doc)."""
 
     kind = "window"
 
-    def __init__(self, number: int, keys, aggs, count: int, name=None):
+    def __init__(self, number: int, keys, aggs, closing: Closing, name=None):
         super().__init__(number, name)
-        self.keys, self.aggs, self.count = list(keys), list(aggs), count
+        self.keys, self.aggs, self.closing = list(keys), list(aggs), closing
+        self.idle_batch_ms = closing.idle_batch_ms
         if not self.aggs:
             raise StageError(self.name, "needs at least one aggregate expression")
         if "/" in self.name or self.name.startswith("."):  # its held store's folder name
             raise StageError(self.name, "a window's name may not hold '/' or start with '.'")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise StageError(self.name, f"count={count!r}: give a whole number of tuples >= 1")
         self._stores: dict[str | None, HeldStore] = {}
 
     def store(self, folder: str | None) -> HeldStore:
@@ -108,23 +112,26 @@ class WindowStage(Stage):
         edges: bool = True,
         context: BatchContext | None = None,
     ) -> StageOutput:
-        """The windows this batch fills, from the tuples held before it and ``df``;
+        """The windows this batch closes, from the tuples held before it and ``df``;
         saves what stays held (``context`` says where, and which roots finished).
         ``StageOutput.acked`` is the tuples released (per-stage acks ack those, not the
-        input), ``records`` the new holds' ``ACK (root, h)`` and ``holds`` the released
-        holds' ``(root, value)`` pairs (telescoped)."""
+        input), ``records`` the new holds' ``ACK (root, h)``, ``holds`` the released
+        holds' ``(root, value)`` pairs (telescoped) and ``rejected`` the late tuples."""
         if context is None:
             raise StageError(self.name, "a window runs inside a topology batch")
         ctx = context
         if tracking and (is_multi_anchored(df) or GROUP in df.columns):
             raise StageError(self.name, "a window after an aggregate or a window is not supported")
         store = self.store(ctx.folder)
-        held, position = self._still_held(store, tracking, ctx)
-        new = (
+        state = store.before(ctx.batch_id)
+        held, position = self._still_held(state, tracking, ctx)
+        new = self.closing.stamp(
             df.withColumn(HOLD, F.lit(None).cast("long"))
             .withColumn(SINCE, F.lit(ctx.batch_id).cast("long"))
             .withColumn(SEQ, F.monotonically_increasing_id())
-            .withColumn(HELD_MS, F.lit(ctx.now_ms).cast("long"))
+            .withColumn(HELD_MS, F.lit(ctx.now_ms).cast("long")),
+            ctx.now_ms,
+            self.name,
         )
         rows = new
         if held is not None and held.num_rows:
@@ -132,56 +139,55 @@ class WindowStage(Stage):
             rows = old.select(*(F.col(f.name).cast(f.dataType) for f in new.schema)).unionByName(
                 new
             )
-        by_key = Window.partitionBy(*self.keys)
-        ranked = (
-            rows.withColumn(_COUNT, F.count(F.lit(1)).over(by_key))
-            .withColumn(_RANK, F.row_number().over(by_key.orderBy(SINCE, SEQ)))
-            .persist()  # arrival order is fixed once: kept and released must agree
-        )
-        filled = F.col(_RANK) <= F.col(_COUNT) - F.col(_COUNT) % self.count
-        released = ranked.where(filled).withColumn(
-            _WINDOW, F.expr(f"({_RANK} - 1) div {self.count}")
-        )
-        kept = ranked.where(~filled).drop(_COUNT, _RANK).toArrow()
-        kept, records = self._hold(kept, tracking and not edges, ctx)
-        store.save(ctx.batch_id, HeldState(kept, position))
-        grouped = released.groupBy(*self.keys, _WINDOW)
+        clock = None if state is None else state.clock
+        closed = self.closing.close(rows, self.keys, clock, ctx.now_ms, self.name)
+        kept, records = self._hold(closed.kept.toArrow(), tracking and not edges, ctx)
+        store.save(ctx.batch_id, HeldState(kept, position, closed.clock))
+        windows = closed.windows
+        grouped = windows.groupBy(*self.keys, *closed.group_columns)
+        cached = closed.cached
         if not tracking:
-            return StageOutput(grouped.agg(*self.aggs).drop(_WINDOW), cached=(ranked,))
+            return StageOutput(grouped.agg(*self.aggs).drop(*closed.hidden), cached=cached)
+        rejected = None if closed.late is None else closed.late.select(*df.columns, REASON)
         null = F.lit(None).cast("long")
         if not edges:  # telescoped: roots only if the row fails, as an aggregate's
             group_id = F.xxhash64(
-                *(F.col(k) if isinstance(k, str) else k for k in self.keys), F.col(_WINDOW)
+                *(F.col(k) if isinstance(k, str) else k for k in self.keys), closed.window_id
             )
             group = F.struct(F.lit(self.number).alias("stage"), F.first(_GROUP_ID).alias("id"))
             out = (
-                released.withColumn(_GROUP_ID, group_id)
-                .groupBy(*self.keys, _WINDOW)
+                windows.withColumn(_GROUP_ID, group_id)
+                .groupBy(*self.keys, *closed.group_columns)
                 .agg(*self.aggs, group.alias(GROUP), null.alias(EDGE), null.alias(ROOT))
             )
-            holds = released.where(f"{HOLD} IS NOT NULL AND {ROOT} IS NOT NULL").selectExpr(
+            holds = closed.released.where(f"{HOLD} IS NOT NULL AND {ROOT} IS NOT NULL").selectExpr(
                 f"{ROOT} AS root", f"{HOLD} AS value"
             )
             return StageOutput(
-                out.drop(_WINDOW),
-                cached=(ranked,),
-                groups=GroupInput(released, group_id),
+                out.drop(*closed.hidden),
+                rejected=rejected,
+                cached=cached,
+                groups=GroupInput(windows, group_id),
                 records=records,
                 holds=holds,
             )
+        # a tuple in several windows gets a child edge per window, so no two cancel
         pair = F.xxhash64(
-            F.col(EDGE).cast("long"), F.lit(self.number).cast("long"), F.lit(0).cast("long")
+            F.col(EDGE).cast("long"), F.lit(self.number).cast("long"), closed.window_id
         )
-        anchors = F.flatten(F.collect_list(anchor_list(released, pair)))
-        edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
+        anchors = F.flatten(F.collect_list(anchor_list(windows, pair)))
+        edge = F.xxhash64(
+            F.bit_xor(EDGE), F.lit(self.number).cast("long"), F.first(closed.window_id)
+        )
         out = grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT))
-        return StageOutput(out.drop(_WINDOW), cached=(ranked,), acked=released)
+        return StageOutput(
+            out.drop(*closed.hidden), rejected=rejected, cached=cached, acked=closed.released
+        )
 
-    def _still_held(self, store: HeldStore, tracking: bool, ctx: BatchContext):
-        """The rows held before this batch that may still be released, and the
+    def _still_held(self, state: HeldState | None, tracking: bool, ctx: BatchContext):
+        """The rows held before this batch (``state``) that may still be released, and the
         completion position read up to: a root with an outcome, or held longer than the
         message timeout, can no longer be acked, and its record is (or will be) replayed."""
-        state = store.before(ctx.batch_id)
         held, position = (None, None) if state is None else (state.rows, state.position)
         if not tracking:
             return held, position

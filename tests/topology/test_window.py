@@ -10,7 +10,6 @@ import os
 import pytest
 from pyspark.sql import functions as F
 
-from ackstream.acker.ledger import Pending, step
 from ackstream.errors import StageError
 from ackstream.records import ACKED, FAILED, NOTICES, TIMED_OUT
 from ackstream.sinks.memory import MemorySink
@@ -18,18 +17,10 @@ from ackstream.testing import settle, tracked_frame, wait_until_settled
 from ackstream.topology import Topology
 from ackstream.topology.batch import ACK_MODES
 
+from helpers import through_ledger as ledger
+
 pytestmark = pytest.mark.spark
 MODES = pytest.mark.parametrize("ack_mode", sorted(ACK_MODES))
-
-
-def ledger(batches):
-    """Each batch's ack records through the acker's ledger in turn: the outcome per root
-    that completed, and the roots still pending."""
-    pending, outcome = Pending.empty(0), {}
-    for i, records in enumerate(batches):
-        pending, done = step(pending, records.to_pandas(), i, 60_000)
-        outcome.update(zip(done["root"], done["status"]))
-    return outcome, set(pending.values())
 
 
 def roots(frame):

@@ -1,0 +1,242 @@
+"""When a window closes: by a count of tuples per key, or by time.
+
+A :class:`~ackstream.topology.window.WindowStage` holds tuples across micro-batches;
+its :class:`Closing` says, each batch, which windows close and which tuples stay held:
+
+- :class:`CountClosing` is Storm's tumbling count window (``Count.of(k)``): every k
+  tuples of a key, in arrival order, make one window.
+- :class:`TimeClosing` is Storm's ``withWindow(Duration, Duration)`` and Spark's
+  ``window(time, duration, slide)``: a tuple is in every window ``[start, start +
+  duration)`` that holds its time, with ``start`` a multiple of ``slide`` (a
+  tumbling window when ``slide == duration``). The time is the batch's (processing
+  time) or a column's (event time). A window closes when the stage's clock passes
+  its end: the batch's time, or for event time the watermark, the largest time seen
+  minus ``delay``. A tuple is held until the last window that holds it closes.
+  An event-time tuple whose windows have all closed already is late: it is rejected
+  (dead-lettered with a reason naming the stage and the watermark), not dropped.
+
+A batch runs only when the source has something to plan; a topology with a
+processing-time window asks its source for a batch every ``slide`` while roots are
+in flight (``ackstream.idleBatchInterval``), so a window closes on time even when no
+new record arrives. The clock a closing reached is saved with the held tuples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import NumericType
+
+from ackstream.config import parse_duration_ms
+from ackstream.errors import OptionError, StageError
+from ackstream.lineage import REASON
+
+__all__ = ["Closed", "Closing", "CountClosing", "TimeClosing", "WINDOW", "window_closing"]
+
+#: The column a time window's output rows carry: ``struct<start, end>`` timestamps,
+#: as Spark's ``window()`` gives.
+WINDOW = "window"
+# a held tuple's time (ms) in a time window; its place in arrival order (a count window)
+TIME, SINCE, SEQ = "_time", "_since", "_seq"
+_COUNT, _RANK, _ORDINAL = "_count", "_rank", "_window"
+_NO_CLOCK = -(2**63)
+
+
+@dataclass(frozen=True)
+class Closed:
+    """What closes in one batch. ``windows``: a row per (tuple, window that closed),
+    carrying ``group_columns`` beside the tuple's columns, ``window_id`` telling the
+    windows of a key apart; ``released``: the tuples no window holds any more;
+    ``kept``: the tuples still held; ``late``: tuples refused, with ``_reason``;
+    ``clock``: what the closing saves for the next batch; ``hidden``: group columns
+    the output rows do not show; ``cached``: frames persisted for the batch."""
+
+    windows: DataFrame
+    group_columns: list[str]
+    window_id: Column
+    released: DataFrame
+    kept: DataFrame
+    late: DataFrame | None = None
+    clock: int | None = None
+    hidden: list[str] = field(default_factory=list)
+    cached: tuple = ()
+
+
+class Closing(Protocol):
+    """A window's closing rule (see the module doc)."""
+
+    #: how often the source should run a batch with no new records while roots are in
+    #: flight, so this window closes on time (None: it closes only on new tuples)
+    idle_batch_ms: int | None
+
+    def check(self, stage: str, message_timeout_ms: int, tracking: bool) -> None:
+        """Refuse a window that cannot close before its tuples' roots time out."""
+
+    def stamp(self, new: DataFrame, now_ms: int, stage: str) -> DataFrame:
+        """``new`` (this batch's input tuples) with the columns this rule keeps."""
+
+    def close(
+        self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
+    ) -> Closed:
+        """Which windows ``rows`` (held and new tuples) close, given the clock saved by
+        the batch before (None: none yet) and the batch's time."""
+
+
+class CountClosing:
+    """Per key, a window of every ``count`` tuples in arrival order."""
+
+    idle_batch_ms: int | None = None
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def check(self, stage: str, message_timeout_ms: int, tracking: bool) -> None:
+        return None
+
+    def stamp(self, new: DataFrame, now_ms: int, stage: str) -> DataFrame:
+        return new
+
+    def close(
+        self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
+    ) -> Closed:
+        by_key = Window.partitionBy(*keys)
+        ranked = (
+            rows.withColumn(_COUNT, F.count(F.lit(1)).over(by_key))
+            .withColumn(_RANK, F.row_number().over(by_key.orderBy(SINCE, SEQ)))
+            .persist()  # arrival order is fixed once: kept and released must agree
+        )
+        filled = F.col(_RANK) <= F.col(_COUNT) - F.col(_COUNT) % self.count
+        released = ranked.where(filled).withColumn(
+            _ORDINAL, F.expr(f"({_RANK} - 1) div {self.count}")
+        )
+        return Closed(
+            windows=released,
+            group_columns=[_ORDINAL],
+            window_id=F.col(_ORDINAL),
+            released=released,
+            kept=ranked.where(~filled).drop(_COUNT, _RANK),
+            hidden=[_ORDINAL],
+            cached=(ranked,),
+        )
+
+
+class TimeClosing:
+    """Windows of ``duration_ms`` starting every ``slide_ms``, by the batch's time
+    (``time`` None) or by the column ``time`` (event time: a timestamp, or a number
+    of epoch milliseconds) with a watermark ``delay_ms`` behind the largest seen."""
+
+    def __init__(self, duration_ms: int, slide_ms: int, time=None, delay_ms: int = 0):
+        self.duration_ms, self.slide_ms = duration_ms, slide_ms
+        self.time, self.delay_ms = time, delay_ms
+        self.idle_batch_ms = slide_ms if time is None else None
+
+    def check(self, stage: str, message_timeout_ms: int, tracking: bool) -> None:
+        if self.slide_ms > self.duration_ms:
+            raise StageError(
+                stage,
+                f"slide {self.slide_ms} ms is longer than the window ({self.duration_ms} ms): "
+                "give a slide no longer than the duration",
+            )
+        held = self.duration_ms + self.slide_ms
+        if tracking and self.time is None and held > message_timeout_ms:
+            raise StageError(
+                stage,
+                f"a tuple may be held for the window plus its slide ({held} ms), longer "
+                f"than the message timeout ({message_timeout_ms} ms): its root would time "
+                "out first; shorten the window or raise message_timeout_ms",
+            )
+
+    def stamp(self, new: DataFrame, now_ms: int, stage: str) -> DataFrame:
+        if WINDOW in new.columns:
+            raise StageError(stage, f"the input has a column {WINDOW!r}, which a time window adds")
+        if self.time is None:
+            return new.withColumn(TIME, F.lit(now_ms).cast("long"))
+        column = F.col(self.time) if isinstance(self.time, str) else self.time
+        kind = new.select(column).schema.fields[0].dataType
+        if isinstance(kind, NumericType):
+            return new.withColumn(TIME, column.cast("long"))
+        if kind.typeName() not in ("timestamp", "timestamp_ntz", "date"):
+            raise StageError(
+                stage, f"time={self.time!r} is a {kind.simpleString()}: give a timestamp or ms"
+            )
+        return new.withColumn(TIME, F.unix_millis(column.cast("timestamp")))
+
+    def _last_end(self) -> Column:
+        """The end of the last window that holds a tuple's time."""
+        time = F.col(TIME)
+        return time - F.pmod(time, F.lit(self.slide_ms)) + F.lit(self.duration_ms)
+
+    def close(
+        self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
+    ) -> Closed:
+        before = _NO_CLOCK if clock is None else clock
+        late, cached = None, rows.persist()  # read by several jobs: computed once
+        rows = cached
+        if self.time is not None:
+            if clock is not None:  # a tuple whose windows all closed before it came
+                reason = F.format_string(
+                    f"late for window stage {stage}: time %d ms is behind the watermark "
+                    f"{before} ms",
+                    F.col(TIME),
+                )
+                is_late = self._last_end() <= F.lit(before)
+                late = rows.where(is_late).withColumn(REASON, reason)
+                rows = rows.where(~is_late)
+            newest = rows.agg(F.max(TIME)).collect()[0][0]
+            after = before if newest is None else max(before, int(newest) - self.delay_ms)
+        else:
+            after = max(before, now_ms)
+        span = F.window(
+            F.timestamp_millis(F.col(TIME)),
+            f"{self.duration_ms} milliseconds",
+            f"{self.slide_ms} milliseconds",
+        )
+        end = F.unix_millis(F.col(f"{WINDOW}.end"))
+        windows = (
+            rows.withColumn(WINDOW, span).where(
+                (end > F.lit(before)) & (end <= F.lit(after))
+            )  # open before, closed now
+        )
+        done = self._last_end() <= F.lit(after)
+        return Closed(
+            windows=windows,
+            group_columns=[WINDOW],
+            window_id=F.unix_millis(F.col(f"{WINDOW}.start")),
+            released=rows.where(done),
+            kept=rows.where(~done),
+            late=late,
+            clock=None if after == _NO_CLOCK else after,
+            cached=(cached,),
+        )
+
+
+def window_closing(stage: str, count, duration, slide, time, delay) -> Closing:
+    """The closing ``Topology.window`` asks for: ``count`` or ``duration`` (with
+    ``slide``, ``time`` and ``delay``), checked."""
+    if (count is None) == (duration is None):
+        raise StageError(stage, "give a window either count= (tuples) or duration= (time)")
+    if count is not None:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise StageError(stage, f"count={count!r}: give a whole number of tuples >= 1")
+        if slide is not None or time is not None or delay:
+            raise StageError(stage, "slide=, time= and delay= go with duration=, not count=")
+        return CountClosing(count)
+    duration_ms = _positive_ms(stage, "duration", duration)
+    slide_ms = duration_ms if slide is None else _positive_ms(stage, "slide", slide)
+    delay_ms = 0 if not delay else _positive_ms(stage, "delay", delay)
+    if time is None and delay_ms:
+        raise StageError(stage, "delay= is the watermark of an event-time window: give time=")
+    return TimeClosing(duration_ms, slide_ms, time, delay_ms)
+
+
+def _positive_ms(stage: str, name: str, value) -> int:
+    try:
+        ms = parse_duration_ms(name, value)
+    except OptionError as e:
+        raise StageError(stage, f"{name}={value!r}: expected {e.allowed}") from None
+    if ms <= 0:
+        raise StageError(stage, f"{name}={value!r}: give a positive duration")
+    return ms
