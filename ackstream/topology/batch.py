@@ -208,7 +208,12 @@ class BatchRun:
             planned is None or not self.mode.plans_inits or continues
         )
         self.context = BatchContext(
-            batch_id, self.now, topology.channel, topology.message_timeout_ms, topology.held_folder
+            batch_id,
+            self.now,
+            topology.channel,
+            topology.message_timeout_ms,
+            topology.held_folder,
+            groups=self.groups,  # filled as the stages run
         )
 
     # --- the phases -------------------------------------------------------------------

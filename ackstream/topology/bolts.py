@@ -32,8 +32,8 @@ replay), never fewer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -62,6 +62,7 @@ __all__ = [
     "PandasBoltStage",
     "anchor_list",
     "anchor_pairs",
+    "anchored_to_roots",
     "failed_roots",
     "is_multi_anchored",
     "mint",
@@ -102,6 +103,9 @@ class BatchContext:
     #: how a stage resets the timeout of its rows' trees: only a topology that continues
     #: upstream trees has any that can time out while its batch runs (None: it has not)
     resets: UpstreamResets | None = None
+    #: the aggregates' inputs of the batch so far, by stage: where the roots of a row
+    #: that carries ``_group`` are found (a stage that holds rows needs them)
+    groups: Mapping[int, GroupInput] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,7 @@ def failed_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) -> 
     ``distinct()``: that would be a shuffle, and pre-combination merges repeats."""
     reason = F.col(REASON) if REASON in df.columns else F.lit(None).cast("string")
     if is_multi_anchored(df):
-        pairs = df.select(F.inline(ANCHORS), reason.alias("reason"))
+        pairs = df.select(F.inline(ANCHORS), reason.alias("reason")).select("root", "reason")
     else:
         pairs = df.select(F.col(ROOT).alias("root"), reason.alias("reason"))
     pairs = pairs.where(F.col("root").isNotNull())
@@ -198,6 +202,24 @@ def with_tree_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) 
             .drop(_GROUP_ID, _GROUP_ROOTS, _GROUP_STAGE)
         )
     return out
+
+
+def anchored_to_roots(df: DataFrame, groups: Mapping[int, GroupInput]) -> DataFrame:
+    """``df``, whose rows carry ``_group`` (telescoped acks), anchored to their roots
+    instead: ``_anchors`` with a null edge per root (found as :func:`with_tree_roots`
+    finds them), ``_root`` null, no ``_group``. What a stage that holds rows across
+    batches keeps: the aggregate's input that ``_group`` points to is gone after the
+    batch."""
+    anchor = F.transform(
+        F.col(ROOTS),
+        lambda r: F.struct(r.alias("root"), F.lit(None).cast("long").alias("edge")),
+    )
+    rooted = with_tree_roots(df, dict(groups))
+    return (
+        rooted.withColumn(ANCHORS, anchor)
+        .withColumn(ROOT, F.lit(None).cast("long"))
+        .drop(GROUP, ROOTS)
+    )
 
 
 def _roots_of_row() -> Column:

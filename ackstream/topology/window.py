@@ -46,14 +46,14 @@ from pyspark.sql import functions as F
 from ackstream import ids
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, REASON, ROOT
-from ackstream.records import ACK, NOTICES, ack_table
+from ackstream.records import ACK, FAIL, NOTICES, ack_table
 from ackstream.topology.bolts import (
     BatchContext,
     GroupInput,
     Stage,
     StageOutput,
     anchor_list,
-    is_multi_anchored,
+    anchored_to_roots,
 )
 from ackstream.topology.held_store import HeldState, HeldStore
 from ackstream.topology.window_closing import SEQ, SINCE, Closing
@@ -72,6 +72,36 @@ def hold_ids(roots: np.ndarray, batch_id: int, stage: int) -> np.ndarray:
     root cancel each other in its XOR."""
     roots = np.asarray(roots, dtype=np.int64)
     return ids.hash_longs(roots, batch_id, stage, np.arange(len(roots), dtype=np.int64))
+
+
+def root_pairs(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """``(row, root)`` for every root each row of ``table`` is anchored to (``_root``,
+    or each entry of ``_anchors``), as two int64 arrays; rows with no root have none."""
+    rows = [np.empty(0, np.int64)]
+    roots = [np.empty(0, np.int64)]
+    if ROOT in table.column_names:
+        own = table.column(ROOT).combine_chunks()
+        at = np.flatnonzero(own.is_valid().to_numpy(zero_copy_only=False))
+        rows.append(at)
+        roots.append(own.take(pa.array(at)).to_numpy(zero_copy_only=False).astype(np.int64))
+    if ANCHORS in table.column_names:
+        anchors = table.column(ANCHORS).combine_chunks()
+        parents = pc.list_parent_indices(anchors).to_numpy(zero_copy_only=False)
+        entries = pc.list_flatten(anchors).field("root")
+        valid = entries.is_valid().to_numpy(zero_copy_only=False)
+        rows.append(parents[valid].astype(np.int64))
+        roots.append(entries.drop_null().to_numpy(zero_copy_only=False).astype(np.int64))
+    return np.concatenate(rows), np.concatenate(roots)
+
+
+def _hold_pairs(released: DataFrame) -> DataFrame:
+    """``(root, value)``: each released row's hold id, once for every root it holds."""
+    held = released.where(F.col(HOLD).isNotNull())
+    pairs = held.select(F.col(ROOT).alias("root"), F.col(HOLD).alias("value"))
+    if ANCHORS in released.columns:
+        anchored = held.select(F.inline(ANCHORS), F.col(HOLD).alias("value"))
+        pairs = pairs.unionByName(anchored.select("root", "value"))
+    return pairs.where("root IS NOT NULL")
 
 
 def finished_roots(completions: pa.Table) -> pa.Array:
@@ -120,11 +150,11 @@ class WindowStage(Stage):
         if context is None:
             raise StageError(self.name, "a window runs inside a topology batch")
         ctx = context
-        if tracking and (is_multi_anchored(df) or GROUP in df.columns):
-            raise StageError(self.name, "a window after an aggregate or a window is not supported")
+        if tracking and GROUP in df.columns:  # after an aggregate: hold its roots as anchors
+            df = anchored_to_roots(df, ctx.groups)
         store = self.store(ctx.folder)
         state = store.before(ctx.batch_id)
-        held, position = self._still_held(state, tracking, ctx)
+        held, position, dropped = self._still_held(state, tracking, ctx)
         new = self.closing.stamp(
             df.withColumn(HOLD, F.lit(None).cast("long"))
             .withColumn(SINCE, F.lit(ctx.batch_id).cast("long"))
@@ -142,6 +172,8 @@ class WindowStage(Stage):
         clock = None if state is None else state.clock
         closed = self.closing.close(rows, self.keys, clock, ctx.now_ms, self.name)
         kept, records = self._hold(closed.kept.toArrow(), tracking and not edges, ctx)
+        if dropped is not None:
+            records = dropped if records is None else pa.concat_tables([records, dropped])
         store.save(ctx.batch_id, HeldState(kept, position, closed.clock))
         windows = closed.windows
         grouped = windows.groupBy(*self.keys, *closed.group_columns)
@@ -160,9 +192,7 @@ class WindowStage(Stage):
                 .groupBy(*self.keys, *closed.group_columns)
                 .agg(*self.aggs, group.alias(GROUP), null.alias(EDGE), null.alias(ROOT))
             )
-            holds = closed.released.where(f"{HOLD} IS NOT NULL AND {ROOT} IS NOT NULL").selectExpr(
-                f"{ROOT} AS root", f"{HOLD} AS value"
-            )
+            holds = _hold_pairs(closed.released)
             return StageOutput(
                 out.drop(*closed.hidden),
                 rejected=rejected,
@@ -181,44 +211,65 @@ class WindowStage(Stage):
         )
         out = grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT))
         return StageOutput(
-            out.drop(*closed.hidden), rejected=rejected, cached=cached, acked=closed.released
+            out.drop(*closed.hidden),
+            rejected=rejected,
+            cached=cached,
+            acked=closed.released,
+            records=records,
         )
 
     def _still_held(self, state: HeldState | None, tracking: bool, ctx: BatchContext):
-        """The rows held before this batch (``state``) that may still be released, and the
-        completion position read up to: a root with an outcome, or held longer than the
-        message timeout, can no longer be acked, and its record is (or will be) replayed."""
+        """The rows held before this batch (``state``) that may still be released, the
+        completion position read up to, and FAIL records (or None) for the other roots
+        of rows dropped. A row with a root that has an outcome, or held longer than the
+        message timeout, can no longer be acked: its record is (or will be) replayed. A
+        row of several roots (after an aggregate) goes with any of them, and its other
+        roots fail at once, so that their replays bring its content back."""
         held, position = (None, None) if state is None else (state.rows, state.position)
         if not tracking:
-            return held, position
+            return held, position, None
+        dropped = None
         if ctx.channel is not None:
             if state is None:  # our roots' completions all come after this
                 position = ctx.channel.end_position()
             else:
                 done, position = ctx.channel.completions_since(position)
                 if held is not None and held.num_rows and done.num_rows:
-                    gone = pc.is_in(held.column(ROOT), finished_roots(done))
-                    held = held.filter(pc.invert(pc.fill_null(gone, False)))
+                    held, dropped = self._without_finished(held, finished_roots(done), ctx)
         if held is not None and held.num_rows:
             held = held.filter(pc.greater(held.column(HELD_MS), ctx.now_ms - ctx.timeout_ms))
-        return held, position
+        return held, position, dropped
+
+    def _without_finished(self, held: pa.Table, finished: pa.Array, ctx: BatchContext):
+        """``held`` without the rows that have a finished root, and the FAIL records of
+        those rows' other roots (None if there are none)."""
+        rows, roots = root_pairs(held)
+        over = pc.is_in(pa.array(roots), finished).to_numpy(zero_copy_only=False)
+        gone = np.zeros(held.num_rows, dtype=bool)
+        gone[rows[over]] = True
+        held = held.filter(pa.array(~gone))
+        others = gone[rows] & ~over
+        if not others.any():
+            return held, None
+        why = f"held in window stage {self.name} with a root that failed or timed out"
+        failing = np.unique(roots[others])
+        return held, ack_table(failing, np.zeros(len(failing), np.int64), FAIL, ctx.now_ms, why)
 
     def _hold(self, kept: pa.Table, telescoped: bool, ctx: BatchContext):
         """``kept`` with a hold id for each tuple newly held (telescoped acks) and the
         ``ACK (root, h)`` records of those; (kept, None) otherwise."""
         if not telescoped or not kept.num_rows:
             return kept, None
-        fresh = np.flatnonzero(
-            pc.and_(pc.is_null(kept.column(HOLD)), pc.is_valid(kept.column(ROOT))).to_numpy(
-                zero_copy_only=False
-            )
-        )
-        roots = kept.column(ROOT).take(pa.array(fresh)).to_numpy().astype(np.int64)
-        given = hold_ids(roots, ctx.batch_id, self.number)
+        rows, roots = root_pairs(kept)
+        unheld = pc.is_null(kept.column(HOLD)).to_numpy(zero_copy_only=False)
+        fresh_pairs = unheld[rows]
+        rows, roots = rows[fresh_pairs], roots[fresh_pairs]
+        fresh, first = np.unique(rows, return_index=True)  # rows with a root, and one root each
+        given = hold_ids(roots[first], ctx.batch_id, self.number)
         hold = pc.fill_null(kept.column(HOLD), 0).to_numpy().copy()
         hold[fresh] = given
-        mask = pc.is_null(kept.column(HOLD)).to_numpy(zero_copy_only=False).copy()
+        mask = unheld.copy()
         mask[fresh] = False
         column = pa.array(hold, pa.int64(), mask=mask)
         kept = kept.set_column(kept.schema.get_field_index(HOLD), HOLD, column)
-        return kept, ack_table(roots, given, ACK, ctx.now_ms)
+        return kept, ack_table(roots, hold[rows], ACK, ctx.now_ms)

@@ -130,14 +130,98 @@ def test_window_arguments_are_checked(spark):
         Topology("w", spark, None).window("value", F.count("*"), count=2, name="a/b")
     with pytest.raises(StageError, match="at least one aggregate"):
         Topology("w", spark, None).window("value", count=2)
-    after_aggregate = (
-        Topology("w", spark, None)
+
+
+def after_aggregate(spark, ack_mode, sink, channel=None, fail=None):
+    """Per batch, a count of each value; then a window of two such counts per value."""
+    topology = (
+        Topology("agg-win", spark, channel, ack_mode=ack_mode)
         .aggregate("value", F.count("*").alias("n"))
-        .window("value", F.sum("n"), count=2)
-        .sink(MemorySink())
+        .window("value", F.sum("n").alias("total"), count=2, name="w")
     )
-    with pytest.raises(StageError, match="after an aggregate"):
-        after_aggregate.run_batch(tracked_frame(spark, ["a"]))
+    if fail is not None:
+        topology = topology.fail_where(fail, "downstream")
+    return topology.sink(sink)
+
+
+@MODES
+def test_a_window_after_an_aggregate_holds_every_root_of_a_count(spark, ack_mode):
+    """Batch 0: "a" twice and "b" count as two rows, each held. Batch 1's "a" fills the
+    "a" window: the three "a" roots of both batches are acked; "b" stays pending."""
+    sink = MemorySink()
+    topology = after_aggregate(spark, ack_mode, sink)
+    first = tracked_frame(spark, ["a", "b", "a"], partition=0)
+    second = tracked_frame(spark, ["a"], partition=1)
+    records = [topology.run_batch(first, 0), topology.run_batch(second, 1)]
+    assert [(r["value"], r["total"]) for r in sink.rows()] == [("a", 3)]
+    a0, b, a2 = roots(first)
+    outcome, pending = ledger(records)
+    assert outcome == dict.fromkeys([a0, a2, *roots(second)], ACKED)
+    assert pending == {b}
+
+
+@MODES
+def test_a_failed_row_of_a_window_after_an_aggregate_fails_every_root(spark, ack_mode):
+    sink = MemorySink()
+    topology = after_aggregate(spark, ack_mode, sink, fail=F.col("total") == 3)
+    first = tracked_frame(spark, ["a", "a"], partition=0)
+    second = tracked_frame(spark, ["a"], partition=1)
+    records = [topology.run_batch(first, 0), topology.run_batch(second, 1)]
+    outcome, pending = ledger(records)
+    assert outcome == dict.fromkeys(roots(first) + roots(second), FAILED)
+    assert pending == set() and sink.rows() == []
+
+
+@MODES
+def test_a_held_count_with_a_failed_root_is_dropped_and_fails_its_other_roots(
+    spark, tmp_path, ack_mode
+):
+    """The held count of two "a" has one root failed elsewhere: the next batch drops it
+    (its content comes back with the replays) and fails its other root at once, with a
+    reason naming the window; the new "a" is held alone."""
+    from ackstream.channels.local import LocalChannel
+    from ackstream.records import completion_table
+
+    channel = LocalChannel(str(tmp_path / "channel"))
+    channel.prepare()
+    sink = MemorySink()
+    topology = after_aggregate(spark, ack_mode, sink, channel=channel)
+    first = tracked_frame(spark, ["a", "a"], partition=0)
+    records = [topology.run_batch(first, 0)]
+    failed, other = roots(first)
+    channel.write_completions(completion_table([failed], FAILED, reason="elsewhere"))
+    records.append(topology.run_batch(tracked_frame(spark, ["a"], partition=1), 1))
+    assert sink.rows() == []
+    fails = [r for r in records[1].to_pylist() if r["root"] == other]
+    assert [r["reason"] for r in fails] == [
+        "held in window stage w with a root that failed or timed out"
+    ]
+    outcome, _ = ledger(records)
+    assert outcome[other] == FAILED and failed not in outcome
+    held = topology.stages[1].store(None).before(2).rows
+    assert held.num_rows == 1
+
+
+@MODES
+def test_a_window_after_a_window(spark, ack_mode):
+    """Two count windows in a row: pairs, then pairs of pairs. Four "a" in two batches
+    make one row of the second window; every root is acked once it emits."""
+    sink = MemorySink()
+    topology = (
+        Topology("win-win", spark, None, ack_mode=ack_mode)
+        .window("value", F.count("*").alias("n"), count=2, name="pairs")
+        .window("value", F.sum("n").alias("total"), count=2, name="quads")
+        .sink(sink)
+    )
+    first = tracked_frame(spark, ["a", "a", "a"], partition=0)
+    second = tracked_frame(spark, ["a"], partition=1)
+    records = [topology.run_batch(first, 0)]
+    assert ledger(records)[0] == {}
+    records.append(topology.run_batch(second, 1))
+    assert [(r["value"], r["total"]) for r in sink.rows()] == [("a", 4)]
+    outcome, pending = ledger(records)
+    assert outcome == dict.fromkeys(roots(first) + roots(second), ACKED)
+    assert pending == set()
 
 
 def started(spark, tmp_path, count, timeout_ms=60_000, ack_mode="telescoped", **options):
