@@ -369,3 +369,64 @@ def test_a_tuple_that_never_finds_its_match_times_out_and_is_replayed(spark, tmp
     # the first attempt's row was dropped when its root timed out: never held twice
     state = HeldStore(os.path.join(str(tmp_path / "ckpt"), "topology", FOLDER, "j")).latest()
     assert set(state.rows.column("_attempt").to_pylist()) <= {1}
+
+
+@pytest.mark.broker
+def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
+    spark, broker, new_topic, tmp_path
+):
+    """Kafka upstream and channel, two records a batch: "L1" and "R2" are held in the
+    first batch, "R1" and "L2" meet them in the second. A stage fails the key 1 pair on
+    its first attempt: both of its roots, read in two batches, fail and replay, meet
+    again and are acked; the key 2 pair is acked at once. Every offset committed."""
+    import uuid
+
+    from kafka import KafkaProducer
+
+    from ackstream.channels.kafka import KafkaChannel
+
+    from helpers import group_commits
+
+    inbox, name = new_topic(partitions=1), f"join-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for value in ("L1", "R2", "R1", "L2"):
+        producer.send(inbox, value=value.encode(), partition=0)
+    producer.flush()
+    producer.close()
+    channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
+    first_attempts = (F.col("_attempt") == 0) & (F.col("_attempt_right") == 0)
+    topology = (
+        Topology(name, spark, channel, message_timeout_ms=60_000)
+        .map(lambda df: df.withColumn("v", F.col("value").cast("string")), name="text")
+        .map(lambda df: df.withColumn("k", F.substring("v", 2, 1)), name="keyed")
+        .filter(F.col("v").startswith("L"), name="left")
+        .filter(F.col("v").startswith("R"), name="right", after="keyed")
+        .join("left", "right", on="k")
+        .fail_where((F.col("k") == "1") & first_attempts, "1: first attempt")
+        .sink(sink)
+    )
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": inbox,
+            "startingOffsets": "earliest",
+            "maxOffsetsPerTrigger": "2",
+            "ackstream.sourceTimeout": "120s",
+            "ackstream.retryInitialDelay": "50ms",
+        }
+    )
+    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+    try:
+        wait_until_settled(running, records=4, timeout_s=300)
+    finally:
+        running.stop()
+    assert group_commits(broker.bootstrap, name, inbox) == {0: 4}
+    assert outcomes(channel) == sorted(
+        [(o, 0, FAILED) for o in (0, 2)]
+        + [(o, 1, ACKED) for o in (0, 2)]
+        + [(o, 0, ACKED) for o in (1, 3)]
+    )
+    assert sorted((r["k"], r["offset"], r["offset_right"], r["_attempt"]) for r in sink.rows()) == [
+        ("1", 0, 2, 1),
+        ("2", 3, 1, 0),
+    ]
