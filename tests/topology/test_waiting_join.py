@@ -9,6 +9,8 @@ queries on a local channel, and one runs on Kafka."""
 import os
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from ackstream.acker.ledger import Pending, step
@@ -430,3 +432,52 @@ def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
         ("1", 0, 2, 1),
         ("2", 3, 1, 0),
     ]
+
+
+@st.composite
+def arrivals(draw):
+    """Three batches of up to four tuples each: a side and a key."""
+    tuple_ = st.tuples(st.sampled_from(["click", "view"]), st.sampled_from("ab"))
+    return [draw(st.lists(tuple_, max_size=4)) for _ in range(3)]
+
+
+def model(batches):
+    """What the join should do: the pairs, as ((batch, i) of the click, (batch, i) of
+    the view), and the tuples never matched. A tuple is released in the first batch
+    where its key has tuples of both sides, held or new."""
+    held, out, matched = [], [], set()
+    for b, batch in enumerate(batches):
+        rows = held + [(b, i, side, key) for i, (side, key) in enumerate(batch)]
+        for key in "ab":
+            clicks = [r[:2] for r in rows if r[3] == key and r[2] == "click"]
+            views = [r[:2] for r in rows if r[3] == key and r[2] == "view"]
+            if clicks and views:
+                out += [(c, v) for c in clicks for v in views]
+                matched.update(clicks + views)
+        held = [r for r in rows if r[:2] not in matched]
+    return sorted(out), {r[:2] for r in held}
+
+
+# each example runs three batches on Spark: few examples, and no shrinking (minutes)
+@settings(
+    max_examples=8,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(batches=arrivals(), ack_mode=st.sampled_from(sorted(ACK_MODES)))
+def test_pairs_and_outcomes_follow_the_first_match(spark, batches, ack_mode):
+    """Whatever the arrivals, the join emits exactly the pairs of the model, a root is
+    acked iff its tuple met a match, and every other root stays pending."""
+    sink = MemorySink()
+    topology = joined(spark, ack_mode, sink)
+    records, root_of = [], {}
+    for b, batch in enumerate(batches):
+        frame = tracked_frame(spark, [k for _, k in batch], keys=[s for s, _ in batch], partition=b)
+        records.append(topology.run_batch(frame, b))
+        root_of.update({(b, i): root for i, root in enumerate(roots(frame))})
+    expected, unmatched = model(batches)
+    assert sorted((c, v) for _, c, v in pairs(sink)) == expected
+    outcome, pending = ledger([r for r in records if r.num_rows])
+    assert outcome == {root_of[t]: ACKED for t in root_of if t not in unmatched}
+    assert pending == {root_of[t] for t in unmatched}
