@@ -36,8 +36,8 @@ channel counts each root once, with its first completion.
   :data:`~ackstream.channels.local.SOURCE_METRICS_FILE`), or
   with the Kafka channel as the source's consumer group has them on the brokers now
   (:func:`group_lag`); ``None`` when unknown.
-- ``held``: per window stage, the ``tuples`` it holds across batches and their
-  distinct ``roots`` (pending until the window emits), as its newest saved state in
+- ``held``: per window or join stage, the ``tuples`` it holds across batches and their
+  distinct ``roots`` (pending until released), as its newest saved state in
   the topology's checkpoint has them (:func:`held_in`); ``None`` without a checkpoint.
 - ``stages``: per stage and sink, the tuples it read (``in``, Storm UI's executed)
   and emitted (``out``) since its checkpoint began, as the topology saved them there
@@ -117,7 +117,7 @@ PROMETHEUS_FAMILIES = {
     "failed_by_stage_total": ("counter", "Failed and timed-out roots by the stage at fault."),
     "rejected_by_stage_total": ("counter", "Rejected roots by the stage at fault."),
     "complete_latency_ms": ("gauge", "Complete latency of the acked roots, in ms."),
-    "held": ("gauge", "Tuples and roots a window stage holds."),
+    "held": ("gauge", "Tuples and roots a window or join stage holds."),
     "stage_tuples_total": ("counter", "Tuples each stage and sink read (in) and emitted (out)."),
     "partition_end": ("gauge", "The end offset of each upstream partition."),
     "partition_committed": ("gauge", "The offset the source's group committed, per partition."),
@@ -206,7 +206,7 @@ class Status:
         for stage, n in (self.held or {}).items():
             out.append(
                 f"  held by {stage}: {n['tuples']} tuples of {n['roots']} roots "
-                "(pending until the window emits)"
+                "(pending until released)"
             )
         if self.partitions is None:
             out.append("  lag: unknown (no source metrics or group commits yet)")
@@ -418,9 +418,9 @@ def local_status(
 
 
 def held_in(checkpoint: str) -> dict:
-    """Per window stage of the topology started with ``checkpoint`` (the directory given
-    to ``Topology.start``), the tuples and distinct roots it holds now: ``{stage:
-    {"tuples": n, "roots": n}}``, {} when it has no window stage or has run none."""
+    """Per window or join stage of the topology started with ``checkpoint`` (the directory
+    given to ``Topology.start``), the tuples and distinct roots it holds now: ``{stage:
+    {"tuples": n, "roots": n}}``, {} when it has no such stage or has run none."""
     return held_counts(os.path.join(checkpoint, "topology", HELD_FOLDER))
 
 

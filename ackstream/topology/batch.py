@@ -194,7 +194,8 @@ class BatchRun:
         self.subs = subscribers(topology.stages, topology.sinks)
         #: nothing planned: no job may read the batch to count it
         self.counts = None if planned is not None and not planned.num_rows else counts
-        self.copies: dict[str, list[DataFrame]] = {}  # per stage or sink, what it reads
+        #: per stage or sink, what it reads: a copy of each stream it subscribes to, by name
+        self.copies: dict[str, dict[str, DataFrame]] = {}
         self.groups: dict[int, GroupInput] = {}  # aggregates' inputs: roots of failed rows
         self.frames: list[DataFrame] = []  # ack records, collected in one job at the end
         self.tables: list[pa.Table] = []  # ack records made on the driver
@@ -244,7 +245,11 @@ class BatchRun:
 
     def run_stage(self, stage) -> None:
         """Run ``stage`` on the streams it subscribes to; gather its acks and fails."""
-        tuples = self._count(join_streams(self.copies.pop(stage.name), self.edges), stage, "in")
+        streams = self.copies.pop(stage.name)
+        tuples = stage.combine(streams)
+        if tuples is None:
+            tuples = join_streams(list(streams.values()))
+        tuples = self._count(tuples, stage, "in")
         out = stage.run(tuples, self.tracking, self.mode.edges, self.context)
         self.kept.extend(out.cached)
         if out.groups is not None:
@@ -258,7 +263,8 @@ class BatchRun:
         self._publish(children, stage.name, stage.number)
 
     def write_sink(self, node) -> None:
-        outputs = self._count(join_streams(self.copies.pop(node.name), self.edges), node, "in")
+        streams = list(self.copies.pop(node.name).values())
+        outputs = self._count(join_streams(streams), node, "in")
         written = _write_sink(
             self.topology, node, outputs, self.batch_id, self.now, self.groups, self.upstream
         )
@@ -317,7 +323,7 @@ class BatchRun:
             copies = _union_all(list(handed.values()))
             self.frames += self.mode.stage_acks(stream, copies, self.now)
         for subscriber, copy in handed.items():
-            self.copies.setdefault(subscriber, []).append(copy)
+            self.copies.setdefault(subscriber, {})[name] = copy
 
     def _keep(self, df: DataFrame) -> DataFrame:
         df = df.persist()

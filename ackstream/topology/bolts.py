@@ -284,6 +284,13 @@ class Stage:
         #: the streams it subscribes to (see :mod:`ackstream.topology.graph`)
         self.after: tuple[str, ...] = ()
 
+    def combine(self, streams: Mapping[str, DataFrame]) -> DataFrame | None:
+        """The one frame this stage reads from the streams it subscribes to (by name),
+        for a stage that tells them apart (a join that waits for its other side: see
+        :mod:`ackstream.topology.waiting_join`); None, as here: their union
+        (:func:`ackstream.topology.graph.join_streams`)."""
+        return None
+
     def run(
         self,
         df: DataFrame,

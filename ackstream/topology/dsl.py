@@ -51,6 +51,7 @@ from ackstream.topology.bolts import (
 )
 from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.running import RunningTopology, same_term, start_topology
+from ackstream.topology.waiting_join import WaitingJoinStage
 from ackstream.topology.window import WindowStage
 from ackstream.topology.window_closing import window_closing
 
@@ -283,6 +284,23 @@ class Topology:
         closing = window_closing(stage_name, count, duration, slide, time, delay)
         closing.check(stage_name, self.message_timeout_ms, self.tracking)
         return self._add(WindowStage, keys, aggs, closing, name=name, after=after)
+
+    def join(
+        self, left: str, right: str, on, *, suffix: str = "_right", name: str | None = None
+    ) -> Topology:
+        """An inner equi-join of the streams ``left`` and ``right`` (the spout's or earlier
+        stages' names) on the key column(s) ``on``, that waits across micro-batches: a
+        tuple with no match yet is held, un-acked, until a tuple of the other side with
+        its key arrives; the batch where it first gets one emits a row per matching
+        pair (held and new tuples of both sides), anchored to both, and acks it. A
+        tuple that finds no match within the message timeout times out and its record
+        is replayed. Output: the keys, the left's columns, the right's (``suffix`` on
+        the names the left has too). Held tuples are kept beside the checkpoint and
+        survive a restart (see :mod:`ackstream.topology.waiting_join`)."""
+        keys = [on] if isinstance(on, str) else list(on)
+        return self._add(
+            WaitingJoinStage, left, right, keys, suffix, name=name, after=(left, right)
+        )
 
     def pandas_bolt(
         self,

@@ -66,11 +66,13 @@ def subscriber_copies(
     return {name: mint(stream, producer, -(i + 1)) for i, name in enumerate(names)}
 
 
-def join_streams(streams: list[DataFrame], edges: bool) -> DataFrame:
+def join_streams(streams: list[DataFrame]) -> DataFrame:
     """The union of the streams a stage subscribes to, by column name (a payload
-    column one stream lacks is null in its rows). With edges, if any stream is
-    multi-anchored, single-anchored rows are turned into one-entry anchor lists."""
-    if edges and len(streams) > 1 and any(is_multi_anchored(s) for s in streams):
+    column one stream lacks is null in its rows). If any stream is multi-anchored
+    (with edges, or a waiting join's output with telescoped acks), single-anchored
+    rows are turned into one-entry anchor lists, so that a row's roots are in one
+    place whichever stream it came from."""
+    if len(streams) > 1 and any(is_multi_anchored(s) for s in streams):
         null = F.lit(None).cast("long")
         streams = [
             s

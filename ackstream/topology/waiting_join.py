@@ -1,0 +1,272 @@
+"""A stream-stream join that waits for its other side across micro-batches.
+
+``Topology.join(left, right, on)`` is an inner equi-join of two streams (the spout's
+or earlier stages') on the key column(s) ``on``, as a Storm bolt that subscribes to
+two components and keeps each tuple in memory until its match arrives: a tuple that
+finds no match in its batch is held, in any number of batches, until a tuple of the
+other side with the same key arrives. The batch in which a tuple first gets a match
+releases it: one output row per matching pair among every tuple of that key the
+batch has (held ones and new ones, of both sides), anchored to both of its inputs.
+A released tuple is done, so a tuple of its key arriving later waits for a new
+match: it never meets the released one (its root was acked).
+
+Output rows have the key columns once, then the left side's other columns, then the
+right side's; a right column whose name the left side (or a key) has too gets
+``suffix`` (``"_right"`` by default), as in Polars' ``join``. A tuple with a null key
+can never match: it is dropped, and acked, as a filter drops a row.
+
+Acks, as the count window's (:mod:`ackstream.topology.window`):
+
+- telescoped (the default): a tuple still held at the end of its batch adds a fresh
+  id ``h`` to its root's XOR (``ACK (root, h)``), so its tree stays open and goes to
+  the acker; the batch that releases it sends ``ACK (root, h)`` again. The output row
+  carries ``_anchors`` with both roots (edges null: nothing acks them), so a failed
+  row fails the roots of both of its inputs, of whichever batches.
+- per-stage: a held tuple is not acked until it is released; then its edge is acked
+  XOR the edges of its pairs. The pair (l, r) is a child with the edge
+  ``xxhash64(l._edge, stage, r._edge)``, distinct per pair, multi-anchored
+  (``_anchors``) to the roots of both.
+
+The message timeout applies: a root whose tuple waits too long times out in the
+acker and its record is replayed (and held again, if it still finds no match). The
+held tuple of a root that has an outcome (timed out, or failed elsewhere), or that
+was held longer than the message timeout, is dropped at the start of a batch, as the
+window drops it. Held rows are saved per batch beside the checkpoint
+(:mod:`ackstream.topology.held_store`), so a driver restart keeps them and a batch run
+again starts from the rows held before it.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from ackstream.errors import StageError
+from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, ROOT
+from ackstream.records import ACK, ack_table
+from ackstream.topology.bolts import BatchContext, Stage, StageOutput, is_multi_anchored
+from ackstream.topology.held_store import HeldState, HeldStore
+from ackstream.topology.window import HELD_MS, HOLD, finished_roots, hold_ids
+
+__all__ = ["JoinColumns", "WaitingJoinStage", "still_held"]
+
+#: the side a row of the join's input came from: 0 left, 1 right
+SIDE = "_side"
+_MATCHED = "_matched"
+_L_ROOT, _L_EDGE, _R_ROOT, _R_EDGE = "_l_root", "_l_edge", "_r_root", "_r_edge"
+_ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
+
+
+@dataclass(frozen=True)
+class JoinColumns:
+    """The columns of a join's input, as the batch's two streams have them: the keys,
+    each side's other columns (the right's as they are named in the output) and the
+    lineage columns the streams carry."""
+
+    keys: tuple[str, ...]
+    left: tuple[str, ...]
+    right: tuple[str, ...]
+    lineage: tuple[str, ...]
+
+
+class WaitingJoinStage(Stage):
+    """An inner equi-join of the streams ``left`` and ``right`` on ``keys`` that holds
+    each side's tuples across batches until their match arrives (see the module doc)."""
+
+    kind = "join"
+
+    def __init__(self, number: int, left: str, right: str, keys, suffix: str, name=None):
+        super().__init__(number, name)
+        self.left, self.right, self.keys, self.suffix = left, right, tuple(keys), suffix
+        if left == right:
+            raise StageError(self.name, f"joins the stream {left!r} with itself: give two streams")
+        if not self.keys or not all(isinstance(k, str) and k for k in self.keys):
+            raise StageError(self.name, f"on={keys!r}: give the key column name(s) both sides have")
+        if not isinstance(suffix, str) or not suffix:
+            raise StageError(self.name, f"suffix={suffix!r}: give a non-empty string")
+        if "/" in self.name or self.name.startswith("."):  # its held store's folder name
+            raise StageError(self.name, "a join's name may not hold '/' or start with '.'")
+        self.columns: JoinColumns | None = None  # set by combine, each batch
+        self._stores: dict[str | None, HeldStore] = {}
+
+    def store(self, folder: str | None) -> HeldStore:
+        """This stage's held store in ``folder`` (None: in memory, kept by the stage)."""
+        if folder not in self._stores:
+            self._stores[folder] = HeldStore(
+                None if folder is None else os.path.join(folder, self.name)
+            )
+        return self._stores[folder]
+
+    def combine(self, streams: Mapping[str, DataFrame]) -> DataFrame:
+        """The two streams as one frame, each row tagged with its side (``_side``), the
+        right side's columns renamed as in the output (see :class:`JoinColumns`)."""
+        left, right = streams[self.left], streams[self.right]
+        for side, frame in ((self.left, left), (self.right, right)):
+            missing = [k for k in self.keys if k not in frame.columns]
+            if missing:
+                raise StageError(self.name, f"stream {side!r} has no key column(s) {missing}")
+            if is_multi_anchored(frame) or GROUP in frame.columns:
+                raise StageError(
+                    self.name, "a join after an aggregate, a window or a join is not supported"
+                )
+        types_l, types_r = dict(left.dtypes), dict(right.dtypes)
+        differ = [f"{k}: {types_l[k]}, {types_r[k]}" for k in self.keys if types_l[k] != types_r[k]]
+        if differ:
+            raise StageError(
+                self.name, f"the key types differ ({'; '.join(differ)}): cast one side first"
+            )
+        own = [c for c in left.columns if c not in self.keys and c not in LINEAGE_COLUMNS]
+        theirs = [c for c in right.columns if c not in self.keys and c not in LINEAGE_COLUMNS]
+        taken = set(own) | set(self.keys)
+        named = {c: c + self.suffix if c in taken else c for c in theirs}
+        clash = sorted(n for c, n in named.items() if n != c and n in set(theirs) | taken)
+        if clash:
+            raise StageError(
+                self.name,
+                f"suffix {self.suffix!r} gives column(s) {clash} that exist already: give "
+                "another suffix=",
+            )
+        lineage = tuple(c for c in (ROOT, EDGE) if c in left.columns and c in right.columns)
+        self.columns = JoinColumns(self.keys, tuple(own), tuple(named.values()), lineage)
+        right = right.select(
+            *self.keys, *(F.col(c).alias(named[c]) for c in theirs), *lineage
+        ).withColumn(SIDE, F.lit(1).cast("byte"))
+        left = left.select(*self.keys, *own, *lineage).withColumn(SIDE, F.lit(0).cast("byte"))
+        return left.unionByName(right, allowMissingColumns=True)
+
+    def run(
+        self,
+        df: DataFrame,
+        tracking: bool,
+        edges: bool = True,
+        context: BatchContext | None = None,
+    ) -> StageOutput:
+        """The pairs this batch's and the held tuples make; saves the tuples still
+        without a match (``context`` says where, and which roots finished).
+        ``StageOutput.acked`` is the tuples released or dropped (per-stage acks ack
+        those, not the input), ``records`` the new holds' ``ACK (root, h)`` and
+        ``holds`` the released holds' ``(root, value)`` pairs (telescoped)."""
+        columns = self.columns
+        if context is None or columns is None:
+            raise StageError(self.name, "a join runs inside a topology batch")
+        ctx = context
+        store = self.store(ctx.folder)
+        held, position = still_held(store, tracking, ctx)
+        keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
+        new = (
+            df.where(keyed)
+            .withColumn(HOLD, F.lit(None).cast("long"))
+            .withColumn(HELD_MS, F.lit(ctx.now_ms).cast("long"))
+        )
+        rows = new
+        if held is not None and held.num_rows:
+            old = df.sparkSession.createDataFrame(held)
+            rows = old.select(*(F.col(f.name).cast(f.dataType) for f in new.schema)).unionByName(
+                new
+            )
+        by_key = Window.partitionBy(*self.keys)
+        marked = rows.withColumn(
+            _MATCHED, F.min(SIDE).over(by_key) != F.max(SIDE).over(by_key)
+        ).persist()  # kept, released and the pairs must come from one evaluation
+        kept = marked.where(~F.col(_MATCHED)).drop(_MATCHED).toArrow()
+        records = None
+        if tracking and not edges:
+            kept, records = self._hold(kept, ctx)
+        store.save(ctx.batch_id, HeldState(rows=kept, position=position))
+        released = marked.where(F.col(_MATCHED))
+        pairs = self._pairs(released, columns, tracking, edges)
+        if not tracking:
+            return StageOutput(pairs, cached=(marked,))
+        if not edges:
+            holds = released.where(f"{HOLD} IS NOT NULL AND {ROOT} IS NOT NULL").selectExpr(
+                f"{ROOT} AS root", f"{HOLD} AS value"
+            )
+            return StageOutput(pairs, cached=(marked,), records=records, holds=holds)
+        dropped = df.where(~keyed).select(ROOT, EDGE)
+        acked = released.select(ROOT, EDGE).unionByName(dropped)
+        return StageOutput(pairs, cached=(marked,), acked=acked)
+
+    def _pairs(
+        self, released: DataFrame, columns: JoinColumns, tracking: bool, edges: bool
+    ) -> DataFrame:
+        """One row per (left, right) pair of the released tuples with equal keys."""
+        sides = F.col(SIDE)
+        left = released.where(sides == 0).select(
+            *columns.keys,
+            *columns.left,
+            *((F.col(ROOT).alias(_L_ROOT), F.col(EDGE).alias(_L_EDGE)) if tracking else ()),
+        )
+        right = released.where(sides == 1).select(
+            *columns.keys,
+            *columns.right,
+            *((F.col(ROOT).alias(_R_ROOT), F.col(EDGE).alias(_R_EDGE)) if tracking else ()),
+        )
+        joined = left.join(right, list(columns.keys))
+        payload = [*columns.keys, *columns.left, *columns.right]
+        if not tracking:
+            return joined.select(*payload)
+        null = F.lit(None).cast("long")
+        edge = (
+            F.xxhash64(F.col(_L_EDGE), F.lit(self.number).cast("long"), F.col(_R_EDGE))
+            if edges
+            else null
+        )
+        anchors = F.filter(
+            F.array(_anchor(_L_ROOT, edge), _anchor(_R_ROOT, edge)),
+            lambda a: a["root"].isNotNull(),
+        ).cast(_ANCHOR_TYPE)
+        return joined.select(*payload, null.alias(ROOT), edge.alias(EDGE), anchors.alias(ANCHORS))
+
+    def _hold(self, kept: pa.Table, ctx: BatchContext) -> tuple[pa.Table, pa.Table | None]:
+        """``kept`` with a hold id for each tuple newly held, and the ``ACK (root, h)``
+        records of those (None if there is none); telescoped acks only."""
+        fresh = pc.and_(pc.is_null(kept.column(HOLD)), pc.is_valid(kept.column(ROOT)))
+        rows = np.flatnonzero(fresh.to_numpy(zero_copy_only=False))
+        if not len(rows):
+            return kept, None
+        roots = kept.column(ROOT).take(pa.array(rows)).to_numpy().astype(np.int64)
+        given = hold_ids(roots, ctx.batch_id, self.number)
+        hold = pc.fill_null(kept.column(HOLD), 0).to_numpy().astype(np.int64)
+        hold[rows] = given
+        unset = pc.is_null(kept.column(HOLD)).to_numpy(zero_copy_only=False).copy()
+        unset[rows] = False
+        column = pa.array(hold, pa.int64(), mask=unset)
+        kept = kept.set_column(kept.schema.get_field_index(HOLD), HOLD, column)
+        return kept, ack_table(roots, given, ACK, ctx.now_ms)
+
+
+def _anchor(root: str, edge: Column) -> Column:
+    return F.struct(F.col(root).alias("root"), edge.alias("edge"))
+
+
+def still_held(
+    store: HeldStore, tracking: bool, ctx: BatchContext
+) -> tuple[pa.Table | None, object]:
+    """The rows held before this batch that may still be released, and the completion
+    position read up to: a root with an outcome, or held longer than the message
+    timeout, can no longer be acked, and its record is (or will be) replayed. The rows
+    carry ``_root`` and ``_held_ms`` (:data:`ackstream.topology.window.HELD_MS`)."""
+    state = store.before(ctx.batch_id)
+    held, position = (None, None) if state is None else (state.rows, state.position)
+    if not tracking:
+        return held, position
+    if ctx.channel is not None:
+        if state is None:  # our roots' completions all come after this
+            position = ctx.channel.end_position()
+        else:
+            done, position = ctx.channel.completions_since(position)
+            if held is not None and held.num_rows and done.num_rows:
+                gone = pc.is_in(held.column(ROOT), finished_roots(done))
+                held = held.filter(pc.invert(pc.fill_null(gone, False)))
+    if held is not None and held.num_rows:
+        held = held.filter(pc.greater(held.column(HELD_MS), ctx.now_ms - ctx.timeout_ms))
+    return held, position
