@@ -69,6 +69,7 @@ from e2e_systems import (
     SYSTEMS,
     TRACKED,
     UNTRACKED,
+    WINDOWED,
     spark_kafka_jars,
 )
 
@@ -87,6 +88,7 @@ TARGETS = (
     ("tracking overhead, Kafka channel", TRACKED, UNTRACKED, "<=", 0.10, None),
     ("tracking overhead, local channel", "ackstream_local", UNTRACKED, None, None, None),
     ("Spark's reader / Python reader, tracked", TRACKED, PYTHON_READER, None, None, None),
+    ("time window overhead, tracked", WINDOWED, TRACKED, None, None, None),
 )
 LATENCY_TARGETS = (("complete_p99_ms", "<=", 1000.0), ("committed_p99_ms", "<=", 2000.0))
 

@@ -35,14 +35,19 @@ sys.path.insert(0, ROOT)
 SYSTEMS = (
     "ackstream_kafka",
     "ackstream_kafka_python_reader",
+    "ackstream_kafka_window",
     "ackstream_local",
     "ackstream_untracked",
     "spark_kafka",
     "quix",
     "kafka_python_loop",
 )
-SPARK_SYSTEMS = SYSTEMS[:5]
+SPARK_SYSTEMS = SYSTEMS[:6]
 TRACKED, UNTRACKED = "ackstream_kafka", "ackstream_untracked"
+#: the tracked pipeline with a time window after the count: what holding costs
+WINDOWED = "ackstream_kafka_window"
+#: the window's length: its rows' records stay pending this long
+WINDOW_DURATION = "2s"
 #: the tracked pipeline with every record read by the source's Python read tasks
 PYTHON_READER = "ackstream_kafka_python_reader"
 MARK = "e2e"  # the key of the worker's event lines on its stdout (Spark's JVM shares it)
@@ -138,7 +143,7 @@ def work_ackstream(spark, a, stop, started) -> dict:
     from ackstream import KafkaChannel, KafkaSink, LocalChannel, Topology
 
     tracking = a.system != UNTRACKED
-    if a.system in (TRACKED, PYTHON_READER):
+    if a.system in (TRACKED, PYTHON_READER, WINDOWED):
         channel = KafkaChannel(a.bootstrap, a.name)
     else:
         channel = LocalChannel(os.path.join(a.workdir, "channel"))
@@ -147,9 +152,12 @@ def work_ackstream(spark, a, stop, started) -> dict:
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         .explode(F.split("line", " "), "word")
         .aggregate("word", F.count("*").alias("n"))
-        .map(lambda df: df.selectExpr("*", "word AS key", "CAST(n AS STRING) AS value"))
-        .sink(KafkaSink(a.bootstrap, a.output))
     )
+    if a.system == WINDOWED:  # the batch's counts summed per word over 2 s windows
+        topology = topology.window("word", F.sum("n").alias("n"), duration=WINDOW_DURATION)
+    topology = topology.map(
+        lambda df: df.selectExpr("*", "word AS key", "CAST(n AS STRING) AS value")
+    ).sink(KafkaSink(a.bootstrap, a.output))
     options = {
         "kafka.bootstrap.servers": a.bootstrap,
         "subscribe": a.input,

@@ -40,24 +40,19 @@ from __future__ import annotations
 
 import functools
 import operator
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, ROOT
-from ackstream.records import ACK, ack_table
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput, is_multi_anchored
-from ackstream.topology.held_store import HeldState, HeldStore
-from ackstream.topology.window import HELD_MS, HOLD, finished_roots, hold_ids
+from ackstream.topology.held_store import HeldState
+from ackstream.topology.holding import HELD_MS, HOLD, Holding, either, released_holds
 
-__all__ = ["JoinColumns", "WaitingJoinStage", "still_held"]
+__all__ = ["JoinColumns", "WaitingJoinStage"]
 
 #: the side a row of the join's input came from: 0 left, 1 right
 SIDE = "_side"
@@ -93,18 +88,8 @@ class WaitingJoinStage(Stage):
             raise StageError(self.name, f"on={keys!r}: give the key column name(s) both sides have")
         if not isinstance(suffix, str) or not suffix:
             raise StageError(self.name, f"suffix={suffix!r}: give a non-empty string")
-        if "/" in self.name or self.name.startswith("."):  # its held store's folder name
-            raise StageError(self.name, "a join's name may not hold '/' or start with '.'")
+        self.holding = Holding(self.name, number, self.kind)
         self.columns: JoinColumns | None = None  # set by combine, each batch
-        self._stores: dict[str | None, HeldStore] = {}
-
-    def store(self, folder: str | None) -> HeldStore:
-        """This stage's held store in ``folder`` (None: in memory, kept by the stage)."""
-        if folder not in self._stores:
-            self._stores[folder] = HeldStore(
-                None if folder is None else os.path.join(folder, self.name)
-            )
-        return self._stores[folder]
 
     def combine(self, streams: Mapping[str, DataFrame]) -> DataFrame:
         """The two streams as one frame, each row tagged with its side (``_side``), the
@@ -159,8 +144,7 @@ class WaitingJoinStage(Stage):
         if context is None or columns is None:
             raise StageError(self.name, "a join runs inside a topology batch")
         ctx = context
-        store = self.store(ctx.folder)
-        held, position = still_held(store, tracking, ctx)
+        _, held, position, dropped = self.holding.before(tracking, ctx)
         keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
         new = (
             df.where(keyed)
@@ -180,20 +164,19 @@ class WaitingJoinStage(Stage):
         kept = marked.where(~F.col(_MATCHED)).drop(_MATCHED).toArrow()
         records = None
         if tracking and not edges:
-            kept, records = self._hold(kept, ctx)
-        store.save(ctx.batch_id, HeldState(rows=kept, position=position))
+            kept, records = self.holding.hold(kept, ctx)
+        records = either(records, dropped)
+        self.holding.save(ctx, HeldState(rows=kept, position=position))
         released = marked.where(F.col(_MATCHED))
         pairs = self._pairs(released, columns, tracking, edges)
         if not tracking:
             return StageOutput(pairs, cached=(marked,))
         if not edges:
-            holds = released.where(f"{HOLD} IS NOT NULL AND {ROOT} IS NOT NULL").selectExpr(
-                f"{ROOT} AS root", f"{HOLD} AS value"
-            )
+            holds = released_holds(released)
             return StageOutput(pairs, cached=(marked,), records=records, holds=holds)
         dropped = df.where(~keyed).select(ROOT, EDGE)
         acked = released.select(ROOT, EDGE).unionByName(dropped)
-        return StageOutput(pairs, cached=(marked,), acked=acked)
+        return StageOutput(pairs, cached=(marked,), acked=acked, records=records)
 
     def _pairs(
         self, released: DataFrame, columns: JoinColumns, tracking: bool, edges: bool
@@ -226,47 +209,6 @@ class WaitingJoinStage(Stage):
         ).cast(_ANCHOR_TYPE)
         return joined.select(*payload, null.alias(ROOT), edge.alias(EDGE), anchors.alias(ANCHORS))
 
-    def _hold(self, kept: pa.Table, ctx: BatchContext) -> tuple[pa.Table, pa.Table | None]:
-        """``kept`` with a hold id for each tuple newly held, and the ``ACK (root, h)``
-        records of those (None if there is none); telescoped acks only."""
-        fresh = pc.and_(pc.is_null(kept.column(HOLD)), pc.is_valid(kept.column(ROOT)))
-        rows = np.flatnonzero(fresh.to_numpy(zero_copy_only=False))
-        if not len(rows):
-            return kept, None
-        roots = kept.column(ROOT).take(pa.array(rows)).to_numpy().astype(np.int64)
-        given = hold_ids(roots, ctx.batch_id, self.number)
-        hold = pc.fill_null(kept.column(HOLD), 0).to_numpy().astype(np.int64)
-        hold[rows] = given
-        unset = pc.is_null(kept.column(HOLD)).to_numpy(zero_copy_only=False).copy()
-        unset[rows] = False
-        column = pa.array(hold, pa.int64(), mask=unset)
-        kept = kept.set_column(kept.schema.get_field_index(HOLD), HOLD, column)
-        return kept, ack_table(roots, given, ACK, ctx.now_ms)
-
 
 def _anchor(root: str, edge: Column) -> Column:
     return F.struct(F.col(root).alias("root"), edge.alias("edge"))
-
-
-def still_held(
-    store: HeldStore, tracking: bool, ctx: BatchContext
-) -> tuple[pa.Table | None, object]:
-    """The rows held before this batch that may still be released, and the completion
-    position read up to: a root with an outcome, or held longer than the message
-    timeout, can no longer be acked, and its record is (or will be) replayed. The rows
-    carry ``_root`` and ``_held_ms`` (:data:`ackstream.topology.window.HELD_MS`)."""
-    state = store.before(ctx.batch_id)
-    held, position = (None, None) if state is None else (state.rows, state.position)
-    if not tracking:
-        return held, position
-    if ctx.channel is not None:
-        if state is None:  # our roots' completions all come after this
-            position = ctx.channel.end_position()
-        else:
-            done, position = ctx.channel.completions_since(position)
-            if held is not None and held.num_rows and done.num_rows:
-                gone = pc.is_in(held.column(ROOT), finished_roots(done))
-                held = held.filter(pc.invert(pc.fill_null(gone, False)))
-    if held is not None and held.num_rows:
-        held = held.filter(pc.greater(held.column(HELD_MS), ctx.now_ms - ctx.timeout_ms))
-    return held, position

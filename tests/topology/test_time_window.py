@@ -6,6 +6,8 @@ each batch's ack records through the acker's ledger; the started test runs the
 generator source, the topology and the acker on a local channel."""
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
@@ -30,9 +32,10 @@ def empty(spark):
     return tracked_frame(spark, ["x"], partition=9).where("false")
 
 
-def by_time(spark, ack_mode, sink, fail=None, **window):
+def by_time(spark, ack_mode, sink, fail=None, agg=None, **window):
+    agg = F.sort_array(F.collect_list("offset")).alias("offsets") if agg is None else agg
     topology = Topology("tw", spark, None, ack_mode=ack_mode).window(
-        "value", F.sort_array(F.collect_list("offset")).alias("offsets"), name="w", **window
+        "value", agg, name="w", **window
     )
     if fail is not None:
         topology = topology.fail_where(fail, "downstream")
@@ -222,3 +225,114 @@ def test_idle_batches_close_a_processing_time_window_after_the_records_stop(spar
     assert commits(channel_dir) == {"generator/0": 6}
     offsets = sorted(o for r in sink.rows() for o in r["offsets"])
     assert offsets == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.broker
+def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
+    spark, broker, new_topic, tmp_path
+):
+    """Kafka upstream and channel, two records a batch: each batch's count per value
+    goes into 1 s windows, held with every root it counts. The windows close (the last
+    on an idle batch): the sums over all window rows are the counts of the input, every
+    record is acked once at its first attempt and every offset committed."""
+    import uuid
+
+    from kafka import KafkaProducer
+
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.records import NOTICES
+
+    from helpers import group_commits
+
+    inbox, name = new_topic(partitions=1), f"tw-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for value in "abaabb":
+        producer.send(inbox, value=value.encode(), partition=0)
+    producer.flush()
+    producer.close()
+    channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
+    topology = (
+        Topology(name, spark, channel, message_timeout_ms=30_000)
+        .map(lambda df: df.withColumn("v", F.col("value").cast("string")))
+        .aggregate("v", F.count("*").alias("n"))
+        .window("v", F.sum("n").alias("n"), duration="1s")
+        .sink(sink)
+    )
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": inbox,
+            "startingOffsets": "earliest",
+            "maxOffsetsPerTrigger": "2",
+        }
+    )
+    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+    try:
+        wait_until_settled(running, records=6, timeout_s=300)
+    finally:
+        running.stop()
+    assert group_commits(broker.bootstrap, name, inbox) == {0: 6}
+    totals: dict = {}
+    for row in sink.rows():
+        totals[row["v"]] = totals.get(row["v"], 0) + row["n"]
+    assert totals == {"a": 3, "b": 3}
+    done = [c for c in channel.completions_since(None)[0].to_pylist() if c["status"] not in NOTICES]
+    assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == [
+        (o, 0, ACKED) for o in range(6)
+    ]
+
+
+@st.composite
+def timed_arrivals(draw):
+    """A slide and a duration (in units of 100 ms), and up to three batches: each a
+    time after the one before and the keys of its tuples."""
+    slide = draw(st.integers(1, 3))
+    duration = slide * draw(st.integers(1, 3))
+    times = sorted(draw(st.sets(st.integers(0, 12), min_size=1, max_size=3)))
+    keys = [draw(st.lists(st.sampled_from("ab"), max_size=3)) for _ in times]
+    return slide * 100, duration * 100, [(t * 100, k) for t, k in zip(times, keys)]
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(case=timed_arrivals(), ack_mode=st.sampled_from(sorted(ACK_MODES)))
+def test_sliding_windows_emit_every_window_and_ack_a_root_after_its_last(spark, case, ack_mode):
+    """Against a model of Spark's window(): each (key, window) that holds a tuple is
+    emitted once with exactly its tuples, and after every batch a root is acked iff
+    the last window holding its tuple has ended by the batch's time."""
+    slide, duration, batches = case
+    base = 999_999_999_600  # a multiple of every slide drawn (600 ms)
+    sink = MemorySink()
+    tuples = F.collect_list(F.struct("partition", "offset")).alias("tuples")
+    topology = by_time(spark, ack_mode, sink, agg=tuples, duration=duration, slide=slide)
+    frames = [tracked_frame(spark, keys, partition=i) for i, (_, keys) in enumerate(batches)]
+    last_end = {}  # root -> the end of its last window
+    expected = set()
+    records = []
+    for i, ((t, keys), frame) in enumerate(zip(batches, frames)):
+        records.append(topology.run_batch(frame, i, now_ms=base + t))
+        for offset, root in enumerate(roots(frame)):
+            last_end[root] = t - t % slide + duration
+            first = t - t % slide - duration + slide
+            for start in range(first, t + 1, slide):
+                expected.add((keys[offset], start, start + duration, (i, offset)))
+        outcome, pending = through_ledger(records)
+        assert {r for r, e in last_end.items() if e <= t} == set(outcome)
+        assert set(outcome.values()) <= {ACKED}
+        assert pending == {r for r, e in last_end.items() if e > t}
+    far = batches[-1][0] + 2 * duration
+    records.append(topology.run_batch(empty(spark), len(batches), now_ms=base + far))
+    outcome, pending = through_ledger(records)
+    assert outcome == dict.fromkeys(last_end, ACKED) and pending == set()
+    got = set()
+    for row in sink.rows():
+        start = int(row["window"]["start"].timestamp() * 1000) - base
+        end = int(row["window"]["end"].timestamp() * 1000) - base
+        for held in row["tuples"]:
+            got.add((row["value"], start, end, (held["partition"], held["offset"])))
+    assert got == expected
+    assert len(sink.rows()) == len({(k, s) for k, s, _, _ in expected})

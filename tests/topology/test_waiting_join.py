@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from ackstream.acker.ledger import Pending, step
 from ackstream.errors import StageError
 from ackstream.records import ACKED, FAILED, NOTICES, TIMED_OUT
 from ackstream.sinks.memory import MemorySink
@@ -21,18 +20,10 @@ from ackstream.testing import tracked_frame, wait_until_settled
 from ackstream.topology import Topology
 from ackstream.topology.batch import ACK_MODES
 
+from helpers import through_ledger as ledger
+
 pytestmark = pytest.mark.spark
 MODES = pytest.mark.parametrize("ack_mode", sorted(ACK_MODES))
-
-
-def ledger(batches):
-    """Each batch's ack records through the acker's ledger in turn: the outcome per root
-    that completed, and the roots still pending."""
-    pending, outcome = Pending.empty(0), {}
-    for i, records in enumerate(batches):
-        pending, done = step(pending, records.to_pandas(), i, 60_000)
-        outcome.update(zip(done["root"], done["status"]))
-    return outcome, set(pending.values())
 
 
 def roots(frame):
@@ -81,7 +72,7 @@ def test_a_held_tuple_keeps_its_root_open_until_its_match_arrives(spark, ack_mod
     a_view, b_click, c_click = roots(second)
     assert outcome == dict.fromkeys([a_click, b_view, a_view, b_click], ACKED)
     assert pending == {c_click}
-    held = topology.stages[-1].store(None).before(2).rows
+    held = topology.stages[-1].holding.store(None).before(2).rows
     assert held.column("_root").to_pylist() == [c_click]
 
 
@@ -150,7 +141,7 @@ def test_a_tuple_with_a_null_key_is_acked_at_once(spark, ack_mode):
     batch = tracked_frame(spark, [None, None], keys=["click", "view"])
     outcome, pending = ledger([topology.run_batch(batch, 0)])
     assert outcome == dict.fromkeys(roots(batch), ACKED) and pending == set()
-    assert topology.stages[-1].store(None).before(1).rows.num_rows == 0
+    assert topology.stages[-1].holding.store(None).before(1).rows.num_rows == 0
     assert sink.rows() == []
 
 
@@ -166,7 +157,7 @@ def test_a_batch_run_again_starts_from_the_tuples_held_before_it(spark, ack_mode
     topology.run_batch(again, 1)
     topology.run_batch(again, 1)
     assert pairs(sink) == [("a", (0, 0), (1, 0))] * 2
-    held = topology.stages[-1].store(None).before(2).rows
+    held = topology.stages[-1].holding.store(None).before(2).rows
     assert sorted(zip(held.column("value").to_pylist(), held.column("_side").to_pylist())) == [
         ("y", 1),
         ("z", 0),
@@ -189,7 +180,7 @@ def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
     second = tracked_frame(spark, ["a"], keys=["view"], partition=1)
     topology.run_batch(second, 1)
     assert sink.rows() == []
-    held = topology.stages[-1].store(None).before(2).rows
+    held = topology.stages[-1].holding.store(None).before(2).rows
     assert held.column("_root").to_pylist() == roots(second)
 
 
@@ -481,3 +472,29 @@ def test_pairs_and_outcomes_follow_the_first_match(spark, batches, ack_mode):
     outcome, pending = ledger([r for r in records if r.num_rows])
     assert outcome == {root_of[t]: ACKED for t in root_of if t not in unmatched}
     assert pending == {root_of[t] for t in unmatched}
+
+
+@MODES
+def test_a_window_after_a_join_holds_the_joined_rows_with_both_roots(spark, ack_mode):
+    """Joined pairs go on to a count window of two per key: batch 0 makes one "a" pair
+    (held by the window: both of its roots pending), batch 1 another; the window emits
+    and the four roots are acked."""
+    sink = MemorySink()
+    topology = (
+        Topology("join-win", spark, None, ack_mode=ack_mode)
+        .filter("key = 'click'", name="clicks")
+        .filter("key = 'view'", name="views", after="spout")
+        .join("clicks", "views", on="value", name="j")
+        .window("value", F.count("*").alias("n"), count=2, name="w")
+        .sink(sink)
+    )
+    first = tracked_frame(spark, ["a", "a"], keys=["click", "view"], partition=0)
+    second = tracked_frame(spark, ["a", "a"], keys=["view", "click"], partition=1)
+    records = [topology.run_batch(first, 0)]
+    outcome, pending = ledger(records)
+    assert outcome == {} and pending == set(roots(first))
+    records.append(topology.run_batch(second, 1))
+    assert [(r["value"], r["n"]) for r in sink.rows()] == [("a", 2)]
+    outcome, pending = ledger(records)
+    assert outcome == dict.fromkeys(roots(first) + roots(second), ACKED)
+    assert pending == set()

@@ -84,7 +84,7 @@ def test_a_batch_run_again_starts_from_the_held_tuples_before_it(spark, ack_mode
     topology.run_batch(again, 1)
     assert [r["offsets"] for r in sink.rows()] == [[0, 0, 1], [0, 0, 1]]
     (stage,) = topology.stages
-    assert stage.store(None).before(2).rows.num_rows == 0
+    assert stage.holding.store(None).before(2).rows.num_rows == 0
 
 
 def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
@@ -105,7 +105,7 @@ def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
     channel.write_completions(completion_table([roots(first)[0]], FAILED, reason="elsewhere"))
     topology.run_batch(tracked_frame(spark, ["a"], partition=1), 1)
     assert sink.rows() == []
-    held = topology.stages[0].store(None).before(2).rows
+    held = topology.stages[0].holding.store(None).before(2).rows
     assert sorted(held.column("offset").to_pylist()) == [0, 1]  # offset 1 of p0, 0 of p1
 
 
@@ -198,7 +198,7 @@ def test_a_held_count_with_a_failed_root_is_dropped_and_fails_its_other_roots(
     ]
     outcome, _ = ledger(records)
     assert outcome[other] == FAILED and failed not in outcome
-    held = topology.stages[1].store(None).before(2).rows
+    held = topology.stages[1].holding.store(None).before(2).rows
     assert held.num_rows == 1
 
 

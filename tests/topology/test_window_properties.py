@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ackstream.acker.ledger import Pending, step
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, ACKED, ack_table, as_table
 from ackstream.testing import ack_records, init
-from ackstream.topology.window import hold_ids
+from ackstream.topology.holding import hold_ids
 
 STAGE = 3
 
