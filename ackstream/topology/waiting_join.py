@@ -34,6 +34,10 @@ was held longer than the message timeout, is dropped at the start of a batch, as
 window drops it. Held rows are saved per batch beside the checkpoint
 (:mod:`ackstream.topology.held_store`), so a driver restart keeps them and a batch run
 again starts from the rows held before it.
+
+Either side may come after an aggregate, a window or another join: rows that carry
+a group are anchored to their roots first, and a row of several roots is held with
+all of them (see :mod:`ackstream.topology.holding`).
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, ROOT
-from ackstream.topology.bolts import BatchContext, Stage, StageOutput, is_multi_anchored
+from ackstream.topology.bolts import BatchContext, Stage, StageOutput, anchored_to_roots
+from ackstream.topology.graph import join_streams
 from ackstream.topology.held_store import HeldState
 from ackstream.topology.holding import HELD_MS, HOLD, Holding, either, released_holds
 
@@ -57,7 +62,9 @@ __all__ = ["JoinColumns", "WaitingJoinStage"]
 #: the side a row of the join's input came from: 0 left, 1 right
 SIDE = "_side"
 _MATCHED = "_matched"
-_L_ROOT, _L_EDGE, _R_ROOT, _R_EDGE = "_l_root", "_l_edge", "_r_root", "_r_edge"
+_L_ROOTS, _L_EDGE, _R_ROOTS, _R_EDGE = "_l_roots", "_l_edge", "_r_roots", "_r_edge"
+#: the lineage a side of the join may carry (an aggregate's rows: anchors or a group)
+LINEAGE = (ROOT, EDGE, ANCHORS, GROUP)
 _ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
 
 
@@ -99,10 +106,6 @@ class WaitingJoinStage(Stage):
             missing = [k for k in self.keys if k not in frame.columns]
             if missing:
                 raise StageError(self.name, f"stream {side!r} has no key column(s) {missing}")
-            if is_multi_anchored(frame) or GROUP in frame.columns:
-                raise StageError(
-                    self.name, "a join after an aggregate, a window or a join is not supported"
-                )
         types_l, types_r = dict(left.dtypes), dict(right.dtypes)
         differ = [f"{k}: {types_l[k]}, {types_r[k]}" for k in self.keys if types_l[k] != types_r[k]]
         if differ:
@@ -120,13 +123,17 @@ class WaitingJoinStage(Stage):
                 f"suffix {self.suffix!r} gives column(s) {clash} that exist already: give "
                 "another suffix=",
             )
-        lineage = tuple(c for c in (ROOT, EDGE) if c in left.columns and c in right.columns)
+        lineage = tuple(c for c in LINEAGE if c in left.columns or c in right.columns)
         self.columns = JoinColumns(self.keys, tuple(own), tuple(named.values()), lineage)
         right = right.select(
-            *self.keys, *(F.col(c).alias(named[c]) for c in theirs), *lineage
+            *self.keys,
+            *(F.col(c).alias(named[c]) for c in theirs),
+            *(c for c in lineage if c in right.columns),
         ).withColumn(SIDE, F.lit(1).cast("byte"))
-        left = left.select(*self.keys, *own, *lineage).withColumn(SIDE, F.lit(0).cast("byte"))
-        return left.unionByName(right, allowMissingColumns=True)
+        left = left.select(*self.keys, *own, *(c for c in lineage if c in left.columns)).withColumn(
+            SIDE, F.lit(0).cast("byte")
+        )
+        return join_streams([left, right])  # a row's roots in one place, whichever side
 
     def run(
         self,
@@ -144,6 +151,8 @@ class WaitingJoinStage(Stage):
         if context is None or columns is None:
             raise StageError(self.name, "a join runs inside a topology batch")
         ctx = context
+        if tracking and GROUP in df.columns:  # after an aggregate: hold its roots as anchors
+            df = anchored_to_roots(df, ctx.groups)
         _, held, position, dropped = self.holding.before(tracking, ctx)
         keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
         new = (
@@ -174,8 +183,8 @@ class WaitingJoinStage(Stage):
         if not edges:
             holds = released_holds(released)
             return StageOutput(pairs, cached=(marked,), records=records, holds=holds)
-        dropped = df.where(~keyed).select(ROOT, EDGE)
-        acked = released.select(ROOT, EDGE).unionByName(dropped)
+        lineage = [c for c in (ROOT, EDGE, ANCHORS) if c in df.columns]
+        acked = released.select(*lineage).unionByName(df.where(~keyed).select(*lineage))
         return StageOutput(pairs, cached=(marked,), acked=acked, records=records)
 
     def _pairs(
@@ -183,15 +192,16 @@ class WaitingJoinStage(Stage):
     ) -> DataFrame:
         """One row per (left, right) pair of the released tuples with equal keys."""
         sides = F.col(SIDE)
+        roots = _roots(released)
         left = released.where(sides == 0).select(
             *columns.keys,
             *columns.left,
-            *((F.col(ROOT).alias(_L_ROOT), F.col(EDGE).alias(_L_EDGE)) if tracking else ()),
+            *((roots.alias(_L_ROOTS), F.col(EDGE).alias(_L_EDGE)) if tracking else ()),
         )
         right = released.where(sides == 1).select(
             *columns.keys,
             *columns.right,
-            *((F.col(ROOT).alias(_R_ROOT), F.col(EDGE).alias(_R_EDGE)) if tracking else ()),
+            *((roots.alias(_R_ROOTS), F.col(EDGE).alias(_R_EDGE)) if tracking else ()),
         )
         joined = left.join(right, list(columns.keys))
         payload = [*columns.keys, *columns.left, *columns.right]
@@ -203,12 +213,18 @@ class WaitingJoinStage(Stage):
             if edges
             else null
         )
-        anchors = F.filter(
-            F.array(_anchor(_L_ROOT, edge), _anchor(_R_ROOT, edge)),
-            lambda a: a["root"].isNotNull(),
-        ).cast(_ANCHOR_TYPE)
-        return joined.select(*payload, null.alias(ROOT), edge.alias(EDGE), anchors.alias(ANCHORS))
+        both = F.array_distinct(F.concat(F.col(_L_ROOTS), F.col(_R_ROOTS)))  # longs: hashed
+        anchors = F.transform(both, lambda r: F.struct(r.alias("root"), edge.alias("edge")))
+        return joined.select(
+            *payload, null.alias(ROOT), edge.alias(EDGE), anchors.cast(_ANCHOR_TYPE).alias(ANCHORS)
+        )
 
 
-def _anchor(root: str, edge: Column) -> Column:
-    return F.struct(F.col(root).alias("root"), edge.alias("edge"))
+def _roots(rows: DataFrame) -> Column:
+    """The roots of each row, as an array: its anchors' (when the rows carry anchors,
+    every row does: see :func:`~ackstream.topology.graph.join_streams`) or its own."""
+    if ANCHORS in rows.columns:
+        return F.transform(F.col(ANCHORS), lambda a: a["root"])
+    return F.when(F.col(ROOT).isNotNull(), F.array(F.col(ROOT))).otherwise(
+        F.array().cast("array<bigint>")
+    )

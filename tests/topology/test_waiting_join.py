@@ -246,14 +246,6 @@ def test_join_arguments_are_checked(spark):
     clash = topology().map(lambda df: df.withColumn("key_right", F.lit(1)), name="c", after="a")
     with pytest.raises(StageError, match=r"\['key_right'\] that exist already"):
         clash.join("c", "b", on="value").sink(MemorySink()).run_batch(batch)
-    after_aggregate = (
-        topology()
-        .aggregate("value", F.count("*").alias("n"), name="agg", after="a")
-        .join("agg", "b", on="value")
-        .sink(MemorySink())
-    )
-    with pytest.raises(StageError, match="after an aggregate"):
-        after_aggregate.run_batch(batch)
 
 
 def started(spark, tmp_path, count, timeout_ms=60_000, ack_mode="telescoped", **options):
@@ -495,6 +487,76 @@ def test_a_window_after_a_join_holds_the_joined_rows_with_both_roots(spark, ack_
     assert outcome == {} and pending == set(roots(first))
     records.append(topology.run_batch(second, 1))
     assert [(r["value"], r["n"]) for r in sink.rows()] == [("a", 2)]
+    outcome, pending = ledger(records)
+    assert outcome == dict.fromkeys(roots(first) + roots(second), ACKED)
+    assert pending == set()
+
+
+def counted_clicks(spark, ack_mode, sink, fail=None):
+    """Each batch's clicks counted per value, joined with the views on the value."""
+    topology = (
+        Topology("agg-join", spark, None, ack_mode=ack_mode)
+        .filter("key = 'click'", name="clicks")
+        .aggregate("value", F.count("*").alias("n"), name="counts")
+        .filter("key = 'view'", name="views", after="spout")
+        .join("counts", "views", on="value", name="j")
+    )
+    if fail is not None:
+        topology = topology.fail_where(fail, "downstream")
+    return topology.sink(sink)
+
+
+@MODES
+def test_a_join_after_an_aggregate_holds_a_count_with_all_its_roots(spark, ack_mode):
+    """Batch 0: two "a" clicks counted (one row, two roots), no view: held, both roots
+    pending. Batch 1: the "a" view arrives: one joined row, all three roots acked."""
+    sink = MemorySink()
+    topology = counted_clicks(spark, ack_mode, sink)
+    first = tracked_frame(spark, ["a", "a"], keys=["click", "click"], partition=0)
+    second = tracked_frame(spark, ["a"], keys=["view"], partition=1)
+    records = [topology.run_batch(first, 0)]
+    outcome, pending = ledger(records)
+    assert outcome == {} and pending == set(roots(first))
+    records.append(topology.run_batch(second, 1))
+    assert [(r["value"], r["n"], r["offset"]) for r in sink.rows()] == [("a", 2, 0)]
+    outcome, pending = ledger(records)
+    assert outcome == dict.fromkeys(roots(first) + roots(second), ACKED)
+    assert pending == set()
+
+
+@MODES
+def test_a_failed_row_of_a_join_after_an_aggregate_fails_every_root(spark, ack_mode):
+    sink = MemorySink()
+    topology = counted_clicks(spark, ack_mode, sink, fail=F.col("n") == 2)
+    first = tracked_frame(spark, ["a", "a"], keys=["click", "click"], partition=0)
+    second = tracked_frame(spark, ["a"], keys=["view"], partition=1)
+    records = [topology.run_batch(first, 0), topology.run_batch(second, 1)]
+    outcome, pending = ledger(records)
+    assert outcome == dict.fromkeys(roots(first) + roots(second), FAILED)
+    assert pending == set() and sink.rows() == []
+
+
+@MODES
+def test_a_join_after_a_join(spark, ack_mode):
+    """Clicks meet views, and the pairs then meet purchases: a purchase held in batch 0
+    is released by the pair made in batch 1; its root and the pair's two are acked."""
+    sink = MemorySink()
+    topology = (
+        Topology("join-join", spark, None, ack_mode=ack_mode)
+        .filter("key = 'click'", name="clicks")
+        .filter("key = 'view'", name="views", after="spout")
+        .filter("key = 'buy'", name="buys", after="spout")
+        .join("clicks", "views", on="value", name="seen")
+        .map(lambda df: df.select("value", "offset", "_root", "_edge", "_anchors"), name="pair")
+        .join("pair", "buys", on="value", name="bought")
+        .sink(sink)
+    )
+    first = tracked_frame(spark, ["a", "a"], keys=["click", "buy"], partition=0)
+    second = tracked_frame(spark, ["a"], keys=["view"], partition=1)
+    records = [topology.run_batch(first, 0)]
+    assert ledger(records)[0] == {}
+    records.append(topology.run_batch(second, 1))
+    assert len(sink.rows()) == 1
     outcome, pending = ledger(records)
     assert outcome == dict.fromkeys(roots(first) + roots(second), ACKED)
     assert pending == set()
