@@ -35,9 +35,9 @@ from pyspark.sql import functions as F
 
 from ackstream import ids
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, ROOT
+from ackstream.lineage import ANCHORS, GROUP, ROOT
 from ackstream.records import ACK, FAIL, NOTICES, ack_table
-from ackstream.topology.bolts import BatchContext
+from ackstream.topology.bolts import BatchContext, anchored_to_roots
 from ackstream.topology.held_store import HeldState, HeldStore
 
 __all__ = [
@@ -108,6 +108,14 @@ class Holding:
                 None if folder is None else os.path.join(folder, self.name)
             )
         return self._stores[folder]
+
+    def holdable(self, df: DataFrame, tracking: bool, ctx: BatchContext) -> DataFrame:
+        """``df`` as rows that can be held past the batch: a row that carries ``_group``
+        (after an aggregate, telescoped) is anchored to its roots instead, as the
+        aggregate's input that the group points to is gone after the batch."""
+        if tracking and GROUP in df.columns:
+            return anchored_to_roots(df, ctx.groups)
+        return df
 
     def before(
         self, tracking: bool, ctx: BatchContext

@@ -52,7 +52,7 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, ROOT
-from ackstream.topology.bolts import BatchContext, Stage, StageOutput, anchored_to_roots
+from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.graph import join_streams
 from ackstream.topology.held_store import HeldState
 from ackstream.topology.holding import HELD_MS, HOLD, Holding, either, released_holds
@@ -151,8 +151,7 @@ class WaitingJoinStage(Stage):
         if context is None or columns is None:
             raise StageError(self.name, "a join runs inside a topology batch")
         ctx = context
-        if tracking and GROUP in df.columns:  # after an aggregate: hold its roots as anchors
-            df = anchored_to_roots(df, ctx.groups)
+        df = self.holding.holdable(df, tracking, ctx)
         _, held, position, dropped = self.holding.before(tracking, ctx)
         keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
         new = (

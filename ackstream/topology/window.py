@@ -36,7 +36,6 @@ from ackstream.topology.bolts import (
     Stage,
     StageOutput,
     anchor_list,
-    anchored_to_roots,
 )
 from ackstream.topology.held_store import HeldState
 from ackstream.topology.holding import HELD_MS, HOLD, Holding, either, released_holds
@@ -76,8 +75,7 @@ class WindowStage(Stage):
         if context is None:
             raise StageError(self.name, "a window runs inside a topology batch")
         ctx = context
-        if tracking and GROUP in df.columns:  # after an aggregate: hold its roots as anchors
-            df = anchored_to_roots(df, ctx.groups)
+        df = self.holding.holdable(df, tracking, ctx)
         state, held, position, dropped = self.holding.before(tracking, ctx)
         new = self.closing.stamp(
             df.withColumn(HOLD, F.lit(None).cast("long"))
