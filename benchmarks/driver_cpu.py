@@ -75,7 +75,7 @@ def run_one(spark, ctx, size: int, warm: int, timed: int) -> dict:
     """One run of the tracked pipeline over a fresh topic at ``size`` records per batch."""
     from pyspark.sql import functions as F
 
-    from ackstream import KafkaChannel, KafkaSink, Topology
+    from ackstream import KafkaChannel, KafkaSink, LocalChannel, Topology
 
     name = f"cpu-{ctx.run}-{size}-{uuid.uuid4().hex[:4]}"
     inp = make_input(ctx, name, size, warm, timed)
@@ -87,7 +87,9 @@ def run_one(spark, ctx, size: int, warm: int, timed: int) -> dict:
         Topology(
             name,
             spark,
-            KafkaChannel(ctx.bootstrap, name),
+            KafkaChannel(ctx.bootstrap, name)
+            if ctx.channel == "kafka"
+            else LocalChannel(os.path.join(ctx.workdir, name, "channel")),
             message_timeout_ms=MESSAGE_TIMEOUT_MS,
         )
         .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
@@ -143,6 +145,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=2, help="rounds, in alternating order")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=600, help="per run")
+    parser.add_argument(
+        "--channel", choices=("kafka", "local"), default="kafka", help="the ack channel"
+    )
     parser.add_argument("--output", help="write the JSON here instead of benchmarks/results/")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
@@ -159,6 +164,7 @@ def main(argv=None) -> dict:
             partitions=args.partitions,
             workdir=tempfile.mkdtemp(prefix="ackstream-cpu-"),
             timeout_s=args.timeout_s,
+            channel=args.channel,
         )
         for round_ in range(args.repeats):
             for size in sizes if round_ % 2 == 0 else list(reversed(sizes)):
