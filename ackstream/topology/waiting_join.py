@@ -51,7 +51,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, ROOT
+from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, ROOT
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.graph import join_streams
 from ackstream.topology.held_store import HeldState
@@ -63,8 +63,6 @@ __all__ = ["JoinColumns", "WaitingJoinStage"]
 SIDE = "_side"
 _MATCHED = "_matched"
 _L_ROOTS, _L_EDGE, _R_ROOTS, _R_EDGE = "_l_roots", "_l_edge", "_r_roots", "_r_edge"
-#: the lineage a side of the join may carry (an aggregate's rows: anchors or a group)
-LINEAGE = (ROOT, EDGE, ANCHORS, GROUP)
 _ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
 
 
@@ -123,7 +121,7 @@ class WaitingJoinStage(Stage):
                 f"suffix {self.suffix!r} gives column(s) {clash} that exist already: give "
                 "another suffix=",
             )
-        lineage = tuple(c for c in LINEAGE if c in left.columns or c in right.columns)
+        lineage = tuple(c for c in LINEAGE_COLUMNS if c in left.columns or c in right.columns)
         self.columns = JoinColumns(self.keys, tuple(own), tuple(named.values()), lineage)
         right = right.select(
             *self.keys,
