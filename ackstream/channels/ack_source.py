@@ -25,6 +25,7 @@ from ackstream.channels.messages import (
 )
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_settings
+from ackstream.kafka.topics import TopicListing
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
 __all__ = ["ChannelSource"]
@@ -65,10 +66,11 @@ class _ChannelReader(DataSourceStreamReader):
     def __init__(self, bootstrap: str, topic: str, settings: dict | None = None):
         self.bootstrap, self.topic, self.settings = bootstrap, topic, dict(settings or {})
         self._consumer = None  # the planner's, made by the first latestOffset
+        self._listing = TopicListing()
         self._outage = Outage(bootstrap)
 
     def __getstate__(self):
-        return {**self.__dict__, "_consumer": None}
+        return {**self.__dict__, "_consumer": None, "_listing": TopicListing()}
 
     def initialOffset(self) -> dict:
         return {}
@@ -83,10 +85,11 @@ class _ChannelReader(DataSourceStreamReader):
         try:
             if self._consumer is None:
                 self._consumer = channel_consumer(self.bootstrap, self.settings)
-            check_not_deleted(self.bootstrap, self.topic, self._consumer)
+            check_not_deleted(self.bootstrap, self.topic, self._consumer, self._listing)
             ranges = message_ranges(self.bootstrap, self.topic, start, consumer=self._consumer)
         except KafkaError as error:
-            check_not_deleted(self.bootstrap, self.topic, self._consumer)
+            self._listing.forget()
+            check_not_deleted(self.bootstrap, self.topic, self._consumer, self._listing)
             self.stop()  # the next trigger starts from a fresh client
             self._outage.failed(f"the acks topic {self.topic!r}", error)
             return dict(start)

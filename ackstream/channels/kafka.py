@@ -46,7 +46,7 @@ from ackstream.channels.messages import (
 from ackstream.errors import OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_options, client_settings
-from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics
+from ackstream.kafka.topics import CHECK_EVERY_S, TopicListing, never_create_topics
 from ackstream.ranges import expand
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
@@ -96,6 +96,7 @@ class KafkaChannel:
         self.acks_topic, self.done_topic = f"{topology}.acks", f"{topology}.done"
         self._producer: Any = None  # a KafkaProducer once one is needed
         self._consumer: Any = None  # a KafkaConsumer once one is needed
+        self._listing = TopicListing()  # of the consumer: is a topic deleted?
         self._outage = Outage(bootstrap)  # of the completion polls
         self._reading = threading.Lock()  # a consumer is not thread-safe
         #: topics this channel saw exist (made or read or written): only those can be
@@ -105,7 +106,13 @@ class KafkaChannel:
     ack_files = False  # the acks topic, read by Spark's stream of it
 
     def __getstate__(self):
-        return {**self.__dict__, "_producer": None, "_consumer": None, "_reading": None}
+        return {
+            **self.__dict__,
+            "_producer": None,
+            "_consumer": None,
+            "_reading": None,
+            "_listing": TopicListing(),
+        }
 
     def agreeing_with(self, source_options: Mapping[str, str]) -> KafkaChannel:
         """This channel as a source with ``source_options`` and ``ackstream.channel=kafka``
@@ -254,6 +261,7 @@ class KafkaChannel:
         try:
             return self._read_ranges(topic, schema, position)
         except KafkaError:
+            self._listing.forget()
             self._check_not_deleted(topic)
             raise
 
@@ -289,7 +297,7 @@ class KafkaChannel:
         if topic not in self._known:
             return
         with self._reader() as consumer:
-            check_not_deleted(self.bootstrap, topic, consumer)
+            check_not_deleted(self.bootstrap, topic, consumer, self._listing)
 
     def _close_consumer(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -335,6 +343,7 @@ class KafkaChannel:
                 future.get(timeout=30)  # raise if the broker did not take a message
             self._known.add(topic)
         except KafkaError:
+            self._listing.forget()
             self._check_not_deleted(topic)
             raise
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.reading import read_ranges, topic_ranges
 from ackstream.kafka.settings import client_settings
-from ackstream.kafka.topics import deleted_topics, never_create_topics
+from ackstream.kafka.topics import TopicListing, deleted_topics, never_create_topics
 from ackstream.records import as_table
 
 __all__ = [
@@ -70,12 +70,12 @@ def channel_consumer(bootstrap: str, settings: dict | None = None):
     return never_create_topics(consumer)  # the channel makes its topics (prepare)
 
 
-def check_not_deleted(bootstrap: str, topic: str, consumer) -> None:
+def check_not_deleted(bootstrap: str, topic: str, consumer, listing: TopicListing) -> None:
     """Stop, naming it, if the channel's ``topic`` was deleted from the brokers while the
     query ran (see :mod:`ackstream.kafka.topics`): kafka-python would wait for it as for
     brokers that are down, then time out. Without a client (the brokers did not answer
     to make one) nothing can be told."""
-    if consumer is not None and deleted_topics([topic], consumer.topics):
+    if consumer is not None and deleted_topics([topic], lambda: listing.names(consumer)):
         raise EnvironmentProblem(
             f"topic {topic!r} of the topology's Kafka channel was deleted from {bootstrap} "
             "while the query ran: the ack records or completions it held are lost",

@@ -5,14 +5,17 @@ for a deleted topic waits for it to come back until the request or delivery time
 (30 s, 120 s), just as it waits for brokers that are down, and then only says that it
 timed out. A fresh topic listing tells the two apart: the brokers answer it, and the
 topic is not in it. The clients that read or write a topic ask once per planning
-round or write, before the calls that would wait, and again when a call fails.
+round or write, before the calls that would wait, and again when a call fails; a
+:class:`TopicListing` spares them asking twice within kafka-python's metadata backoff.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable
 
-__all__ = ["CHECK_EVERY_S", "deleted_topics", "never_create_topics"]
+from ackstream.clock import Clock, now_ms
+
+__all__ = ["CHECK_EVERY_S", "TopicListing", "deleted_topics", "never_create_topics"]
 
 #: How often a client waiting on a topic (a producer's flush) asks whether it is there.
 CHECK_EVERY_S = 1.0
@@ -34,6 +37,34 @@ def deleted_topics(topics: Iterable[str], list_topics: Callable[[], Container[st
     except KafkaError:
         return []
     return sorted(topic for topic in set(topics) if topic not in listed)
+
+
+class TopicListing:
+    """One client's listing of every topic name, asked of the brokers again only once the
+    client would send the request at once. kafka-python holds a metadata request made
+    within ``retry_backoff_ms`` of its last one until that much time has passed: a
+    planner that asked in a batch's commit and again in the next plan waited up to that
+    long (100 ms by default) each time for a listing no newer than the one it had. A
+    different client, or a call after :meth:`forget` (a request just failed: the answer
+    must be new), asks again at once."""
+
+    def __init__(self, clock: Clock = now_ms):
+        self._clock = clock
+        self._last: tuple[object, int, Container[str]] | None = None
+
+    def names(self, client) -> Container[str]:
+        """``client.topics()``, or its answer of less than the client's backoff ago."""
+        last = self._last
+        config = getattr(client, "config", None)  # kafka-python's settings
+        backoff_ms = config.get("retry_backoff_ms", 100) if isinstance(config, dict) else 100
+        if last is not None and last[0] is client and self._clock() - last[1] < backoff_ms:
+            return last[2]
+        names = client.topics()
+        self._last = (client, self._clock(), names)
+        return names
+
+    def forget(self) -> None:
+        self._last = None
 
 
 def never_create_topics(client):
