@@ -403,9 +403,9 @@ class ExplodeStage(Stage):
         self.alias = alias
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
+        if not (tracking and edges):  # no edge ids: the element's position is not needed
+            return StageOutput(df.select("*", F.explode(self.column).alias(self.alias)))
         out = df.select("*", F.posexplode(self.column).alias(_ORDINAL, self.alias))
-        if not tracking:
-            return StageOutput(out.drop(_ORDINAL))
         return StageOutput(mint(out, self.number, F.col(_ORDINAL), edges).drop(_ORDINAL))
 
 
@@ -426,8 +426,11 @@ class AggregateStage(Stage):
         # Built once per stage: every Column is a few JVM calls, which on every batch
         # cost about as much as the aggregation's own analysis.
         self._null = F.lit(None).cast("long")
+        # the group's id from its key values: computed once per output row (Spark takes
+        # an expression of the grouping keys among the aggregates), the same on an
+        # input row, where a failed output row's roots are looked up
         self._group_id = F.xxhash64(*(F.col(k) if isinstance(k, str) else k for k in self.keys))
-        self._group = F.struct(F.lit(number).alias("stage"), F.first(_GROUP_ID).alias("id")).alias(
+        self._group = F.struct(F.lit(number).alias("stage"), self._group_id.alias("id")).alias(
             GROUP
         )
 
@@ -436,10 +439,8 @@ class AggregateStage(Stage):
             return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
         null = self._null
         if not edges:  # the roots only if a row fails: see the module doc
-            out = (
-                df.withColumn(_GROUP_ID, self._group_id)
-                .groupBy(*self.keys)
-                .agg(*self.aggs, self._group, null.alias(EDGE), null.alias(ROOT))
+            out = df.groupBy(*self.keys).agg(
+                *self.aggs, self._group, null.alias(EDGE), null.alias(ROOT)
             )
             return StageOutput(out, groups=GroupInput(df, self._group_id))
         pair = _child_edge(self.number)
