@@ -9,7 +9,10 @@ process of this one, by role, between the end of the warm-up batches and the end
 of the timed ones:
 
 - ``driver_python``: this process, where the topology's and the acker's
-  ``foreachBatch`` run (planning, settling, reporting);
+  ``foreachBatch`` run (planning, settling, reporting), but not its main thread:
+  that thread only runs this harness, whose polls of the query's progress (a call
+  into the JVM per progress kept) would count as the driver's and grow with each
+  batch's wall time, not with its records;
 - ``runners``: Python processes the JVM starts for the driver's side of the source
   (the stream reader's ``latestOffset``/``commit`` and partition planning);
 - ``python_workers``: the executors' Python workers (``pyspark.daemon`` and its forks):
@@ -30,6 +33,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import types
 import uuid
@@ -42,7 +46,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from e2e import loadavg, machine, make_input  # noqa: E402
 from e2e_systems import MESSAGE_TIMEOUT_MS, spark_session  # noqa: E402
-from proc_cpu import descendants, process_table  # noqa: E402
+from proc_cpu import descendants, process_table, thread_cpu  # noqa: E402
 
 ROLES = ("driver_python", "runners", "python_workers", "jvm")
 
@@ -54,6 +58,7 @@ def process_cpu() -> dict[str, float]:
     for pid in descendants(table, os.getpid()):
         _, seconds, cmdline = table[pid]
         out[role_of(pid, cmdline)] += seconds
+    out["driver_python"] -= thread_cpu(os.getpid(), threading.main_thread().native_id)
     return out
 
 

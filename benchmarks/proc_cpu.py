@@ -26,6 +26,13 @@ def process_table() -> dict[int, tuple[int, float, str]]:
     return table
 
 
+def thread_cpu(pid: int, tid: int) -> float:
+    """User + system CPU seconds of the thread ``tid`` of process ``pid``."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:13]) / _CLK_TCK  # utime stime
+
+
 def descendants(table: dict, root: int) -> set[int]:
     """``root`` and every process below it in ``table``."""
     mine, grew = {root}, True
