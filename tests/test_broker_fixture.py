@@ -73,6 +73,7 @@ def test_a_broker_killed_comes_back_from_its_log():
 
 
 @pytest.mark.fault
+@pytest.mark.long  # three brokers started and one killed: make test-cluster runs it
 def test_a_three_broker_cluster_keeps_a_replicated_topic_through_a_lost_leader():
     """Replication factor 3, min.insync.replicas 2: with the leader of partition 0
     killed, acks=all writes still succeed, and the node comes back from its log."""
