@@ -201,6 +201,23 @@ def test_failing_an_aggregate_row_fails_every_root_anchored_to_it(spark, ack_mod
 
 
 @MODES
+def test_an_aggregate_keyed_by_an_expression_fails_the_roots_of_that_group_alone(spark, ack_mode):
+    """A group's id is the hash of its key values, on the output row and on its input
+    rows alike: an expression key (here an aliased one) finds its own group's roots."""
+    lines = ["ab c", "de", "f g", "hij"]  # lengths 2: ab de (lines 0, 1); 1: c f g; 3: hij
+    topology = (
+        Topology("agg-expr", spark, None, ack_mode=ack_mode)
+        .explode(F.split("value", " "), "word")
+        .aggregate(F.length("word").alias("len"), F.count("*").alias("n"))
+        .fail_where(F.col("len") == 2)
+        .sink(MemorySink())
+    )
+    roots = roots_of(spark, lines)
+    outcome = settle(topology.run_batch(tracked_frame(spark, lines)))
+    assert outcome == {r: ("failed" if i in (0, 1) else "acked") for i, r in enumerate(roots)}
+
+
+@MODES
 def test_an_aggregate_of_an_aggregate_keeps_every_root(spark, ack_mode):
     topology = (
         Topology("agg2", spark, None, ack_mode=ack_mode)
