@@ -43,8 +43,9 @@ class TopicListing:
     """One client's listing of every topic name, asked of the brokers again only once the
     client would send the request at once. kafka-python holds a metadata request made
     within ``retry_backoff_ms`` of its last one until that much time has passed: a
-    planner that asked in a batch's commit and again in the next plan waited up to that
-    long (100 ms by default) each time for a listing no newer than the one it had. A
+    planner that asked when it planned a batch and again in the ``commit()`` Spark calls
+    right after waited up to that long (100 ms by default) every batch, for a listing no
+    newer than the one it had. A
     different client, or a call after :meth:`forget` (a request just failed: the answer
     must be new), asks again at once."""
 

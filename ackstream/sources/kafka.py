@@ -67,7 +67,7 @@ class KafkaUpstream:
         self._client = None
         self._matched: tuple[float, list[str]] = (float("-inf"), [])  # subscribePattern
         self._ever_matched: set[str] = set()  # every topic subscribePattern matched
-        self._listing = TopicListing()  # asked in commit() and again in the next plan
+        self._listing = TopicListing()  # asked in each plan and in the commit() after it
 
     @property
     def _consumer(self):
