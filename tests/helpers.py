@@ -109,6 +109,41 @@ def consume(bootstrap, topic):
         consumer.close()
 
 
+def produce(bootstrap: str, topic: str, values, partition: int = 0) -> None:
+    """Write ``values`` (strings) to one partition of ``topic``, in order, and wait for them."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    try:
+        for value in values:
+            producer.send(topic, value=value.encode(), partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def run_on_kafka(topology, bootstrap: str, topic: str, checkpoint, records: int, **options):
+    """Start ``topology`` on ``topic`` from its earliest offset, two records a batch, wait
+    until its ``records`` are settled (acked or dead-lettered and committed), and stop it.
+    ``options``: more source options (``ackstream.*``)."""
+    from ackstream.testing import wait_until_settled
+
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": bootstrap,
+            "subscribe": topic,
+            "startingOffsets": "earliest",
+            "maxOffsetsPerTrigger": "2",
+            **options,
+        }
+    )
+    running = topology.start(stream, str(checkpoint), trigger_ms=200)
+    try:
+        wait_until_settled(running, records=records, timeout_s=300)
+    finally:
+        running.stop()
+
+
 def through_ledger(batches, timeout_ms: int = 60_000):
     """Each batch's ack records (Arrow) through the acker's ledger in turn, as the acker
     query would: the outcome per root that completed, and the roots still pending."""

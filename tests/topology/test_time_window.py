@@ -237,19 +237,13 @@ def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
     record is acked once at its first attempt and every offset committed."""
     import uuid
 
-    from kafka import KafkaProducer
-
     from ackstream.channels.kafka import KafkaChannel
     from ackstream.records import NOTICES
 
-    from helpers import group_commits
+    from helpers import group_commits, produce, run_on_kafka
 
     inbox, name = new_topic(partitions=1), f"tw-{uuid.uuid4().hex[:8]}"
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for value in "abaabb":
-        producer.send(inbox, value=value.encode(), partition=0)
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, inbox, "abaabb")
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     topology = (
         Topology(name, spark, channel, message_timeout_ms=30_000)
@@ -258,19 +252,7 @@ def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
         .window("v", F.sum("n").alias("n"), duration="1s")
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": inbox,
-            "startingOffsets": "earliest",
-            "maxOffsetsPerTrigger": "2",
-        }
-    )
-    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=6, timeout_s=300)
-    finally:
-        running.stop()
+    run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", records=6)
     assert group_commits(broker.bootstrap, name, inbox) == {0: 6}
     totals: dict = {}
     for row in sink.rows():

@@ -366,18 +366,12 @@ def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
     again and are acked; the key 2 pair is acked at once. Every offset committed."""
     import uuid
 
-    from kafka import KafkaProducer
-
     from ackstream.channels.kafka import KafkaChannel
 
-    from helpers import group_commits
+    from helpers import group_commits, produce, run_on_kafka
 
     inbox, name = new_topic(partitions=1), f"join-{uuid.uuid4().hex[:8]}"
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for value in ("L1", "R2", "R1", "L2"):
-        producer.send(inbox, value=value.encode(), partition=0)
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, inbox, ["L1", "R2", "R1", "L2"])
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     first_attempts = (F.col("_attempt") == 0) & (F.col("_attempt_right") == 0)
     topology = (
@@ -390,21 +384,14 @@ def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
         .fail_where((F.col("k") == "1") & first_attempts, "1: first attempt")
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": inbox,
-            "startingOffsets": "earliest",
-            "maxOffsetsPerTrigger": "2",
-            "ackstream.sourceTimeout": "120s",
-            "ackstream.retryInitialDelay": "50ms",
-        }
+    run_on_kafka(
+        topology,
+        broker.bootstrap,
+        inbox,
+        tmp_path / "ckpt",
+        records=4,
+        **{"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"},
     )
-    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=4, timeout_s=300)
-    finally:
-        running.stop()
     assert group_commits(broker.bootstrap, name, inbox) == {0: 4}
     assert outcomes(channel) == sorted(
         [(o, 0, FAILED) for o in (0, 2)]

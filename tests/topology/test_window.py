@@ -346,18 +346,12 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
     fill the window again and are acked; "b" is acked at once. Every offset committed."""
     import uuid
 
-    from kafka import KafkaProducer
-
     from ackstream.channels.kafka import KafkaChannel
 
-    from helpers import group_commits
+    from helpers import group_commits, produce, run_on_kafka
 
     inbox, name = new_topic(partitions=1), f"win-{uuid.uuid4().hex[:8]}"
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for value in "ababab":
-        producer.send(inbox, value=value.encode(), partition=0)
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, inbox, "ababab")
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     topology = (
         Topology(name, spark, channel, message_timeout_ms=60_000)
@@ -371,21 +365,14 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
         .fail_where((F.col("v") == "a") & (F.col("attempt") == 0), "a: first attempt")
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": inbox,
-            "startingOffsets": "earliest",
-            "maxOffsetsPerTrigger": "2",
-            "ackstream.sourceTimeout": "120s",
-            "ackstream.retryInitialDelay": "50ms",
-        }
+    run_on_kafka(
+        topology,
+        broker.bootstrap,
+        inbox,
+        tmp_path / "ckpt",
+        records=6,
+        **{"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"},
     )
-    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=6, timeout_s=300)
-    finally:
-        running.stop()
     assert group_commits(broker.bootstrap, name, inbox) == {0: 6}
     done = channel.completions_since(None)[0].to_pylist()
     assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == sorted(
