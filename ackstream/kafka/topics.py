@@ -11,7 +11,7 @@ round or write, before the calls that would wait, and again when a call fails; a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Collection, Container, Iterable
 
 from ackstream.clock import Clock, now_ms
 
@@ -51,9 +51,9 @@ class TopicListing:
 
     def __init__(self, clock: Clock = now_ms):
         self._clock = clock
-        self._last: tuple[object, int, Container[str]] | None = None
+        self._last: tuple[object, int, Collection[str]] | None = None
 
-    def names(self, client) -> Container[str]:
+    def names(self, client) -> Collection[str]:
         """``client.topics()``, or its answer of less than the client's backoff ago."""
         last = self._last
         config = getattr(client, "config", None)  # kafka-python's settings

@@ -237,9 +237,8 @@ class KafkaUpstream:
         asked, topics = self._matched
         if time.monotonic() - asked >= self.settings.get("metadata_max_age_ms", 300_000) / 1000:
             regex = re.compile(pattern)
-            topics = sorted(
-                t for t in self._consumer.topics() if regex.fullmatch(t) and not t.startswith("__")
-            )
+            listed = self._listing.names(self._consumer)  # the deletion check's, if just asked
+            topics = sorted(t for t in listed if regex.fullmatch(t) and not t.startswith("__"))
             self._matched = (time.monotonic(), topics)
             self._ever_matched.update(topics)
         return topics
