@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import uuid
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from ackstream.session import is_connect
 
@@ -24,14 +25,17 @@ log = logging.getLogger(__name__)
 
 
 class Observed:
-    """``frame`` is ``df`` with named aggregate ``metrics``, filled in by the first job
-    that reads ``frame`` (not ``df``)."""
+    """``frame`` is ``df`` with named aggregate ``metrics`` (SQL text, e.g. ``"count(1)"``),
+    filled in by the first job that reads ``frame`` (not ``df``).
 
-    def __init__(self, df: DataFrame, what: str, **metrics: Column):
+    SQL text rather than Columns: each Column a metric is built from is a call into the
+    JVM, and a batch observes on every run."""
+
+    def __init__(self, df: DataFrame, what: str, **metrics: str):
         self._observation = _observation(df, f"ackstream-{what}-{uuid.uuid4().hex}")
         self._spark = df.sparkSession
         self.frame = df.observe(
-            self._observation, *(column.alias(name) for name, column in metrics.items())
+            self._observation, *(F.expr(f"{sql} AS `{name}`") for name, sql in metrics.items())
         )
 
     def metrics(self) -> dict | None:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import functions as F
 
 from ackstream.clock import now_ms
 from ackstream.continued import lineage_headers, mint_edges
@@ -159,13 +158,14 @@ class KafkaSink:
             "topic": self.topic,
         }
         key = self.key if self.key and self.key in outputs.columns else None
-        columns = [_as_bytes(outputs, self.value).alias("value")]
+        # SQL text, not Columns: each Column is a call into the JVM, on every batch
+        columns = [f"{_as_bytes(outputs, self.value)} AS value"]
         if key:
-            columns.append(_as_bytes(outputs, key).alias("key"))
+            columns.append(f"{_as_bytes(outputs, key)} AS key")
         limit = int(options.get("kafka.max.request.size", JVM_MAX_REQUEST)) - RECORD_OVERHEAD
-        size = " + ".join(f"coalesce(length(`{c}`), 0)" for c in (self.value, key) if c)
-        fits = F.expr(f"{size} <= {limit}")
-        counted = Observed(outputs, "sink-too-big", rows=F.count_if(~fits))
+        size = " + ".join(f"coalesce(length({_quoted(c)}), 0)" for c in (self.value, key) if c)
+        fits = f"{size} <= {limit}"
+        counted = Observed(outputs, "sink-too-big", rows=f"count_if(NOT ({fits}))")
         writes = counted.frame.where(fits)
         conf = outputs.sparkSession.conf
         v1_sources = conf.get(V1_SOURCES, "")
@@ -175,14 +175,14 @@ class KafkaSink:
         v2_only = ",".join(s for s in v1_sources.split(",") if s.strip().lower() != "kafka")
         conf.set(V1_SOURCES, v2_only)
         try:
-            writer = writes.select(*columns).write.format("kafka").mode("append")
+            writer = writes.selectExpr(*columns).write.format("kafka").mode("append")
             writer.options(**options).save()
         finally:
             conf.set(V1_SOURCES, v1_sources)
         seen = counted.metrics()
         if seen is not None and not seen["rows"]:
             return None
-        return outputs.where(~fits)  # some, or unknown: the Python producers say which
+        return outputs.where(f"NOT ({fits})")  # some, or unknown: the Python producers say which
 
     def write_continued(self, outputs, batch_id: int):
         """Write ``outputs`` with their lineage as headers, leaving their trees open:
@@ -348,14 +348,19 @@ class ProduceTask:
         )
 
 
-def _as_bytes(frame, name: str):
-    """Column ``name`` as Spark's Kafka writer takes it: string or binary kept, any other
-    type as its string (as :func:`_bytes` does on the Python path)."""
+def _as_bytes(frame, name: str) -> str:
+    """Column ``name`` as Spark's Kafka writer takes it, in SQL: string or binary kept,
+    any other type as its string (as :func:`_bytes` does on the Python path)."""
     from pyspark.sql.types import BinaryType, StringType
 
     if isinstance(frame.schema[name].dataType, (StringType, BinaryType)):
-        return F.col(name)
-    return F.col(name).cast("string")
+        return _quoted(name)
+    return f"CAST({_quoted(name)} AS STRING)"
+
+
+def _quoted(name: str) -> str:
+    """Column ``name`` as a SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _reason(what: str, error) -> str:

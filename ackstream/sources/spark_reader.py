@@ -7,9 +7,9 @@ the replays, and the topology's batch reads the new ranges the offset names with
 adds the lineage columns in SQL, by the same ``xxhash64`` as the Python reader's
 (:mod:`ackstream.ids`), so a record gets the same root whichever reader read it. A
 value over ``ackstream.maxValueBytes`` is held back as the Python reader holds it
-back (``_reason`` set); an offset with no record
-(compaction, transaction markers) has no row at all, which is its right outcome: a
-planned root no stage failed completes acked.
+back (``_reason`` set; untracked nothing is held back, and the column is left out);
+an offset with no record (compaction, transaction markers) has no row at all, which
+is its right outcome: a planned root no stage failed completes acked.
 
 Replays stay on the Python reader: they are few, single offsets, and each needs its
 own attempt number.
@@ -63,19 +63,18 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
         f"xxhash64({_sql_string(offset.get('ids', config.id_namespace))}, topic, "
         "CAST(partition AS BIGINT), offset, 0L)"
     )
-    return records.selectExpr(
-        "*",
+    lineage = [
         f"{root} AS {ROOT}",
         f"xxhash64({root}, {ids.SPOUT_STAGE}L, 0L) AS {EDGE}",
         f"0L AS {ATTEMPT}",
-        f"{_held_back(config)} AS {REASON}",
-    )
+    ]
+    if config.tracking:  # untracked nothing is held back: no column to drop again
+        lineage.append(f"{_held_back(config)} AS {REASON}")
+    return records.selectExpr("*", *lineage)
 
 
 def _held_back(config: SourceConfig) -> str:
     """``_reason`` of a row, in SQL: why it is held back from the stages, else null."""
-    if not config.tracking:  # nothing is held back untracked, as in the Python reader
-        return "CAST(NULL AS STRING)"
     limit = config.admission.max_value_bytes
     prefix, suffix = (_sql_string(part) for part in too_big_reason("\0", limit).split("\0"))
     return f"CASE WHEN length(value) > {limit} THEN concat({prefix}, length(value), {suffix}) END"

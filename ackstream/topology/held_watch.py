@@ -14,7 +14,6 @@ or none leaves it unknown, and the caller then reads the held-back rows itself.
 from __future__ import annotations
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from ackstream.lineage import REASON
 from ackstream.observed import Observed
@@ -27,7 +26,7 @@ class HeldWatch:
 
     def __init__(self, batch: DataFrame, planned: int):
         self.planned = planned
-        self._observed = Observed(batch, "held", rows=F.count(F.lit(1)), held=F.count(REASON))
+        self._observed = Observed(batch, "held", rows="count(1)", held=f"count({REASON})")
         #: the batch to read instead of ``batch``: reading it counts
         self.frame = self._observed.frame
 

@@ -212,7 +212,7 @@ class BatchFunction:
         if not frames:
             return batch
         for frame in frames[1:]:
-            frames[0] = frames[0].unionByName(frame)
+            frames[0] = frames[0].unionByName(frame, allowMissingColumns=True)
         return frames[0]
 
     def _planned(self, offsets: list[dict] | None) -> PlannedRoots | None:

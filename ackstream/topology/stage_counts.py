@@ -26,7 +26,6 @@ import json
 import os
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from ackstream.observed import Observed
 
@@ -46,7 +45,7 @@ class StageCounts:
 
     def watch(self, df: DataFrame, node: str, side: str) -> DataFrame:
         """``df``, counted as the ``side`` of ``node`` when a job reads it."""
-        observed = Observed(df, "stage", tuples=F.count(F.lit(1)))
+        observed = Observed(df, "stage", tuples="count(1)")
         self._watched.append((node, side, observed))
         return observed.frame
 

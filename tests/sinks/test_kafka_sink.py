@@ -94,6 +94,21 @@ def test_a_clean_batch_moves_no_row_to_the_driver(spark, broker, new_topic, monk
     assert sorted(read_topic(broker.bootstrap, topic, 50)) == sorted(values)
 
 
+@pytest.mark.parametrize("writer", ["python", "spark"])
+def test_a_value_of_another_type_is_written_as_its_string(spark, broker, new_topic, writer, caplog):
+    """Both writers take a value column of any type (by any name) as its string; Spark's
+    writes it in its own job (no fallback to the per-row write)."""
+    if writer == "spark" and not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
+    topic = new_topic()
+    df = frame(spark, ["a", "b"], **{"the count": "_edge * 2"})
+    with caplog.at_level("WARNING", logger="ackstream.sinks.kafka"):
+        sink = KafkaSink(broker.bootstrap, topic, value="the count", writer=writer)
+        assert sink.write(df, 0) is None
+    assert not [r for r in caplog.records if r.name == "ackstream.sinks.kafka"]
+    assert sorted(read_topic(broker.bootstrap, topic, 2)) == ["200", "202"]
+
+
 def test_an_unwritten_row_comes_back_with_its_lineage_and_why(spark, broker, new_topic):
     topic = new_topic()
     values = ["a", "x" * 5000, "b"]

@@ -76,6 +76,35 @@ def test_both_readers_give_the_same_rows_roots_and_held_back_values(
     assert "maxValueBytes" in python_rows[(1, 3)]["_reason"]  # record 7: partition 1, offset 3
 
 
+def test_untracked_the_rows_have_no_held_back_column_and_keep_big_values(
+    spark, connector, broker, new_topic
+):
+    """Untracked nothing is held back: a value over ``ackstream.maxValueBytes`` is read
+    like any other, and no ``_reason`` column is left for the batch to filter and drop."""
+    from kafka import KafkaProducer
+
+    topic = new_topic()
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for value in (b"small", b"x" * 300):
+        producer.send(topic, value=value, partition=0)
+    producer.flush()
+    producer.close()
+    config = parse(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": topic,
+            "ackstream.tracking": "false",
+            "ackstream.maxValueBytes": "100",
+            "ackstream.recordReader": "spark",
+        }
+    )
+    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 2]}}}
+    frame = read_new_ranges(spark, config, offset)
+    assert frame is not None
+    assert "_reason" not in frame.columns
+    assert sorted(len(row["value"]) for row in frame.collect()) == [5, 300]
+
+
 def test_an_offset_naming_no_new_range_reads_nothing(spark, connector, broker, new_topic):
     config = parse(
         {
