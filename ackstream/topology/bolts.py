@@ -401,11 +401,14 @@ class ExplodeStage(Stage):
         super().__init__(number, name)
         self.column = F.col(column) if isinstance(column, str) else column
         self.alias = alias
+        # built once, as the aggregate's: each Column is a few calls into the JVM
+        self._elements = F.explode(self.column).alias(alias)
+        self._positioned = F.posexplode(self.column).alias(_ORDINAL, alias)
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         if not (tracking and edges):  # no edge ids: the element's position is not needed
-            return StageOutput(df.select("*", F.explode(self.column).alias(self.alias)))
-        out = df.select("*", F.posexplode(self.column).alias(_ORDINAL, self.alias))
+            return StageOutput(df.select("*", self._elements))
+        out = df.select("*", self._positioned)
         return StageOutput(mint(out, self.number, F.col(_ORDINAL), edges).drop(_ORDINAL))
 
 
@@ -426,6 +429,7 @@ class AggregateStage(Stage):
         # Built once per stage: every Column is a few JVM calls, which on every batch
         # cost about as much as the aggregation's own analysis.
         self._null = F.lit(None).cast("long")
+        self._no_edge, self._no_root = self._null.alias(EDGE), self._null.alias(ROOT)
         # the group's id from its key values: computed once per output row (Spark takes
         # an expression of the grouping keys among the aggregates), the same on an
         # input row, where a failed output row's roots are looked up
@@ -437,11 +441,8 @@ class AggregateStage(Stage):
     def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         if not tracking:
             return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
-        null = self._null
         if not edges:  # the roots only if a row fails: see the module doc
-            out = df.groupBy(*self.keys).agg(
-                *self.aggs, self._group, null.alias(EDGE), null.alias(ROOT)
-            )
+            out = df.groupBy(*self.keys).agg(*self.aggs, self._group, self._no_edge, self._no_root)
             return StageOutput(out, groups=GroupInput(df, self._group_id))
         pair = _child_edge(self.number)
         anchors = F.flatten(F.collect_list(anchor_list(df, pair)))
@@ -449,7 +450,7 @@ class AggregateStage(Stage):
         # the null root in the same call: each further DataFrame call is another analysis
         return StageOutput(
             df.groupBy(*self.keys).agg(
-                *self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT)
+                *self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), self._no_root
             )
         )
 
