@@ -103,9 +103,12 @@ def topic_ranges(consumer, topic: str, position: dict) -> list[tuple[int, int, i
     if not partitions:
         return []
     ends = end_offsets(consumer, partitions)
-    starts = consumer.beginning_offsets(partitions)
+    newer = [tp for tp in partitions if ends[tp] > int(position.get(str(tp.partition), 0))]
+    if not newer:  # nothing past the position: where the log starts does not matter
+        return []
+    starts = consumer.beginning_offsets(newer)
     out = []
-    for tp in sorted(partitions, key=lambda tp: tp.partition):
+    for tp in sorted(newer, key=lambda tp: tp.partition):
         start = max(int(position.get(str(tp.partition), 0)), starts[tp])
         if ends[tp] > start:
             out.append((tp.partition, start, ends[tp]))
