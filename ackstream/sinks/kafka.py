@@ -33,7 +33,7 @@ from ackstream.kafka.settings import client_settings
 from ackstream.lineage import LINEAGE_COLUMNS, REASON
 from ackstream.observed import Observed
 from ackstream.records import ACK, ack_table
-from ackstream.session import has_kafka_connector
+from ackstream.session import has_kafka_connector, kafka_through_v2
 
 __all__ = ["WRITERS", "KafkaSink", "ProduceTask", "carried_columns"]
 
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 #: Characters of a ``_reason`` kept, as ``topology.bolts.REASON_LIMIT`` (not imported:
 #: executors unpickling the task would import the whole topology package).
 REASON_CHARS = 500
-#: Spark's setting naming the sources written through its version 1 write path.
-V1_SOURCES = "spark.sql.sources.useV1SourceList"
 #: The Java producer's default ``max.request.size``, and what a record adds to its key
 #: and value in a request (a row nearer the limit is written by Python, which says
 #: whether it fits)
@@ -167,18 +165,11 @@ class KafkaSink:
         fits = f"{size} <= {limit}"
         counted = Observed(outputs, "sink-too-big", rows=f"count_if(NOT ({fits}))")
         writes = counted.frame.where(fits)
-        conf = outputs.sparkSession.conf
-        v1_sources = conf.get(V1_SOURCES, "")
-        # Spark's version 2 write: the writing job is an action of its own, whose plan
-        # holds the batch's, so an Observation on the batch (the topology's count of
-        # held-back rows) is filled by it; version 1 runs the plan inside a command
-        v2_only = ",".join(s for s in v1_sources.split(",") if s.strip().lower() != "kafka")
-        conf.set(V1_SOURCES, v2_only)
-        try:
-            writer = writes.selectExpr(*columns).write.format("kafka").mode("append")
+        # version 2: the write is a job whose plan holds the batch's, so an Observation
+        # on the batch (the topology's count of held-back rows) is filled by it
+        writer = writes.selectExpr(*columns).write.format("kafka").mode("append")
+        with kafka_through_v2(outputs.sparkSession):
             writer.options(**options).save()
-        finally:
-            conf.set(V1_SOURCES, v1_sources)
         seen = counted.metrics()
         if seen is not None and not seen["rows"]:
             return None

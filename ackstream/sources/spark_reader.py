@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame
 from ackstream import ids
 from ackstream.config import SourceConfig
 from ackstream.lineage import ATTEMPT, EDGE, REASON, ROOT
+from ackstream.session import kafka_through_v2
 from ackstream.sources.offsets import new_ranges
 from ackstream.sources.rows import too_big_reason
 
@@ -56,7 +57,8 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
         options["minPartitions"] = str(config.admission.min_partitions)
     if config.admission.max_records_per_partition:
         options["maxRecordsPerPartition"] = str(config.admission.max_records_per_partition)
-    records = spark.read.format("kafka").options(**options).load()
+    with kafka_through_v2(spark):  # not version 1: a nested SQL execution per read
+        records = spark.read.format("kafka").options(**options).load()
     # one projection in SQL text: each Column built in Python is a call into the JVM,
     # and each further DataFrame call another analysis of the plan
     root = (

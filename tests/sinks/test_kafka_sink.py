@@ -109,6 +109,22 @@ def test_a_value_of_another_type_is_written_as_its_string(spark, broker, new_top
     assert sorted(read_topic(broker.bootstrap, topic, 2)) == ["200", "202"]
 
 
+def test_a_write_leaves_the_session_s_choice_of_version_1_sources_as_it_was(
+    spark, broker, new_topic
+):
+    """Spark's writer writes through version 2 for the job alone: the user's session keeps
+    its list (Spark's default names kafka and the file formats)."""
+    if not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
+    before = spark.conf.get("spark.sql.sources.useV1SourceList")
+    assert "parquet" in before
+    assert (
+        KafkaSink(broker.bootstrap, new_topic(), writer="spark").write(frame(spark, ["a"]), 0)
+        is None
+    )
+    assert spark.conf.get("spark.sql.sources.useV1SourceList") == before
+
+
 def test_an_unwritten_row_comes_back_with_its_lineage_and_why(spark, broker, new_topic):
     topic = new_topic()
     values = ["a", "x" * 5000, "b"]

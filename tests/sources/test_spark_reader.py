@@ -105,6 +105,31 @@ def test_untracked_the_rows_have_no_held_back_column_and_keep_big_values(
     assert sorted(len(row["value"]) for row in frame.collect()) == [5, 300]
 
 
+def test_the_new_ranges_are_read_through_spark_s_version_2_source(
+    spark, connector, broker, new_topic, capsys
+):
+    """Version 1 plans a nested SQL execution for every read; the session's own choice
+    of version 1 sources is left as it was."""
+    before = spark.conf.get("spark.sql.sources.useV1SourceList")
+    assert "kafka" in before  # Spark's default: else this test proves nothing
+    topic = new_topic()
+    config = parse(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": topic,
+            "ackstream.recordReader": "spark",
+        }
+    )
+    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 1]}}}
+    frame = read_new_ranges(spark, config, offset)
+    assert frame is not None
+    capsys.readouterr()
+    frame.explain(extended=True)
+    plan = capsys.readouterr().out
+    assert "RelationV2" in plan and "KafkaRelation" not in plan
+    assert spark.conf.get("spark.sql.sources.useV1SourceList") == before
+
+
 def test_an_offset_naming_no_new_range_reads_nothing(spark, connector, broker, new_topic):
     config = parse(
         {
