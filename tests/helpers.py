@@ -99,7 +99,7 @@ def consume(bootstrap, topic, quiet_s: float = 0.0, timeout_s: float = 60.0):
     subscribed, and the read stops at the end offsets, so it waits neither for a group
     nor for a quiet spell. ``quiet_s``: then go on reading until no message came for
     that long, for a check that nothing more arrives (a write still in flight);
-    ``timeout_s`` bounds the read (the test fails after it)."""
+    a read that gets no message for ``timeout_s`` before the end fails the test."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -115,7 +115,7 @@ def consume(bootstrap, topic, quiet_s: float = 0.0, timeout_s: float = 60.0):
         quiet_since = None
         while True:
             if time.monotonic() > deadline:
-                pytest.fail(f"reading {topic} to its end {ends} took over {timeout_s}s")
+                pytest.fail(f"no message of {topic} for {timeout_s}s before its end {ends}")
             if all(consumer.position(p) >= ends[p] for p in parts):
                 if quiet_since is None:
                     quiet_since = time.monotonic()
@@ -124,7 +124,7 @@ def consume(bootstrap, topic, quiet_s: float = 0.0, timeout_s: float = 60.0):
             polled = [m for batch in consumer.poll(timeout_ms=100).values() for m in batch]
             if polled:
                 messages += polled
-                quiet_since = None
+                quiet_since, deadline = None, time.monotonic() + timeout_s
     finally:
         consumer.close()
 
