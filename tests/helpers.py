@@ -93,18 +93,38 @@ def sentences(n):
     ]
 
 
-def consume(bootstrap, topic):
-    from kafka import KafkaConsumer
+def consume(bootstrap, topic, quiet_s: float = 0.0, timeout_s: float = 60.0):
+    """Every message of ``topic``, from the start of each partition up to its end when
+    called (none if the topic does not exist): its partitions are assigned, not
+    subscribed, and the read stops at the end offsets, so it waits neither for a group
+    nor for a quiet spell. ``quiet_s``: then go on reading until no message came for
+    that long, for a check that nothing more arrives (a write still in flight);
+    a read that gets no message for ``timeout_s`` before the end fails the test."""
+    from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=1500,
-        enable_auto_commit=False,
-    )
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
-        return list(consumer)
+        numbers = consumer.partitions_for_topic(topic) or ()
+        parts = [TopicPartition(topic, p) for p in sorted(numbers)]
+        if not parts:
+            return []
+        ends = consumer.end_offsets(parts)
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        messages, deadline = [], time.monotonic() + timeout_s
+        quiet_since = None
+        while True:
+            if time.monotonic() > deadline:
+                pytest.fail(f"no message of {topic} for {timeout_s}s before its end {ends}")
+            if all(consumer.position(p) >= ends[p] for p in parts):
+                if quiet_since is None:
+                    quiet_since = time.monotonic()
+                if time.monotonic() - quiet_since >= quiet_s:
+                    return messages
+            polled = [m for batch in consumer.poll(timeout_ms=100).values() for m in batch]
+            if polled:
+                messages += polled
+                quiet_since, deadline = None, time.monotonic() + timeout_s
     finally:
         consumer.close()
 

@@ -418,7 +418,8 @@ def test_dead_letters_replay_is_a_dry_run_until_yes_then_sends_the_records_back(
     base = ("dead-letters", "replay", "--bootstrap", broker.bootstrap, "--dead-letter-topic", dead)
     dry = _in_process(capsys, *base, "--record", f"{source}:0:3", "--record", f"{source}:0:8")
     assert dry.returncode == 0, dry.stderr
-    assert "dry run" in dry.stdout and consume(broker.bootstrap, source) == []
+    # nothing sent: not even a write still in flight (read on until quiet for 1.5 s)
+    assert "dry run" in dry.stdout and consume(broker.bootstrap, source, quiet_s=1.5) == []
     refused = _in_process(capsys, *base, "--reason", "rejected", "--yes")
     assert refused.returncode == 1 and "rejected for its size" in refused.stderr
     sent = _in_process(
@@ -438,7 +439,7 @@ def test_dead_letters_replay_is_a_dry_run_until_yes_then_sends_the_records_back(
     again = _in_process(capsys, *twice)
     assert again.returncode == 0, again.stderr
     assert "2 chosen letters were replayed before: left out" in again.stdout
-    assert len(consume(broker.bootstrap, source)) == 2
+    assert len(consume(broker.bootstrap, source, quiet_s=1.5)) == 2
     assert _in_process(capsys, *twice, "--again").returncode == 0
     assert len(consume(broker.bootstrap, source)) == 4
     # --limit counts the letters to send: the replayed ones are left out first
@@ -461,7 +462,18 @@ def test_one_shot_commands_give_up_on_silent_brokers_in_seconds(capsys, tmp_path
     args = parser.parse_args(["status", "--bootstrap", "x:1", "--command-config", str(config)])
     given = command_kafka_options(parser, args, one_shot=True)
     assert given["kafka.bootstrap.timeout.ms"] == "2000"
-    done = _in_process(capsys, "dead-letters", "list", "--bootstrap", "127.0.0.1:9")
+    # end to end with the file's 1 s (the 10 s without one is asserted above): the command
+    # gives up with its one line
+    config.write_text("bootstrap.timeout.ms=1000\n")
+    done = _in_process(
+        capsys,
+        "dead-letters",
+        "list",
+        "--bootstrap",
+        "127.0.0.1:9",
+        "--command-config",
+        str(config),
+    )
     assert done.returncode == 3 and "could not read topic ackstream.dead on 127.0.0.1:9" in (
         done.stderr
     )

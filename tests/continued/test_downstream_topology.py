@@ -22,8 +22,12 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 def topic_frame(spark, bootstrap, topic, expected):
     """``topic``'s messages as the downstream source reads them: with headers and its
     own (local) lineage columns."""
-    messages = []
-    wait_for(lambda: messages.extend(consume(bootstrap, topic)) or len(messages) >= expected)
+    # each read is the whole topic: keep the last, not every read's messages added up
+    messages = wait_for(
+        lambda: read if len(read := consume(bootstrap, topic)) >= expected else None,
+        interval=0.5,
+        what=f"{expected} messages in {topic}",
+    )
     rows = [
         (m.key, m.value, m.topic, m.partition, m.offset, [(k, v) for k, v in m.headers] or None)
         for m in messages
@@ -118,6 +122,7 @@ def test_two_queries_every_upstream_record_is_acked_once_downstream_wrote_it(
         wait_for(
             lambda: len(consume(broker.bootstrap, middle)) == n or first.exception(),
             timeout=150,
+            interval=0.5,
             what="the middle topic",
         )
         assert first.exception() is None
@@ -179,8 +184,11 @@ def test_a_middle_hop_passes_the_upstream_trees_on_to_the_next_process(spark, br
         )
 
     b_records = middle().run_batch(topic_frame(spark, broker.bootstrap, first, 6))
-    passed = []
-    wait_for(lambda: passed.extend(consume(broker.bootstrap, second)) or len(passed) >= 3)
+    passed = wait_for(
+        lambda: read if len(read := consume(broker.bootstrap, second)) >= 3 else None,
+        interval=0.5,
+        what="3 messages in the second topic",
+    )
     lineage = {m.value.decode(): lineage_of(m.headers) for m in passed}
     assert {word: set(roots) for word, (roots, _) in lineage.items()} == {
         "a": {r[0]},
@@ -262,7 +270,9 @@ def test_three_processes_the_last_one_acks_or_fails_the_first_ones_records(
         )
     ]
     # B starts once A wrote (two sources starting at once may outwait Spark on 2 cores)
-    wait_for(lambda: len(consume(broker.bootstrap, first)) == n, timeout=150, what="A's")
+    wait_for(
+        lambda: len(consume(broker.bootstrap, first)) == n, timeout=150, interval=0.5, what="A's"
+    )
     queries.append(
         middle.start(
             middle.read_stream({**options, "subscribe": first}),

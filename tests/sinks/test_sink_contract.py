@@ -6,19 +6,13 @@ from pyspark.sql import functions as F
 from ackstream.sinks import ConsoleSink, KafkaSink, MemorySink, ParquetSink, Sink
 from ackstream.testing import tracked_frame
 
+from helpers import consume
+
 pytestmark = pytest.mark.spark
 
 
-def kafka_values(bootstrap: str, topic: str) -> list[str]:
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=2000
-    )
-    try:
-        return [m.value.decode() for m in consumer]
-    finally:
-        consumer.close()
+def kafka_values(bootstrap: str, topic: str, quiet_s: float = 0.0) -> list[str]:
+    return [m.value.decode() for m in consume(bootstrap, topic, quiet_s=quiet_s)]
 
 
 def parquet_rows(spark, path) -> list[dict]:
@@ -38,15 +32,17 @@ def parquet_rows(spark, path) -> list[dict]:
     ]
 )
 def sink_and_reader(request, capsys, tmp_path):
-    """``(sink, written)``: ``written()`` gives the values the sink wrote so far."""
+    """``(sink, written)``: ``written()`` gives the values the sink wrote so far;
+    ``written(quiet_s=...)``, from a broker, only once nothing more came for that long
+    (a write still in flight shows)."""
     if request.param == "memory":
         sink = MemorySink()
-        yield sink, lambda: [r["value"] for r in sink.rows()]
+        yield sink, lambda quiet_s=0: [r["value"] for r in sink.rows()]
     elif request.param == "console":
         sink = ConsoleSink(truncate=False)
         yield (
             sink,
-            lambda: [
+            lambda quiet_s=0: [
                 line.strip("| ").split("|")[-1].strip()
                 for line in capsys.readouterr().out.splitlines()
                 if line.startswith("|") and "value" not in line
@@ -55,12 +51,12 @@ def sink_and_reader(request, capsys, tmp_path):
     elif request.param == "parquet":
         spark = request.getfixturevalue("spark")
         sink = ParquetSink(str(tmp_path / "out"))
-        yield sink, lambda: [r["value"] for r in parquet_rows(spark, tmp_path / "out")]
+        yield sink, lambda quiet_s=0: [r["value"] for r in parquet_rows(spark, tmp_path / "out")]
     else:
         bootstrap = request.getfixturevalue("broker").bootstrap
         topic = request.getfixturevalue("new_topic")()
         sink = KafkaSink(bootstrap, topic, writer="python" if "python" in request.param else "auto")
-        yield sink, lambda: kafka_values(bootstrap, topic)
+        yield sink, lambda quiet_s=0: kafka_values(bootstrap, topic, quiet_s)
     sink.close()
 
 
@@ -88,7 +84,7 @@ def test_a_write_that_took_every_row_returns_none_and_the_rows_are_there(spark, 
 def test_an_empty_batch_writes_nothing(spark, sink_and_reader):
     sink, written = sink_and_reader
     assert sink.write(outputs(spark, ["x"]).where("false"), 1) is None
-    assert written() == []
+    assert written(quiet_s=1.5) == []
 
 
 def test_users_never_see_the_lineage_columns(spark, sink_and_reader, capsys):

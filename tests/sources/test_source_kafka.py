@@ -11,7 +11,7 @@ from ackstream.records import ACKED, FAILED
 from ackstream.testing import SpoutAcker, ack_records
 from ackstream.testing import ack as ack_record
 
-from helpers import wait_for
+from helpers import consume, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -46,15 +46,9 @@ class Group:
 
 
 def dead_letters(bootstrap, topic):
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=1500
-    )
-    try:
-        return [(m.key, m.value, {k: v.decode() for k, v in m.headers}) for m in consumer]
-    finally:
-        consumer.close()
+    return [
+        (m.key, m.value, {k: v.decode() for k, v in m.headers}) for m in consume(bootstrap, topic)
+    ]
 
 
 def source(spark, bootstrap, topic, channel_dir, group, **options):
