@@ -23,6 +23,7 @@ its earlier attempt out).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -40,6 +41,14 @@ MAX_CHUNKS = 16
 _PARTS, _ATTEMPTS, _OFFSETS = 1 << 15, 255, 1 << 40
 
 
+def _own(col: np.ndarray, shape: tuple, size: int) -> np.ndarray:
+    """``col`` as a flat column of ``size`` rows of its own: a scalar repeated, an array
+    broadcast to ``shape`` and copied (a caller's array is never shared)."""
+    if not col.ndim:
+        return np.full(size, col)
+    return np.broadcast_to(col, shape).reshape(-1).copy()
+
+
 class Roots(NamedTuple):
     """Rows of the in-flight table, one numpy column each; ``part`` indexes the
     tracker's partitions; ``batch`` numbers the batch the source planned the root in
@@ -54,11 +63,13 @@ class Roots(NamedTuple):
 
     @classmethod
     def of(cls, root, part, offset, attempt, emitted_ms, batch=0) -> Roots:
-        """Columns of the right types; scalars are repeated to the length of the others."""
-        columns = np.broadcast_arrays(
-            *(np.asarray(v, np.int64) for v in (root, part, offset, attempt, emitted_ms, batch))
-        )
-        return cls(*(col.reshape(-1).copy() for col in columns))
+        """Columns of the right types, the rows' own (copies); scalars are repeated to
+        the length of the others."""
+        values = (root, part, offset, attempt, emitted_ms, batch)
+        columns = [np.asarray(v, np.int64) for v in values]
+        shape = np.broadcast_shapes(*(col.shape for col in columns))
+        size = math.prod(shape)
+        return cls(*(_own(col, shape, size) for col in columns))
 
     def sorted_by(self, *keys: str) -> Roots:
         """The rows ordered by ``keys``, the first key major."""
@@ -71,6 +82,8 @@ class Roots(NamedTuple):
 
     @staticmethod
     def concat(parts: list[Roots]) -> Roots:
+        if len(parts) == 1:  # the usual take: one chunk's rows, no copy
+            return parts[0]
         return Roots(*(np.concatenate(cols) for cols in zip(*parts))) if parts else EMPTY
 
 
@@ -92,9 +105,8 @@ class _Chunk:
     the order given, and searched by masks); ``live`` marks the rows not taken."""
 
     def __init__(self, rows: Roots, minted: bool, new: np.ndarray):
-        packable = _packable(rows.part, rows.offset, rows.attempt)
         self.keys: np.ndarray | None = None
-        if packable.all():
+        if _all_packable(rows.part, rows.offset, rows.attempt):
             keys = _key(rows.part, rows.offset, rows.attempt)
             if len(keys) > 1 and (keys[1:] < keys[:-1]).any():
                 order = np.argsort(keys, kind="stable")
@@ -139,7 +151,7 @@ class _Chunk:
 
     def find_spans(self, spans: np.ndarray) -> np.ndarray:
         """Positions of the live rows at attempt 0 in ``spans`` (rows ``(part, from, to)``)."""
-        if self.keys is not None and _packable(spans[:, 0], spans[:, 2] - 1, 0).all():
+        if self.keys is not None and _all_packable(spans[:, 0], spans[:, 2] - 1, 0):
             lo = np.searchsorted(self.keys, _key(spans[:, 0], spans[:, 1].clip(0), 0))
             hi = np.searchsorted(self.keys, _key(spans[:, 0], spans[:, 2], 0))
             lengths = hi - lo
@@ -240,7 +252,7 @@ class InFlight:
         if not len(offset):
             return EMPTY
         keys = (
-            np.sort(_key(part, offset, attempt)) if _packable(part, offset, attempt).all() else None
+            np.sort(_key(part, offset, attempt)) if _all_packable(part, offset, attempt) else None
         )
         return self._take_each(lambda c: c.find_keys(keys, part, offset, attempt))
 
@@ -350,18 +362,16 @@ def _concat(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return part, offset, attempt
 
 
-def _packable(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray | int) -> np.ndarray:
-    return (
-        (part >= 0)
-        & (part < _PARTS)
-        & (offset >= 0)
-        & (offset < _OFFSETS)
-        & (attempt >= 0)
-        & (attempt < _ATTEMPTS)
+def _all_packable(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray | int) -> bool:
+    """Whether every row's coordinates fit a packed key (:func:`_key`): by each column's
+    least and greatest value, a pass per column and no mask."""
+    return all(
+        not np.size(col) or (np.min(col) >= 0 and np.max(col) < limit)
+        for col, limit in ((part, _PARTS), (offset, _OFFSETS), (attempt, _ATTEMPTS))
     )
 
 
 def _key(part, offset, attempt) -> np.ndarray:
     """One int64 per (partition index, offset, attempt) within the widths of
-    :func:`_packable`, ordered by partition, then attempt, then offset."""
+    :func:`_all_packable`, ordered by partition, then attempt, then offset."""
     return (np.asarray(part) << 48) | (np.asarray(attempt) << 40) | np.asarray(offset)
