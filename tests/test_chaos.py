@@ -1,4 +1,4 @@
-"""Issue 18, the chaos suite: crash and stall every process of a running topology, and
+"""The chaos suite: crash and stall every process of a running topology, and
 prove that nothing is lost and nothing is committed early.
 
 One chaos run, for one seed, on a broker of its own (:func:`chaos_broker`, so that

@@ -1,4 +1,4 @@
-"""Issue 17: test_end_to_end's topology from a Spark Connect client, against the Connect
+"""test_end_to_end's topology from a Spark Connect client, against the Connect
 server bundled in pyspark (tests/spark_cluster.py), every input offset committed.
 
 The client runs in a process of its own (tests/remote_driver.py): a Connect session

@@ -1,4 +1,4 @@
-"""Issue 18: the world changes under a running topology. Each case ends in a clear
+"""The world changes under a running topology. Each case ends in a clear
 outcome (an error naming what happened, a dead letter with its reason, or
 back-pressure), never in a hang or a silent loss."""
 

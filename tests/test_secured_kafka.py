@@ -1,4 +1,4 @@
-"""Issue 17: the security settings end to end, on a broker with TLS and SASL/PLAIN listeners.
+"""The security settings end to end, on a broker with TLS and SASL/PLAIN listeners.
 
 test_end_to_end's topology (tests/fault_driver.py) runs with the listener's ``kafka.*``
 options given once to the source, the Kafka channel and the ``KafkaSink``; the source's

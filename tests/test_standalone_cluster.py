@@ -1,4 +1,4 @@
-"""Issue 17: the README topology on a Spark standalone cluster (a Master and two Workers of
+"""The README topology on a Spark standalone cluster (a Master and two Workers of
 one core each, from the pyspark package, on loopback), with the Kafka channel, and one
 Worker SIGKILLed mid-run with its executor: every offset ends committed, no output is
 lost, and the outputs written more than once are counted.

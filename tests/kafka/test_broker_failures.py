@@ -1,4 +1,4 @@
-"""Issue 14: a broker of a three-node cluster fails under a running topology, and
+"""A broker of a three-node cluster fails under a running topology, and
 every input offset still ends acked or dead-lettered, none committed early.
 
 The cluster (tests/broker.py, replication factor 3, ``min.insync.replicas=2``) carries

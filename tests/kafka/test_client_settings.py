@@ -1,4 +1,4 @@
-"""Issue 17: every Kafka client ackstream makes takes the source's settings, security
+"""Every Kafka client ackstream makes takes the source's settings, security
 included: the source's consumers, the channel (producer, consumer, admin, the acker's
 source and the executors' reads), the dead-letter producer and the KafkaSink."""
 
