@@ -1,4 +1,4 @@
-"""Issue 6's bad input on the broker: malformed records end as dead letters with their
+"""Bad input on the broker: malformed records end as dead letters with their
 reason, never as a stopped query; an unreachable broker or a missing topic is an
 error before the query starts."""
 
@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 from ackstream import MemorySink, Topology
 from ackstream.channels.kafka import KafkaChannel
+from ackstream.sources import kafka as kafka_source
 from ackstream.testing import wait_until_settled
 
 from helpers import group_commits
@@ -99,11 +100,15 @@ def test_an_unreachable_broker_is_an_error_at_load(spark):
     )
 
 
-def test_an_unreachable_broker_is_ackstreams_own_error_from_topology_read_stream(spark, tmp_path):
+def test_an_unreachable_broker_is_ackstreams_own_error_from_topology_read_stream(
+    spark, tmp_path, monkeypatch
+):
     """Checked in this process before load(): the error itself, not inside Spark's
     AnalysisException, and without starting Spark's Python worker first."""
     from ackstream import LocalChannel, MemorySink, Topology
     from ackstream.errors import EnvironmentProblem
+
+    monkeypatch.setattr(kafka_source, "CHECK_TIMEOUT_MS", 1_000)  # nobody answers anyway
 
     topology = Topology("unreachable", spark, LocalChannel(str(tmp_path / "ch")))
     with pytest.raises(EnvironmentProblem) as caught:
@@ -113,7 +118,9 @@ def test_an_unreachable_broker_is_ackstreams_own_error_from_topology_read_stream
     assert caught.value.what.startswith("no Kafka broker answers at 127.0.0.1:9")
 
 
-def test_a_security_protocol_the_broker_does_not_speak_is_a_bounded_error_naming_it(broker):
+def test_a_security_protocol_the_broker_does_not_speak_is_a_bounded_error_naming_it(
+    broker, monkeypatch
+):
     import time
 
     from ackstream.config import parse
@@ -130,6 +137,7 @@ def test_a_security_protocol_the_broker_does_not_speak_is_a_bounded_error_naming
             "kafka.sasl.plain.password": "secret",
         }
     )
+    monkeypatch.setattr(kafka_source, "CHECK_TIMEOUT_MS", 1_000)  # the bound, shorter
     started = time.monotonic()
     with pytest.raises(EnvironmentProblem, match="kafka.security.protocol=SASL_SSL") as caught:
         open_upstream(config).check()
