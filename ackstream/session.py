@@ -83,7 +83,7 @@ def kafka_through_v2(spark) -> Iterator[None]:
 
     Spark's default list sends Kafka batch reads and writes through version 1, where a
     read plans a nested SQL execution of its own (an execution id, its events and the
-    plan's explain string) each time: about half the planning cost of a batch's read.
+    plan's explain string) each time, a large share of what planning the read costs.
     Version 2 also makes a write a job of its own whose plan holds the batch's, so an
     Observation on the batch is filled by it. The choice is made when ``load()`` or
     ``save()`` is called, so only those calls need be inside."""
