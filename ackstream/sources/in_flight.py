@@ -1,21 +1,25 @@
-"""The roots a source has in flight, as numpy columns in chunks.
+"""The roots a source has in flight: runs of offsets, and numpy rows for the exceptions.
 
 The source's driver puts every record it emits here, and takes them out as their
 completions come: a run of offsets at once, one record by its coordinates, or one
 root by its id (a fail, a timeout, the acker's outcomes). A source with a million
-roots in flight and a thousand new ones a batch must not pay a million per batch:
+roots in flight and a hundred thousand new ones a batch must not pay per record when
+its trees close:
 
-- each batch's roots are a chunk of their own, sorted by a packed key of their
-  coordinates, so finding a run or a record is a binary search per chunk;
-- a root taken out is only marked gone; a chunk is compacted once half of it is
-  gone, and the smallest chunks are merged once there are many;
-- root ids are minted lazily (``mint(part, offset, attempt)``), per chunk, only when
-  a lookup by id needs them: a batch whose trees all close comes back as runs of
-  offsets (:mod:`ackstream.ranges`), so in the steady state no id is computed;
-- each row knows whether it was added since :meth:`InFlight.mark`, and rows that were
-  there at the mark are remembered when a compaction drops them, so the changes since
-  (:meth:`InFlight.changes`) are a few masks, and the source's state file can be
-  written as the changes since its last whole file.
+- offsets read anew (attempt 0) go in as one row per partition and batch, a *run*
+  ``[start, end)``, and a batch whose trees all close comes back as runs of offsets
+  (:mod:`ackstream.ranges`) that take them out whole: in the steady state the table
+  costs a row per partition and batch, and no root id is computed;
+- records that are exceptions are rows of their own: replays, restored records, the
+  short pieces left of a run once some of its offsets were taken, and every run once a
+  lookup by id needs ids. Each batch of rows is a chunk sorted by a packed key of the
+  coordinates, so finding a run or a record is a binary search per chunk; a root
+  taken out is only marked gone, a chunk is compacted once half of it is gone, and
+  the smallest chunks are merged once there are many; root ids are minted lazily
+  (``mint(part, offset, attempt)``), per chunk, only when a lookup by id needs them;
+- what changed since :meth:`InFlight.mark` (:meth:`InFlight.changes`) comes as runs
+  too, so the source's state file can be written as the changes since its last whole
+  file at a cost per run.
 
 Coordinates are in flight at most once (the tracker adds a record only after taking
 its earlier attempt out).
@@ -29,12 +33,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["NOT_STARTED", "Changes", "InFlight", "Roots"]
+__all__ = ["EMPTY_SPANS", "NOT_STARTED", "Changes", "InFlight", "Roots", "Spans"]
 
 #: ``emitted_ms`` of a root whose batch Spark has not run yet: its timeout has not begun.
 NOT_STARTED = -1
 #: More chunks than this and the smallest half are merged into one.
 MAX_CHUNKS = 16
+#: A piece of a run left this long or longer stays a run; a shorter one becomes rows.
+LONG_RUN = 32
 
 #: a packed key holds a partition index below 2**15, an attempt below 255 and an
 #: offset below 2**40 (see :func:`_key`)
@@ -90,14 +96,153 @@ class Roots(NamedTuple):
 EMPTY = Roots.of([], 0, [], 0, 0)
 
 
-class Changes(NamedTuple):
-    """In-flight coordinates (``part``, ``offset``, ``attempt`` columns each) taken out
-    of those there at :meth:`InFlight.mark`, and added since and still in flight: what
-    was in flight at the mark, less ``removed``, plus ``added``, is in flight now. A
-    record added and taken again since is in neither."""
+class Spans(NamedTuple):
+    """Records as runs of consecutive offsets, one row per run: ``[start, end)`` of the
+    partition indexed ``part`` at ``attempt``."""
 
-    added: tuple[np.ndarray, np.ndarray, np.ndarray]
-    removed: tuple[np.ndarray, np.ndarray, np.ndarray]
+    part: np.ndarray
+    attempt: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    @classmethod
+    def of_rows(cls, part, offset, attempt) -> Spans:
+        """The runs of records given a row each: a row whose offset follows the row
+        before it (same partition and attempt) continues its run, so rows ordered by
+        partition, attempt and offset give the fewest runs."""
+        part, offset, attempt = np.broadcast_arrays(
+            *(np.asarray(c, np.int64).reshape(-1) for c in (part, offset, attempt))
+        )
+        if not len(offset):
+            return EMPTY_SPANS
+        cut = np.ones(len(offset), bool)
+        cut[1:] = (
+            (part[1:] != part[:-1])
+            | (attempt[1:] != attempt[:-1])
+            | (offset[1:] != offset[:-1] + 1)
+        )
+        first = np.flatnonzero(cut)
+        last = np.append(first[1:], len(offset)) - 1
+        return cls(part[first], attempt[first], offset[first], offset[last] + 1)
+
+    @staticmethod
+    def concat(parts: list[Spans]) -> Spans:
+        parts = [p for p in parts if len(p.start)]
+        if len(parts) == 1:
+            return parts[0]
+        return Spans(*(np.concatenate(cols) for cols in zip(*parts))) if parts else EMPTY_SPANS
+
+    @property
+    def runs(self) -> int:
+        return len(self.start)
+
+    @property
+    def records(self) -> int:
+        return int((self.end - self.start).sum())
+
+    def at(self, index) -> Spans:
+        """The runs at ``index`` (positions or a mask)."""
+        return Spans(*(col[index] for col in self))
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``part``, ``offset`` and ``attempt`` of every record, run after run."""
+        length = self.end - self.start
+        within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+        return (
+            np.repeat(self.part, length),
+            np.repeat(self.start, length) + within,
+            np.repeat(self.attempt, length),
+        )
+
+
+EMPTY_SPANS = Spans(*(np.empty(0, np.int64) for _ in range(4)))
+
+
+class Changes(NamedTuple):
+    """Records in flight at :meth:`InFlight.mark` taken out since (``removed``), and
+    records added since and still in flight (``added``): what was in flight at the
+    mark, less ``removed``, plus ``added``, is in flight now. A record added and taken
+    again since is in neither."""
+
+    added: Spans
+    removed: Spans
+
+    @property
+    def runs(self) -> int:
+        return self.added.runs + self.removed.runs
+
+
+class _Runs(NamedTuple):
+    """Runs of offsets read anew (attempt 0) that are in flight, ``[start, end)`` of the
+    partition indexed ``part``, sorted by partition and start; each with its timeout's
+    start, its batch and whether it was added since the table's mark."""
+
+    part: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    emitted_ms: np.ndarray
+    batch: np.ndarray
+    new: np.ndarray
+
+    def at(self, index) -> _Runs:
+        return _Runs(*(col[index] for col in self))
+
+    def keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Packed keys of each run's start and end (both sorted: runs do not overlap)."""
+        return _key(self.part, self.start, 0), _key(self.part, self.end, 0)
+
+    def spans(self) -> Spans:
+        return Spans(self.part, np.zeros_like(self.part), self.start, self.end)
+
+    def records(self) -> int:
+        return int((self.end - self.start).sum())
+
+    def roots(self) -> tuple[Roots, np.ndarray]:
+        """Every record of the runs as a row (no id), and whether it is new."""
+        part, offset, attempt = self.spans().rows()
+        length = self.end - self.start
+        rows = Roots(
+            np.zeros(len(offset), np.int64),
+            part,
+            offset,
+            attempt,
+            np.repeat(self.emitted_ms, length),
+            np.repeat(self.batch, length),
+        )
+        return rows, np.repeat(self.new, length)
+
+    @staticmethod
+    def sorted(parts: list[_Runs]) -> _Runs:
+        """The runs of ``parts`` together, sorted."""
+        runs = _Runs(*(np.concatenate(cols) for cols in zip(*parts)))
+        return runs.at(np.argsort(runs.keys()[0], kind="stable"))
+
+
+_NONE = np.empty(0, np.int64)
+_NO_RUNS = _Runs(_NONE, _NONE, _NONE, _NONE, _NONE, np.empty(0, bool))
+
+
+def _carve(runs: _Runs, lo: np.ndarray, hi: np.ndarray) -> tuple[_Runs, _Runs]:
+    """``runs`` cut by the packed-key intervals ``[lo, hi)`` (which may overlap): the
+    pieces outside every interval, and those inside one, each with its run's columns."""
+    starts, ends = runs.keys()
+    points = np.unique(np.concatenate([starts, ends, lo, hi]))
+    a, b = points[:-1], points[1:]
+    owner = np.searchsorted(starts, a, side="right") - 1
+    inside = owner >= 0
+    inside[inside] = a[inside] < ends[owner[inside]]
+    a, b, owner = a[inside], b[inside], owner[inside]
+    covered = np.searchsorted(np.sort(lo), a, side="right") > np.searchsorted(
+        np.sort(hi), a, side="right"
+    )
+    first = np.ones(len(a), bool)  # pieces of one run and one side join
+    first[1:] = (owner[1:] != owner[:-1]) | (covered[1:] != covered[:-1])
+    at = np.flatnonzero(first)
+    last = np.append(at[1:], len(a)) - 1
+    owner, covered = owner[at], covered[at]
+    base = runs.part[owner] << 48
+    pieces = runs.at(owner)._replace(start=a[at] - base, end=b[last] - base)
+    return pieces.at(~covered), pieces.at(covered)
 
 
 class _Chunk:
@@ -203,38 +348,63 @@ class InFlight:
     attempt, so it is in the table at most once."""
 
     def __init__(self, mint: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]):
+        self._runs = _NO_RUNS
         self._chunks: list[_Chunk] = []
         self._mint = mint
-        #: coordinates of rows there at mark() that compactions dropped
+        #: runs there at mark() since taken out, and coordinates of rows there at
+        #: mark() that compactions dropped
+        self._removed_runs: list[Spans] = []
         self._removed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def __len__(self) -> int:
-        return sum(chunk.count for chunk in self._chunks)
+        return self._runs.records() + sum(chunk.count for chunk in self._chunks)
 
     @property
     def rows(self) -> Roots:
         """Every row, ids minted, ordered by id (for tests and the rare full listing)."""
-        rows = Roots.concat([c.minted_rows(self._mint).at(c.live) for c in self._chunks])
+        runs, _ = self._runs.roots()
+        runs = runs._replace(root=self._ids(runs))
+        rows = Roots.concat([runs, *(c.minted_rows(self._mint).at(c.live) for c in self._chunks)])
         return rows.at(np.argsort(rows.root, kind="stable"))
 
-    def flying(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``part``, ``offset`` and ``attempt`` of every row in flight, each chunk's
-        sorted by them."""
-        return _concat(
+    def flying(self) -> Spans:
+        """Every record in flight, as runs."""
+        return Spans.concat(
             [
-                (c.rows.part, c.rows.offset, c.rows.attempt)
-                if c.count == len(c.live)
-                else (c.rows.part[c.live], c.rows.offset[c.live], c.rows.attempt[c.live])
-                for c in self._chunks
+                self._runs.spans(),
+                *(Spans.of_rows(*_coordinates(c.rows, c.live)) for c in self._chunks),
             ]
         )
 
-    def add_unminted(self, part, offset, attempt, emitted_ms, batch) -> None:
-        """Put records in flight by coordinates; their ids are minted when needed."""
-        new = Roots.of(0, part, offset, attempt, emitted_ms, batch)
-        if not len(new.offset):
+    def add_runs(self, part, start, end, emitted_ms: int, batch: int) -> None:
+        """Put the offsets ``[start, end)`` of partitions ``part`` in flight at attempt 0:
+        a row per run; their ids are minted when needed."""
+        part, start, end = (np.asarray(v, np.int64).reshape(-1) for v in (part, start, end))
+        keep = end > start
+        part, start, end = part[keep], start[keep], end[keep]
+        if not len(start):
             return
-        self._chunks.append(_Chunk(new, minted=False, new=np.ones(len(new.offset), bool)))
+        if not _all_packable(part, np.concatenate([start, end - 1]), 0):
+            self.add_unminted(
+                *Spans(part, np.zeros_like(part), start, end).rows(), emitted_ms, batch
+            )
+            return
+        size = len(start)
+        new = _Runs(
+            part, start, end, np.full(size, emitted_ms), np.full(size, batch), np.ones(size, bool)
+        )
+        self._runs = _Runs.sorted([self._runs, new])
+
+    def add_unminted(self, part, offset, attempt, emitted_ms, batch) -> None:
+        """Put records in flight by coordinates, a row each; their ids are minted when
+        needed."""
+        self._add_rows(Roots.of(0, part, offset, attempt, emitted_ms, batch), new=None)
+
+    def _add_rows(self, rows: Roots, new: np.ndarray | None) -> None:
+        if not len(rows.offset):
+            return
+        new = np.ones(len(rows.offset), bool) if new is None else new
+        self._chunks.append(_Chunk(rows, minted=False, new=new))
         if len(self._chunks) > MAX_CHUNKS:
             self._merge_smallest()
 
@@ -243,36 +413,102 @@ class InFlight:
         roots = np.unique(np.asarray(roots, np.int64))
         if not len(roots):
             return EMPTY
+        self._runs_to_rows()
         return self._take_each(lambda c: c.find_roots(roots, self._mint))
 
     def take_at(self, part, offset, attempt) -> Roots:
         """Remove the rows of these coordinates (``part`` indexes the partitions) and
         return them, without minting an id."""
-        part, offset, attempt = (np.asarray(v, np.int64) for v in (part, offset, attempt))
+        part, offset, attempt = np.broadcast_arrays(
+            *(np.asarray(v, np.int64).reshape(-1) for v in (part, offset, attempt))
+        )
         if not len(offset):
             return EMPTY
+        order = np.lexsort((offset, part))
+        fresh = attempt[order] == 0
+        cuts = Spans.of_rows(part[order][fresh], offset[order][fresh], 0)
+        runs, _ = self._cut(cuts.part, cuts.start, cuts.end).roots()
         keys = (
             np.sort(_key(part, offset, attempt)) if _all_packable(part, offset, attempt) else None
         )
-        return self._take_each(lambda c: c.find_keys(keys, part, offset, attempt))
+        return Roots.concat(
+            [runs, self._take_each(lambda c: c.find_keys(keys, part, offset, attempt))]
+        )
 
-    def take_runs(self, spans) -> Roots:
-        """Remove the rows at attempt 0 whose offsets lie in ``spans`` (``(part, from,
-        to)``, ``to`` exclusive) and return them, without minting an id."""
+    def take_runs(self, spans) -> Spans:
+        """Remove the records at attempt 0 whose offsets lie in ``spans`` (``(part, from,
+        to)``, ``to`` exclusive) and return them as runs, without minting an id."""
         spans = np.array(spans, np.int64).reshape(-1, 3)
         if not len(spans):
-            return EMPTY
-        return self._take_each(lambda c: c.find_spans(spans))
+            return EMPTY_SPANS
+        runs = self._cut(spans[:, 0], spans[:, 1], spans[:, 2]).spans()
+        rows = self._take_each(lambda c: c.find_spans(spans))
+        return Spans.concat([runs, Spans.of_rows(rows.part, rows.offset, rows.attempt)])
 
-    def take_where(self, select: Callable[[Roots], np.ndarray]) -> Roots:
-        """Remove the rows for which ``select`` (a mask over a chunk's rows, ids not
-        minted) is true and return them."""
-        return self._take_each(lambda c: np.flatnonzero(select(c.rows) & c.live))
+    def take_started_at_or_before(self, ms: int) -> Roots:
+        """Remove the rows whose timeout started at ``ms`` or earlier and return them."""
+        runs = self._runs
+        overdue = (runs.emitted_ms != NOT_STARTED) & (runs.emitted_ms <= ms)
+        if overdue.any():
+            self._runs = runs.at(~overdue)
+            self._note_removed(runs.at(overdue))
+        rows, _ = runs.at(overdue).roots()
+        chunks = self._take_where(lambda rows: started_at_or_before(rows, ms))
+        return Roots.concat([rows, chunks])
 
     def take_offsets(self, part: int, offsets) -> Roots:
         """Remove the roots of these offsets of partition ``part``, at any attempt."""
         offsets = np.asarray(offsets, np.int64)
-        return self.take_where(lambda rows: (rows.part == part) & np.isin(rows.offset, offsets))
+        cuts = Spans.of_rows(part, np.unique(offsets), 0)
+        runs, _ = self._cut(cuts.part, cuts.start, cuts.end).roots()
+        chunks = self._take_where(lambda rows: (rows.part == part) & np.isin(rows.offset, offsets))
+        return Roots.concat([runs, chunks])
+
+    def _cut(self, part, lo, hi) -> _Runs:
+        """Take the offsets ``[lo, hi)`` of partitions ``part`` out of the runs and return
+        them as runs; pieces of a run left shorter than :data:`LONG_RUN` become rows."""
+        part, lo, hi = (np.asarray(v, np.int64) for v in (part, lo, hi))
+        ok = (part >= 0) & (part < _PARTS) & (hi > lo) & (hi > 0) & (lo < _OFFSETS)
+        runs = self._runs
+        if not len(runs.start) or not ok.any():
+            return _NO_RUNS
+        lo = _key(part[ok], lo[ok].clip(0), 0)
+        hi = _key(part[ok], hi[ok].clip(max=_OFFSETS), 0)
+        starts, ends = runs.keys()
+        first = np.searchsorted(ends, lo, side="right")  # the first run ending past lo
+        last = np.searchsorted(starts, hi, side="left")  # past the last run starting below hi
+        hit = first < last
+        if not hit.any():
+            return _NO_RUNS
+        edges = np.zeros(len(starts) + 1, np.int64)
+        np.add.at(edges, first[hit], 1)
+        np.add.at(edges, last[hit], -1)
+        touched = np.cumsum(edges)[:-1] > 0
+        left, taken = _carve(runs.at(touched), lo[hit], hi[hit])
+        long = left.end - left.start >= LONG_RUN
+        self._runs = _Runs.sorted([runs.at(~touched), left.at(long)])
+        self._add_rows(*left.at(~long).roots())
+        self._note_removed(taken)
+        return taken
+
+    def _note_removed(self, runs: _Runs) -> None:
+        """``runs`` were taken out: those there at the mark count as removed."""
+        if not runs.new.all():
+            self._removed_runs.append(runs.at(~runs.new).spans())
+
+    def _runs_to_rows(self) -> None:
+        """Every run becomes rows (a lookup by id needs their ids)."""
+        if len(self._runs.start):
+            self._add_rows(*self._runs.roots())
+            self._runs = _NO_RUNS
+
+    def _ids(self, rows: Roots) -> np.ndarray:
+        return self._mint(rows.part, rows.offset, rows.attempt) if len(rows.offset) else rows.root
+
+    def _take_where(self, select: Callable[[Roots], np.ndarray]) -> Roots:
+        """Remove the rows for which ``select`` (a mask over a chunk's rows, ids not
+        minted) is true and return them."""
+        return self._take_each(lambda c: np.flatnonzero(select(c.rows) & c.live))
 
     def _take_each(self, find: Callable[[_Chunk], np.ndarray]) -> Roots:
         taken = []
@@ -302,6 +538,7 @@ class InFlight:
         roots = np.unique(np.asarray(roots, np.int64))
         if not len(roots):
             return
+        self._runs_to_rows()
         for chunk in self._chunks:
             hit = chunk.find_roots(roots, self._mint)
             emitted = chunk.rows.emitted_ms
@@ -309,57 +546,53 @@ class InFlight:
 
     def start(self, now_ms: int) -> None:
         """Roots not started start their timeout at ``now_ms``."""
-        for chunk in self._chunks:
-            emitted = chunk.rows.emitted_ms
+        for emitted in self._emitted():
             emitted[emitted == NOT_STARTED] = now_ms
 
     def delay(self, ms: int) -> None:
         """Started roots start their timeout ``ms`` later (time that does not count)."""
-        for chunk in self._chunks:
-            emitted = chunk.rows.emitted_ms
+        for emitted in self._emitted():
             emitted[emitted != NOT_STARTED] += ms
 
+    def _emitted(self) -> list[np.ndarray]:
+        """The ``emitted_ms`` column of the runs and of each chunk, to change in place."""
+        return [self._runs.emitted_ms, *(chunk.rows.emitted_ms for chunk in self._chunks)]
+
     def any_started_at_or_before(self, ms: int) -> bool:
-        return any(
+        runs = self._runs
+        return bool(((runs.emitted_ms != NOT_STARTED) & (runs.emitted_ms <= ms)).any()) or any(
             (started_at_or_before(c.rows, ms) & c.live).any() for c in self._chunks if c.count
         )
 
     def mark(self) -> None:
         """What is in flight now is written down: :meth:`changes` count from here."""
+        self._runs.new[:] = False
         self._chunks = [c.compacted([], share=0) for c in self._chunks]
         self._chunks = [c for c in self._chunks if c.count]
         for chunk in self._chunks:
             chunk.new[:] = False
-        self._removed = []
+        self._removed, self._removed_runs = [], []
 
     def changes(self) -> Changes:
-        """The coordinates taken out and added since :meth:`mark` (see :class:`Changes`):
-        a mask per chunk, no sort."""
-        added = [(c.rows.part, c.rows.offset, c.rows.attempt) for c in self._chunks]
-        added = [tuple(col[c.live & c.new] for col in cols) for c, cols in zip(self._chunks, added)]
+        """The records taken out and added since :meth:`mark` (see :class:`Changes`), as
+        runs: a mask per chunk, no sort."""
+        added = [self._runs.at(self._runs.new).spans()]
+        added += [Spans.of_rows(*_coordinates(c.rows, c.live & c.new)) for c in self._chunks]
         removed = [*self._removed, *(c.gone_since_mark() for c in self._chunks)]
-        return Changes(_concat(added), _concat(removed))
+        removed_runs = [*self._removed_runs, *(Spans.of_rows(*cols) for cols in removed)]
+        return Changes(Spans.concat(added), Spans.concat(removed_runs))
 
-    def changed(self) -> int:
-        """How many rows :meth:`changes` would give, without gathering them."""
-        dropped = sum(len(part) for part, _, _ in self._removed)
-        return dropped + sum(
-            int((c.live & c.new).sum()) + int((~c.live & ~c.new).sum()) for c in self._chunks
-        )
+
+def _coordinates(rows: Roots, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``part``, ``offset`` and ``attempt`` of the rows in ``mask`` (no copy if all)."""
+    if mask.all():
+        return rows.part, rows.offset, rows.attempt
+    return rows.part[mask], rows.offset[mask], rows.attempt[mask]
 
 
 def started_at_or_before(rows: Roots, ms: int) -> np.ndarray:
     """Mask of ``rows`` whose timeout started at ``ms`` or earlier."""
     return (rows.emitted_ms != NOT_STARTED) & (rows.emitted_ms <= ms)
-
-
-def _concat(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Coordinates (``part``, ``offset``, ``attempt``) of several lists as one."""
-    if not parts:
-        empty = np.empty(0, np.int64)
-        return empty, empty, empty
-    part, offset, attempt = (np.concatenate(cols) for cols in zip(*parts))
-    return part, offset, attempt
 
 
 def _all_packable(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray | int) -> bool:

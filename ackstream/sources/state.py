@@ -12,10 +12,10 @@ A file is *whole* (every record not done) or holds the *changes* since a whole f
 of the same writer (its ``base``): the records put in flight and taken out since,
 and the few scheduled, dead and uncharged ones in full. A steady batch with a
 million records in flight writes a few kilobytes; a whole file is written again once
-the changes grow past a quarter of what is in flight, and first of all after a start.
-Records in flight are written as runs of offsets (the next offset of the same
-partition at the same attempt continues a run), with small numbers (steps between
-runs) in the narrowest integers that hold them: a byte or two a run.
+the changes hold more runs than a quarter of the records in flight, and first of all
+after a start. Records in flight are written as runs of offsets (as the in-flight
+table gives them, :class:`ackstream.sources.in_flight.Spans`), with small numbers
+(steps between runs) in the narrowest integers that hold them: a byte or two a run.
 
 A file is written whole (hidden name, then renamed) before the offset that names
 it is returned to Spark, and never changed afterwards: a number is written again
@@ -39,26 +39,18 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ackstream.files import write_atomically
-from ackstream.sources.in_flight import Changes
+from ackstream.sources.in_flight import EMPTY_SPANS, Changes, Spans
 from ackstream.sources.rows import TP
 
-__all__ = ["DEAD", "Flying", "SourceState", "Uncharged", "Unfinished", "Waiting"]
+__all__ = ["DEAD", "SourceState", "Uncharged", "Unfinished", "Waiting"]
 
 log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(\d+)\.npz$")
 #: ``due`` of a dead record: its letter is not written yet (in flight again after a restore)
 DEAD = -2
-#: changes below this many rows never call for a whole file
+#: changes below this many runs never call for a whole file
 _FEW_CHANGES = 10_000
-
-
-class Flying(NamedTuple):
-    """Records in flight; ``part`` indexes :attr:`Unfinished.tps`."""
-
-    part: np.ndarray
-    offset: np.ndarray
-    attempt: np.ndarray
 
 
 class Waiting(NamedTuple):
@@ -82,10 +74,11 @@ class Uncharged(NamedTuple):
 
 
 class Unfinished(NamedTuple):
-    """Every record between a watermark and its read position that is not done."""
+    """Every record between a watermark and its read position that is not done;
+    ``part`` columns index ``tps``."""
 
     tps: list[TP]
-    flying: Flying
+    flying: Spans
     waiting: Waiting
     uncharged: Uncharged
 
@@ -102,10 +95,6 @@ class Recorded(Protocol):
 
     def changes(self) -> Changes:
         """The in-flight records added and taken out since :meth:`mark`."""
-        ...
-
-    def changed(self) -> int:
-        """How many rows :meth:`changes` would give (cheaper than asking them)."""
         ...
 
     def mark(self) -> None:
@@ -126,19 +115,19 @@ class SourceState:
     def write(self, seq: int, source: Recorded) -> None:
         """Write the state of offset ``seq`` (whole, or the changes since the last whole
         file) before the offset is returned."""
-        if self.base is None or source.changed() > max(_FEW_CHANGES, source.in_flight // 4):
+        changes = None if self.base is None else source.changes()
+        if changes is None or changes.runs > max(_FEW_CHANGES, source.in_flight // 4):
             self._save(seq, _whole(source.unfinished()))
             source.mark()
             self.base = seq
             return
-        changes, rest = source.changes(), source.unfinished(flying=False)
         self._save(
             seq,
             {
-                **_header(rest),
+                **_header(source.unfinished(flying=False)),
                 "base": np.array([self.base], np.int64),
-                **_runs("added", Flying(*changes.added)),
-                **_runs("removed", Flying(*changes.removed)),
+                **_runs("added", changes.added),
+                **_runs("removed", changes.removed),
             },
         )
 
@@ -159,7 +148,7 @@ class SourceState:
                 if "base" not in f.files:
                     return unfinished
                 base_seq = int(f["base"][0])
-                added, removed = _rows_of_runs(f, "added"), _rows_of_runs(f, "removed")
+                added, removed = _spans_of_runs(f, "added"), _spans_of_runs(f, "removed")
             with np.load(self.path(base_seq), allow_pickle=False) as f:
                 base = _unfinished(f)
         except FileNotFoundError as e:
@@ -175,9 +164,10 @@ class SourceState:
         flying = base.flying
         if len(renumber):
             flying = flying._replace(part=renumber[flying.part])
-        flying = Flying(*(col[~_member(flying, removed)] for col in flying))
-        flying = Flying(*(np.concatenate(pair) for pair in zip(flying, added)))
-        return unfinished._replace(flying=flying)
+        rows = flying.rows()
+        left = ~_member(rows, removed.rows())
+        kept_and_added = (np.concatenate([c[left], a]) for c, a in zip(rows, added.rows()))
+        return unfinished._replace(flying=Spans.of_rows(*kept_and_added))
 
     def forget_before(self, seq: int) -> None:
         """Delete the files of offsets before ``seq`` (Spark committed the batch ``seq``
@@ -218,36 +208,31 @@ def _whole(unfinished: Unfinished) -> dict[str, np.ndarray]:
     return {**_header(unfinished), **_runs("flying", unfinished.flying)}
 
 
-def _runs(name: str, rows: Flying) -> dict[str, np.ndarray]:
-    """``rows`` folded into runs of offsets, in their order (the in-flight table gives
-    them sorted within each chunk, so no sort here): per stretch of one partition and
-    attempt its first offset and number of runs, per run its step from the run before
-    in its stretch and its length; small numbers, in the narrowest integers that hold
-    them."""
-    part, offset, attempt = rows
-    other = np.ones(len(offset), bool)  # another (partition, attempt) stretch starts
+def _runs(name: str, spans: Spans) -> dict[str, np.ndarray]:
+    """``spans`` as columns of small numbers, in their order: per stretch of runs of one
+    partition and attempt its first offset and number of runs, per run its step from
+    the run before in its stretch and its length; each in the narrowest integers that
+    hold them."""
+    part, attempt, start, end = spans
+    other = np.ones(len(start), bool)  # another (partition, attempt) stretch starts
     other[1:] = (part[1:] != part[:-1]) | (attempt[1:] != attempt[:-1])
-    starts = other.copy()
-    starts[1:] |= offset[1:] != offset[:-1] + 1
-    first = np.flatnonzero(starts)  # the rows that start a run
-    start, stretch_starts = offset[first], other[first]
     step = np.diff(start, prepend=0)
-    step[stretch_starts] = 0
-    stretches = first[stretch_starts]
+    step[other] = 0
+    stretches = np.flatnonzero(other)
     return _narrow(
         {
             f"{name}.part": part[stretches],
             f"{name}.attempt": attempt[stretches],
-            f"{name}.first": offset[stretches],
-            f"{name}.runs": np.diff(np.append(np.flatnonzero(stretch_starts), len(first))),
+            f"{name}.first": start[stretches],
+            f"{name}.runs": np.diff(np.append(stretches, len(start))),
             f"{name}.step": step,
-            f"{name}.length": np.diff(np.append(first, len(offset))),
+            f"{name}.length": end - start,
         }
     )
 
 
-def _rows_of_runs(f, name: str) -> Flying:
-    """The rows :func:`_runs` folded."""
+def _spans_of_runs(f, name: str) -> Spans:
+    """The runs :func:`_runs` wrote."""
     part, attempt, first, runs, step, length = (
         f[f"{name}.{k}"].astype(np.int64)
         for k in ("part", "attempt", "first", "runs", "step", "length")
@@ -255,12 +240,7 @@ def _rows_of_runs(f, name: str) -> Flying:
     total = np.cumsum(step)
     stretch_total = np.repeat(total[np.cumsum(runs) - runs] if len(runs) else total, runs)
     start = np.repeat(first, runs) + total - stretch_total
-    within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
-    return Flying(
-        np.repeat(np.repeat(part, runs), length),
-        np.repeat(start, length) + within,
-        np.repeat(np.repeat(attempt, runs), length),
-    )
+    return Spans(np.repeat(part, runs), np.repeat(attempt, runs), start, start + length)
 
 
 def _unfinished(f) -> Unfinished:
@@ -268,12 +248,11 @@ def _unfinished(f) -> Unfinished:
     tps = list(zip(f["topics"].tolist(), f["partitions"].tolist()))
     waiting, uncharged = _rows_of(f, "waiting", Waiting), _rows_of(f, "uncharged", Uncharged)
     if "flying.length" not in f.files:
-        empty = np.empty(0, np.int64)
-        return Unfinished(tps, Flying(empty, empty, empty), waiting, uncharged)
-    return Unfinished(tps, _rows_of_runs(f, "flying"), waiting, uncharged)
+        return Unfinished(tps, EMPTY_SPANS, waiting, uncharged)
+    return Unfinished(tps, _spans_of_runs(f, "flying"), waiting, uncharged)
 
 
-def _columns(name: str, rows: Flying | Waiting | Uncharged) -> dict[str, np.ndarray]:
+def _columns(name: str, rows: Waiting | Uncharged) -> dict[str, np.ndarray]:
     return _narrow({f"{name}.{k}": np.asarray(v, np.int64) for k, v in rows._asdict().items()})
 
 
@@ -295,16 +274,17 @@ def _narrow(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _member(rows: Flying, of: Flying) -> np.ndarray:
-    """Mask of ``rows`` (distinct) that are also in ``of``."""
-    if not len(of.offset) or not len(rows.offset):
-        return np.zeros(len(rows.offset), bool)
+def _member(rows: tuple, of: tuple) -> np.ndarray:
+    """Mask of ``rows`` (``part``, ``offset``, ``attempt``; distinct) that are also in ``of``."""
+    size, other = len(rows[1]), len(of[1])
+    if not size or not other:
+        return np.zeros(size, bool)
     cols = [np.concatenate(pair) for pair in zip(rows, of)]
-    tag = np.concatenate([np.zeros(len(rows.offset), np.int8), np.ones(len(of.offset), np.int8)])
+    tag = np.concatenate([np.zeros(size, np.int8), np.ones(other, np.int8)])
     order = np.lexsort((tag, cols[2], cols[1], cols[0]))
     part, offset, attempt, tag = (c[order] for c in (*cols, tag))
     same = (part[1:] == part[:-1]) & (offset[1:] == offset[:-1]) & (attempt[1:] == attempt[:-1])
     hit = np.append((tag[:-1] == 0) & (tag[1:] == 1) & same, False)
-    mask = np.zeros(len(rows.offset), bool)
+    mask = np.zeros(size, bool)
     mask[order[hit]] = True
     return mask

@@ -48,14 +48,15 @@ from ackstream.records import (
 )
 from ackstream.sources.in_flight import (
     EMPTY,
+    EMPTY_SPANS,
     NOT_STARTED,
     Changes,
     InFlight,
     Roots,
-    started_at_or_before,
+    Spans,
 )
 from ackstream.sources.rows import TP
-from ackstream.sources.state import DEAD, Flying, Uncharged, Unfinished, Waiting
+from ackstream.sources.state import DEAD, Uncharged, Unfinished, Waiting
 
 __all__ = ["ISOLATION_PARTS", "METADATA_LIMIT", "OUTCOME_COUNTS", "DeadLetter", "Tracker", "ranges"]
 
@@ -123,6 +124,18 @@ class _Partition:
         ahead = _leading_run(done) if done[0] == self.watermark else 0
         self.watermark += ahead
         self.done = done[ahead:]
+
+    def mark_done_runs(self, runs: Spans) -> None:
+        """The offsets of ``runs`` (of this partition) are done: as :meth:`mark_done`, at
+        the cost of a run each for those that continue the watermark, as a batch's do."""
+        runs = runs.at(np.argsort(runs.start, kind="stable"))
+        if not len(self.done) and len(runs.start) and runs.start[0] == self.watermark:
+            breaks = np.flatnonzero(runs.start[1:] != runs.end[:-1])
+            joined = int(breaks[0]) + 1 if len(breaks) else len(runs.start)
+            self.watermark = int(runs.end[joined - 1])
+            runs = runs.at(slice(joined, None))
+        if len(runs.start):
+            self.mark_done(runs.rows()[1])
 
     def commit_metadata(self) -> str:
         """Done offsets above the watermark as JSON ranges, the lowest first, as many as
@@ -212,11 +225,12 @@ class Tracker:
                     f"{tp}: emit from {start} but the next offset to read is {self.parts[tp].end}"
                 )
         if spans:
-            self._add_roots(
-                np.repeat([self._index[tp] for tp, *_ in spans], [b - a for _, a, b in spans]),
-                np.concatenate([np.arange(a, b) for _, a, b in spans]),
-                0,
-                now_ms,
+            self.flights.add_runs(
+                [self._index[tp] for tp, *_ in spans],
+                [a for _, a, _ in spans],
+                [b for *_, b in spans],
+                self._emitted_ms(now_ms),
+                self.batch,
             )
         for tp, _, end in spans:
             self.parts[tp].end = end
@@ -243,9 +257,13 @@ class Tracker:
         offsets = np.asarray(offsets, np.int64)
         if not len(offsets):
             return
-        emitted = now_ms if started or not self.clock_on_commit else NOT_STARTED
+        emitted = now_ms if started else self._emitted_ms(now_ms)
         part = np.broadcast_to(np.asarray(part, np.int64), offsets.shape)
         self.flights.add_unminted(part, offsets, attempts, emitted, self.batch)
+
+    def _emitted_ms(self, now_ms: int) -> int:
+        """When the timeout of roots put in flight now starts (see :attr:`clock_on_commit`)."""
+        return NOT_STARTED if self.clock_on_commit else now_ms
 
     def _mint(self, part: np.ndarray, offset: np.ndarray, attempt: np.ndarray) -> np.ndarray:
         """The root ids of records in flight (``part`` indexes the partitions)."""
@@ -350,6 +368,17 @@ class Tracker:
         for part in np.flatnonzero(np.bincount(done.part)).tolist():
             self.parts[self._tps[part]].mark_done(done.offset[done.part == part])
 
+    def _acked_runs(self, done: Spans) -> None:
+        """The records of ``done`` (runs taken out of flight) were acked: they are done,
+        at a cost per run."""
+        self.counts["acked"] += done.records
+        if self.uncharged:
+            part, offset, _ = done.rows()
+            for p, off in zip(part.tolist(), offset.tolist()):
+                self.uncharged.pop((self._tps[p], off), None)
+        for part in np.unique(done.part).tolist():
+            self.parts[self._tps[part]].mark_done_runs(done.at(done.part == part))
+
     def _complete_runs(self, runs: pa.Table, failed: Roots) -> None:
         """Apply completions that each ack a run of offsets at attempt 0 (see
         :mod:`ackstream.ranges`), without a root id per offset: the roots in flight in
@@ -373,14 +402,14 @@ class Tracker:
         if not spans:
             return
         done = self.flights.take_runs(spans)  # no id is minted for a run
-        self._acked(done)
-        if len(done.root) == sum(hi - lo for _, lo, hi in spans):
+        self._acked_runs(done)
+        if done.records == sum(hi - lo for _, lo, hi in spans):
             return
         for part, lo, hi in spans:  # acks of offsets no longer in flight at attempt 0
             tp, state = self._tps[part], self.parts[self._tps[part]]
             offsets = np.arange(max(lo, state.watermark), min(hi, state.end), dtype=np.int64)
             gone = np.concatenate(
-                [done.offset[done.part == part], failed.offset[failed.part == part]]
+                [done.at(done.part == part).rows()[1], failed.offset[failed.part == part]]
             )
             offsets = np.setdiff1d(np.setdiff1d(offsets, gone), state.done)
             self.counts["acked"] += len(offsets)
@@ -449,7 +478,7 @@ class Tracker:
     def expire(self, now_ms: int) -> list[DeadLetter]:
         """Roots in flight for longer than the source timeout count as timed out."""
         cutoff = now_ms - self.source_timeout_ms
-        overdue = self.flights.take_where(lambda rows: started_at_or_before(rows, cutoff))
+        overdue = self.flights.take_started_at_or_before(cutoff)
         overdue = overdue.sorted_by("emitted_ms", "part", "offset")
         self.counts["timed_out"] += len(overdue.root)
         new_dead = []
@@ -568,7 +597,7 @@ class Tracker:
         in flight (unless not ``flying``), scheduled (with its due time) or dead (its
         letter unwritten: in flight again after a restore). Columns, so its cost is a
         few numpy passes."""
-        rows = Flying(*self.flights.flying()) if flying else Flying(*EMPTY[1:4])
+        rows = self.flights.flying() if flying else EMPTY_SPANS
         waiting = [
             (self._index[tp], off, att, due, self.suspects.get((tp, off), -1))
             for (tp, off), (att, due) in self.scheduled.items()
@@ -588,10 +617,6 @@ class Tracker:
     def changes(self) -> Changes:
         """The records put in flight and taken out since :meth:`mark`, net."""
         return self.flights.changes()
-
-    def changed(self) -> int:
-        """How many records :meth:`changes` would give."""
-        return self.flights.changed()
 
     def mark(self) -> None:
         """Every record not done was written down: :meth:`changes` count from now."""
@@ -615,7 +640,8 @@ class Tracker:
                 self._add_roots(self._index[tp], offsets, 0, now_ms, started=True)
             return
         index = np.array([self._number(tp) for tp in unfinished.tps], np.int64)
-        flying, waiting, uncharged = unfinished.flying, unfinished.waiting, unfinished.uncharged
+        waiting, uncharged = unfinished.waiting, unfinished.uncharged
+        flying_part, flying_offset, flying_attempt = unfinished.flying.rows()
         scheduled = waiting.due != DEAD  # a dead one's letter was not written: in flight again
         for i, off, att, at, group in zip(*(col[scheduled].tolist() for col in waiting)):
             tp = self._tps[index[i]]
@@ -627,17 +653,17 @@ class Tracker:
             self.uncharged[(self._tps[index[i]], off)] = n
         dead = ~scheduled
         part = (
-            index[np.concatenate([flying.part, waiting.part[dead]])] if len(index) else flying.part
+            index[np.concatenate([flying_part, waiting.part[dead]])] if len(index) else flying_part
         )
         self._add_roots(
             part,
-            np.concatenate([flying.offset, waiting.offset[dead]]),
-            np.concatenate([flying.attempt, waiting.attempt[dead]]),
+            np.concatenate([flying_offset, waiting.offset[dead]]),
+            np.concatenate([flying_attempt, waiting.attempt[dead]]),
             now_ms,
             started=True,
         )
         left = np.concatenate([part, index[waiting.part[scheduled]] if len(index) else part[:0]])
-        offset = np.concatenate([flying.offset, waiting.offset[dead], waiting.offset[scheduled]])
+        offset = np.concatenate([flying_offset, waiting.offset[dead], waiting.offset[scheduled]])
         order = np.argsort(left, kind="stable")
         starts = np.searchsorted(left[order], np.arange(len(self._tps) + 1))
         for i, tp in enumerate(self._tps):

@@ -9,8 +9,9 @@ import numpy as np
 
 from ackstream import ids
 from ackstream.records import ACKED, FAILED, completion_table
+from ackstream.sources.in_flight import EMPTY_SPANS, Spans
 from ackstream.sources.spout import Spout
-from ackstream.sources.state import DEAD, Flying, SourceState, Uncharged, Unfinished, Waiting
+from ackstream.sources.state import DEAD, SourceState, Uncharged, Unfinished, Waiting
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import open_upstream
 
@@ -162,29 +163,24 @@ class Recorded:
 
         self.whole = unfinished
         self.flights = InFlight(lambda part, offset, attempt: offset)
-        self.flights.add_unminted(*unfinished.flying, 0, 0)
+        self.flights.add_unminted(*unfinished.flying.rows(), 0, 0)
 
     @property
     def in_flight(self):
         return len(self.flights)
 
     def unfinished(self, flying=True):
-        flying_now = Flying(*self.flights.flying())
-        empty = Flying(*(col[:0] for col in flying_now))
-        return self.whole._replace(flying=flying_now if flying else empty)
+        return self.whole._replace(flying=self.flights.flying() if flying else EMPTY_SPANS)
 
     def changes(self):
         return self.flights.changes()
-
-    def changed(self):
-        return self.flights.changed()
 
     def mark(self):
         self.flights.mark()
 
 
 def flying_of(unfinished):
-    return sorted(zip(*(c.tolist() for c in unfinished.flying)))
+    return sorted(zip(*(c.tolist() for c in unfinished.flying.rows())))
 
 
 def test_a_whole_state_file_costs_per_run_of_offsets_and_reads_back_every_record(tmp_path):
@@ -196,7 +192,9 @@ def test_a_whole_state_file_costs_per_run_of_offsets_and_reads_back_every_record
         *(np.array(c, np.int64) for c in ([1, 0], [20, 4], [2, 0], [700, DEAD], [3, -1]))
     )
     uncharged = Uncharged(*(np.array(c, np.int64) for c in ([1], [20], [1])))
-    unfinished = Unfinished([("a", 0), ("a", 1)], Flying(part, offset, attempt), waiting, uncharged)
+    unfinished = Unfinished(
+        [("a", 0), ("a", 1)], Spans.of_rows(part, offset, attempt), waiting, uncharged
+    )
     state = SourceState(str(tmp_path))
     state.write(1, Recorded(unfinished))
     assert os.path.getsize(state.path(1)) < 6_000  # 200,003 records, three runs: headers
@@ -217,7 +215,7 @@ def test_a_steady_batch_writes_its_changes_and_reads_back_whole_through_its_base
     empty = np.empty(0, np.int64)
     unfinished = Unfinished(
         [("a", p) for p in range(100)],
-        Flying(part, offsets, np.zeros(len(offsets), np.int64)),
+        Spans.of_rows(part, offsets, np.zeros(len(offsets), np.int64)),
         Waiting(empty, empty, empty, empty, empty),
         Uncharged(empty, empty, empty),
     )

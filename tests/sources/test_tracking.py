@@ -1,6 +1,7 @@
 """The source's pure bookkeeping: watermarks, backoff, max retries, max pending, restore."""
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -274,7 +275,7 @@ def test_in_flight_table_finds_and_takes_roots_by_id_coordinates_and_runs():
     table.add_unminted(0, [3, 1, 2], 0, 100, 0)
     table.add_unminted([1, 1, 0], [9, 8, 5], [1, 1, 2], 200, 1)
     assert len(table) == 6 and not minted  # no id until a lookup by id
-    assert table.take_runs([(0, 2, 4), (1, 8, 10)]).offset.tolist() == [2, 3]  # attempt 0 only
+    assert table.take_runs([(0, 2, 4), (1, 8, 10)]).rows()[1].tolist() == [2, 3]  # attempt 0
     assert not minted
     assert table.take_at([1, 0], [9, 5], [1, 1]).offset.tolist() == [9]  # 5 is at attempt 2
     taken = table.take([1081, 99, 10])  # ids of (1, 8, 1) and (0, 1, 0)
@@ -285,11 +286,13 @@ def test_in_flight_table_finds_and_takes_roots_by_id_coordinates_and_runs():
     assert not len(table) and not table.take([]).root.size
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["add", "add", "add", "runs", "at", "id", "offsets", "mark"]),
+            st.sampled_from(
+                ["add", "add", "emit", "emit", "runs", "at", "id", "offsets", "expire", "mark"]
+            ),
             st.lists(
                 st.tuples(st.integers(0, 2), st.integers(0, 60), st.integers(0, 2)), max_size=12
             ),
@@ -299,18 +302,37 @@ def test_in_flight_table_finds_and_takes_roots_by_id_coordinates_and_runs():
     )
 )
 def test_in_flight_table_and_its_changes_follow_a_plain_set(steps):
-    """Chunks, compaction, merges and the change log against a set of coordinates: what
-    each take returns, what stays, and the changes since the last mark, net."""
-    table = InFlight(lambda part, offset, attempt: 1000 * part + 10 * offset + attempt)
-    model, at_mark = set(), set()
-    for kind, rows in steps:
+    """Runs, chunks, compaction, merges and the change log against a set of coordinates:
+    what each take returns, what stays, and the changes since the last mark, net."""
+    table = InFlight(lambda part, offset, attempt: 100_000 * part + 10 * offset + attempt)
+    model: dict = {}  # (part, offset, attempt) -> emitted_ms
+    at_mark: set = set()
+
+    def coordinates(taken):
+        rows = taken.rows() if hasattr(taken, "rows") and callable(taken.rows) else taken[1:4]
+        return sorted(zip(*(c.tolist() for c in rows)))
+
+    for now, (kind, rows) in enumerate(steps):
         rows = sorted(set(rows))
+        flying = {(p, o) for p, o, _ in model}
         if kind == "add":
-            rows = [r for r in rows if (r[0], r[1]) not in {(p, o) for p, o, _ in model}]
+            rows = [r for r in rows if (r[0], r[1]) not in flying]
             rows = list({(p, o): (p, o, a) for p, o, a in rows}.values())  # once per record
             if rows:
-                table.add_unminted(*(np.array(c) for c in zip(*rows)), 0, 0)
-            model |= set(rows)
+                table.add_unminted(*(np.array(c) for c in zip(*rows)), now, 0)
+            model.update(dict.fromkeys(rows, now))
+            continue
+        if kind == "emit":  # runs read anew, attempt 0, none overlapping what is in flight
+            runs = {}
+            for p, o, a in rows:
+                span = {(p, x) for x in range(o, o + 40 * a + 3)}
+                if p not in runs and not span & flying:
+                    runs[p] = (o, o + 40 * a + 3)
+            if runs:
+                part = list(runs)
+                table.add_runs(part, [runs[p][0] for p in part], [runs[p][1] for p in part], now, 0)
+            for p, (lo, hi) in runs.items():
+                model.update(dict.fromkeys(((p, o, 0) for o in range(lo, hi)), now))
             continue
         if kind == "mark":
             table.changes()  # asking must not change what comes next
@@ -328,25 +350,29 @@ def test_in_flight_table_and_its_changes_follow_a_plain_set(steps):
             }
         elif kind == "at":
             taken = table.take_at(*(np.array([r[i] for r in rows], np.int64) for i in range(3)))
-            gone = model & set(rows)
+            gone = set(model) & set(rows)
         elif kind == "id":
-            taken = table.take([1000 * p + 10 * o + a for p, o, a in rows])
-            gone = model & set(rows)
+            taken = table.take([100_000 * p + 10 * o + a for p, o, a in rows])
+            gone = set(model) & set(rows)
+        elif kind == "expire":
+            before = now - 1 - (rows[0][1] % 8 if rows else 0)
+            taken = table.take_started_at_or_before(before)
+            gone = {r for r, emitted in model.items() if emitted <= before}
         else:
             offsets = [o for _, o, _ in rows]
             taken = table.take_offsets(1, offsets)
             gone = {r for r in model if r[0] == 1 and r[1] in offsets}
-        assert sorted(zip(*(c.tolist() for c in taken[1:4]))) == sorted(gone)
-        model -= gone
+        assert coordinates(taken) == sorted(gone)
+        for r in gone:
+            del model[r]
         assert len(table) == len(model)
-    assert sorted(zip(*(c.tolist() for c in table.rows[1:4]))) == sorted(model)
-    changes = table.changes()
-    assert table.changed() == len(changes.added[0]) + len(changes.removed[0])
-    added, removed = (list(zip(*(c.tolist() for c in rows))) for rows in changes)
+    assert coordinates(table.rows) == sorted(model)
+    assert sorted(zip(*(c.tolist() for c in table.flying().rows()))) == sorted(model)
+    added, removed = (list(zip(*(c.tolist() for c in spans.rows()))) for spans in table.changes())
     assert len(set(added)) == len(added) and len(set(removed)) == len(removed)  # each once
     added, removed = set(added), set(removed)
-    assert added <= model and removed <= at_mark
-    assert (at_mark - removed) | added == model  # what a restore rebuilds
+    assert added <= set(model) and removed <= at_mark
+    assert (at_mark - removed) | added == set(model)  # what a restore rebuilds
 
 
 def test_a_reset_reported_by_the_acker_restarts_the_source_timeout():
@@ -452,6 +478,54 @@ def test_a_run_acks_every_root_of_its_offsets_in_flight():
     assert t.watermarks() == {TP: 10}
     t.complete(run_of(10, 12), 2)
     assert t.watermarks() == {TP: 20} and not t.in_flight and t.counts["acked"] == 10
+
+
+#: more records than a table with a row each could hold
+HUGE = 10**11
+
+
+def test_records_read_anew_cost_a_row_per_run_until_an_exception():
+    """A run of offsets read anew stays one row, however long: one record taken out of
+    its middle leaves two runs, and runs acked take them out whole, no id minted."""
+    minted = []
+    table = InFlight(lambda part, offset, attempt: minted.append(len(offset)) or offset)
+    table.add_runs([0, 1], [0, 5], [HUGE, 9], 100, 0)
+    table.mark()
+    assert len(table) == HUGE + 4
+    taken = table.take_at([0, 1], [HUGE // 2, 7], [0, 0])
+    assert taken.offset.tolist() == [HUGE // 2, 7] and len(table) == HUGE + 2
+    done = table.take_runs([(0, 0, HUGE // 2), (0, HUGE // 2 + 1, HUGE), (1, 5, 7)])
+    assert done.records == HUGE - 1 + 2 and len(table) == 1
+    assert table.flying().rows()[1].tolist() == [8]  # a short piece left: a row of its own
+    removed = table.changes().removed
+    assert removed.records == HUGE + 3 and removed.runs <= 6
+    assert not minted
+
+
+def test_a_batch_read_anew_is_settled_and_written_down_at_a_cost_per_run(tmp_path):
+    """A hundred billion records in flight, the last one failed and the rest acked as a
+    run: the state file and the watermark pay per run, not per record."""
+    t = tracker()
+    t.emit_range(TP, 10, 10 + HUGE, now_ms=0)
+    last = 10 + HUGE - 1
+    failed = completions(
+        {
+            "root": root(last),
+            "status": FAILED,
+            "topic": TP[0],
+            "partition": TP[1],
+            "offset": last,
+            "attempt": 0,
+        }
+    )
+    t.complete(failed, 1)
+    state = SourceState(str(tmp_path))
+    state.write(1, t)
+    assert os.path.getsize(state.path(1)) < 5_000
+    assert state.read(1).flying.records == HUGE - 1
+    t.complete(run_of(10, last), 2)
+    assert not t.in_flight and t.counts["acked"] == HUGE - 1
+    assert t.watermarks() == {TP: last} and t.scheduled == {(TP, last): (1, 1 + 100)}
 
 
 def test_a_run_of_another_namespace_is_ignored():
