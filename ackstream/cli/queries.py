@@ -37,7 +37,7 @@ def supervise(queries, timeout: float | None, until_idle: float | None, log_file
 
 
 def stopping(code: int, log_file: LogFile) -> None:
-    """Say so when Ctrl-C stops the command (its queries may take a trigger to stop)."""
+    """Say so when Ctrl-C stops the command (each query first ends its batch in progress)."""
     if code == EXIT_INTERRUPTED:
         print(f"ackstream: interrupted, stopping the queries{log_file.named()}", file=sys.stderr)
 

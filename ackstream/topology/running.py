@@ -297,9 +297,9 @@ class RunningTopology:
         return self.query.awaitTermination(timeout_s)
 
     def stop(self) -> None:
-        """Stop the topology query, then the acker (see :func:`stop_queries`); a batch
-        still running after the wait has its Spark jobs cancelled, so that a stage that
-        hangs cannot hold the stop."""
+        """Stop the topology query once its batch in progress is committed, then the
+        acker (see :func:`stop_queries`); a batch still running after the wait has its
+        Spark jobs cancelled, so that a stage that hangs cannot hold the stop."""
 
         def cancel() -> None:
             if self.spark is not None and self.tag is not None:
@@ -308,18 +308,37 @@ class RunningTopology:
         stop_queries(self.queries, cancel=cancel)
 
 
-def stop_queries(queries, idle_timeout_s: float = 10.0, cancel=None) -> None:
-    """Stop streaming queries between their batches, topology queries before ackers (so
-    an acker sees the last ack records). Spark interrupts a batch it stops in the middle,
-    and an interrupted Python call made Spark print a long StackOverflowError; so each
-    query is stopped once it is not inside a trigger, or after ``idle_timeout_s``, when
-    ``cancel()`` is called first to end the batch's Spark jobs."""
+#: Spark's status messages while a query runs a batch: planning it, its sink (a
+#: topology's :class:`BatchFunction`), committing it and reporting its progress.
+_RUNNING_A_BATCH = ("Processing new data", "No new data but cleaning up state")
+
+
+def _running_a_batch(query) -> bool:
+    """Whether ``query`` is between the start and the commit of a batch."""
+    status = query.status
+    return bool(status.get("isTriggerActive")) and status.get("message") in _RUNNING_A_BATCH
+
+
+def stop_queries(queries, batch_wait_s: float = 10.0, cancel=None) -> None:
+    """Stop streaming queries, topology queries before ackers (so an acker sees the last
+    ack records), each once the batch it is running has been committed.
+
+    Spark stops a query by interrupting its thread. Landing in the ``foreachBatch``
+    function, the interruption fails the batch, and Spark then matches the error's text
+    (with the Java stack trace py4j carries back) against a regular expression that
+    overflows the thread's stack: a 1,024-line ``StackOverflowError``. Once the batch is
+    committed, it lands in the planning of the next batch (its offsets, its offset log),
+    which ends quietly and is taken up again on restart; that batch's function is called
+    only after its planning. So a busy query, whose batches come back to back and leave
+    no gap between triggers, stops within one batch. A query still running a batch after
+    ``batch_wait_s`` (a stage that hangs) has ``cancel()`` called first, to end the
+    batch's Spark jobs."""
     for q in sorted(queries, key=lambda q: (q.name or "").endswith(".acker")):
-        deadline = time.monotonic() + idle_timeout_s
+        deadline = time.monotonic() + batch_wait_s
         try:
-            while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
+            while (busy := q.isActive and _running_a_batch(q)) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            if cancel is not None and q.isActive and q.status.get("isTriggerActive"):
+            if busy and cancel is not None:  # the wait ran out: a batch hangs
                 cancel()
             q.stop()
         except Exception:  # stop the others all the same

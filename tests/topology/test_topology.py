@@ -244,6 +244,56 @@ def test_stop_waits_for_the_batch_in_progress_to_end(spark, tmp_path):
     assert sorted(r["value"] for r in sink.rows()) == sorted(LINES)
 
 
+def test_a_busy_topology_stops_once_its_batch_in_progress_is_written(spark, tmp_path):
+    """Batches slower than the trigger run back to back, with no gap between triggers to
+    stop in: stop() lets the batch in progress finish and be written, then stops before
+    the next batch begins. No batch is interrupted in its foreachBatch function (which
+    made Spark print a long StackOverflowError, and left the batch unwritten)."""
+    folder, begun = tmp_path / "in", tmp_path / "begun"
+    folder.mkdir()
+    begun.mkdir()
+    for n in range(40):  # a file a batch: each batch's rows are "<file>-<line>"
+        lines = [
+            {"key": None, "value": f"{n}-{k}", "topic": "lines", "partition": 0, "offset": k}
+            for k in range(3)
+        ]
+        (folder / f"part-{n:02d}.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    def slow(frame):
+        import time
+
+        for value in frame["value"]:
+            (begun / value.split("-")[0]).touch()
+        time.sleep(0.3)
+        return frame[["value"]]
+
+    def written() -> set[str]:
+        return {row["value"].split("-")[0] for row in sink.rows()}
+
+    sink = MemorySink()
+    topology = (
+        Topology("busy", spark, LocalChannel(tmp_path / "channel"), tracking=False)
+        .pandas_bolt(slow, "value string")
+        .sink(sink)
+    )
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(folder))
+    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=100)
+    try:
+        wait_for(
+            lambda: len(os.listdir(begun)) >= 3 and len(os.listdir(begun)) > len(written()),
+            timeout=120,
+            interval=0.02,
+            what="a third batch to be running",
+        )
+        in_progress = set(os.listdir(begun))
+    finally:
+        running.stop()
+    assert running.query.exception() is None
+    assert in_progress <= written()  # the batch in progress finished and was written
+    assert len(set(os.listdir(begun)) - in_progress) <= 1  # no second batch after the stop
+    assert written() == set(os.listdir(begun))  # no batch was interrupted
+
+
 def test_read_stream_raises_a_bad_option_as_an_option_error_naming_it(spark, tmp_path):
     """Spark wraps what load() raises in its own AnalysisException; read_stream checks first."""
     import ackstream
