@@ -84,8 +84,10 @@ def read_tasks(
 
 
 def _ranges(end: dict):
-    """(topic, partition, from, to) of each partition that advanced in the batch."""
-    for topic, parts in end["read"].items():
+    """(topic, partition, from, to) of each partition that advanced in the batch (none
+    in a query's initial offset, which Spark runs as a first batch when nothing was
+    there to read)."""
+    for topic, parts in end.get("read", {}).items():
         for p, (lo, hi) in parts.items():
             if hi > lo:
                 yield topic, int(p), lo, hi

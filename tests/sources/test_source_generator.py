@@ -176,3 +176,32 @@ def test_the_run_file_example_of_the_cli_runs_unbounded(spark, tmp_path):
         assert not any(q.exception() for q in started), [q.exception() for q in started]
     finally:
         stop_queries(started)
+
+
+def test_a_query_that_starts_with_nothing_to_read_runs_its_first_batch(spark, tmp_path):
+    """Spark runs a new query's first batch even when ``latestOffset`` returns the
+    initial offset (nothing to read yet): that batch reads nothing, and the records
+    that come later are read by the next ones."""
+    frame = generator_stream(
+        spark,
+        str(tmp_path / "channel"),
+        **{"generator.rate": 1, "generator.partitions": 1},  # nothing at first
+        topology="starts-empty",
+    )
+    seen: list = []
+
+    def collect(batch, batch_id):
+        seen.append(batch.count())
+
+    query = run_into(frame, collect, str(tmp_path / "checkpoint"))
+    try:
+        wait_for(
+            lambda: sum(seen) > 0 or query.exception(),
+            timeout=120,
+            interval=0.2,
+            what="a record read",
+        )
+        assert query.exception() is None, query.exception()
+        assert seen[0] == 0  # the first batch: the initial offset, nothing in it
+    finally:
+        query.stop()
