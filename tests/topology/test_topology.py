@@ -290,7 +290,9 @@ def test_a_busy_topology_stops_once_its_batch_in_progress_is_written(spark, tmp_
         running.stop()
     assert running.query.exception() is None
     assert in_progress <= written()  # the batch in progress finished and was written
-    assert len(set(os.listdir(begun)) - in_progress) <= 1  # no second batch after the stop
+    # it stops within a batch or so (a poll of the status may miss one gap between two
+    # batches); before, a busy query ran on for the whole 10 s wait (9 batches here)
+    assert len(set(os.listdir(begun)) - in_progress) <= 2
     assert written() == set(os.listdir(begun))  # no batch was interrupted
 
 
