@@ -194,6 +194,7 @@ class _Runs(NamedTuple):
     def spans(self) -> Spans:
         return Spans(self.part, np.zeros_like(self.part), self.start, self.end)
 
+    @property
     def records(self) -> int:
         return int((self.end - self.start).sum())
 
@@ -357,7 +358,7 @@ class InFlight:
         self._removed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def __len__(self) -> int:
-        return self._runs.records() + sum(chunk.count for chunk in self._chunks)
+        return self._runs.records + sum(chunk.count for chunk in self._chunks)
 
     @property
     def rows(self) -> Roots:

@@ -322,7 +322,7 @@ class Tracker:
             new_dead += self._isolate(Roots(*(col[whole] for col in failed)), outcomes, now_ms)
         acks = completions.filter(acked)
         done = self._take(acks)
-        self._acked(done)
+        self._acked(Spans.of_rows(done.part, done.offset, done.attempt))
         if len(done.root) < acks.num_rows:  # some were not in flight
             found = pc.is_in(acks.column("root"), pa.array(done.root))
             self._late_acks(acks.filter(pc.invert(found)))
@@ -359,18 +359,9 @@ class Tracker:
             taken.append(rows._replace(root=self._mint(rows.part, rows.offset, rows.attempt)))
         return Roots.concat(taken)
 
-    def _acked(self, done: Roots) -> None:
-        """The roots ``done`` (taken out of flight) were acked: their records are done."""
-        self.counts["acked"] += len(done.root)
-        if self.uncharged:
-            for part, offset in zip(done.part.tolist(), done.offset.tolist()):
-                self.uncharged.pop((self._tps[part], offset), None)
-        for part in np.flatnonzero(np.bincount(done.part)).tolist():
-            self.parts[self._tps[part]].mark_done(done.offset[done.part == part])
-
-    def _acked_runs(self, done: Spans) -> None:
-        """The records of ``done`` (runs taken out of flight) were acked: they are done,
-        at a cost per run."""
+    def _acked(self, done: Spans) -> None:
+        """The records of ``done`` (taken out of flight) were acked: they are done, at a
+        cost per run."""
         self.counts["acked"] += done.records
         if self.uncharged:
             part, offset, _ = done.rows()
@@ -402,7 +393,7 @@ class Tracker:
         if not spans:
             return
         done = self.flights.take_runs(spans)  # no id is minted for a run
-        self._acked_runs(done)
+        self._acked(done)
         if done.records == sum(hi - lo for _, lo, hi in spans):
             return
         for part, lo, hi in spans:  # acks of offsets no longer in flight at attempt 0
@@ -595,8 +586,8 @@ class Tracker:
     def unfinished(self, flying: bool = True) -> Unfinished:
         """Every record between a watermark and its read position that is not done:
         in flight (unless not ``flying``), scheduled (with its due time) or dead (its
-        letter unwritten: in flight again after a restore). Columns, so its cost is a
-        few numpy passes."""
+        letter unwritten: in flight again after a restore). Those in flight as runs, so
+        its cost is a few numpy passes over the runs and the records kept as rows."""
         rows = self.flights.flying() if flying else EMPTY_SPANS
         waiting = [
             (self._index[tp], off, att, due, self.suspects.get((tp, off), -1))
