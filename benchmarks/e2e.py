@@ -11,11 +11,15 @@ word must equal the input's, or the run fails (a system doing less, or more, wor
 caught); its number of messages is printed.
 
 Warm figures. The Spark systems share one long-lived worker process (one Spark
-session); the others run in a fresh process each. A warm-up round runs every Spark
-system once on ``--warmup-batches`` batches before any timed run, and every input starts
-with ``--warmup-batches`` batches too: a run is timed from its group's first commit that
-covers the warm-up to the one that covers every offset, both seen by a poller asking the
-broker every 50 ms; its rate is the records committed in between over that time. CPU:
+session); the others run in a fresh process each. Before the timed runs of a batch size,
+a warm-up round runs every Spark system once over that size's input, exactly as a timed
+run, and drops it (its rates are kept apart in the JSON): the JVM compiles Spark's hot
+code for minutes, and a first run at a size was 10 to 40 % slower than the next ones even
+after a short warm-up. Every input also starts with ``--warmup-batches`` batches: a run
+is timed from its group's first commit that covers them to the one that covers every
+offset, both seen by a poller asking the broker every 50 ms; its rate is the records
+committed in between over that time. Classes compiled by Spark's code generation per
+batch are counted too (a plan that differs each batch would recompile every time). CPU:
 user + system seconds of the worker's process tree (Spark's JVM and Python workers
 included, the broker not) over the same span, per record. Repeats alternate the order
 (A B C, then C B A); ``/proc/loadavg`` is recorded before and after every run.
@@ -893,14 +897,16 @@ def main(argv=None) -> dict:
                 return run_system(warm_worker, system, inp, ctx, tag)
             return run_fresh(system, inp, ctx, tag)
 
-        if not args.no_warmup_round and args.warmup_batches and warm_worker is not None:
-            warmup = make_input(ctx, "warmup", sizes[0], 0, args.warmup_batches)
-            for system in [s for s in systems if s in SPARK_SYSTEMS]:
-                log(f"warm-up round (dropped): {system}")
-                run_warm(system, warmup, "warmup")
         runs: dict[int, dict[str, list[dict]]] = {}
+        warmup_runs: dict[int, dict[str, float]] = {}
         for size in timed_sizes:
             runs[size] = {s: [] for s in systems}
+            warmup_runs[size] = {}
+            if not args.no_warmup_round and warm_worker is not None:
+                for system in [s for s in systems if s in SPARK_SYSTEMS]:
+                    log(f"{size:,} per batch, warm-up round (dropped): {system}")
+                    result = run_warm(system, inputs[size], f"b{size}-warmup")
+                    warmup_runs[size][system] = result["records_per_s"]
             for repeat in range(args.repeats):
                 order = systems if repeat % 2 == 0 else systems[::-1]
                 for position, system in enumerate(order):
@@ -948,6 +954,7 @@ def main(argv=None) -> dict:
                 }
                 for size in timed_sizes
             },
+            "warmup_round_records_per_s": warmup_runs,
             "cold": cold,
             "latency": latency,
             "targets": ratios(runs, latency),

@@ -113,14 +113,25 @@ def spark_session():
     return local_session("e2e", conf={**SPARK_CONF, **({"spark.jars": jars} if jars else {})})
 
 
-def spark_summary(query, warmup_batches: int) -> dict:
-    """Batches, and the median of each of Spark's phases (``addBatch``: the batch's work)
-    over the batches after the warm-up, from the query's progress."""
+def compilations(spark) -> int:
+    """How many classes Spark's code generation has compiled in this JVM so far: a plan
+    whose generated code differs from every earlier one (a long literal is written into
+    the code) costs a compile and a new class that the JIT has to warm up again."""
+    jvm = spark._jvm  # noqa: SLF001 - Spark's metrics have no Python API
+    return jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
+
+
+def spark_summary(spark, query, warmup_batches: int, compiled_before: int) -> dict:
+    """Batches, the median of each of Spark's phases (``addBatch``: the batch's work)
+    over the batches after the warm-up, from the query's progress, and the classes
+    compiled per batch since the run began."""
     # a batch that ran (Spark's reader leaves numInputRows to the replays alone)
     batches = [p for p in query.recentProgress if p["durationMs"].get("addBatch")]
     timed = batches[warmup_batches:] or batches
+    compiled = compilations(spark) - compiled_before
     return {
         "batches": len(batches),
+        "compilations_per_batch": round(compiled / max(len(batches), 1), 1),
         "phase_ms_median": {
             phase: statistics.median(p["durationMs"].get(phase, 0) for p in timed)
             for phase in (timed[0]["durationMs"] if timed else ())
@@ -167,12 +178,14 @@ def work_ackstream(spark, a, stop, started) -> dict:
         **({"ackstream.recordReader": "python"} if a.system == PYTHON_READER else {}),
     }  # the topology adds its name, channel and tracking
     checkpoint = os.path.join(a.workdir, "checkpoint")
+    compiled_before = compilations(spark)
     running = topology.start(topology.read_stream(options), checkpoint, trigger_ms=a.trigger_ms)
     try:
         started()
         run_until_stopped(running, stop)
         reader = topology.source_config.record_reader if topology.source_config else None
-        return {**spark_summary(running.query, a.warmup_batches), "record_reader": reader}
+        summary = spark_summary(spark, running.query, a.warmup_batches, compiled_before)
+        return {**summary, "record_reader": reader}
     finally:
         running.stop()
 
@@ -213,6 +226,7 @@ def work_spark_kafka(spark, a, stop, started) -> dict:
             }
         )
 
+    compiled_before = compilations(spark)
     query = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", a.bootstrap)
@@ -228,7 +242,7 @@ def work_spark_kafka(spark, a, stop, started) -> dict:
     try:
         started()
         run_until_stopped(query, stop)
-        return spark_summary(query, a.warmup_batches)
+        return spark_summary(spark, query, a.warmup_batches, compiled_before)
     finally:
         query.stop()
         committer.close()

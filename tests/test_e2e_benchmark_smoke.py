@@ -66,6 +66,8 @@ def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, t
         assert 0 < run["output_messages"] < size["words"], system
         assert run["records_per_s"] > 0 and len(run["loadavg_before"]) == 3, system
         assert figures["records_per_s"]["min"] <= figures["records_per_s"]["max"], system
+        if system in e2e.SPARK_SYSTEMS:  # counted from Spark's JVM
+            assert run["compilations_per_batch"] >= 0 and run["batches"] > 0, system
     cold = out["cold"][COLD]
     assert 0 < cold["to_first_output_s"] <= cold["to_all_committed_s"]
     latency = out["latency"]
