@@ -48,7 +48,7 @@ from ackstream.records import (
     UNKNOWN,
 )
 
-__all__ = ["PENDING_DTYPE", "Pending", "step", "combine", "MAX_TIMEOUT_MS"]
+__all__ = ["PENDING_DTYPE", "Pending", "step", "combine", "notices", "MAX_TIMEOUT_MS"]
 
 #: One pending root; packed, 40 bytes. Times are ms relative to ``Pending.epoch_ms``.
 PENDING_DTYPE = np.dtype(
@@ -351,6 +351,17 @@ def _rebased(pending: Pending, now_ms: int) -> Pending:
     for name in ("started", "deadline"):
         table[name] = np.clip(table[name].astype(np.int64) - shift, _I32_MIN, _I32_MAX)
     return replace(pending, table=table, epoch_ms=int(now_ms))
+
+
+def notices(pending: Pending, roots, status: str, now_ms: int) -> pd.DataFrame:
+    """A ``status`` notice (no outcome, e.g. ``alive``) for each of ``roots`` that is
+    pending, with its record's coordinates when its init came, so that the source finds
+    it by them instead of by its id (columns as ``COMPLETION_SCHEMA``, no latency)."""
+    table = pending.table
+    out = table[np.isin(table["root"], np.asarray(roots, np.int64))]
+    frame = _completions(out, status, None, pending.topics, pending.epoch_ms, now_ms)
+    frame["latency_ms"] = pd.array([None] * len(out), dtype="Int64")
+    return frame
 
 
 def _completions(out, status, reason, topics, epoch_ms: int, now_ms: int) -> pd.DataFrame:

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from ackstream.acker.file_batch import batch_records
-from ackstream.acker.ledger import step
+from ackstream.acker.ledger import notices, step
 from ackstream.acker.pending_store import PendingStore
 from ackstream.channels import check_reach
 from ackstream.checkpoint_files import read_text, write_text
@@ -99,13 +99,16 @@ def _caught_up(records: pa.Table) -> pa.Table | None:
 
 def _alive(records: pa.Table, pending, now_ms: int) -> pa.Table | None:
     """``alive`` notices for the roots a reset record of this batch kept pending, so that
-    the source restarts its own timeout for them too (Storm's resetTimeout)."""
+    the source restarts its own timeout for them too (Storm's resetTimeout); each names
+    its record's coordinates, which the source finds it by without minting ids."""
     if not records.num_rows or not len(pending):
         return None
     kind = records.column("kind").to_numpy()
     reset = records.column("root").to_numpy()[(kind & RESET) != 0]
-    roots = np.intersect1d(reset, pending.table["root"])
-    return completion_table(roots, ALIVE, completed_ms=now_ms) if len(roots) else None
+    if not len(reset):
+        return None
+    alive = notices(pending, reset, ALIVE, now_ms)
+    return as_table(alive, COMPLETION_SCHEMA) if len(alive) else None
 
 
 def checked(records: pa.Table, now_ms: int) -> tuple[pa.Table, pa.Table | None]:

@@ -545,6 +545,15 @@ class InFlight:
             emitted = chunk.rows.emitted_ms
             emitted[hit[emitted[hit] != NOT_STARTED]] = now_ms
 
+    def restart_at(self, part, offset, attempt, now_ms: int) -> None:
+        """Those of these coordinates in flight whose timeout has started start it again
+        at ``now_ms``, found without minting an id: their offsets are cut out of their
+        runs and put back as rows with the new start."""
+        rows = self.take_at(part, offset, attempt)
+        emitted = rows.emitted_ms.copy()
+        emitted[emitted != NOT_STARTED] = now_ms
+        self._add_rows(rows._replace(emitted_ms=emitted), new=None)
+
     def start(self, now_ms: int) -> None:
         """Roots not started start their timeout at ``now_ms``."""
         for emitted in self._emitted():

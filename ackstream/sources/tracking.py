@@ -293,7 +293,7 @@ class Tracker:
             completions = completions.filter(pa.array(~run))
         alive = pc.fill_null(pc.equal(completions.column("status"), ALIVE), False)
         if pc.any(alive).as_py():  # a reset reached the acker: the tree lives on
-            self.flights.restart(completions.filter(alive).column("root").to_numpy(), now_ms)
+            self._restart(completions.filter(alive), now_ms)
         valid = pc.fill_null(pc.not_equal(completions.column("status"), INVALID), True)
         completions = one_outcome_per_root(completions.filter(valid))
         acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
@@ -331,12 +331,34 @@ class Tracker:
         return new_dead
 
     def _take(self, completions: pa.Table) -> Roots:
-        """Take the roots of ``completions`` out of flight and return their rows. A
-        completion that names its record's coordinates (as the ledger's do) is found by
-        them, its id checked against the one this source mints for them; one that does
-        not, by its id, for which every id in flight is minted."""
+        """Take the roots of ``completions`` out of flight and return their rows (found
+        as :meth:`_placed` says)."""
         if not completions.num_rows or not len(self.flights):
             return EMPTY
+        by_id, (part, offset, attempt) = self._placed(completions)
+        taken = [self.flights.take(by_id)] if len(by_id) else []
+        if len(offset):
+            rows = self.flights.take_at(part, offset, attempt)
+            taken.append(rows._replace(root=self._mint(rows.part, rows.offset, rows.attempt)))
+        return Roots.concat(taken)
+
+    def _restart(self, notices: pa.Table, now_ms: int) -> None:
+        """Restart the timeout of the roots of ``alive`` ``notices`` that are in flight
+        (found as :meth:`_placed` says)."""
+        if not len(self.flights):
+            return
+        by_id, (part, offset, attempt) = self._placed(notices)
+        if len(by_id):
+            self.flights.restart(by_id, now_ms)
+        if len(offset):
+            self.flights.restart_at(part, offset, attempt, now_ms)
+
+    def _placed(self, completions: pa.Table) -> tuple[np.ndarray, tuple]:
+        """The roots of ``completions`` to find by id, and the coordinates (``part``,
+        ``offset``, ``attempt``) of the others. A completion that names its record's
+        coordinates (as the ledger's do) is found by them, once its id is checked
+        against the one this source mints for them (a mismatch is not this source's);
+        one that does not, by its id, for which every id in flight is minted."""
         topic = completions.column("topic").to_pylist()
         partition = completions.column("partition").to_pylist()
         part = np.array([self._index.get((t, p), -1) for t, p in zip(topic, partition)], np.int64)
@@ -346,18 +368,9 @@ class Tracker:
         )
         # the ledger caps an attempt it reports at 255: past it, only the id is sure
         placed = (part >= 0) & (part < 1 << 15) & (offset >= 0) & (attempt >= 0) & (attempt < 255)
-        taken = [self.flights.take(root[~placed])] if (~placed).any() else []
-        if placed.any():
-            part, offset, attempt, root = (
-                part[placed],
-                offset[placed],
-                attempt[placed],
-                root[placed],
-            )
-            mine = self._mint(part, offset, attempt) == root
-            rows = self.flights.take_at(part[mine], offset[mine], attempt[mine])
-            taken.append(rows._replace(root=self._mint(rows.part, rows.offset, rows.attempt)))
-        return Roots.concat(taken)
+        part, offset, attempt, mine = part[placed], offset[placed], attempt[placed], root[placed]
+        mine = self._mint(part, offset, attempt) == mine
+        return root[~placed], (part[mine], offset[mine], attempt[mine])
 
     def _acked(self, done: Spans) -> None:
         """The records of ``done`` (taken out of flight) were acked: they are done, at a

@@ -19,11 +19,23 @@ def statuses(table):
 
 def test_a_reset_of_a_held_root_is_reported_alive_and_extends_its_deadline(tmp_path):
     acker = Acker(str(tmp_path), TIMEOUT)
-    assert statuses(acker.run(records(init(7, 5, ts=1_000)), 0, 1_000)) == []
+    first = records(init(7, 5, partition=3, offset=42, attempt=1, ts=1_000))
+    assert statuses(acker.run(first, 0, 1_000)) == []
     out = acker.run(records(reset(7, ts=9_000)), 1, 9_000)
     assert statuses(out) == [(7, ALIVE)]
+    # the source finds the root by its record's coordinates, minting no id
+    where = out.select(["topic", "partition", "offset", "attempt", "latency_ms"]).to_pylist()
+    assert where == [{"topic": "t", "partition": 3, "offset": 42, "attempt": 1, "latency_ms": None}]
     assert statuses(acker.run(records(), 2, 15_000)) == []  # past the first deadline only
     assert statuses(acker.run(records(ack(7, 5)), 3, 19_500)) == [(7, ACKED)]
+
+
+def test_a_reset_before_the_init_is_reported_alive_without_coordinates(tmp_path):
+    out = Acker(str(tmp_path), TIMEOUT).run(records(reset(8, ts=1_000)), 0, 1_000)
+    assert statuses(out) == [(8, ALIVE)]  # the source looks it up by its id
+    assert out.select(["topic", "partition", "offset", "attempt"]).to_pylist() == [
+        {"topic": None, "partition": None, "offset": None, "attempt": None}
+    ]
 
 
 def test_a_reset_that_comes_with_the_last_ack_reports_the_outcome_only(tmp_path):

@@ -12,6 +12,7 @@ from ackstream import ids
 from ackstream.config import RetryPolicy
 from ackstream.records import (
     ACKED,
+    ALIVE,
     BATCH_FAILED,
     COMPLETION_SCHEMA,
     FAILED,
@@ -291,7 +292,10 @@ def test_in_flight_table_finds_and_takes_roots_by_id_coordinates_and_runs():
     st.lists(
         st.tuples(
             st.sampled_from(
-                ["add", "add", "emit", "emit", "runs", "at", "id", "offsets", "expire", "mark"]
+                [
+                    *("add", "add", "emit", "emit", "runs", "at", "id", "offsets", "expire"),
+                    *("mark", "restart"),
+                ]
             ),
             st.lists(
                 st.tuples(st.integers(0, 2), st.integers(0, 60), st.integers(0, 2)), max_size=12
@@ -303,7 +307,8 @@ def test_in_flight_table_finds_and_takes_roots_by_id_coordinates_and_runs():
 )
 def test_in_flight_table_and_its_changes_follow_a_plain_set(steps):
     """Runs, chunks, compaction, merges and the change log against a set of coordinates:
-    what each take returns, what stays, and the changes since the last mark, net."""
+    what each take returns, what stays, its timeout's start (restarts move it), and the
+    changes since the last mark, net."""
     table = InFlight(lambda part, offset, attempt: 100_000 * part + 10 * offset + attempt)
     model: dict = {}  # (part, offset, attempt) -> emitted_ms
     at_mark: set = set()
@@ -333,6 +338,10 @@ def test_in_flight_table_and_its_changes_follow_a_plain_set(steps):
                 table.add_runs(part, [runs[p][0] for p in part], [runs[p][1] for p in part], now, 0)
             for p, (lo, hi) in runs.items():
                 model.update(dict.fromkeys(((p, o, 0) for o in range(lo, hi)), now))
+            continue
+        if kind == "restart":  # the acker's alive notices, by coordinates
+            table.restart_at(*(np.array([r[i] for r in rows], np.int64) for i in range(3)), now)
+            model.update({r: now for r in rows if r in model})
             continue
         if kind == "mark":
             table.changes()  # asking must not change what comes next
@@ -528,6 +537,44 @@ def test_a_batch_read_anew_is_settled_and_written_down_at_a_cost_per_run(tmp_pat
     t.complete(run_of(10, last), 2)
     assert not t.in_flight and t.counts["acked"] == HUGE - 1
     assert t.watermarks() == {TP: last} and t.scheduled == {(TP, last): (1, 1 + 100)}
+
+
+def alive_at(offset, attempt=0, minted_for=None):
+    """The acker's alive notice for the record at ``offset``, naming its coordinates."""
+    return completions(
+        {
+            "root": root(offset if minted_for is None else minted_for, attempt),
+            "status": ALIVE,
+            "topic": TP[0],
+            "partition": TP[1],
+            "offset": offset,
+            "attempt": attempt,
+        }
+    )
+
+
+def test_a_reset_named_by_coordinates_restarts_one_record_of_a_run_without_ids():
+    """Storm's resetTimeout on one record of a hundred billion read anew: found by its
+    coordinates, it is cut out of its run, which stays runs (minting every id in flight
+    could not even be held in memory)."""
+    t = tracker(timeout=20_000)
+    t.emit_range(TP, 10, 10 + HUGE, now_ms=0)
+    middle = 10 + HUGE // 2
+    t.complete(alive_at(middle), 9_000)
+    assert t.in_flight == HUGE and t.flights.flying().runs == 3
+
+
+def test_a_reset_named_by_coordinates_restarts_that_record_timeout_alone():
+    t = tracker(timeout=20_000)
+    t.emit_range(TP, 10, 110, now_ms=0)
+    t.complete(alive_at(50), 9_000)
+    t.complete(alive_at(60, minted_for=61), 9_000)  # not this source's id: ignored
+    t.expire(25_000)
+    assert in_flight_offsets(t) == [50]
+    assert len(t.scheduled) == 99 and (TP, 60) in t.scheduled
+    t.complete(alive_at(50), 28_000)
+    t.expire(40_000)
+    assert in_flight_offsets(t) == [50]
 
 
 def test_a_run_of_another_namespace_is_ignored():
