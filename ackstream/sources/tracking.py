@@ -82,13 +82,76 @@ class DeadLetter:
     reason: str
 
 
+class DoneRuns:
+    """Offsets done above a partition's watermark, as sorted, disjoint, non-touching
+    half-open runs ``[start, end)``: a record stuck below a million done ones (a replay
+    waiting for its backoff, a tree kept alive by resetTimeout) costs a run per batch,
+    not an entry per offset."""
+
+    def __init__(self, starts=None, ends=None):
+        self.starts = np.empty(0, np.int64) if starts is None else np.asarray(starts, np.int64)
+        self.ends = np.empty(0, np.int64) if ends is None else np.asarray(ends, np.int64)
+
+    def __len__(self) -> int:
+        """How many offsets are done."""
+        return int((self.ends - self.starts).sum())
+
+    @property
+    def runs(self) -> int:
+        return len(self.starts)
+
+    @classmethod
+    def of_offsets(cls, offsets) -> DoneRuns:
+        """The runs of any ``offsets`` (unsorted, repeated: no matter)."""
+        return cls(*_spans(_sorted_unique(offsets)))
+
+    def offsets(self) -> np.ndarray:
+        """Every offset done, sorted (one entry each: for tests and small listings)."""
+        if not self.runs:
+            return self.starts
+        return np.concatenate([np.arange(a, b) for a, b in zip(self.starts, self.ends)])
+
+    def tolist(self) -> list[int]:
+        return self.offsets().tolist()
+
+    def merged(self, starts, ends) -> DoneRuns:
+        """These runs and ``[starts, ends)`` (any order, overlapping or not) as one set."""
+        starts = np.concatenate([self.starts, np.asarray(starts, np.int64)])
+        ends = np.concatenate([self.ends, np.asarray(ends, np.int64)])
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+        if not len(starts):
+            return DoneRuns()
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        reach = np.maximum.accumulate(ends)
+        first = np.ones(len(starts), bool)
+        first[1:] = starts[1:] > reach[:-1]  # a gap before it: a run of its own
+        at = np.flatnonzero(first)
+        last = np.append(at[1:] - 1, len(starts) - 1)
+        return DoneRuns(starts[at], reach[last])
+
+    def contains(self, offsets: np.ndarray) -> np.ndarray:
+        """Mask of ``offsets`` that are done."""
+        offsets = np.asarray(offsets, np.int64)
+        at = np.searchsorted(self.starts, offsets, side="right") - 1
+        inside = at >= 0
+        inside[inside] = offsets[inside] < self.ends[at[inside]]
+        return inside
+
+    def above(self, watermark: int) -> DoneRuns:
+        """Only the offsets at ``watermark`` or above."""
+        keep = self.ends > watermark
+        return DoneRuns(np.maximum(self.starts[keep], watermark), self.ends[keep])
+
+
 @dataclass
 class _Partition:
     watermark: int  # lowest offset not done
     end: int  # next offset to read from upstream
-    #: done offsets above the watermark, sorted: numpy, so a partition with many done
-    #: around a few slow ones costs a merge per batch, not a Python object per offset
-    done: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    #: offsets done above the watermark, as runs: a partition with many done around a
+    #: few slow ones costs a merge of runs per batch, not an entry per offset
+    done: DoneRuns = field(default_factory=DoneRuns)
     #: the last commit metadata: (watermark, number done, ``lowest``, text) when it was
     #: made; ``done`` only grows while the watermark stands, and offsets done from
     #: ``lowest`` up (the first run the broker's limit left out, if any) do not change it
@@ -96,46 +159,35 @@ class _Partition:
     _lowest_new: float = np.inf  # the lowest offset marked done since it was made
 
     def mark_done(self, offsets) -> None:
-        """These offsets are done; the watermark moves over any run of done ones. A
-        merge into the sorted ``done`` (no sort of it), and a scan only when the
-        watermark moves."""
+        """These offsets are done; the watermark moves over any run of done ones."""
         offsets = np.asarray(offsets, np.int64)
         offsets = offsets[offsets >= self.watermark]
-        if not len(offsets):
-            return
-        if (
-            not len(self.done)
-            and offsets[0] == self.watermark
-            and offsets[-1] == self.watermark + len(offsets) - 1
-            and (np.diff(offsets) == 1).all()
-        ):  # the usual batch: the offsets right above the watermark, in order
-            self.watermark += len(offsets)
-            return
-        new = _sorted_unique(offsets)
-        self._lowest_new = min(self._lowest_new, int(new[0]))
-        done = self.done
-        if len(done):
-            at = np.searchsorted(done, new)
-            fresh = done[at.clip(max=len(done) - 1)] != new
-            fresh |= at == len(done)
-            done = np.insert(done, at[fresh], new[fresh])
-        else:
-            done = new
-        ahead = _leading_run(done) if done[0] == self.watermark else 0
-        self.watermark += ahead
-        self.done = done[ahead:]
+        if len(offsets):
+            self._mark(*_spans(_sorted_unique(offsets)))
 
     def mark_done_runs(self, runs: Spans) -> None:
         """The offsets of ``runs`` (of this partition) are done: as :meth:`mark_done`, at
-        the cost of a run each for those that continue the watermark, as a batch's do."""
-        runs = runs.at(np.argsort(runs.start, kind="stable"))
-        if not len(self.done) and len(runs.start) and runs.start[0] == self.watermark:
-            breaks = np.flatnonzero(runs.start[1:] != runs.end[:-1])
-            joined = int(breaks[0]) + 1 if len(breaks) else len(runs.start)
-            self.watermark = int(runs.end[joined - 1])
-            runs = runs.at(slice(joined, None))
-        if len(runs.start):
-            self.mark_done(runs.rows()[1])
+        a cost per run."""
+        starts, ends = np.maximum(runs.start, self.watermark), runs.end
+        keep = ends > starts
+        if keep.any():
+            self._mark(starts[keep], ends[keep])
+
+    def _mark(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        if not self.done.runs and len(starts) == 1 and starts[0] == self.watermark:
+            self.watermark = int(ends[0])  # the usual batch: right above the watermark
+            return
+        self._lowest_new = min(self._lowest_new, int(starts.min()))
+        self.done = self.done.merged(starts, ends)
+        self.settle()
+
+    def settle(self) -> None:
+        """Move the watermark over the done run that starts at it, if any."""
+        done = self.done.above(self.watermark)
+        if done.runs and done.starts[0] == self.watermark:
+            self.watermark = int(done.ends[0])
+            done = DoneRuns(done.starts[1:], done.ends[1:])
+        self.done = done
 
     def commit_metadata(self) -> str:
         """Done offsets above the watermark as JSON ranges, the lowest first, as many as
@@ -242,8 +294,7 @@ class Tracker:
         self._forget(tp, gone)
         part.mark_done(gone)
         part.watermark = max(part.watermark, offset)
-        part.done = part.done[part.done >= part.watermark]
-        part.mark_done([])  # the watermark moves over done offsets just above it
+        part.settle()  # the watermark moves over done offsets just above it
         part.end = max(part.end, offset)
 
     def new_batch(self) -> None:
@@ -415,7 +466,8 @@ class Tracker:
             gone = np.concatenate(
                 [done.at(done.part == part).rows()[1], failed.offset[failed.part == part]]
             )
-            offsets = np.setdiff1d(np.setdiff1d(offsets, gone), state.done)
+            offsets = np.setdiff1d(offsets, gone)
+            offsets = offsets[~state.done.contains(offsets)]
             self.counts["acked"] += len(offsets)
             self.mark_done(tp, offsets)
 
@@ -462,7 +514,7 @@ class Tracker:
                 continue
             offsets = offset[mine & (topic == tp[0]) & (partition == tp[1])]
             offsets = offsets[(offsets >= part.watermark) & (offsets < part.end)]
-            offsets = np.setdiff1d(offsets, part.done)
+            offsets = np.unique(offsets[~part.done.contains(offsets)])
             self.counts["acked"] += len(offsets)
             self.mark_done(tp, offsets)
 
@@ -674,7 +726,7 @@ class Tracker:
             if tp in self.parts:
                 p = self.parts[tp]
                 mine = offset[order[starts[i] : starts[i + 1]]]
-                p.done = np.setdiff1d(np.arange(p.watermark, p.end), mine)
+                p.done = _complement(p.watermark, p.end, mine)
 
 
 def _why(outcome: str, reason: str | None) -> str:
@@ -704,41 +756,28 @@ def _spans(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return offsets[first], offsets[last] + 1
 
 
-def _spans_json(done: np.ndarray) -> tuple[str, float]:
-    """``{"done": [[start, end], ...]}`` of the lowest runs of sorted, distinct ``done``
-    that fit :data:`METADATA_LIMIT`, and the start of the first run left out (infinity
-    if none was). Only a prefix of ``done`` is read: one with more runs than could fit
-    (a run costs four characters at least)."""
+def _complement(lo: int, hi: int, taken: np.ndarray) -> DoneRuns:
+    """The offsets of ``[lo, hi)`` but ``taken``, as runs, at a cost per taken offset."""
+    taken = _sorted_unique(taken)
+    taken = taken[(taken >= lo) & (taken < hi)]
+    starts = np.concatenate([[lo], taken + 1])
+    ends = np.concatenate([taken, [hi]])
+    keep = ends > starts
+    return DoneRuns(starts[keep], ends[keep])
+
+
+def _spans_json(done: DoneRuns) -> tuple[str, float]:
+    """``{"done": [[start, end], ...]}`` of the lowest runs of ``done`` that fit
+    :data:`METADATA_LIMIT`, and the start of the first run left out (infinity if none
+    was). Only the runs that could fit are read (a run costs four characters at least)."""
     room = METADATA_LIMIT - len('{"done":[]}') + 1
     most = room // 4  # runs that could fit
-    size = most + 1
-    while True:  # a prefix with more runs than could fit, or all of ``done``
-        head = done[:size]
-        starts, ends = _spans(head)
-        if len(head) == len(done) or len(starts) > most:
-            break
-        size *= 4
-    if len(head) < len(done):  # the last run may go on past the prefix
-        starts, ends = starts[:-1], ends[:-1]
+    starts, ends = done.starts[: most + 1], done.ends[: most + 1]
     chars = _digits(starts) + _digits(ends) + 4  # "[a,b],"
     fit = int(np.searchsorted(np.cumsum(chars), room))
     spans = np.stack([starts[:fit], ends[:fit]], axis=1).tolist()
     left_out = int(starts[fit]) if fit < len(starts) else np.inf
     return json.dumps({"done": spans}, separators=(",", ":")), left_out
-
-
-def _leading_run(values: np.ndarray) -> int:
-    """How many of sorted, distinct ``values`` continue its first one by one; windows
-    that grow, so a short run costs little whatever follows it."""
-    size = 1024
-    while True:
-        head = values[:size]
-        gaps = np.flatnonzero(np.diff(head) != 1)
-        if len(gaps):
-            return int(gaps[0]) + 1
-        if len(head) == len(values):
-            return len(values)
-        size *= 4
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:

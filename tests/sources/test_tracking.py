@@ -577,6 +577,21 @@ def test_a_reset_named_by_coordinates_restarts_that_record_timeout_alone():
     assert in_flight_offsets(t) == [50]
 
 
+def test_offsets_done_above_a_stuck_record_are_kept_as_runs():
+    """A record stuck at the watermark (a replay waiting for its backoff, a tree kept
+    alive) while a hundred billion after it are acked: they are one run of done offsets
+    (an entry each could not be held), the commit metadata names it, and the watermark
+    jumps over it once the stuck record is done."""
+    t = tracker()
+    t.emit_range(TP, 10, 10 + HUGE, now_ms=0)
+    t.complete(run_of(11, 10 + HUGE), 1)
+    part = t.parts[TP]
+    assert part.watermark == 10 and part.done.runs == 1 and len(part.done) == HUGE - 1
+    assert json.loads(t.commit_metadata(TP)) == {"done": [[11, 10 + HUGE]]}
+    t.complete(done((root(10), ACKED)), 2)
+    assert t.watermarks() == {TP: 10 + HUGE} and not part.done.runs
+
+
 def test_a_run_of_another_namespace_is_ignored():
     t = tracker()
     t.emit_range(TP, 10, 20, now_ms=0)

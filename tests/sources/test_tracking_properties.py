@@ -47,7 +47,7 @@ def check_states(t):
     for key in t.dead:
         seen.setdefault(key, []).append("dead")
     for tp, part in t.parts.items():
-        for off in part.done:
+        for off in part.done.tolist():
             seen.setdefault((tp, off), []).append("done")
         expected = {(tp, o) for o in range(part.watermark, part.end)}
         mine = {k for k in seen if k[0] == tp}
