@@ -91,10 +91,13 @@ class DoneRuns:
     def __init__(self, starts=None, ends=None):
         self.starts = np.empty(0, np.int64) if starts is None else np.asarray(starts, np.int64)
         self.ends = np.empty(0, np.int64) if ends is None else np.asarray(ends, np.int64)
+        self._count: int | None = None
 
     def __len__(self) -> int:
         """How many offsets are done."""
-        return int((self.ends - self.starts).sum())
+        if self._count is None:
+            self._count = int((self.ends - self.starts).sum())
+        return self._count
 
     @property
     def runs(self) -> int:
@@ -115,15 +118,31 @@ class DoneRuns:
         return self.offsets().tolist()
 
     def merged(self, starts, ends) -> DoneRuns:
-        """These runs and ``[starts, ends)`` (any order, overlapping or not) as one set."""
-        starts = np.concatenate([self.starts, np.asarray(starts, np.int64)])
-        ends = np.concatenate([self.ends, np.asarray(ends, np.int64)])
+        """These runs and ``[starts, ends)`` (any order, overlapping or not) as one set:
+        the new runs are sorted and put in place, then touching runs are joined, in
+        one pass over the runs (no sort of those already here)."""
+        starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
         keep = ends > starts
-        starts, ends = starts[keep], ends[keep]
+        order = np.argsort(starts[keep], kind="stable")
+        starts, ends = starts[keep][order], ends[keep][order]
         if not len(starts):
-            return DoneRuns()
-        order = np.argsort(starts, kind="stable")
-        starts, ends = starts[order], ends[order]
+            return self
+        if self.runs and starts[0] >= self.ends[-1] and (starts[1:] >= ends[:-1]).all():
+            # the usual case: disjoint runs past the last one (offsets read later)
+            joins = np.flatnonzero(starts[1:] == ends[:-1]) + 1
+            if starts[0] == self.ends[-1]:
+                joins = np.append(0, joins)
+            starts = np.concatenate([self.starts, starts])
+            ends = np.concatenate([self.ends, ends])
+            if len(joins):  # a run that starts where the one before ends joins it
+                keep = np.ones(len(starts), bool)
+                keep[joins + self.runs] = False
+                at = np.flatnonzero(keep)
+                last = np.append(at[1:] - 1, len(starts) - 1)
+                starts, ends = starts[at], ends[last]
+            return DoneRuns(starts, ends)
+        at = np.searchsorted(self.starts, starts)
+        starts, ends = np.insert(self.starts, at, starts), np.insert(self.ends, at, ends)
         reach = np.maximum.accumulate(ends)
         first = np.ones(len(starts), bool)
         first[1:] = starts[1:] > reach[:-1]  # a gap before it: a run of its own
@@ -183,6 +202,8 @@ class _Partition:
 
     def settle(self) -> None:
         """Move the watermark over the done run that starts at it, if any."""
+        if not self.done.runs or self.done.starts[0] > self.watermark:
+            return
         done = self.done.above(self.watermark)
         if done.runs and done.starts[0] == self.watermark:
             self.watermark = int(done.ends[0])
