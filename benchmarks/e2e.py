@@ -277,7 +277,8 @@ class Poller(threading.Thread):
         self.bootstrap, self.group, self.topic, self.output = bootstrap, group, topic, output
         self.cpu, self.interval_s = cpu, interval_s
         self.expected: dict[str, dict[int, int]] = {}
-        self.reached: dict[str, tuple[float, float, int]] = {}  # (time, cpu s, committed)
+        #: (time, (cpu s, of which JIT), committed)
+        self.reached: dict[str, tuple[float, tuple[float, float], int]] = {}
         self.committed: dict[int, int] = {}
         self.history: dict[int, list[tuple[float, int]]] = collections.defaultdict(list)
         self.first_output: float | None = None
@@ -416,8 +417,23 @@ class Worker:
         if self.process.poll() is not None:
             self.fail(f"exited with {self.process.returncode} while running")
 
-    def cpu_s(self) -> float:
-        return session_stats(self.process.pid)[1]
+    def cpu_s(self) -> tuple[float, float]:
+        """User + system CPU seconds of the worker's processes, and of those the JIT
+        compiler threads' (C1 and C2) of its JVM: how much of a run went to compiling.
+        The second is a lower bound: a compiler thread the JVM ended took its time along."""
+        pids, total = session_stats(self.process.pid)
+        jit = 0
+        for pid in pids:
+            for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
+                try:
+                    with open(stat) as f:
+                        text = f.read()
+                except OSError:  # gone meanwhile
+                    continue
+                name, fields = text[text.find("(") + 1 : text.rfind(")")], text.rsplit(")", 1)[1]
+                if name.startswith(("C1 CompilerThre", "C2 CompilerThre")):
+                    jit += sum(int(v) for v in fields.split()[11:13])  # utime stime
+        return total, jit / _CLK_TCK
 
     def close(self, timeout_s: float = 90.0) -> None:
         """Close stdin (the worker ends), wait for it, end what is left of its session."""
@@ -491,8 +507,8 @@ def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=Fals
     poller.start()
     try:
         started = worker.expect("started", ctx.startup_timeout_s)
-        warm_at, warm_cpu, warm_committed = poller.wait("warm", worker, ctx.timeout_s)
-        done_at, done_cpu, _ = poller.wait("all", worker, ctx.timeout_s)
+        warm_at, (warm_cpu, warm_jit), warm_committed = poller.wait("warm", worker, ctx.timeout_s)
+        done_at, (done_cpu, done_jit), _ = poller.wait("all", worker, ctx.timeout_s)
         worker.send(stop=True)
         finished = worker.expect("finished", 180)
     finally:
@@ -528,6 +544,7 @@ def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=Fals
         "records_per_s": timed / (done_at - warm_at),
         "seconds": done_at - warm_at,
         "cpu_us_per_record": 1e6 * (done_cpu - warm_cpu) / timed,
+        "jit_cpu_share": (done_jit - warm_jit) / max(done_cpu - warm_cpu, 1e-9),
         "output_messages": messages,
         "words_counted": sum(counts.values()),
         "loadavg_before": load_before,
@@ -536,7 +553,8 @@ def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=Fals
     }
     log(
         f"{system}: {result['records_per_s']:,.0f} records/s, "
-        f"{result['cpu_us_per_record']:.1f} CPU us/record, {messages:,} output messages"
+        f"{result['cpu_us_per_record']:.1f} CPU us/record "
+        f"({100 * result['jit_cpu_share']:.0f} % compiling), {messages:,} output messages"
     )
     return result
 

@@ -88,7 +88,7 @@ class DoneRuns:
     waiting for its backoff, a tree kept alive by resetTimeout) costs a run per batch,
     not an entry per offset."""
 
-    def __init__(self, starts=None, ends=None):
+    def __init__(self, starts=None, ends=None) -> None:
         self.starts = np.empty(0, np.int64) if starts is None else np.asarray(starts, np.int64)
         self.ends = np.empty(0, np.int64) if ends is None else np.asarray(ends, np.int64)
         self._count: int | None = None
