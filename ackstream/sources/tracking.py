@@ -103,11 +103,6 @@ class DoneRuns:
     def runs(self) -> int:
         return len(self.starts)
 
-    @classmethod
-    def of_offsets(cls, offsets) -> DoneRuns:
-        """The runs of any ``offsets`` (unsorted, repeated: no matter)."""
-        return cls(*_spans(_sorted_unique(offsets)))
-
     def offsets(self) -> np.ndarray:
         """Every offset done, sorted (one entry each: for tests and small listings)."""
         if not self.runs:

@@ -22,7 +22,7 @@ from ackstream.records import (
 )
 from ackstream.sources.in_flight import NOT_STARTED, InFlight
 from ackstream.sources.state import SourceState
-from ackstream.sources.tracking import METADATA_LIMIT, Tracker, ranges
+from ackstream.sources.tracking import METADATA_LIMIT, DoneRuns, Tracker, ranges
 
 TP = ("events", 0)
 
@@ -640,3 +640,32 @@ def test_a_completion_naming_its_record_is_applied_without_minting_the_ids_in_fl
     forged = failed.set_column(4, "offset", pa.array([501], pa.int64()))  # another's root
     t.complete(forged, 2)
     assert t.in_flight == 9_999 and set(t.scheduled) == {(TP, 500)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 200), st.integers(0, 12)), max_size=6),
+        min_size=1,
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_done_runs_merge_as_a_set_of_offsets(batches, ascending):
+    """Runs merged batch by batch (overlapping, touching, out of order, or each batch
+    past the last as a source's batches come) hold the union of their offsets, as
+    disjoint runs that do not touch."""
+    done, model, base = DoneRuns(), set(), 0
+    for batch in batches:
+        if ascending:  # the usual case: each batch's runs from the last one's end on
+            batch = [(base + start, length) for start, length in batch]
+        starts = [start for start, _ in batch]
+        ends = [start + length for start, length in batch]
+        if ascending:
+            base = max([base, *ends])
+        done = done.merged(starts, ends)
+        model |= {o for start, end in zip(starts, ends) for o in range(start, end)}
+        assert done.tolist() == sorted(model) and len(done) == len(model)
+        assert (done.ends > done.starts).all() and (done.starts[1:] > done.ends[:-1]).all()
+        probe = np.arange(-1, base + 220)
+        assert done.contains(probe).tolist() == [o in model for o in probe.tolist()]
