@@ -18,8 +18,10 @@ code for minutes, and a first run at a size was 10 to 40 % slower than the next 
 after a short warm-up. Every input also starts with ``--warmup-batches`` batches: a run
 is timed from its group's first commit that covers them to the one that covers every
 offset, both seen by a poller asking the broker every 50 ms; its rate is the records
-committed in between over that time. Classes compiled by Spark's code generation per
-batch are counted too (a plan that differs each batch would recompile every time). CPU:
+committed in between over that time. Warm is not steady: each run reports the share of
+the worker's CPU its JVM's JIT compilers took (``jit_cpu_share``), still a fifth or more
+minutes in, and the classes Spark's code generation compiled per batch (a plan that
+differs each batch would recompile every time). CPU:
 user + system seconds of the worker's process tree (Spark's JVM and Python workers
 included, the broker not) over the same span, per record. Repeats alternate the order
 (A B C, then C B A); ``/proc/loadavg`` is recorded before and after every run.
