@@ -1,10 +1,10 @@
-"""A batch's new offset ranges read by Spark's own Kafka source, lineage added in SQL.
+"""A batch's new offset ranges read by Spark's own Kafka connector, lineage added in SQL.
 
 With ``ackstream.recordReader=spark`` the records stay in the JVM: the source plans
 the batch as ever (its offset names every record), its Python read tasks read only
 the replays, and the topology's batch reads the new ranges the offset names with
-``spark.read.format("kafka")`` (exact starting and ending offsets per partition), then
-adds the lineage columns in SQL, by the same ``xxhash64`` as the Python reader's
+Spark's Kafka connector (:mod:`ackstream.sources.kafka_ranges`), then adds the lineage
+columns in SQL, by the same ``xxhash64`` as the Python reader's
 (:mod:`ackstream.ids`), so a record gets the same root whichever reader read it. A
 value over ``ackstream.maxValueBytes`` is held back as the Python reader holds it
 back (``_reason`` set; untracked nothing is held back, and the column is left out);
@@ -17,14 +17,12 @@ own attempt number.
 
 from __future__ import annotations
 
-import json
-
 from pyspark.sql import DataFrame
 
 from ackstream import ids
 from ackstream.config import SourceConfig
 from ackstream.lineage import ATTEMPT, EDGE, REASON, ROOT
-from ackstream.session import kafka_through_v2
+from ackstream.sources.kafka_ranges import read_ranges
 from ackstream.sources.offsets import new_ranges
 from ackstream.sources.rows import too_big_reason
 
@@ -37,28 +35,7 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
     ranges = new_ranges(offset)
     if not ranges:
         return None
-    assign: dict[str, list[int]] = {}
-    starts: dict[str, dict[str, int]] = {}
-    ends: dict[str, dict[str, int]] = {}
-    for topic, partition, start, end in ranges:
-        assign.setdefault(topic, []).append(partition)
-        starts.setdefault(topic, {})[str(partition)] = start
-        ends.setdefault(topic, {})[str(partition)] = end
-    options = {
-        "kafka.bootstrap.servers": config.kafka.bootstrap_servers,
-        **{f"kafka.{key}": value for key, value in config.kafka.options},
-        "assign": json.dumps(assign),
-        "startingOffsets": json.dumps(starts),
-        "endingOffsets": json.dumps(ends),
-        "failOnDataLoss": str(config.kafka.fail_on_data_loss).lower(),
-        "includeHeaders": str(config.kafka.include_headers).lower(),
-    }
-    if config.admission.min_partitions:
-        options["minPartitions"] = str(config.admission.min_partitions)
-    if config.admission.max_records_per_partition:
-        options["maxRecordsPerPartition"] = str(config.admission.max_records_per_partition)
-    with kafka_through_v2(spark):  # not version 1: a nested SQL execution per read
-        records = spark.read.format("kafka").options(**options).load()
+    records = read_ranges(spark, config, ranges)
     # one projection in SQL text: each Column built in Python is a call into the JVM,
     # and each further DataFrame call another analysis of the plan
     root = (

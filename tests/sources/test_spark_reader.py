@@ -5,6 +5,7 @@ import pytest
 from ackstream.config import parse
 from ackstream.session import has_kafka_connector
 from ackstream.sources.kafka import KafkaUpstream
+from ackstream.sources.kafka_ranges import read_ranges
 from ackstream.sources.rows import ReadTask
 from ackstream.sources.spark_reader import read_new_ranges
 
@@ -105,14 +106,29 @@ def test_untracked_the_rows_have_no_held_back_column_and_keep_big_values(
     assert sorted(len(row["value"]) for row in frame.collect()) == [5, 300]
 
 
-def test_the_new_ranges_are_read_through_spark_s_version_2_source(
+def _plan(frame, capsys) -> str:
+    capsys.readouterr()
+    frame.explain(extended=True)
+    return capsys.readouterr().out
+
+
+def _produce(broker, topic: str, count: int, partitions: int = 1) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for i in range(count):
+        producer.send(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+def test_the_new_ranges_are_read_by_the_connector_s_record_rdd_without_planning_a_read(
     spark, connector, broker, new_topic, capsys
 ):
-    """Version 1 plans a nested SQL execution for every read; the session's own choice
-    of version 1 sources is left as it was."""
-    before = spark.conf.get("spark.sql.sources.useV1SourceList")
-    assert "kafka" in before  # Spark's default: else this test proves nothing
+    """No Kafka relation, version 1 or 2, in the plan: each of those plans a read (an
+    admin client asking the brokers) every time a plan holds it."""
     topic = new_topic()
+    _produce(broker, topic, 3)
     config = parse(
         {
             "kafka.bootstrap.servers": broker.bootstrap,
@@ -120,14 +136,75 @@ def test_the_new_ranges_are_read_through_spark_s_version_2_source(
             "ackstream.recordReader": "spark",
         }
     )
-    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 1]}}}
+    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [1, 3]}}}
     frame = read_new_ranges(spark, config, offset)
     assert frame is not None
-    capsys.readouterr()
-    frame.explain(extended=True)
-    plan = capsys.readouterr().out
+    plan = _plan(frame, capsys)
+    assert "ExistingRDD" in plan
+    assert "KafkaRelation" not in plan and "KafkaScan" not in plan
+    assert sorted(r["value"] for r in frame.collect()) == [b"v1", b"v2"]
+
+
+@pytest.mark.parametrize("headers", [False, True])
+def test_the_record_rdd_gives_the_rows_spark_s_kafka_source_gives(
+    spark, connector, broker, new_topic, headers
+):
+    """Every column of every row, as ``spark.read.format("kafka")`` reads the same
+    ranges (headers or not)."""
+    import json
+
+    topic = new_topic(partitions=2)
+    _produce(broker, topic, 40, partitions=2)
+    config = parse(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": topic,
+            "includeHeaders": str(headers).lower(),
+            "ackstream.recordReader": "spark",
+        }
+    )
+    ranges = [(topic, 0, 3, 17), (topic, 1, 0, 20)]
+    mine = read_ranges(spark, config, ranges)
+    theirs = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("assign", json.dumps({topic: [0, 1]}))
+        .option("startingOffsets", json.dumps({topic: {"0": 3, "1": 0}}))
+        .option("endingOffsets", json.dumps({topic: {"0": 17, "1": 20}}))
+        .option("includeHeaders", str(headers).lower())
+        .load()
+    )
+    assert mine.schema == theirs.schema
+    assert mine.count() == 14 + 20
+    assert mine.exceptAll(theirs).count() == 0 and theirs.exceptAll(mine).count() == 0
+
+
+def test_options_that_split_ranges_read_through_spark_s_version_2_source(
+    spark, connector, broker, new_topic, capsys
+):
+    """``minPartitions`` splits a range into tasks as Spark's source does, so such reads
+    go through it: version 2 (version 1 plans a nested SQL execution for every read),
+    and the session's own choice of version 1 sources is left as it was."""
+    before = spark.conf.get("spark.sql.sources.useV1SourceList")
+    assert "kafka" in before  # Spark's default: else this test proves nothing
+    topic = new_topic()
+    _produce(broker, topic, 8)
+    config = parse(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": topic,
+            "minPartitions": "4",
+            "ackstream.recordReader": "spark",
+        }
+    )
+    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 8]}}}
+    frame = read_new_ranges(spark, config, offset)
+    assert frame is not None
+    plan = _plan(frame, capsys)
     assert "RelationV2" in plan and "KafkaRelation" not in plan
     assert spark.conf.get("spark.sql.sources.useV1SourceList") == before
+    assert frame.rdd.getNumPartitions() >= 4
+    assert frame.count() == 8
 
 
 def test_an_offset_naming_no_new_range_reads_nothing(spark, connector, broker, new_topic):
