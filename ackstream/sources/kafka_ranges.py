@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 #: tasks borrow the consumers earlier batches left in the executors' pool
 EXECUTOR_GROUP = f"spark-kafka-ackstream-{uuid.uuid4().hex}"
 
+#: Kafka settings of the record RDD's consumers unless the source's options name them.
+#: Its ranges hold records already written, so a fetch the broker holds back waiting
+#: for new ones only delays the next fetch: with pooled consumers, a batch that read a
+#: backlog up to the end of its partitions waited out Kafka's default of 500 ms.
+EXECUTOR_DEFAULTS = {"fetch.max.wait.ms": "10"}
+
 _unavailable: list[str] = []  # why the record RDD cannot be used in this process
 
 
@@ -62,7 +68,7 @@ def _through_record_rdd(spark, config: SourceConfig, ranges) -> DataFrame | None
     if admission.min_partitions or admission.max_records_per_partition:
         return None  # Spark's source splits the ranges into tasks as those options say
     try:
-        reader = _RecordRdd.of(spark, config)
+        reader = RecordRdd.of(spark, config)
         frame = reader.read(spark, ranges)
     except Exception as error:  # a connector without these classes, or none at all
         _unavailable.append(f"{type(error).__name__}: {error}")
@@ -75,11 +81,11 @@ def _through_record_rdd(spark, config: SourceConfig, ranges) -> DataFrame | None
     return DataFrame(frame, spark)
 
 
-class _RecordRdd:
+class RecordRdd:
     """What the record RDD path needs of the JVM, made once per process and settings:
     each piece is a call into the JVM, and a batch should make only its ranges."""
 
-    _made: dict[tuple, _RecordRdd] = {}
+    _made: dict[tuple, RecordRdd] = {}
 
     def __init__(self, spark, config: SourceConfig):
         jvm = spark._jvm  # noqa: SLF001 - no Python API reads exact ranges
@@ -87,8 +93,9 @@ class _RecordRdd:
         self.utils = jvm.org.apache.spark.api.python.PythonUtils
         self.partitions: dict[tuple[str, int], object] = {}
         self.unplaced = jvm.scala.Option.empty()
+        settings = {**EXECUTOR_DEFAULTS, **_kafka_params(config)}
         self.params = self.kafka.KafkaSourceProvider.kafkaParamsForExecutors(
-            self.utils.toScalaMap(_kafka_params(config)), EXECUTOR_GROUP
+            self.utils.toScalaMap(settings), EXECUTOR_GROUP
         )
         self.context = spark._jsc.sc()  # noqa: SLF001
         # Spark's Kafka source's default poll timeout (ackstream takes no pollTimeoutMs)
@@ -107,7 +114,7 @@ class _RecordRdd:
         self.topic_partition = jvm.org.apache.kafka.common.TopicPartition
 
     @classmethod
-    def of(cls, spark, config: SourceConfig) -> _RecordRdd:
+    def of(cls, spark, config: SourceConfig) -> RecordRdd:
         key = (
             spark._sc._gateway,  # noqa: SLF001 - its objects live as long as it
             tuple(sorted(_kafka_params(config).items())),

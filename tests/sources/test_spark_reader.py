@@ -112,6 +112,17 @@ def _plan(frame, capsys) -> str:
     return capsys.readouterr().out
 
 
+def _config(broker, topic: str, **options: str):
+    return parse(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": topic,
+            "ackstream.recordReader": "spark",
+            **options,
+        }
+    )
+
+
 def _produce(broker, topic: str, count: int, partitions: int = 1) -> None:
     from kafka import KafkaProducer
 
@@ -129,13 +140,7 @@ def test_the_new_ranges_are_read_by_the_connector_s_record_rdd_without_planning_
     admin client asking the brokers) every time a plan holds it."""
     topic = new_topic()
     _produce(broker, topic, 3)
-    config = parse(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": topic,
-            "ackstream.recordReader": "spark",
-        }
-    )
+    config = _config(broker, topic)
     offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [1, 3]}}}
     frame = read_new_ranges(spark, config, offset)
     assert frame is not None
@@ -155,14 +160,7 @@ def test_the_record_rdd_gives_the_rows_spark_s_kafka_source_gives(
 
     topic = new_topic(partitions=2)
     _produce(broker, topic, 40, partitions=2)
-    config = parse(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": topic,
-            "includeHeaders": str(headers).lower(),
-            "ackstream.recordReader": "spark",
-        }
-    )
+    config = _config(broker, topic, includeHeaders=str(headers).lower())
     ranges = [(topic, 0, 3, 17), (topic, 1, 0, 20)]
     mine = read_ranges(spark, config, ranges)
     theirs = (
@@ -189,14 +187,7 @@ def test_options_that_split_ranges_read_through_spark_s_version_2_source(
     assert "kafka" in before  # Spark's default: else this test proves nothing
     topic = new_topic()
     _produce(broker, topic, 8)
-    config = parse(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": topic,
-            "minPartitions": "4",
-            "ackstream.recordReader": "spark",
-        }
-    )
+    config = _config(broker, topic, minPartitions="4")
     offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 8]}}}
     frame = read_new_ranges(spark, config, offset)
     assert frame is not None
@@ -216,3 +207,25 @@ def test_an_offset_naming_no_new_range_reads_nothing(spark, connector, broker, n
         }
     )
     assert read_new_ranges(spark, config, {"v": 1, "read": {}, "replays": [["t", 0, 3, 1]]}) is None
+
+
+@pytest.mark.parametrize("given", [None, "250"])
+def test_the_record_rdd_s_consumers_do_not_wait_for_new_records_unless_told_to(
+    spark, connector, given
+):
+    """Its ranges are written already: a fetch held back for new records only delays
+    the next one. A ``kafka.fetch.max.wait.ms`` the source was given wins."""
+    from ackstream.sources.kafka_ranges import RecordRdd
+
+    options = {"kafka.fetch.max.wait.ms": given} if given else {}
+    config = parse(
+        {
+            "kafka.bootstrap.servers": "127.0.0.1:9",
+            "subscribe": "t",
+            "ackstream.recordReader": "spark",
+            **options,
+        }
+    )
+    params = RecordRdd.of(spark, config).params
+    assert params.get("fetch.max.wait.ms") == (given or "10")
+    assert params.get("group.id").startswith("spark-kafka-ackstream-")
