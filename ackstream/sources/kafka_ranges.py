@@ -115,12 +115,8 @@ class RecordRdd:
 
     @classmethod
     def of(cls, spark, config: SourceConfig) -> RecordRdd:
-        key = (
-            spark._sc._gateway,  # noqa: SLF001 - its objects live as long as it
-            tuple(sorted(_kafka_params(config).items())),
-            config.kafka.fail_on_data_loss,
-            config.kafka.include_headers,
-        )
+        # the JVM objects live as long as the gateway; the settings are the Kafka options
+        key = (spark._sc._gateway, config.kafka)  # noqa: SLF001
         made = cls._made.get(key)
         if made is None:
             made = cls._made[key] = cls(spark, config)
