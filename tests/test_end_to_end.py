@@ -22,7 +22,8 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     spark, broker, new_topic, tmp_path, reader
 ):
     """``spark``: Spark's Kafka source reads the new records (what ``read_stream``
-    chooses when the connector is there), the Python read tasks the replays."""
+    chooses when the connector is there), the Python read tasks the replays. A value
+    over ``ackstream.maxValueBytes`` is rejected by either reader, never seen by a stage."""
     if reader == "spark" and not has_kafka_connector(spark):
         pytest.skip("Spark's Kafka connector is not on this session's class path")
     from kafka import KafkaProducer
@@ -32,6 +33,8 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     lines = sentences(60)
     poison_at = 17
     lines[poison_at] = "poison pill sentence"
+    huge_at = 30
+    lines[huge_at] = " ".join(["huge"] * 300)  # 1,499 bytes
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
     for i, line in enumerate(lines):
         producer.send(inbox, value=line.encode(), partition=i % 2)
@@ -62,6 +65,7 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
             "ackstream.sourceTimeout": "90s",
             "ackstream.retryInitialDelay": "200ms",
             "ackstream.maxRetries": "2",
+            "ackstream.maxValueBytes": "1000",
             **({"ackstream.recordReader": "python"} if reader == "python" else {}),
         }
     )
@@ -76,9 +80,9 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     assert [offset.get("reader", "python") for offset in logged] == [reader]
 
     written = {m.key.decode() for m in consume(broker.bootstrap, outbox)}
-    expected = {w for line in lines for w in line.split()} - {"poison"}
+    expected = {w for line in lines for w in line.split()} - {"poison", "huge"}
     assert expected <= written
-    assert "poison" not in written
+    assert "poison" not in written and "huge" not in written
 
     done, _ = KafkaChannel(broker.bootstrap, name).completions_since(None)
     failed = {
@@ -92,9 +96,16 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     }
     assert any((p, o) != poison for p, o, _ in failed), "the flaky bolt failed nothing"
 
-    letters = consume(broker.bootstrap, f"{name}.dead")
-    assert len(letters) == 1
-    (letter,) = letters
+    letters = {
+        int(dict(m.headers)["ackstream.offset"]): m
+        for m in consume(broker.bootstrap, f"{name}.dead")
+    }
+    assert sorted(letters) == sorted([poison_at // 2, huge_at // 2])
+    huge = letters.pop(huge_at // 2)
+    assert not huge.value  # a value too big is dead-lettered without it (keyless: b"")
+    reason = dict(huge.headers)["ackstream.reason"].decode()
+    assert reason.startswith("rejected: value of 1499 bytes is over ackstream.maxValueBytes")
+    (letter,) = letters.values()
     headers = {k: v.decode() for k, v in letter.headers}
     assert letter.value == lines[poison_at].encode()
     assert headers["ackstream.offset"] == str(poison_at // 2)
