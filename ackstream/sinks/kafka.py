@@ -31,7 +31,6 @@ from ackstream.continued import lineage_headers, mint_edges
 from ackstream.errors import OptionError
 from ackstream.kafka.settings import client_settings
 from ackstream.lineage import LINEAGE_COLUMNS, REASON
-from ackstream.observed import Observed
 from ackstream.records import ACK, ack_table
 from ackstream.session import has_kafka_connector, kafka_through_v2
 
@@ -42,10 +41,6 @@ log = logging.getLogger(__name__)
 #: Characters of a ``_reason`` kept, as ``topology.bolts.REASON_LIMIT`` (not imported:
 #: executors unpickling the task would import the whole topology package).
 REASON_CHARS = 500
-#: The Java producer's default ``max.request.size``, and what a record adds to its key
-#: and value in a request (a row nearer the limit is written by Python, which says
-#: whether it fits)
-JVM_MAX_REQUEST, RECORD_OVERHEAD = 1_048_576, 1_024
 #: Values of ``KafkaSink(writer=...)``.
 WRITERS = ("auto", "spark", "python")
 #: roots of a row (``topology.bolts.ROOTS``) and the edge id of its message, on the rows
@@ -113,19 +108,17 @@ class KafkaSink:
         """Write ``outputs``; return the rows the broker did not confirm (or None).
 
         With Spark's Kafka connector in the session, Spark's Kafka writer writes them in
-        one job and the rows stay in the JVM. A row too big for a request (Spark's
-        writer would fail the whole job on it) is left out of that job and written
-        alone, by Python, which says why it was refused; the job counts such rows as
-        it goes, so a batch without any pays nothing for them. If the job fails all the
-        same (the broker refused or did not confirm a row), the rows are written again
-        by the executors' Python producers, which say which rows were not confirmed,
-        and why: rows the failed job had written are then written twice, a replay's
-        duplicates."""
+        one job and the rows stay in the JVM. If that job fails (a row too big for a
+        request, or one the broker refused or did not confirm), the rows are written
+        again by the executors' Python producers, which say which rows were not
+        written, and why: rows the failed job had written are then written twice, a
+        replay's duplicates. So a batch pays for a row that does not fit only when
+        one is there, not by counting such rows in every job."""
         if self._spark_writes is None:
             self._spark_writes = has_kafka_connector(outputs.sparkSession)
         if self._spark_writes:
             try:
-                too_big = self._write_with_spark(outputs)
+                self._write_with_spark(outputs)
             except Exception as error:  # which rows, and why: the per-row write says
                 log.warning(
                     "batch %d: Spark's Kafka writer to %s failed (%s); writing the batch "
@@ -135,16 +128,13 @@ class KafkaSink:
                     str(error).splitlines()[0][:300],
                 )
             else:
-                if too_big is None:
-                    return None
-                return self._write(too_big, batch_id, continued=False)[0]
+                return None
         return self._write(outputs, batch_id, continued=False)[0]
 
-    def _write_with_spark(self, outputs):
+    def _write_with_spark(self, outputs) -> None:
         """One Spark job: Spark's Kafka writer, with the producers' settings in the
         JVM's names: the source's ``kafka.*`` ones, acks from every replica, and the
-        sink's flush timeout as the longest a record may take to be confirmed. Returns
-        the rows too big for a request, which it did not write (None: there were none)."""
+        sink's flush timeout as the longest a record may take to be confirmed."""
         wait_ms = max(1, int(self.flush_timeout_s * 1000))
         options = {
             "kafka.acks": "all",
@@ -160,20 +150,11 @@ class KafkaSink:
         columns = [f"{_as_bytes(outputs, self.value)} AS value"]
         if key:
             columns.append(f"{_as_bytes(outputs, key)} AS key")
-        limit = int(options.get("kafka.max.request.size", JVM_MAX_REQUEST)) - RECORD_OVERHEAD
-        size = " + ".join(f"coalesce(length({_quoted(c)}), 0)" for c in (self.value, key) if c)
-        fits = f"{size} <= {limit}"
-        counted = Observed(outputs, "sink-too-big", rows=f"count_if(NOT ({fits}))")
-        writes = counted.frame.where(fits)
         # version 2: the write is a job whose plan holds the batch's, so an Observation
         # on the batch (the topology's count of held-back rows) is filled by it
-        writer = writes.selectExpr(*columns).write.format("kafka").mode("append")
+        writer = outputs.selectExpr(*columns).write.format("kafka").mode("append")
         with kafka_through_v2(outputs.sparkSession):
             writer.options(**options).save()
-        seen = counted.metrics()
-        if seen is not None and not seen["rows"]:
-            return None
-        return outputs.where(f"NOT ({fits})")  # some, or unknown: the Python producers say which
 
     def write_continued(self, outputs, batch_id: int):
         """Write ``outputs`` with their lineage as headers, leaving their trees open:

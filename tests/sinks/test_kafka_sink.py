@@ -196,6 +196,24 @@ def test_a_row_the_broker_refuses_fails_spark_s_write_and_alone_comes_back(
     assert set(read_topic(broker.bootstrap, topic)) == {"a", "b", "c"}
 
 
+def test_a_row_too_big_for_a_request_fails_spark_s_write_and_alone_comes_back(
+    spark, broker, new_topic
+):
+    """Over the producers' 1 MB request size (the JVM's and kafka-python's default):
+    Spark's job fails on it, and the row-by-row write names the row the producer
+    refused; every other row is in the topic."""
+    if not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
+    topic = new_topic()
+    values = ["a", "x" * (1 << 20), "b"]
+    sink = KafkaSink(broker.bootstrap, topic, writer="spark", flush_timeout_s=5)
+    unwritten = sink.write(frame(spark, values), 0)
+    assert unwritten is not None
+    assert unwritten.column("_edge").to_pylist() == [101]
+    assert "refused by the producer" in unwritten.column("_reason")[0].as_py()
+    assert set(read_topic(broker.bootstrap, topic)) == {"a", "b"}
+
+
 def test_a_writer_it_does_not_know_is_refused_by_name():
     with pytest.raises(OptionError, match="writer"):
         KafkaSink("127.0.0.1:9", "t", writer="jvm")
