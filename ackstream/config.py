@@ -235,8 +235,8 @@ class Admission:
     max_records_per_partition: int | None = None
     max_pending: int | None = None  #: roots in flight at most (None: no limit)
     #: a bigger record value is rejected on read: dead-lettered (without its value) and
-    #: never handed to the bolts, which it could stall or crash
-    max_value_bytes: int = 16 << 20
+    #: never handed to the bolts, which it could stall or crash (None: no limit)
+    max_value_bytes: int | None = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -445,7 +445,7 @@ def parse(options: Mapping[str, str]) -> SourceConfig:
 
     kw["max_pending"] = _int("ackstream.maxPending", ours("ackstream.maxPending"), 1)
     if ours("ackstream.maxValueBytes") is not None:
-        kw["max_value_bytes"] = _int("ackstream.maxValueBytes", ours("ackstream.maxValueBytes"), 1)
+        kw["max_value_bytes"] = _max_value_bytes(ours("ackstream.maxValueBytes"))
     retries = _int("ackstream.maxRetries", ours("ackstream.maxRetries"), 0)
     if retries is not None:
         retry["max_retries"] = retries
@@ -595,6 +595,17 @@ def _int(option: str, value: str | None, minimum: int) -> int | None:
     if number is None or number < minimum:
         raise OptionError(option, value, f"a whole number >= {minimum}")
     return number
+
+
+def _max_value_bytes(value: str) -> int | None:
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return _int("ackstream.maxValueBytes", value, 1)
+    except OptionError:
+        raise OptionError(
+            "ackstream.maxValueBytes", value, 'a whole number >= 1, or "none" for no limit'
+        ) from None
 
 
 def _bool(option: str, value: str | None, default: bool) -> bool:

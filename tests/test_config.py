@@ -254,6 +254,7 @@ def test_the_retry_schedule_has_a_first_delay_and_a_period_as_storms_kafka_spout
         ({"subscribe": "t,t"}, "subscribe", "'t' twice"),
         ({"subscribe": "a, b ,a"}, "subscribe", "'a' twice"),
         ({"maxRecordsPerPartition": "0"}, "maxRecordsPerPartition", ">= 1"),
+        ({"ackstream.maxValueBytes": "0"}, "ackstream.maxValueBytes", '"none" for no limit'),
     ],
 )
 def test_values_spark_or_kafka_would_refuse_are_refused_before_start(options, option, says):
@@ -261,6 +262,12 @@ def test_values_spark_or_kafka_would_refuse_are_refused_before_start(options, op
         parse({**KAFKA, **options})
     assert err.value.option == option
     assert err.value.value == options[option]
+
+
+def test_max_value_bytes_takes_none_for_no_limit():
+    assert parse(KAFKA).admission.max_value_bytes == 16 << 20
+    assert parse({**KAFKA, "ackstream.maxValueBytes": "4096"}).admission.max_value_bytes == 4096
+    assert parse({**KAFKA, "ackstream.maxValueBytes": " None "}).admission.max_value_bytes is None
 
 
 def test_max_records_per_partition_is_sparks_option():

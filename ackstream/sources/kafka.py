@@ -329,12 +329,14 @@ class KafkaUpstream:
                     offset, key, value = rec.offset, rec.key, rec.value
                     seen.add(offset)
                     attempt = attempts.get(offset, 0)
+                    limit = config.admission.max_value_bytes
                     if (
                         config.tracking
+                        and limit is not None
                         and value is not None
-                        and len(value) > config.admission.max_value_bytes
+                        and len(value) > limit
                     ):
-                        why = too_big_reason(len(value), config.admission.max_value_bytes)
+                        why = too_big_reason(len(value), limit)
                         held.append((offset, attempt, why))
                         continue
                     stamp = (rec.timestamp, rec.timestamp_type, rec.headers)

@@ -7,7 +7,8 @@ Spark's Kafka connector (:mod:`ackstream.sources.kafka_ranges`), then adds the l
 columns in SQL, by the same ``xxhash64`` as the Python reader's
 (:mod:`ackstream.ids`), so a record gets the same root whichever reader read it. A
 value over ``ackstream.maxValueBytes`` is held back as the Python reader holds it
-back (``_reason`` set; untracked nothing is held back, and the column is left out);
+back (``_reason`` set; untracked, or with ``maxValueBytes=none``, nothing is held
+back, and the column is left out: a batch without it pays for no count of held rows);
 an offset with no record (compaction, transaction markers) has no row at all, which
 is its right outcome: a planned root no stage failed completes acked.
 
@@ -47,14 +48,14 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
         f"xxhash64({root}, {ids.SPOUT_STAGE}L, 0L) AS {EDGE}",
         f"0L AS {ATTEMPT}",
     ]
-    if config.tracking:  # untracked nothing is held back: no column to drop again
-        lineage.append(f"{_held_back(config)} AS {REASON}")
+    # untracked, or with no size limit, nothing is held back: no column to drop again
+    if config.tracking and config.admission.max_value_bytes is not None:
+        lineage.append(f"{_held_back(config.admission.max_value_bytes)} AS {REASON}")
     return records.selectExpr("*", *lineage)
 
 
-def _held_back(config: SourceConfig) -> str:
+def _held_back(limit: int) -> str:
     """``_reason`` of a row, in SQL: why it is held back from the stages, else null."""
-    limit = config.admission.max_value_bytes
     prefix, suffix = (_sql_string(part) for part in too_big_reason("\0", limit).split("\0"))
     return f"CASE WHEN length(value) > {limit} THEN concat({prefix}, length(value), {suffix}) END"
 

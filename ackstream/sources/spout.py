@@ -439,10 +439,11 @@ class Spout:
                 self.letters = ParquetDeadLetters(self.config.dead_letter_dir, self.config.topology)
         records = self.upstream.fetch([((lt.topic, lt.partition), lt.offset) for lt in letters])
         limit = self.config.admission.max_value_bytes  # a rejected huge value stays upstream only
-        records = {
-            k: (key, None if value is not None and len(value) > limit else value, *rest)
-            for k, (key, value, *rest) in records.items()
-        }
+        if limit is not None:
+            records = {
+                k: (key, None if value is not None and len(value) > limit else value, *rest)
+                for k, (key, value, *rest) in records.items()
+            }
         self.letters.write(letters, records)
         self.tracker.dead_lettered(letters)
         self._dead_since_snapshot = True

@@ -106,6 +106,44 @@ def test_untracked_the_rows_have_no_held_back_column_and_keep_big_values(
     assert sorted(len(row["value"]) for row in frame.collect()) == [5, 300]
 
 
+def test_with_no_size_limit_no_row_is_held_back_by_either_reader(
+    spark, connector, broker, new_topic
+):
+    """``ackstream.maxValueBytes=none``, tracked: a big value is read like any other by
+    both readers, and Spark's rows carry no ``_reason`` column for the batch to count."""
+    from kafka import KafkaProducer
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    topic = new_topic()
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:  # the topic takes a value over the default 16 MB limit
+        resource = ConfigResource(
+            ConfigResourceType.TOPIC, topic, {"max.message.bytes": "20000000"}
+        )
+        admin.alter_configs([resource])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, max_request_size=20_000_000)
+    for value in (b"small", b"x" * (17 << 20)):
+        producer.send(topic, value=value, partition=0)
+    producer.flush()
+    producer.close()
+    config = _config(broker, topic, **{"ackstream.maxValueBytes": "none"})
+    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 2]}}}
+    frame = read_new_ranges(spark, config, offset)
+    assert frame is not None
+    assert "_reason" not in frame.columns
+    assert sorted(len(row["value"]) for row in frame.collect()) == [5, 17 << 20]
+    upstream = KafkaUpstream(config)
+    try:
+        rows = [
+            row for batch in upstream.read(ReadTask(topic, 0, 0, 2)) for row in batch.to_pylist()
+        ]
+    finally:
+        upstream.close()
+    assert [(len(row["value"]), row["_reason"]) for row in rows] == [(5, None), (17 << 20, None)]
+
+
 def _plan(frame, capsys) -> str:
     capsys.readouterr()
     frame.explain(extended=True)
