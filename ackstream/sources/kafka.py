@@ -315,6 +315,8 @@ class KafkaUpstream:
         finished = False
         tp = (task.topic, task.partition)
         held: list[tuple[int, int, str]] = []  # (offset, attempt, reason)
+        # untracked, or with no size limit, nothing is held back for its size
+        limit = config.admission.max_value_bytes if config.tracking else None
         try:
             replayed = dict(task.replays)
             passes = [
@@ -329,13 +331,7 @@ class KafkaUpstream:
                     offset, key, value = rec.offset, rec.key, rec.value
                     seen.add(offset)
                     attempt = attempts.get(offset, 0)
-                    limit = config.admission.max_value_bytes
-                    if (
-                        config.tracking
-                        and limit is not None
-                        and value is not None
-                        and len(value) > limit
-                    ):
+                    if limit is not None and value is not None and len(value) > limit:
                         why = too_big_reason(len(value), limit)
                         held.append((offset, attempt, why))
                         continue
