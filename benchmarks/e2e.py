@@ -475,6 +475,17 @@ class Worker:
 # --- one run of one system ------------------------------------------------------------
 
 
+def ackstream_options(given: list[str], parser) -> dict[str, str]:
+    """``KEY=VALUE`` arguments as source options; a malformed one stops the run."""
+    options = {}
+    for item in given:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--ackstream-option {item!r}: expected KEY=VALUE")
+        options[key.strip()] = value.strip()
+    return options
+
+
 def start_job(worker: Worker, ctx, system: str, name: str, topic: str, max_per_batch: int):
     """Send ``worker`` the job of ``system`` over ``topic`` (its group, checkpoint and
     output named ``name``); returns its output topic."""
@@ -492,6 +503,7 @@ def start_job(worker: Worker, ctx, system: str, name: str, topic: str, max_per_b
         max_per_batch=max_per_batch,
         trigger_ms=ctx.trigger_ms,
         warmup_batches=ctx.warmup_batches,
+        ackstream_options=ctx.ackstream_options,
     )
     return output
 
@@ -860,6 +872,13 @@ def main(argv=None) -> dict:
         "--latency-seconds", type=float, default=30, help="length of the half-rate run (0: none)"
     )
     parser.add_argument("--latency-rate", type=float, help="instead of half the tracked rate")
+    parser.add_argument(
+        "--ackstream-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a source option for every ackstream system (e.g. ackstream.maxValueBytes=none)",
+    )
     parser.add_argument("--bootstrap", help="an external Kafka (default: start Apache Kafka)")
     parser.add_argument("--timeout-s", type=float, help="per run (default: scaled)")
     parser.add_argument("--no-save", action="store_true")
@@ -895,6 +914,7 @@ def main(argv=None) -> dict:
             partitions=args.partitions,
             trigger_ms=args.trigger_ms,
             warmup_batches=args.warmup_batches,
+            ackstream_options=ackstream_options(args.ackstream_option, parser),
             workdir=workdir,
             startup_timeout_s=300,
             timeout_s=args.timeout_s or max(300.0, largest / 300),
@@ -954,6 +974,7 @@ def main(argv=None) -> dict:
                 "vocabulary": len(vocabulary()),
                 "message_timeout_ms": MESSAGE_TIMEOUT_MS,
                 "latency_seconds": args.latency_seconds,
+                "ackstream_options": ctx.ackstream_options,
                 "systems": systems,
                 "skipped": skipped,
                 "broker": "external" if args.bootstrap else "Apache Kafka, one KRaft node",
