@@ -176,7 +176,7 @@ def work_ackstream(spark, a, stop, started) -> dict:
         "maxOffsetsPerTrigger": a.max_per_batch,
         "kafka.group.id": a.group,
         **({"ackstream.recordReader": "python"} if a.system == PYTHON_READER else {}),
-        **getattr(a, "ackstream_options", {}),
+        **a.ackstream_options,
     }  # the topology adds its name, channel and tracking
     checkpoint = os.path.join(a.workdir, "checkpoint")
     compiled_before = compilations(spark)
