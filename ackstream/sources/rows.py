@@ -32,6 +32,7 @@ __all__ = [
     "SOURCE_SCHEMA",
     "TP",
     "ReadTask",
+    "kafka_columns",
     "held_batch",
     "source_schema",
     "spout_batch",
@@ -64,6 +65,12 @@ def source_schema(include_headers: bool = False) -> pa.Schema:
     """The source's Arrow schema, with the ``headers`` column or without."""
     headers = [pa.field("headers", HEADERS_TYPE)] if include_headers else []
     return pa.schema(_KAFKA_FIELDS + headers + _LINEAGE_FIELDS)
+
+
+def kafka_columns(include_headers: bool = False) -> list[str]:
+    """The columns Spark's Kafka source gives: the source's, lineage aside."""
+    headers = ["headers"] if include_headers else []
+    return [field.name for field in _KAFKA_FIELDS] + headers
 
 
 def source_ddl(include_headers: bool = False) -> str:

@@ -5,12 +5,18 @@ the batch as ever (its offset names every record), its Python read tasks read on
 the replays, and the topology's batch reads the new ranges the offset names with
 Spark's Kafka connector (:mod:`ackstream.sources.kafka_ranges`), then adds the lineage
 columns in SQL, by the same ``xxhash64`` as the Python reader's
-(:mod:`ackstream.ids`), so a record gets the same root whichever reader read it. A
-value over ``ackstream.maxValueBytes`` is held back as the Python reader holds it
-back (``_reason`` set; untracked, or with ``maxValueBytes=none``, nothing is held
-back, and the column is left out: a batch without it pays for no count of held rows);
-an offset with no record (compaction, transaction markers) has no row at all, which
-is its right outcome: a planned root no stage failed completes acked.
+(:mod:`ackstream.ids`), so a record gets the same root whichever reader read it. An
+offset with no record (compaction, transaction markers) has no row at all, which is
+its right outcome: a planned root no stage failed completes acked.
+
+A value over ``ackstream.maxValueBytes`` (tracked) is not held back here, as the
+Python reader holds it back: telling the batch about such rows costs a count on
+every batch (a Spark ``Observation``, a tenth of a small batch), for a record that
+is rare. Instead a job that reads such a value fails, naming the record and the
+option; the batch then fails as a whole, its records are replayed apart
+(:mod:`ackstream.topology.batch_failure`), and the Python reader, which reads
+replays, holds the record back as rejected. A stage that never reads the value
+never pays the check. Untracked, or with ``maxValueBytes=none``, there is no limit.
 
 Replays stay on the Python reader: they are few, single offsets, and each needs its
 own attempt number.
@@ -22,10 +28,10 @@ from pyspark.sql import DataFrame
 
 from ackstream import ids
 from ackstream.config import SourceConfig
-from ackstream.lineage import ATTEMPT, EDGE, REASON, ROOT
+from ackstream.lineage import ATTEMPT, EDGE, ROOT
 from ackstream.sources.kafka_ranges import read_ranges
 from ackstream.sources.offsets import new_ranges
-from ackstream.sources.rows import too_big_reason
+from ackstream.sources.rows import kafka_columns, too_big_reason
 
 __all__ = ["read_new_ranges"]
 
@@ -48,16 +54,21 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
         f"xxhash64({root}, {ids.SPOUT_STAGE}L, 0L) AS {EDGE}",
         f"0L AS {ATTEMPT}",
     ]
-    # untracked, or with no size limit, nothing is held back: no column to drop again
-    if config.tracking and config.admission.max_value_bytes is not None:
-        lineage.append(f"{_held_back(config.admission.max_value_bytes)} AS {REASON}")
-    return records.selectExpr("*", *lineage)
+    limit = config.admission.max_value_bytes if config.tracking else None
+    if limit is None:
+        return records.selectExpr("*", *lineage)
+    kafka = kafka_columns(config.kafka.include_headers)
+    guarded = [_guarded_value(limit) if name == "value" else name for name in kafka]
+    return records.selectExpr(*guarded, *lineage)
 
 
-def _held_back(limit: int) -> str:
-    """``_reason`` of a row, in SQL: why it is held back from the stages, else null."""
+def _guarded_value(limit: int) -> str:
+    """The ``value`` column in SQL, failing the task that reads a value over ``limit``
+    with the Python reader's reason, the record named first."""
     prefix, suffix = (_sql_string(part) for part in too_big_reason("\0", limit).split("\0"))
-    return f"CASE WHEN length(value) > {limit} THEN concat({prefix}, length(value), {suffix}) END"
+    where = "'record ', topic, '-', partition, ' at offset ', offset, ': '"
+    message = f"concat({where}, {prefix}, length(value), {suffix})"
+    return f"CASE WHEN length(value) > {limit} THEN raise_error({message}) ELSE value END AS value"
 
 
 def _sql_string(text: str) -> str:

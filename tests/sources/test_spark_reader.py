@@ -6,7 +6,7 @@ from ackstream.config import parse
 from ackstream.session import has_kafka_connector
 from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.kafka_ranges import read_ranges
-from ackstream.sources.rows import ReadTask
+from ackstream.sources.rows import ReadTask, too_big_reason
 from ackstream.sources.spark_reader import read_new_ranges
 
 pytestmark = [pytest.mark.broker]
@@ -18,11 +18,13 @@ def connector(spark):
         pytest.skip("Spark's Kafka connector is not on this session's class path")
 
 
-def test_both_readers_give_the_same_rows_roots_and_held_back_values(
+def test_both_readers_give_the_same_rows_and_roots_and_refuse_the_same_values(
     spark, connector, broker, new_topic
 ):
-    """Root, edge and attempt by the same hash, the same columns and values, and a value
-    over ``ackstream.maxValueBytes`` held back with the same reason."""
+    """Root, edge and attempt by the same hash, the same columns and values. A value over
+    ``ackstream.maxValueBytes``: the Python reader holds it back with its reason; Spark's
+    fails the job that reads it, with the same reason and the record's place, and a job
+    that does not read values is not stopped by it."""
     from kafka import KafkaProducer
 
     topic = new_topic(partitions=2)
@@ -47,10 +49,12 @@ def test_both_readers_give_the_same_rows_roots_and_held_back_values(
 
     by_spark = read_new_ranges(spark, config, offset)
     assert by_spark is not None
+    assert "_reason" not in by_spark.columns
+    small = by_spark.where("NOT (partition = 1 AND offset = 3)")  # record 7 left out
     spark_rows = {
-        (r["partition"], r["offset"]): r.asDict()
-        for r in by_spark.select(*columns, "_reason").collect()
+        (r["partition"], r["offset"]): r.asDict() for r in small.select(*columns).collect()
     }
+    lineage = by_spark.select("partition", "offset", "_root", "_edge", "_attempt").collect()
     upstream = KafkaUpstream(config)
     python_rows = {}
     for task in (ReadTask(topic, 0, 2, 15), ReadTask(topic, 1, 0, 15)):
@@ -59,22 +63,27 @@ def test_both_readers_give_the_same_rows_roots_and_held_back_values(
                 python_rows[(row["partition"], row["offset"])] = row
     upstream.close()
 
-    assert sorted(spark_rows) == sorted(python_rows)
-    assert len(spark_rows) == 13 + 15
-    for at, row in python_rows.items():
-        mine = spark_rows[at]
-        assert mine["_reason"] == row["_reason"]
-        assert (mine["_root"], mine["_edge"], mine["_attempt"]) == (
+    assert len(python_rows) == len(lineage) == 13 + 15
+    for r in lineage:
+        row = python_rows[(r["partition"], r["offset"])]
+        assert (r["_root"], r["_edge"], r["_attempt"]) == (
             row["_root"],
             row["_edge"],
             row["_attempt"],
         )
-        if row["_reason"] is None:  # a held-back row's payload is not the stages' to see
-            assert mine["key"] == row["key"] and mine["value"] == row["value"]
-            assert [(h["key"], bytes(h["value"])) for h in mine["headers"]] == [
-                (h["key"], h["value"]) for h in row["headers"]
-            ]
-    assert "maxValueBytes" in python_rows[(1, 3)]["_reason"]  # record 7: partition 1, offset 3
+    reason = python_rows.pop((1, 3))["_reason"]  # record 7: partition 1, offset 3
+    assert reason == too_big_reason(300, 100)
+    assert sorted(spark_rows) == sorted(python_rows)
+    for at, row in python_rows.items():
+        mine = spark_rows[at]
+        assert row["_reason"] is None
+        assert mine["key"] == row["key"] and mine["value"] == row["value"]
+        assert [(h["key"], bytes(h["value"])) for h in mine["headers"]] == [
+            (h["key"], h["value"]) for h in row["headers"]
+        ]
+    with pytest.raises(Exception) as failed:
+        by_spark.select("value").collect()
+    assert f"record {topic}-1 at offset 3: {reason}" in str(failed.value)
 
 
 def test_untracked_the_rows_have_no_held_back_column_and_keep_big_values(
