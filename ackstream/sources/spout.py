@@ -476,13 +476,12 @@ class Spout:
 
     def on_spark_commit(self, end: dict) -> None:
         """Spark finished a batch. Tracking off: commit its end (Spark's at-least-once);
-        tracking on: commits follow acks, so only take the chance to apply completions."""
+        tracking on: commits follow acks, and the roots' source timeouts start. The
+        completions are not read here: Spark calls this right after the next
+        ``latestOffset``, which has just read them."""
         self._add_new_partitions()  # first, as in next_offset
         if self.config.tracking:
-            now = self.clock()
-            self.tracker.started(now)
-            with self._blocked_time_not_charged():
-                self._poll(now)
+            self.tracker.started(self.clock())
             if "seq" in end:  # a restart resumes from this offset or a later one
                 self.state.forget_before(end["seq"])
         else:
