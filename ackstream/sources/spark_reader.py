@@ -65,10 +65,9 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
 def _guarded_value(limit: int) -> str:
     """The ``value`` column in SQL, failing the task that reads a value over ``limit``
     with the Python reader's reason, the record named first."""
-    prefix, suffix = (_sql_string(part) for part in too_big_reason("\0", limit).split("\0"))
-    where = "'record ', topic, '-', partition, ' at offset ', offset, ': '"
-    message = f"concat({where}, {prefix}, length(value), {suffix})"
-    return f"CASE WHEN length(value) > {limit} THEN raise_error({message}) ELSE value END AS value"
+    message = _sql_string(f"record %s-%d at offset %d: {too_big_reason('%d', limit)}")
+    raised = f"raise_error(format_string({message}, topic, partition, offset, length(value)))"
+    return f"CASE WHEN length(value) > {limit} THEN {raised} ELSE value END AS value"
 
 
 def _sql_string(text: str) -> str:
