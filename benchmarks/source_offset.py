@@ -5,9 +5,10 @@ The spout alone (generator upstream, local channel, a hand-moved clock; no Spark
 every 7th are acked, so a seventh of them stays in flight with done offsets around
 each. Then ``--batches`` steady batches of ``--batch`` new offsets per partition are
 planned, each after the previous one's completions (again all but every 7th acked),
-as Spark drives a source: ``next_offset`` plans a batch (and writes its state file),
-the batch's completions come, and ``on_spark_commit`` applies them and commits to the
-consumer group; both calls are timed. Prints one JSON line: the offset's size in
+as Spark drives a source: ``next_offset`` applies the completions that came since
+the last call, commits to the consumer group and plans a batch (writing its state
+file); the batch's completions come; ``on_spark_commit`` starts the batch's source
+timeouts. Both calls are timed. Prints one JSON line: the offset's size in
 bytes (the Spark offset log holds it per batch), the bytes of state written per steady
 batch (median and largest) and of the whole file they go against, and the median and
 largest planning time (wall clock, and the median in CPU time, which a loaded machine
@@ -93,7 +94,7 @@ def run(partitions: int, records: int, batch: int, batches: int, folder: str) ->
             written.append(os.path.getsize(spout.state.path(offset["seq"])))
             ack_all_but_every_7th(channel, offset)
             started = time.perf_counter()
-            spout.on_spark_commit(offset)  # Spark ran the batch: its completions applied here
+            spout.on_spark_commit(offset)  # Spark ran the batch (its completions: next round)
             commits.append(time.perf_counter() - started)
         return {
             "benchmark": "source_offset",
