@@ -307,14 +307,13 @@ class KafkaChannel:
     # --- plumbing ---------------------------------------------------------------
 
     def _send(self, topic: str, table: pa.Table, key: bytes | None) -> None:
-        """Produce ``table`` to ``topic``, waiting for every broker ack. A deleted topic
-        is named instead of kafka-python's timeouts: asked for first when the producer
-        does not know the topic's partitions (a send would block for ``max_block_ms``),
-        and while the acks are awaited (a record for a partition gone expires after
-        120 s). A producer that knows them sends at once: asking costs a metadata
-        request, a few milliseconds on every batch."""
+        """Produce ``table`` to ``topic``, waiting for every broker ack. The topic is
+        asked for first, and while the acks are awaited: a deleted topic is named
+        instead of kafka-python's timeouts (a send for a topic it does not know blocks
+        for ``max_block_ms``, a record for a partition gone expires after 120 s)."""
         from kafka.errors import KafkaError, KafkaTimeoutError
 
+        self._check_not_deleted(topic)
         with _PRODUCER_LOCK:
             if self._producer is None:
                 from kafka import KafkaProducer
@@ -329,8 +328,6 @@ class KafkaChannel:
                     )
                 )
             producer = self._producer
-        if not _knows_partitions(producer, topic):
-            self._check_not_deleted(topic)
         try:
             futures = [
                 producer.send(topic, key=key, value=encode(piece))
@@ -356,14 +353,3 @@ class KafkaChannel:
             self._producer = None
         with self._reading:
             self._close_consumer()
-
-
-def _knows_partitions(producer, topic: str) -> bool:
-    """Whether ``producer``'s cached metadata holds ``topic``'s partitions, so that a send
-    cannot wait for them; asked without a request (kafka-python keeps that cache under
-    a private name: where it is not found, the answer is no, and the topic is asked for)."""
-    metadata = getattr(producer, "_metadata", None)
-    try:
-        return bool(metadata.partitions_for_topic(topic))
-    except Exception:  # noqa: BLE001 - another kafka-python: ask the brokers instead
-        return False
