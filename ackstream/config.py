@@ -292,6 +292,12 @@ class SourceConfig:
         return f"{self.topology}@{self.kafka.group_id}"
 
     @property
+    def value_limit(self) -> int | None:
+        """The size over which a read value is rejected (``ackstream.maxValueBytes``);
+        None: no limit (untracked, or ``none``), since only tracking can dead-letter."""
+        return self.admission.max_value_bytes if self.tracking else None
+
+    @property
     def dead_letter_dir(self) -> str:
         """Parquet folder for dead letters when no dead-letter topic is configured."""
         return os.path.join(self.channel, "dead_letters")

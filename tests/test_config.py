@@ -270,6 +270,14 @@ def test_max_value_bytes_takes_none_for_no_limit():
     assert parse({**KAFKA, "ackstream.maxValueBytes": " None "}).admission.max_value_bytes is None
 
 
+def test_the_value_limit_holds_only_when_tracking():
+    """Untracked nothing can be dead-lettered, so no value is refused for its size."""
+    assert parse({**KAFKA, "ackstream.maxValueBytes": "4096"}).value_limit == 4096
+    untracked = {**KAFKA, "ackstream.maxValueBytes": "4096", "ackstream.tracking": "false"}
+    assert parse(untracked).value_limit is None
+    assert parse({**KAFKA, "ackstream.maxValueBytes": "none"}).value_limit is None
+
+
 def test_max_records_per_partition_is_sparks_option():
     assert (
         parse({**KAFKA, "maxRecordsPerPartition": "5000"}).admission.max_records_per_partition

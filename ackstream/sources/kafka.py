@@ -315,8 +315,7 @@ class KafkaUpstream:
         finished = False
         tp = (task.topic, task.partition)
         held: list[tuple[int, int, str]] = []  # (offset, attempt, reason)
-        # untracked, or with no size limit, nothing is held back for its size
-        limit = config.admission.max_value_bytes if config.tracking else None
+        limit = config.value_limit
         try:
             replayed = dict(task.replays)
             passes = [

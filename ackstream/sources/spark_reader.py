@@ -54,7 +54,7 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
         f"xxhash64({root}, {ids.SPOUT_STAGE}L, 0L) AS {EDGE}",
         f"0L AS {ATTEMPT}",
     ]
-    limit = config.admission.max_value_bytes if config.tracking else None
+    limit = config.value_limit
     if limit is None:
         return records.selectExpr("*", *lineage)
     kafka = kafka_columns(config.kafka.include_headers)
