@@ -11,12 +11,13 @@ its right outcome: a planned root no stage failed completes acked.
 
 A value over ``ackstream.maxValueBytes`` (tracked) is not held back here, as the
 Python reader holds it back: telling the batch about such rows costs a count on
-every batch (a Spark ``Observation``, a tenth of a small batch), for a record that
-is rare. Instead a job that reads such a value fails, naming the record and the
-option; the batch then fails as a whole, its records are replayed apart
-(:mod:`ackstream.topology.batch_failure`), and the Python reader, which reads
-replays, holds the record back as rejected. A stage that never reads the value
-never pays the check. Untracked, or with ``maxValueBytes=none``, there is no limit.
+every batch (a Spark ``Observation``, which stops code generation where it
+watches), for a record that is rare. Instead a job that reads such a value fails,
+naming the record and the option; the batch then fails as a whole, its records are
+replayed apart (:mod:`ackstream.topology.batch_failure`), and the Python reader,
+which reads replays, holds the record back as rejected. A stage that never reads
+the value never pays the check. Untracked, or with ``maxValueBytes=none``, there is
+no limit.
 
 Replays stay on the Python reader: they are few, single offsets, and each needs its
 own attempt number.
