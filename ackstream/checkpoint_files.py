@@ -9,13 +9,14 @@ Under Spark Connect this process has no JVM: a URL is read with a Spark job
 
 from __future__ import annotations
 
+import contextlib
 import os
 from urllib.parse import urlparse
 
 from ackstream.files import hidden_path, write_atomically
 from ackstream.session import is_connect
 
-__all__ = ["is_url", "read_text", "write_text"]
+__all__ = ["is_url", "list_names", "read_text", "remove", "write_text"]
 
 
 def is_url(path: str) -> bool:
@@ -65,6 +66,30 @@ def write_text(spark, path: str, text: str) -> bool:
     if not fs.rename(hidden, hadoop_path):
         raise OSError(f"could not rename {hidden_path(path)} to {path}")
     return True
+
+
+def list_names(spark, folder: str) -> list[str] | None:
+    """The names of the files in ``folder`` ([] if it does not exist); None under Spark
+    Connect for a URL (no JVM here to list it with)."""
+    if not is_url(folder):
+        return os.listdir(folder) if os.path.isdir(folder) else []
+    if is_connect(spark):
+        return None
+    fs, hadoop_path = _hadoop(spark, folder)
+    if not fs.exists(hadoop_path):
+        return []
+    return [status.getPath().getName() for status in fs.listStatus(hadoop_path)]
+
+
+def remove(spark, path: str) -> None:
+    """Delete the file at ``path`` if it is there (not under Spark Connect for a URL:
+    :func:`list_names` gave no name to remove)."""
+    if not is_url(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return
+    fs, hadoop_path = _hadoop(spark, path)
+    fs.delete(hadoop_path, False)
 
 
 def _write_local(path: str, text: str) -> None:

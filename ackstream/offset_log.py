@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
-from ackstream.checkpoint_files import is_url, read_text
+from ackstream.checkpoint_files import is_url, list_names, read_text, remove
 from ackstream.errors import AckstreamError
 
-__all__ = ["batch_timestamp_ms", "logged_offsets", "source_offsets"]
+__all__ = [
+    "batch_timestamp_ms",
+    "clear_unfinished_first_entry",
+    "logged_offsets",
+    "source_offsets",
+]
+
+#: The hidden file Spark writes an entry to before renaming it into place (and its checksum).
+_UNFINISHED_ENTRY = re.compile(r"^\.+\d+\..+\.tmp(\.crc)?$")
 
 
 def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
@@ -51,6 +60,25 @@ def batch_timestamp_ms(spark, checkpoint: str, batch_id: int) -> int:
     when the batch runs again after a crash)."""
     metadata = _logged(spark, checkpoint, batch_id).splitlines()[1]
     return int(json.loads(metadata)["batchTimestampMs"])
+
+
+def clear_unfinished_first_entry(spark, checkpoint: str) -> None:
+    """Remove what a query stopped while it wrote its first offset log entry left behind.
+
+    Spark writes an entry to a hidden temporary file and renames it into place; a stop
+    that lands between the two leaves the temporary file. A query whose log holds no
+    entry starts at batch 0, and Spark refuses to start it when the log's folder holds
+    any file at all (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``): without this, a
+    query stopped in its first planning could never start again from its checkpoint.
+    Once the log holds an entry, Spark passes over such leftovers. (Under Spark Connect
+    a checkpoint at a URL cannot be listed from here and is left as it is.)"""
+    folder = f"{checkpoint.rstrip('/')}/offsets"
+    names = list_names(spark, folder) or []
+    if any(name.isdigit() for name in names):
+        return
+    for name in names:
+        if _UNFINISHED_ENTRY.match(name):
+            remove(spark, f"{folder}/{name}")
 
 
 def _logged(spark, checkpoint: str, batch_id: int) -> str:

@@ -41,7 +41,7 @@ from ackstream.acker.pending_store import PendingStore
 from ackstream.channels import check_reach
 from ackstream.checkpoint_files import read_text, write_text
 from ackstream.errors import OptionError
-from ackstream.offset_log import batch_timestamp_ms
+from ackstream.offset_log import batch_timestamp_ms, clear_unfinished_first_entry
 from ackstream.records import (
     ACK_RECORD_SCHEMA,
     ALIVE,
@@ -210,6 +210,7 @@ def start_acker(
     )
     if query_name:
         writer = writer.queryName(query_name)
+    clear_unfinished_first_entry(spark, checkpoint)
     return writer.start()
 
 

@@ -24,7 +24,7 @@ from ackstream.acker.query import start_acker
 from ackstream.clock import now_ms
 from ackstream.config import parse_duration_ms
 from ackstream.errors import OptionError
-from ackstream.offset_log import logged_offsets
+from ackstream.offset_log import clear_unfinished_first_entry, logged_offsets
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.spark_reader import read_new_ranges
@@ -255,6 +255,7 @@ def start_topology(
             query_name=f"{topology.name}.acker",
         )
     try:
+        clear_unfinished_first_entry(topology.spark, offset_log)
         query = (
             tuples.writeStream.foreachBatch(function)
             .option("checkpointLocation", offset_log)
