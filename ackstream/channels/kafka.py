@@ -46,7 +46,7 @@ from ackstream.channels.messages import (
 from ackstream.errors import OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_options, client_settings
-from ackstream.kafka.topics import CHECK_EVERY_S, TopicListing, never_create_topics
+from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics, shared_listing
 from ackstream.ranges import expand
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
@@ -96,7 +96,7 @@ class KafkaChannel:
         self.acks_topic, self.done_topic = f"{topology}.acks", f"{topology}.done"
         self._producer: Any = None  # a KafkaProducer once one is needed
         self._consumer: Any = None  # a KafkaConsumer once one is needed
-        self._listing = TopicListing()  # of the consumer: is a topic deleted?
+        self._listing = shared_listing()  # is a topic deleted?
         self._outage = Outage(bootstrap)  # of the completion polls
         self._reading = threading.Lock()  # a consumer is not thread-safe
         #: topics this channel saw exist (made or read or written): only those can be
@@ -111,7 +111,7 @@ class KafkaChannel:
             "_producer": None,
             "_consumer": None,
             "_reading": None,
-            "_listing": TopicListing(),
+            "_listing": None,
         }
 
     def agreeing_with(self, source_options: Mapping[str, str]) -> KafkaChannel:
@@ -156,6 +156,7 @@ class KafkaChannel:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._reading = threading.Lock()
+        self._listing = shared_listing()
 
     def source_options(self) -> dict[str, str]:
         options = {"ackstream.channel": "kafka"}

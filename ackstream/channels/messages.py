@@ -75,7 +75,7 @@ def check_not_deleted(bootstrap: str, topic: str, consumer, listing: TopicListin
     query ran (see :mod:`ackstream.kafka.topics`): kafka-python would wait for it as for
     brokers that are down, then time out. Without a client (the brokers did not answer
     to make one) nothing can be told."""
-    if consumer is not None and deleted_topics([topic], lambda: listing.names(consumer)):
+    if consumer is not None and deleted_topics([topic], lambda: listing.names(consumer, [topic])):
         raise EnvironmentProblem(
             f"topic {topic!r} of the topology's Kafka channel was deleted from {bootstrap} "
             "while the query ran: the ack records or completions it held are lost",

@@ -15,7 +15,13 @@ from collections.abc import Callable, Collection, Container, Iterable
 
 from ackstream.clock import Clock, now_ms
 
-__all__ = ["CHECK_EVERY_S", "TopicListing", "deleted_topics", "never_create_topics"]
+__all__ = [
+    "CHECK_EVERY_S",
+    "TopicListing",
+    "deleted_topics",
+    "never_create_topics",
+    "shared_listing",
+]
 
 #: How often a client waiting on a topic (a producer's flush) asks whether it is there.
 CHECK_EVERY_S = 1.0
@@ -40,32 +46,61 @@ def deleted_topics(topics: Iterable[str], list_topics: Callable[[], Container[st
 
 
 class TopicListing:
-    """One client's listing of every topic name, asked of the brokers again only once the
+    """The listing of every topic name of one set of brokers, asked again only once a
     client would send the request at once. kafka-python holds a metadata request made
     within ``retry_backoff_ms`` of its last one until that much time has passed: a
     planner that asked when it planned a batch and again in the ``commit()`` Spark calls
     right after waited up to that long (100 ms by default) every batch, for a listing no
-    newer than the one it had. A
-    different client, or a call after :meth:`forget` (a request just failed: the answer
-    must be new), asks again at once."""
+    newer than the one it had. Clients of the same brokers (the same bootstrap servers
+    and security protocol) share the answer within that time (see :func:`shared_listing`).
+    A client of other brokers, or a call after :meth:`forget` (a request just failed:
+    the answer must be new), asks again at once."""
 
     def __init__(self, clock: Clock = now_ms):
         self._clock = clock
-        self._last: tuple[object, int, Collection[str]] | None = None
+        self._last: tuple[object, int, Collection[str]] | None = None  # asker, when, names
 
-    def names(self, client) -> Collection[str]:
-        """``client.topics()``, or its answer of less than the client's backoff ago."""
+    def names(self, client, having: Iterable[str] = ()) -> Collection[str]:
+        """``client.topics()``, or its answer of less than the client's backoff ago if
+        that lists every topic ``having`` names (one missing from it may have been made
+        since: the brokers are asked)."""
         last = self._last
         config = getattr(client, "config", None)  # kafka-python's settings
         backoff_ms = config.get("retry_backoff_ms", 100) if isinstance(config, dict) else 100
-        if last is not None and last[0] is client and self._clock() - last[1] < backoff_ms:
+        asker = _brokers(client) or client
+        if (
+            last is not None
+            and last[0] == asker
+            and self._clock() - last[1] < backoff_ms
+            and all(topic in last[2] for topic in having)
+        ):
             return last[2]
         names = client.topics()
-        self._last = (client, self._clock(), names)
+        self._last = (asker, self._clock(), names)
         return names
 
     def forget(self) -> None:
         self._last = None
+
+
+_SHARED = TopicListing()
+
+
+def shared_listing() -> TopicListing:
+    """The listing the long-lived clients of this process share: a source's planner asks
+    for its upstream topics and its Kafka channel's with two clients of the same brokers
+    every trigger, and one answer serves both."""
+    return _SHARED
+
+
+def _brokers(client) -> tuple[str, str] | None:
+    """Which brokers a kafka-python ``client`` asks (None when its settings do not say)."""
+    config = getattr(client, "config", None)
+    if not isinstance(config, dict) or not config.get("bootstrap_servers"):
+        return None
+    servers = config["bootstrap_servers"]
+    servers = [servers] if isinstance(servers, str) else list(servers)
+    return ",".join(sorted(servers)), str(config.get("security_protocol", "PLAINTEXT"))
 
 
 def never_create_topics(client):

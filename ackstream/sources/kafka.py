@@ -35,7 +35,7 @@ from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
-from ackstream.kafka.topics import TopicListing, deleted_topics, never_create_topics
+from ackstream.kafka.topics import deleted_topics, never_create_topics, shared_listing
 from ackstream.sources.rows import (
     NO_RECORD,
     TP,
@@ -67,7 +67,7 @@ class KafkaUpstream:
         self._client = None
         self._matched: tuple[float, list[str]] = (float("-inf"), [])  # subscribePattern
         self._ever_matched: set[str] = set()  # every topic subscribePattern matched
-        self._listing = TopicListing()  # asked in each plan and in the commit() after it
+        self._listing = shared_listing()  # asked in each plan and in the commit() after it
 
     @property
     def _consumer(self):
@@ -105,7 +105,7 @@ class KafkaUpstream:
             option, read = "subscribePattern", self._ever_matched
         else:
             option, read = "subscribe", set(config.kafka.topics)
-        gone = deleted_topics(read, lambda: self._listing.names(self._consumer))
+        gone = deleted_topics(read, lambda: self._listing.names(self._consumer, read))
         if gone:
             raise EnvironmentProblem(
                 f"topic {', '.join(map(repr, gone))} (option {option}) was deleted from "
