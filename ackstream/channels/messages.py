@@ -54,7 +54,9 @@ def decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
 def channel_consumer(bootstrap: str, settings: dict | None = None):
     """A consumer that reads channel topics by offset: no group, no commits. Its
     fetches wait at most 50 ms for data: a prefetch left pending at a partition's end
-    would otherwise hold the next read of a reused consumer for the broker's wait.
+    would otherwise hold the next read of a reused consumer for the broker's wait. A
+    read from an offset that retention deleted starts where the log starts now (see
+    :func:`~ackstream.kafka.reading.topic_ranges`).
     ``settings``: the shared client settings (security...), see
     :func:`ackstream.kafka.settings.client_settings`."""
     from kafka import KafkaConsumer
@@ -63,6 +65,7 @@ def channel_consumer(bootstrap: str, settings: dict | None = None):
         **(settings if settings is not None else client_settings({})),
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
+        auto_offset_reset="earliest",
         max_partition_fetch_bytes=16 << 20,
         fetch_max_bytes=64 << 20,
         fetch_max_wait_ms=50,

@@ -96,7 +96,10 @@ def read_records(
 def topic_ranges(consumer, topic: str, position: dict) -> list[tuple[int, int, int]]:
     """``(partition, start, end)`` for each partition of ``topic`` with records past
     ``position`` (``{"<partition>": next offset}``), by partition; none if the topic
-    does not exist."""
+    does not exist. A partition in ``position`` starts there, one not in it where its
+    log starts: a reader of a position that retention has deleted since starts at the
+    log's first offset itself (a consumer with ``auto_offset_reset='earliest'``), so a
+    position read on needs no second offset request."""
     from kafka import TopicPartition
 
     partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
@@ -104,12 +107,11 @@ def topic_ranges(consumer, topic: str, position: dict) -> list[tuple[int, int, i
         return []
     ends = end_offsets(consumer, partitions)
     newer = [tp for tp in partitions if ends[tp] > int(position.get(str(tp.partition), 0))]
-    if not newer:  # nothing past the position: where the log starts does not matter
-        return []
-    starts = consumer.beginning_offsets(newer)
+    unplaced = [tp for tp in newer if str(tp.partition) not in position]
+    starts = consumer.beginning_offsets(unplaced) if unplaced else {}
     out = []
     for tp in sorted(newer, key=lambda tp: tp.partition):
-        start = max(int(position.get(str(tp.partition), 0)), starts[tp])
+        start = starts[tp] if tp in starts else int(position[str(tp.partition)])
         if ends[tp] > start:
             out.append((tp.partition, start, ends[tp]))
     return out
