@@ -308,13 +308,15 @@ class KafkaChannel:
     # --- plumbing ---------------------------------------------------------------
 
     def _send(self, topic: str, table: pa.Table, key: bytes | None) -> None:
-        """Produce ``table`` to ``topic``, waiting for every broker ack. The topic is
-        asked for first, and while the acks are awaited: a deleted topic is named
-        instead of kafka-python's timeouts (a send for a topic it does not know blocks
-        for ``max_block_ms``, a record for a partition gone expires after 120 s)."""
+        """Produce ``table`` to ``topic``, waiting for every broker ack. A deleted topic
+        is named instead of kafka-python's timeouts: asked for first when the producer
+        does not know the topic's partitions (a send would block for ``max_block_ms``),
+        and every second while the acks are awaited (a record for a partition gone
+        expires after 120 s). A producer that knows them sends at once: asking costs a
+        metadata request on every batch. A send that fails drops its producer without
+        waiting for what it holds (see :func:`_close_now`)."""
         from kafka.errors import KafkaError, KafkaTimeoutError
 
-        self._check_not_deleted(topic)
         with _PRODUCER_LOCK:
             if self._producer is None:
                 from kafka import KafkaProducer
@@ -329,6 +331,8 @@ class KafkaChannel:
                     )
                 )
             producer = self._producer
+        if not _knows_partitions(producer, topic):
+            self._check_not_deleted(topic)
         try:
             futures = [
                 producer.send(topic, key=key, value=encode(piece))
@@ -343,10 +347,18 @@ class KafkaChannel:
             for future in futures:
                 future.get(timeout=30)  # raise if the broker did not take a message
             self._known.add(topic)
-        except KafkaError:
-            self._listing.forget()
-            self._check_not_deleted(topic)
+        except BaseException as failure:
+            self._drop_producer(producer)
+            if isinstance(failure, KafkaError):
+                self._listing.forget()
+                self._check_not_deleted(topic)
             raise
+
+    def _drop_producer(self, producer) -> None:
+        with _PRODUCER_LOCK:
+            if self._producer is producer:
+                self._producer = None
+        _close_now(producer)
 
     def close(self) -> None:
         if self._producer is not None:
@@ -354,3 +366,32 @@ class KafkaChannel:
             self._producer = None
         with self._reading:
             self._close_consumer()
+
+
+def _knows_partitions(producer, topic: str) -> bool:
+    """Whether ``producer``'s cached metadata holds ``topic``'s partitions, so that a send
+    cannot wait for them; asked without a request (kafka-python keeps that cache under
+    a private name: where it is not found, the answer is no, and the brokers are asked)."""
+    partitions_for_topic = getattr(
+        getattr(producer, "_metadata", None), "partitions_for_topic", None
+    )
+    try:
+        return partitions_for_topic is not None and bool(partitions_for_topic(topic))
+    except Exception:  # noqa: BLE001 - another kafka-python: ask the brokers instead
+        return False
+
+
+def _close_now(producer) -> None:
+    """Close ``producer`` dropping the records it still holds. kafka-python's
+    ``close(timeout)`` flushes first and raises when the flush does not end in time,
+    before it would force the close: a record for a deleted topic's partition held it
+    for the producer's delivery timeout (120 s). Its sender is told to force the close
+    first (a private name: where it is not found, the close waits as before)."""
+    from kafka.errors import KafkaTimeoutError
+
+    sender = getattr(producer, "_sender", None)
+    force_close = getattr(sender, "force_close", None)
+    if force_close is not None:
+        force_close()
+    with contextlib.suppress(KafkaTimeoutError):
+        producer.close(timeout=CHECK_EVERY_S)
