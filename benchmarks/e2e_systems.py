@@ -199,6 +199,7 @@ def work_spark_kafka(spark, a, stop, started) -> dict:
     from pyspark.sql import functions as F
 
     from ackstream.offset_log import source_offsets
+    from ackstream.sources.kafka_ranges import EXECUTOR_DEFAULTS
 
     checkpoint = os.path.join(a.workdir, "checkpoint")
     committer = KafkaConsumer(
@@ -231,6 +232,9 @@ def work_spark_kafka(spark, a, stop, started) -> dict:
     query = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", a.bootstrap)
+        # the records a poll may hand over, as ackstream's reader sets it: at Kafka's
+        # default of 500 the connector asks for offsets around every poll
+        .option("kafka.max.poll.records", EXECUTOR_DEFAULTS["max.poll.records"])
         .option("subscribe", a.input)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", a.max_per_batch)

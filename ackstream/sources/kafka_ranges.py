@@ -36,11 +36,15 @@ log = logging.getLogger(__name__)
 #: tasks borrow the consumers earlier batches left in the executors' pool
 EXECUTOR_GROUP = f"spark-kafka-ackstream-{uuid.uuid4().hex}"
 
-#: Kafka settings of the record RDD's consumers unless the source's options name them.
-#: Its ranges hold records already written, so a fetch the broker holds back waiting
+#: Kafka settings of the executors' consumers unless the source's options name them.
+#: Their ranges hold records already written, so a fetch the broker holds back waiting
 #: for new ones only delays the next fetch: with pooled consumers, a batch that read a
-#: backlog up to the end of its partitions waited out Kafka's default of 500 ms.
-EXECUTOR_DEFAULTS = {"fetch.max.wait.ms": "10"}
+#: backlog up to the end of its partitions waited out Kafka's default of 500 ms. And
+#: the connector asks the brokers for a partition's offsets around each poll: at
+#: Kafka's default of 500 records a poll, a batch of 20,000 records sent some 80
+#: offset requests besides its one or two fetches. A poll hands over what its fetches
+#: already hold, so a larger count costs no memory.
+EXECUTOR_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "100000"}
 
 _unavailable: list[str] = []  # why the record RDD cannot be used in this process
 
@@ -154,8 +158,9 @@ def _through_kafka_source(spark, config: SourceConfig, ranges) -> DataFrame:
         assign.setdefault(topic, []).append(partition)
         starts.setdefault(topic, {})[str(partition)] = start
         ends.setdefault(topic, {})[str(partition)] = end
+    settings = {**EXECUTOR_DEFAULTS, **_kafka_params(config)}
     options = {
-        **{f"kafka.{key}": value for key, value in _kafka_params(config).items()},
+        **{f"kafka.{key}": value for key, value in settings.items()},
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(starts),
         "endingOffsets": json.dumps(ends),

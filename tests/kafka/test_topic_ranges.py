@@ -6,25 +6,30 @@ import pytest
 
 from ackstream.kafka.reading import topic_ranges
 
+from helpers import produce
+
 pytestmark = [pytest.mark.broker]
 
 
-def test_ranges_start_at_the_position_or_the_log_start_and_end_at_the_end(broker, new_topic):
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+def five_records_three_taken(bootstrap: str, topic: str) -> None:
+    """m0..m4 in partition 0 of ``topic``, the first three deleted as retention would."""
+    from kafka import TopicPartition
     from kafka.admin import KafkaAdminClient
 
-    topic = new_topic(partitions=2)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for i in range(5):
-        producer.send(topic, b"m%d" % i, partition=0)
-    producer.send(topic, b"only", partition=1)
-    producer.flush()
-    producer.close()
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    produce(bootstrap, topic, [f"m{i}" for i in range(5)])
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.delete_records({TopicPartition(topic, 0): 3})  # as retention would
+        admin.delete_records({TopicPartition(topic, 0): 3})
     finally:
         admin.close()
+
+
+def test_ranges_start_at_the_position_or_the_log_start_and_end_at_the_end(broker, new_topic):
+    from kafka import KafkaConsumer
+
+    topic = new_topic(partitions=2)
+    five_records_three_taken(broker.bootstrap, topic)
+    produce(broker.bootstrap, topic, ["only"], partition=1)
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
     try:
         assert topic_ranges(consumer, topic, {}) == [(0, 3, 5), (1, 0, 1)]
@@ -36,22 +41,10 @@ def test_ranges_start_at_the_position_or_the_log_start_and_end_at_the_end(broker
 
 
 def test_a_channel_read_from_a_position_retention_took_starts_at_the_log_start(broker, new_topic):
-    from kafka import KafkaProducer, TopicPartition
-    from kafka.admin import KafkaAdminClient
-
     from ackstream.channels.messages import channel_consumer, fetch_messages
 
     topic = new_topic(partitions=1)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for i in range(5):
-        producer.send(topic, b"m%d" % i, partition=0)
-    producer.flush()
-    producer.close()
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    try:
-        admin.delete_records({TopicPartition(topic, 0): 3})
-    finally:
-        admin.close()
+    five_records_three_taken(broker.bootstrap, topic)
     consumer = channel_consumer(broker.bootstrap)
     try:
         [(partition, start, end)] = topic_ranges(consumer, topic, {"0": 1})
