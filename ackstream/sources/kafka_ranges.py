@@ -41,9 +41,9 @@ EXECUTOR_GROUP = f"spark-kafka-ackstream-{uuid.uuid4().hex}"
 #: for new ones only delays the next fetch: with pooled consumers, a batch that read a
 #: backlog up to the end of its partitions waited out Kafka's default of 500 ms. And
 #: the connector asks the brokers for a partition's offsets around each poll: at
-#: Kafka's default of 500 records a poll, a batch of 20,000 records sent some 80
-#: offset requests besides its one or two fetches. A poll hands over what its fetches
-#: already hold, so a larger count costs no memory.
+#: Kafka's default of 500 records a poll, a range read tens of polls, each with its
+#: offset requests, for the one or two fetches that brought its records. A poll hands
+#: over what its fetches already hold, so a larger count costs no memory.
 EXECUTOR_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "100000"}
 
 _unavailable: list[str] = []  # why the record RDD cannot be used in this process
