@@ -95,7 +95,7 @@ format: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix $(LINTED)
 	$(VENV)/bin/ruff format $(LINTED)
 
-bench: $(VENV)/.installed java
+bench: $(VENV)/.installed java kafka
 	$(PY) benchmarks/acker.py
 	cd benchmarks && ../$(PY) topology.py
 

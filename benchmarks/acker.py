@@ -1,9 +1,14 @@
 """Acker benchmark: ack records per second, four ways, in one run.
 
 - ``ledger``: the pure vectorised ``step`` in batches;
-- ``acker_query``: the real ``start_acker`` query on the local channel, with where its
-  time goes per batch (Spark's planning and commit, bringing the records to the driver,
-  checking them, the ledger, saving the pending table, writing completions);
+- ``acker_query``: the real ``start_acker`` query on the local channel, whose one
+  ledger runs on the driver, with where its time goes per batch (Spark's planning and
+  commit, bringing the records to the driver, checking them, the ledger, saving the
+  pending table, writing completions);
+- ``acker_query_kafka``: the real ``start_acker`` query on a Kafka channel (an Apache
+  Kafka broker on loopback, started here), one ledger per shard in the tasks that read
+  the acks topic's partitions, ``ackers=2``; the driver's rows a batch are counted to
+  show that no ack record reaches it (skipped when Kafka's jars are missing);
 - ``spark_per_root``: the design card's literal form, ``groupBy(root)`` with a per-root state;
 - ``storm_dict``: Storm's Acker.java algorithm as a plain Python dict in rotating buckets.
 
@@ -218,6 +223,7 @@ def bench_acker_query(
     and the seconds of each phase of its batches."""
     from pyspark.sql.classic.dataframe import DataFrame
 
+    from ackstream.acker import batch as acker_batch
     from ackstream.acker import query as acker_query
     from ackstream.acker.pending_store import PendingStore
     from ackstream.channels.local import LocalChannel
@@ -227,8 +233,8 @@ def bench_acker_query(
     timer = PhaseTimer()
     timer.wrap(DataFrame, "toArrow", "records_to_driver_by_spark")
     timer.wrap(acker_query, "batch_records", "read_batch_files")
-    timer.wrap(acker_query, "checked", "check")
-    timer.wrap(acker_query, "step", "ledger_step")
+    timer.wrap(acker_batch, "checked", "check")
+    timer.wrap(acker_batch, "step", "ledger_step")
     timer.wrap(PendingStore, "save", "save_pending")
     timer.wrap(acker_query, "report", "report")
     timer.wrap(channel, "write_completions", "write_completions")
@@ -255,6 +261,56 @@ def bench_acker_query(
         "files": files,
         "max_files_per_trigger": max_files_per_trigger,
         "phase_seconds": phases,
+    }
+
+
+def bench_acker_query_kafka(
+    spark,
+    records: pa.Table,
+    n_roots: int,
+    workdir: str,
+    bootstrap: str,
+    *,
+    limit_s: float = 900,
+    name: str = "acker",
+) -> dict:
+    """Records/s of the real acker query on a Kafka channel with two shards, from its
+    start to the last root's completion; the records are on the acks topic before it
+    starts, so they come in one batch. ``driver_rows_per_batch``: what the driver got."""
+    from ackstream.acker.query import start_acker
+    from ackstream.channels.kafka import KafkaChannel
+
+    channel = KafkaChannel(bootstrap, f"bench-{name}-{os.getpid()}-{time.time_ns()}")
+    channel.prepare()
+    for piece in records.to_batches(max_chunksize=200_000):
+        channel.write_acks(pa.Table.from_batches([piece]))
+    query = start_acker(
+        spark,
+        channel,
+        checkpoint=os.path.join(workdir, f"{name}-kafka-ckpt"),
+        ackers=2,
+        message_timeout_ms=TIMEOUT_MS,
+        trigger_ms=0,
+        query_name=f"bench_kafka_{name}",
+    )
+    try:
+        acked, other, seconds = _wait_completions(channel, query, n_roots, limit_s)
+        deadline = time.monotonic() + 30  # a batch reports after its shards wrote
+        while not _progress(query)["batches"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        progress = _progress(query)
+        rows = [p["numInputRows"] for p in query.recentProgress if "addBatch" in p["durationMs"]]
+    finally:
+        query.stop()
+        channel.close()
+    _check(acked, other, n_roots, name)
+    return {
+        "records_per_s": records.num_rows / seconds,
+        "roots_per_s": n_roots / seconds,
+        "seconds": seconds,
+        **progress,
+        "ackers": 2,
+        "driver_rows_per_batch": rows,
     }
 
 
@@ -481,8 +537,10 @@ def run(
     max_files_per_trigger: int | None = 10,
     state_roots: int = 20_000,
     workdir: str | None = None,
+    bootstrap: str | None = None,
 ) -> dict:
-    """Every measurement on ``spark``; returns the result dict (the JSON line)."""
+    """Every measurement on ``spark`` (the Kafka acker's on the broker at ``bootstrap``,
+    if given); returns the result dict (the JSON line)."""
     records = generate(roots, fanout)
     small = generate(per_root_roots, fanout, seed=1)
     warm_roots = max(1, min(roots, 10_000))
@@ -499,9 +557,18 @@ def run(
             max_files_per_trigger=2,
             name="warmup",
         )
+        kafka = None
+        if bootstrap:  # the same warm-up, then the two forms alternated
+            warm = generate(warm_roots, fanout, seed=3)
+            bench_acker_query_kafka(spark, warm, warm_roots, tmp, bootstrap, name="warmup")
+            kafka = bench_acker_query_kafka(spark, records, roots, tmp, bootstrap)
         acker = bench_acker_query(
             spark, records, roots, tmp, files=files, max_files_per_trigger=max_files_per_trigger
         )
+        if bootstrap:
+            again = bench_acker_query_kafka(spark, records, roots, tmp, bootstrap, name="again")
+            runs = [kafka, again]  # the mean of the runs before and after the local one
+            kafka = {"runs": runs, "records_per_s": sum(r["records_per_s"] for r in runs) / 2}
         per_root = bench_spark_per_root(spark, small, per_root_roots, tmp)
 
     def rate(figures):
@@ -514,6 +581,7 @@ def run(
         "ledger_records_per_s": rate(ledger),
         "acker_query_records_per_s": rate(acker),
         "acker_query_roots_per_s": acker["roots_per_s"],
+        "acker_query_kafka_records_per_s": rate(kafka) if kafka else None,
         "spark_per_root_records_per_s": rate(per_root),
         "storm_dict_records_per_s": rate(storm),
         "ratios": {
@@ -524,6 +592,11 @@ def run(
         "state_bytes_per_pending_root": size,
         "targets_met": {  # >= 1M records/s on 2 cores, <= 40 B a root
             "acker_query_1M_records_per_s": rate(acker) >= 1_000_000,
+            "acker_query_kafka_1M_records_per_s_no_record_to_driver": (
+                kafka is not None
+                and rate(kafka) >= 1_000_000
+                and all(set(r["driver_rows_per_batch"]) == {r["ackers"]} for r in kafka["runs"])
+            ),
             "acker_query_500x_per_root": rate(acker) >= 500 * rate(per_root),
             "state_40_bytes_per_root": max(v for k, v in size.items() if k.endswith("more_root"))
             <= 40,
@@ -544,6 +617,7 @@ def run(
         "detail": {
             "ledger": ledger,
             "acker_query": acker,
+            "acker_query_kafka": kafka,
             "spark_per_root": per_root,
             "storm_dict": storm,
         },
@@ -561,6 +635,7 @@ def main(argv=None) -> dict:
     p.add_argument("--max-files-per-trigger", type=int, default=10)
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results")
+    p.add_argument("--no-kafka", action="store_true", help="skip the Kafka channel's sharded acker")
     a = p.parse_args(argv)
     per = a.fanout + 2
     records = a.records or (20_000 if a.quick else 2_000_000)
@@ -568,6 +643,7 @@ def main(argv=None) -> dict:
 
     from ackstream import local_session
 
+    broker = None if a.no_kafka else _broker()
     spark = local_session("ackstream-bench", cores=a.cores)
     try:
         result = run(
@@ -578,11 +654,14 @@ def main(argv=None) -> dict:
             files=a.files,
             max_files_per_trigger=a.max_files_per_trigger,
             state_roots=2_000 if a.quick else 20_000,
+            bootstrap=broker.bootstrap if broker else None,
         )
     finally:
         for q in spark.streams.active:
             q.stop()
         spark.stop()
+        if broker:
+            broker.stop()
     line = json.dumps(result, sort_keys=False)
     print(line)
     if not a.no_save:
@@ -591,6 +670,18 @@ def main(argv=None) -> dict:
         with open(path, "w") as f:
             f.write(line + "\n")
     return result
+
+
+def _broker():
+    """An Apache Kafka broker on loopback (tests/broker.py), or None without Kafka's jars."""
+    sys.path.insert(0, os.path.join(os.path.dirname(RESULTS), "..", "tests"))
+    from broker import KafkaBroker
+
+    try:
+        return KafkaBroker().start()
+    except RuntimeError as missing:  # no jars: `make kafka` fetches them
+        print(f"acker benchmark: no Kafka channel run ({missing})", file=sys.stderr)
+        return None
 
 
 if __name__ == "__main__":

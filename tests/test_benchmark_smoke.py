@@ -26,7 +26,7 @@ def test_storm_dict_acks_every_root():
     assert acker.bench_storm_dict(table, 30)["records_per_s"] > 0
 
 
-def test_benchmark_run_reports_exact_counts_and_all_keys(spark, tmp_path):
+def test_benchmark_run_reports_exact_counts_and_all_keys(spark, broker, tmp_path):
     result = acker.run(
         spark,
         roots=60,
@@ -36,6 +36,7 @@ def test_benchmark_run_reports_exact_counts_and_all_keys(spark, tmp_path):
         max_files_per_trigger=2,
         state_roots=200,
         workdir=str(tmp_path),
+        bootstrap=broker.bootstrap,
     )
     for key in (
         "ledger_records_per_s",
@@ -57,6 +58,8 @@ def test_benchmark_run_reports_exact_counts_and_all_keys(spark, tmp_path):
     }
     assert result["records"]["main"] == 60 * 5 and result["records"]["per_root_form"] == 12 * 5
     assert result["acker_query_phase_seconds"]["ledger_step"] > 0
+    kafka_runs = result["detail"]["acker_query_kafka"]["runs"]
+    assert [set(r["driver_rows_per_batch"]) for r in kafka_runs] == [{2}, {2}]  # summaries
     assert result["state_bytes_per_pending_root"]["fanout_100_each_more_root"] <= 40
     assert {"nproc", "cpu", "python", "pyspark"} <= set(result["machine"])
     assert not spark.streams.active

@@ -7,7 +7,10 @@ place), and a batch starts from the newest table saved by an *earlier* batch. A 
 that Spark runs again after a crash (its offsets logged, its commit not) therefore
 starts from the same table as the first time, whatever that first run saved. The
 two newest files are kept; the table also stays in memory between batches, so a
-running acker reads its file only after a restart.
+running acker reads its file only after a restart. A store that is not the shard's
+only writer (a shard run in whichever executor process reads it, see
+:mod:`ackstream.acker.shards`) lists the folder first and keeps its copy only while it
+is still the newest table.
 
 A file is one Arrow IPC record batch of one row: the ledger's epoch, topic names
 and packed table (:meth:`Pending.to_state`), 40 bytes per pending root plus about a
@@ -42,8 +45,8 @@ class PendingStore:
     """Saves and restores the acker's pending table by batch id, in ``checkpoint``: a
     plain path, or a URL of a file system pyarrow knows (``hdfs://``, ``s3://``...)."""
 
-    def __init__(self, checkpoint: str):
-        self.checkpoint = checkpoint
+    def __init__(self, checkpoint: str, *, only_writer: bool = True):
+        self.checkpoint, self.only_writer = checkpoint, only_writer
         self.files = BatchFiles(f"{checkpoint.rstrip('/')}/{FOLDER}")
         self._cached: tuple[int, Pending] | None = None  # (batch id, table after it)
 
@@ -52,9 +55,11 @@ class PendingStore:
 
     def before(self, batch_id: int, now_ms: int) -> Pending:
         """The table as the newest batch before ``batch_id`` left it (empty at first)."""
-        if self._cached is not None and self._cached[0] < batch_id:
+        if self.only_writer and self._cached is not None and self._cached[0] < batch_id:
             return self._cached[1]
         earlier = self.files.newest_before(batch_id)
+        if self._cached is not None and self._cached[0] == earlier:
+            return self._cached[1]
         if earlier is None:
             return Pending.empty(now_ms)
         row = self.files.read(earlier).to_pylist()[0]

@@ -1,28 +1,37 @@
 """The acker as a Spark streaming query: ``foreachBatch`` over the ack channel.
 
-Each micro-batch brings the batch's ack records to the driver as one Arrow table,
-checks them, and runs the vectorised ledger (:func:`~ackstream.acker.ledger.step`)
-over them and the pending table the previous batch left; the table lives in
-memory and in the checkpoint (:mod:`ackstream.acker.pending_store`). No shuffle,
-no per-key Python call, no Spark state store: those cost about twenty times the
-ledger itself when the acker was an ``applyInPandasWithState`` keyed by shard (see
-docs/architecture.md). The ledger's time is the batch's timestamp from Spark's
-offset log, so a batch run again after a crash yields the same completions.
+Where the ledger runs depends on the channel, which says so
+(:attr:`~ackstream.channels.base.Channel.ack_shards`):
+
+- a channel that keeps each root's ack records in one partition of its acks (the
+  Kafka channel) has them read by one Spark task per partition, which runs that
+  shard's ledger where it read them (:mod:`ackstream.acker.shards`); the driver gets
+  one summary row per shard;
+- otherwise (the local channel) each micro-batch brings the batch's ack records to
+  the driver as one Arrow table, and one ledger runs over them there.
+
+Either way a batch (:class:`~ackstream.acker.batch.Acker`) checks its records and runs
+the vectorised ledger (:func:`~ackstream.acker.ledger.step`) over them and the
+pending table the previous batch left; the table lives in memory and in the
+checkpoint (:mod:`ackstream.acker.pending_store`). No shuffle, no per-key Python
+call, no Spark state store: those cost about twenty times the ledger itself when
+the acker was an ``applyInPandasWithState`` keyed by shard (see
+docs/architecture.md). The ledger's time is fixed when Spark plans the batch, so a
+batch run again after a crash yields the same completions.
 
 A batch runs only when records arrive and expires overdue roots by their deadlines.
 So an idle acker needs a record to wake it: the source writes a
 :func:`~ackstream.records.tick` while one of its roots is past the message timeout
 (Storm's tick tuple). The acker answers the batch's latest tick with a ``caught_up``
-completion carrying the tick's time: it has read every ack record written before
-it, so the source may time out what is still open then (and only then: an acker
-that is down or behind never makes the source give up on trees it will settle).
+completion carrying the tick's time, written after every other completion of the
+batch: it has read every ack record written before the tick, so the source may time
+out what is still open then (and only then: an acker that is down or behind never
+makes the source give up on trees it will settle).
 
-Any process may write to the ack channel, so the acker trusts nothing: a record
-it cannot use (a null root or value, unknown kind bits, an init without
-coordinates, a message that is not ack records) becomes an ``invalid``
-completion saying why, and a root whose init never comes an ``unknown`` one.
-Both are logged by the acker, counted by ``ackstream status``, and ignored by
-the source; neither stops the query.
+Records the acker cannot use become ``invalid`` completions and roots whose init
+never comes ``unknown`` ones (see :mod:`ackstream.acker.batch`); both are logged by
+the acker, counted by ``ackstream status``, and ignored by the source; neither
+stops the query.
 """
 
 from __future__ import annotations
@@ -30,141 +39,25 @@ from __future__ import annotations
 import json
 import logging
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
+from ackstream.acker.batch import Acker, caught_up, latest_tick_ms
 from ackstream.acker.file_batch import batch_records
-from ackstream.acker.ledger import notices, step
-from ackstream.acker.pending_store import PendingStore
+from ackstream.acker.shards import ShardLedger
 from ackstream.channels import check_reach
 from ackstream.checkpoint_files import read_text, write_text
 from ackstream.errors import OptionError
 from ackstream.offset_log import batch_timestamp_ms, clear_unfinished_first_entry
-from ackstream.records import (
-    ACK_RECORD_SCHEMA,
-    ALIVE,
-    CAUGHT_UP,
-    COMPLETION_SCHEMA,
-    INIT,
-    INVALID,
-    KINDS,
-    RESET,
-    TICK,
-    UNKNOWN,
-    as_table,
-    completion_table,
-)
+from ackstream.records import INVALID, UNKNOWN
 from ackstream.session import check_picklable, is_connect, master_of
 
-__all__ = ["Acker", "checked", "start_acker"]
+__all__ = ["check_shard_count", "start_acker"]
 
 #: In the acker's checkpoint: the shard count it was started with.
 SHARDS_FILE = "ackstream-shards.json"
 
 log = logging.getLogger(__name__)
-
-
-class Acker:
-    """One acker's batches: records in, completions out, the pending table kept."""
-
-    def __init__(self, checkpoint: str, message_timeout_ms: int):
-        self.store = PendingStore(checkpoint)
-        self.message_timeout_ms = message_timeout_ms
-
-    def run(self, records: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
-        """The completions of batch ``batch_id`` of ack ``records`` at ``now_ms``."""
-        usable, invalid = checked(records, now_ms)
-        before = self.store.before(batch_id, now_ms)
-        pending, done = step(before, usable, now_ms, self.message_timeout_ms)
-        if usable.num_rows or len(done) or pending.epoch_ms != before.epoch_ms:
-            self.store.save(batch_id, pending)
-        alive = _alive(usable, pending, now_ms)
-        done = as_table(done, COMPLETION_SCHEMA)
-        echo = _caught_up(records)
-        return pa.concat_tables([t for t in (invalid, alive, done, echo) if t is not None])
-
-
-def _caught_up(records: pa.Table) -> pa.Table | None:
-    """The echo of the batch's latest tick (its ``value`` is the source's time when it
-    wrote it): every ack record written before that tick was in this batch or an
-    earlier one, so the source may time out roots whose deadline is before it."""
-    records = as_table(records, ACK_RECORD_SCHEMA)
-    kind = pc.fill_null(records.column("kind"), 0)
-    ticks = records.filter(pc.not_equal(pc.bit_wise_and(kind, TICK), 0))
-    latest = pc.max(ticks.column("value")).as_py() if ticks.num_rows else None
-    return None if latest is None else completion_table([0], CAUGHT_UP, completed_ms=latest)
-
-
-def _alive(records: pa.Table, pending, now_ms: int) -> pa.Table | None:
-    """``alive`` notices for the roots a reset record of this batch kept pending, so that
-    the source restarts its own timeout for them too (Storm's resetTimeout); each names
-    its record's coordinates, which the source finds it by without minting ids."""
-    if not records.num_rows or not len(pending):
-        return None
-    kind = records.column("kind").to_numpy()
-    reset = records.column("root").to_numpy()[(kind & RESET) != 0]
-    if not len(reset):
-        return None
-    alive = notices(pending, reset, ALIVE, now_ms)
-    return as_table(alive, COMPLETION_SCHEMA) if len(alive) else None
-
-
-def checked(records: pa.Table, now_ms: int) -> tuple[pa.Table, pa.Table | None]:
-    """Split ack ``records`` into those the ledger can use (ticks dropped, a missing ts
-    set to ``now_ms``) and ``invalid`` completions for the rest, saying why each one
-    is unusable (None if all are usable)."""
-    records = as_table(records, ACK_RECORD_SCHEMA)
-    kind = pc.fill_null(records.column("kind"), 0).to_numpy()
-    is_init = (kind & INIT) != 0
-    bad = (
-        _nulls(records, "root")
-        | _nulls(records, "value")
-        | _nulls(records, "kind")
-        | (kind < 0)
-        | ((kind & ~KINDS & 0x7F) != 0)
-        | (is_init & (_nulls(records, "topic") | _nulls(records, "partition")))
-        | (is_init & _nulls(records, "offset"))
-    )
-    keep = ~bad & ((kind & TICK) == 0)
-    usable = records if keep.all() else records.filter(pa.array(keep))
-    if usable.column("ts").null_count:
-        usable = usable.set_column(
-            usable.schema.get_field_index("ts"), "ts", pc.fill_null(usable.column("ts"), now_ms)
-        )
-    if not bad.any():
-        return usable, None
-    rows = records.filter(pa.array(bad)).to_pylist()  # few: Python is fine here
-    return usable, completion_table(
-        pa.array([r["root"] for r in rows], pa.int64()),
-        INVALID,
-        completed_ms=now_ms,
-        reason=[_why(r) for r in rows],
-    )
-
-
-def _nulls(records: pa.Table, name: str) -> np.ndarray:
-    column = records.column(name)
-    if not column.null_count:
-        return np.zeros(records.num_rows, bool)
-    return pc.is_null(column).to_numpy(zero_copy_only=False)
-
-
-def _why(record: dict) -> str:
-    """Why the acker cannot use ``record``, with the record's own reason if it has one."""
-    kind = record["kind"]
-    if record["root"] is None:
-        why = "root is null"
-    elif record["value"] is None:
-        why = "value is null"
-    elif kind is None:
-        why = "kind is null"
-    elif kind < 0 or kind & ~KINDS & 0x7F:
-        why = f"kind {kind} has unknown bits"
-    else:
-        why = "init record without topic, partition or offset"
-    return f"{why}: {record['reason']}" if record["reason"] is not None else why
 
 
 def start_acker(
@@ -181,30 +74,27 @@ def start_acker(
 ):
     """Start the acker query: ack records from ``channel`` in, completions to ``channel`` out.
 
-    Restarting with the same ``checkpoint`` resumes every pending root. ``ackers``
-    (shards) and ``tick_ms`` are checked and kept for the callers that pass them; the
-    ledger runs as one table on the driver, where one core handles over a million
-    records a second.
+    Restarting with the same ``checkpoint`` resumes every pending root. ``ackers`` is
+    the shard count: a channel that keeps its acks by shard must have as many
+    partitions, one ledger each, on the executors; otherwise the shards are kept
+    together by one ledger on the driver, where one core handles over a million
+    records a second. ``tick_ms`` is kept for the callers that pass it.
     """
     check_reach(channel, master_of(spark))  # its file stream reads on the executors
     check_shard_count(spark, checkpoint, ackers)
     channel.prepare()
-    records = channel.ack_stream(spark, max_files_per_trigger=max_files_per_trigger)
-    acker = Acker(checkpoint, message_timeout_ms)
-    reads_files = channel.ack_files  # its batches' files are named by Spark
-
-    def write(batch: DataFrame, batch_id: int) -> None:
-
-        now_ms = batch_timestamp_ms(batch.sparkSession, checkpoint, batch_id)
-        records = batch_records(checkpoint, batch_id) if reads_files else None
-        table = acker.run(batch.toArrow() if records is None else records, batch_id, now_ms)
-        report(table, batch_id)
-        channel.write_completions(table, batch_id)
-
+    shards = channel.ack_shards
+    if shards is not None:
+        ledger = ShardLedger(channel, checkpoint, message_timeout_ms)
+        write = _writing_shard_summaries(channel)
+        stream = shards.shard_stream(spark, ledger, ackers)
+    else:
+        write = _running_the_ledger(channel, checkpoint, message_timeout_ms)
+        stream = channel.ack_stream(spark, max_files_per_trigger=max_files_per_trigger)
     if is_connect(spark):  # the function is pickled to the server with the channel
         check_picklable(write, f"the acker of channel {channel!r}")
     writer = (
-        records.writeStream.foreachBatch(write)
+        stream.writeStream.foreachBatch(write)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{trigger_ms} milliseconds")
     )
@@ -212,6 +102,51 @@ def start_acker(
         writer = writer.queryName(query_name)
     clear_unfinished_first_entry(spark, checkpoint)
     return writer.start()
+
+
+def _running_the_ledger(channel, checkpoint: str, message_timeout_ms: int):
+    """The ``foreachBatch`` function that brings each batch's records to the driver and
+    runs one ledger over them."""
+    acker = Acker(checkpoint, message_timeout_ms)
+    reads_files = channel.ack_files  # its batches' files are named by Spark
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        now_ms = batch_timestamp_ms(batch.sparkSession, checkpoint, batch_id)
+        records = batch_records(checkpoint, batch_id) if reads_files else None
+        records = batch.toArrow() if records is None else records
+        table = acker.run(records, batch_id, now_ms)
+        echo = caught_up(latest_tick_ms(records))
+        table = table if echo is None else pa.concat_tables([table, echo])
+        report(table, batch_id)
+        channel.write_completions(table, batch_id)
+
+    return write
+
+
+def _writing_shard_summaries(channel):
+    """The ``foreachBatch`` function of a sharded acker: its shards ran where they read
+    their records and wrote their completions; it logs what they could not use and
+    then writes the ``caught_up`` echo of the batch's latest tick."""
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        summaries = batch.collect()  # one row per shard: running them runs the ledgers
+        for kind in (INVALID, UNKNOWN):
+            found = [s for s in summaries if s[kind]]
+            if found:
+                example = found[0]
+                _warn(
+                    batch_id,
+                    kind,
+                    sum(s[kind] for s in found),
+                    example[f"{kind}_root"],
+                    example[f"{kind}_reason"],
+                )
+        ticks = [s["tick_ms"] for s in summaries if s["tick_ms"] is not None]
+        echo = caught_up(max(ticks) if ticks else None)
+        if echo is not None:
+            channel.write_completions(echo, batch_id)
+
+    return write
 
 
 def check_shard_count(spark, checkpoint: str, ackers: int) -> None:
@@ -254,11 +189,16 @@ def report(table: pa.Table, batch_id: int) -> None:
         count = status.count(kind)
         if count:
             first = status.index(kind)
-            log.warning(
-                "ackstream acker batch %d: %d %s record(s) ignored, e.g. root %s: %s",
-                batch_id,
-                count,
-                kind,
-                table.column("root")[first].as_py(),
-                table.column("reason")[first].as_py() or "its init never came",
-            )
+            reason = table.column("reason")[first].as_py()
+            _warn(batch_id, kind, count, table.column("root")[first].as_py(), reason)
+
+
+def _warn(batch_id: int, kind: str, count: int, root, reason: str | None) -> None:
+    log.warning(
+        "ackstream acker batch %d: %d %s record(s) ignored, e.g. root %s: %s",
+        batch_id,
+        count,
+        kind,
+        root,
+        reason or "its init never came",
+    )

@@ -1,7 +1,15 @@
-"""``ackstream-channel``: the acks topic of a Kafka channel as a Spark stream, for the acker.
+"""The acks topic of a Kafka channel as a Spark stream, for the acker.
+
+Two sources over the same topic: ``ackstream-channel`` streams the ack records
+themselves; a :class:`ShardSource` runs a function over each partition's records of
+a batch in the task that reads them and streams what it returns (the acker's one
+ledger per shard, :mod:`ackstream.acker.shards`). A shard source's offsets carry the
+batch's number and its planning time besides the partitions' positions, so a batch
+Spark runs again after a crash passes the function the same of both; each batch
+reads every partition that ever held a message, new records or not.
 
 Planning runs beside the driver, ``read()`` on executors; both read through
-:mod:`ackstream.channels.kafka`'s helpers. Planning runs every acker trigger in one
+:mod:`ackstream.channels.messages`' helpers. Planning runs every acker trigger in one
 long-lived process, so it keeps one consumer; each ``read()`` makes its own and
 closes it (a task's worker process shares nothing with the planner). A message
 that is not ack records becomes one null record carrying why, which the acker
@@ -11,7 +19,9 @@ reports as ``invalid``.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -23,12 +33,13 @@ from ackstream.channels.messages import (
     fetch_messages,
     message_ranges,
 )
+from ackstream.errors import OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import TopicListing
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
-__all__ = ["ChannelSource"]
+__all__ = ["ChannelSource", "ShardSource"]
 
 log = logging.getLogger(__name__)
 
@@ -110,18 +121,7 @@ class _ChannelReader(DataSourceStreamReader):
         ]
 
     def read(self, partition: MessageRange):  # type: ignore[override]  # ours, from partitions()
-        for offset, message in fetch_messages(
-            self.bootstrap,
-            self.topic,
-            partition.partition,
-            partition.start,
-            partition.end,
-            settings=self.settings,
-        ):
-            table = decode(message, ACK_RECORD_SCHEMA, self.topic, partition.partition, offset)
-            if isinstance(table, str):  # one null record carrying why: the acker reports it
-                table = pa.Table.from_pylist([{"reason": table}], schema=ACK_RECORD_SCHEMA)
-            yield from table.to_batches()
+        yield from _records(self, partition).to_batches()
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the acker's checkpoint holds its position."""
@@ -131,3 +131,105 @@ class _ChannelReader(DataSourceStreamReader):
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+
+
+def _records(reader: _ChannelReader, partition: MessageRange) -> pa.Table:
+    """The ack records of ``partition``'s messages, read on an executor."""
+    tables = [ACK_RECORD_SCHEMA.empty_table()]
+    if partition.end > partition.start:
+        for offset, message in fetch_messages(
+            reader.bootstrap,
+            reader.topic,
+            partition.partition,
+            partition.start,
+            partition.end,
+            settings=reader.settings,
+        ):
+            table = decode(message, ACK_RECORD_SCHEMA, reader.topic, partition.partition, offset)
+            if isinstance(table, str):  # one null record carrying why: the acker reports it
+                table = pa.Table.from_pylist([{"reason": table}], schema=ACK_RECORD_SCHEMA)
+            tables.append(table)
+    return pa.concat_tables(tables)
+
+
+@dataclass
+class ShardRange(MessageRange):
+    """One partition's messages of a shard source's batch, with the batch's number and
+    planning time."""
+
+    batch: int = 0
+    now_ms: int = 0
+
+
+#: In a shard source's offsets, beside the partitions' positions.
+_BATCH, _NOW = "batch", "now"
+
+
+class ShardSource(ChannelSource):
+    """Runs ``run_shard(records, partition, batch, now_ms)`` over each partition's ack
+    records of a batch where they are read, and streams the rows it returns (its
+    ``ddl``). Options as for ``ackstream-channel``, and ``shards``: the partitions the
+    topic must have (a partition beyond them stops the query, naming it)."""
+
+    run_shard: Any = None  # set by :meth:`running`
+
+    @classmethod
+    def running(cls, run_shard, name: str) -> type[ShardSource]:
+        """A source class, registered as ``name``, that runs ``run_shard``."""
+        return type(
+            "ShardSource",
+            (cls,),
+            {"run_shard": run_shard, "name": classmethod(lambda _: name)},
+        )
+
+    def schema(self) -> str:
+        return self.run_shard.ddl
+
+    def streamReader(self, schema):
+        settings = client_settings(
+            {k: v for k, v in self.options.items() if str(k).lower().startswith("kafka.")}
+        )
+        return _ShardReader(
+            self.options["kafka.bootstrap.servers"],
+            self.options["topic"],
+            settings,
+            run_shard=self.run_shard,
+            shards=int(self.options["shards"]),
+        )
+
+
+class _ShardReader(_ChannelReader):
+    def __init__(self, bootstrap: str, topic: str, settings: dict, *, run_shard, shards: int):
+        super().__init__(bootstrap, topic, settings)
+        self.run_shard, self.shards = run_shard, shards
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        """The partitions' end offsets, and the next batch's number and time once any
+        partition has new messages (the same offsets otherwise: no batch)."""
+        positions = {p: e for p, e in start.items() if p not in (_BATCH, _NOW)}
+        ends = super().latestOffset(positions, limit)
+        beyond = sorted(int(p) for p in ends if int(p) >= self.shards)
+        if beyond:
+            raise OptionError(
+                "ackers",
+                self.shards,
+                f"the partition count of the acks topic {self.topic!r}, which has partition "
+                f"{max(beyond)} now (each partition is one acker shard: were partitions "
+                "added while the acker ran?); start the topology and its acker from new "
+                f"checkpoints with ackers={max(beyond) + 1}",
+            )
+        if ends == positions:
+            return dict(start)
+        return {**ends, _BATCH: int(start.get(_BATCH, -1)) + 1, _NOW: int(time.time() * 1000)}
+
+    def partitions(self, start: dict, end: dict):
+        batch, now_ms = int(end.get(_BATCH, 0)), int(end.get(_NOW, 0))
+        return [
+            ShardRange(int(p), int(start.get(p, 0)), int(e), batch, now_ms)
+            for p, e in sorted(end.items(), key=lambda item: item[0])
+            if p not in (_BATCH, _NOW)
+        ]
+
+    def read(self, partition: ShardRange):  # type: ignore[override]  # ours, from partitions()
+        records = _records(self, partition)
+        yield self.run_shard(records, partition.partition, partition.batch, partition.now_ms)

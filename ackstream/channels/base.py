@@ -19,9 +19,24 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-__all__ = ["Channel", "Position"]
+__all__ = ["Channel", "Position", "ShardedAcks"]
 
 Position = Any  #: JSON-able; None means "from the first completion"
+
+
+@runtime_checkable
+class ShardedAcks(Protocol):
+    """Acks kept by shard: every ack record of a root is in partition
+    ``pmod(root, partitions)``, so one task can run the ledger of a partition alone."""
+
+    def shard_stream(self, spark, run_shard, shards: int):
+        """A streaming DataFrame whose every batch calls ``run_shard(records, partition,
+        batch, now_ms)`` once for each partition that ever held records, in the task
+        that reads that partition's new records (an Arrow table, ``ACK_RECORD_SCHEMA``);
+        its rows are what it returns (``run_shard.ddl``). ``batch`` and ``now_ms`` are
+        the same when Spark runs a batch again. An
+        :class:`~ackstream.errors.OptionError` naming ``ackers`` unless the acks have
+        ``shards`` partitions."""
 
 
 @runtime_checkable
@@ -34,6 +49,12 @@ class Channel(Protocol):
     #: Whether :meth:`ack_stream` is Spark's file source over files this channel wrote
     #: (the acker then reads a batch's files itself, as Spark logged them).
     ack_files: bool
+
+    @property
+    def ack_shards(self) -> ShardedAcks | None:
+        """The acks as shards, when the channel keeps them so: the acker then runs one
+        ledger per shard where its records are read. None: the acker reads each
+        batch's records on the driver (:meth:`ack_stream`)."""
 
     def source_options(self) -> dict[str, str]:
         """The options a source that reads this channel is given: ``ackstream.channel``

@@ -5,10 +5,12 @@ message carries a slice of records as one Arrow IPC stream (ack records or
 completions), so a batch of a hundred thousand roots is a handful of messages,
 and any process with kafka-python and pyarrow can write ack records.
 
-The acker query reads the acks topic through a small Python data source
-(:mod:`ackstream.channels.ack_source`), registered on first use. Completions are produced from
-the acker's ``foreachBatch`` and from topology batches (the trees they settle
-themselves), on the driver, keyed by batch id; a batch re-run after a crash may
+Every ack record of a root goes to partition ``pmod(root, partitions)`` of the acks
+topic, so each partition is one acker shard: the acker reads the topic through a
+small Python data source (:mod:`ackstream.channels.ack_source`) whose read task for
+a partition runs that shard's ledger (:meth:`KafkaChannel.shard_stream`).
+Completions are produced by the acker's tasks and by topology batches (the trees
+they settle themselves), keyed by batch id; a batch re-run after a crash may
 produce its completions twice, which the source ignores (a root it no longer
 tracks is not acted on).
 
@@ -32,6 +34,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -104,6 +107,11 @@ class KafkaChannel:
         self._known: set[str] = set()
 
     ack_files = False  # the acks topic, read by Spark's stream of it
+
+    @property
+    def ack_shards(self) -> KafkaChannel:
+        """The channel itself: its acks topic's partitions are the acker's shards."""
+        return self
 
     def __getstate__(self):
         return {
@@ -197,8 +205,37 @@ class KafkaChannel:
     # --- ack records ------------------------------------------------------------
 
     def write_acks(self, records: pa.Table | pd.DataFrame) -> None:
-        """Append ack records; returns once the broker confirmed every message."""
-        self._send(self.acks_topic, as_table(records, ACK_RECORD_SCHEMA), key=None)
+        """Append ack records, each to the partition of its root's shard; returns once
+        the broker confirmed every message."""
+        self._send(self.acks_topic, as_table(records, ACK_RECORD_SCHEMA), key=None, by_root=True)
+
+    def shard_stream(self, spark, run_shard, shards: int):
+        """The acks topic as a stream of what ``run_shard(records, partition, batch,
+        now_ms)`` returns for each partition's records of a batch, run in the task that
+        reads them (see :class:`~ackstream.channels.ack_source.ShardSource`). An
+        :class:`OptionError` unless the topic has ``shards`` partitions."""
+        from ackstream.channels.ack_source import ShardSource
+
+        with self._reader() as consumer:
+            found = consumer.partitions_for_topic(self.acks_topic) or set()
+        if len(found) != shards:
+            raise OptionError(
+                "ackers",
+                shards,
+                f"{len(found)}, the partitions of the acks topic {self.acks_topic!r} (each "
+                "is one acker shard): give the topology as many ackers as its "
+                "KafkaChannel has partitions",
+            )
+        source = ShardSource.running(run_shard, f"ackstream-acker-{self.acks_topic}")
+        spark.dataSource.register(source)
+        return (
+            spark.readStream.format(source.name())
+            .options(**self.kafka_options)
+            .option("kafka.bootstrap.servers", self.bootstrap)
+            .option("topic", self.acks_topic)
+            .option("shards", str(shards))
+            .load()
+        )
 
     def ack_stream(self, spark, max_files_per_trigger: int | None = None):
         """The ack records as a streaming DataFrame, for the acker query."""
@@ -307,8 +344,9 @@ class KafkaChannel:
 
     # --- plumbing ---------------------------------------------------------------
 
-    def _send(self, topic: str, table: pa.Table, key: bytes | None) -> None:
-        """Produce ``table`` to ``topic``, waiting for every broker ack. A deleted topic
+    def _send(self, topic: str, table: pa.Table, key: bytes | None, by_root=False) -> None:
+        """Produce ``table`` to ``topic``, waiting for every broker ack; ``by_root``: each
+        row to partition ``pmod(root, partitions)``. A deleted topic
         is named instead of kafka-python's timeouts: asked for first when the producer
         does not know the topic's partitions (a send would block for ``max_block_ms``),
         and every second while the acks are awaited (a record for a partition gone
@@ -334,9 +372,13 @@ class KafkaChannel:
         if not _knows_partitions(producer, topic):
             self._check_not_deleted(topic)
         try:
+            pieces = (
+                _by_root(table, len(producer.partitions_for(topic))) if by_root else {None: table}
+            )
             futures = [
-                producer.send(topic, key=key, value=encode(piece))
-                for piece in table.to_batches(max_chunksize=ROWS_PER_MESSAGE)
+                producer.send(topic, key=key, value=encode(piece), partition=partition)
+                for partition, rows in pieces.items()
+                for piece in rows.to_batches(max_chunksize=ROWS_PER_MESSAGE)
             ]
             while True:
                 try:
@@ -366,6 +408,16 @@ class KafkaChannel:
             self._producer = None
         with self._reading:
             self._close_consumer()
+
+
+def _by_root(table: pa.Table, partitions: int) -> dict[int | None, pa.Table]:
+    """``table``'s rows by the partition of their root, ``pmod(root, partitions)``; a
+    row without a root (which the acker reports as invalid) goes with partition 0."""
+    root = table.column("root").fill_null(0).to_numpy()
+    shard = np.mod(root, partitions)
+    if not len(shard) or (shard == shard[0]).all():
+        return {int(shard[0]) if len(shard) else 0: table}
+    return {int(p): table.filter(pa.array(shard == p)) for p in np.unique(shard)}
 
 
 def _knows_partitions(producer, topic: str) -> bool:

@@ -76,6 +76,7 @@ class LocalChannel:
         os.makedirs(self.done_dir, exist_ok=True)
 
     ack_files = True  # Parquet files, read by Spark's file source
+    ack_shards: None = None  # one folder of files, whose records the acker reads on the driver
 
     def source_options(self) -> dict[str, str]:
         return {

@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 
-from ackstream.acker.query import Acker, checked
+from ackstream.acker.batch import Acker, checked
 from ackstream.records import ACK_RECORD_SCHEMA, ACKED, ALIVE, INIT, INVALID, TICK
 from ackstream.testing import ack, init, reset
 

@@ -73,3 +73,20 @@ def test_a_table_saved_before_reasons_were_kept_restores_with_none(tmp_path):
     PendingStore(str(tmp_path)).files.write(0, old)
     restored = PendingStore(str(tmp_path)).before(1, 0)
     assert restored.values() == pending_roots(3).values() and restored.reasons == {}
+
+
+def test_a_store_that_is_not_the_only_writer_starts_from_what_another_process_saved(tmp_path):
+    """A shard runs in whichever executor process reads it: a process that ran batch 1
+    and then batch 3 must start 3 from what another process saved at batch 2, not from
+    the table it kept in memory."""
+    first = PendingStore(str(tmp_path), only_writer=False)
+    first.save(1, pending_roots(3))
+    other = PendingStore(str(tmp_path), only_writer=False)
+    assert len(other.before(2, 0)) == 3
+    other.save(2, pending_roots(5))
+    assert len(first.before(3, 0)) == 5
+    assert len(other.before(3, 0)) == 5  # its own table, still the newest
+    trusting = PendingStore(str(tmp_path / "one"))
+    trusting.save(1, pending_roots(3))
+    PendingStore(str(tmp_path / "one")).save(2, pending_roots(5))
+    assert len(trusting.before(3, 0)) == 3  # why a shard's store must not trust its copy

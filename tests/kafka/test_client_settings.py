@@ -9,6 +9,7 @@ import pytest
 from ackstream import OptionError
 from ackstream.channels import KafkaChannel, open_channel
 from ackstream.channels.ack_source import ChannelSource, MessageRange
+from ackstream.channels.messages import fetch_messages
 from ackstream.config import parse
 from ackstream.kafka.settings import client_settings, consumer_settings
 from ackstream.sinks.dead_letters import KafkaDeadLetters
@@ -152,7 +153,9 @@ def test_the_acker_source_and_its_read_tasks_take_the_channels_settings(clients)
     reader = ChannelSource(options).streamReader(None)
     reader.latestOffset({}, None)
     task = pickle.loads(pickle.dumps(reader))  # what an executor runs
-    list(task.read(MessageRange(0, 1, 1)))  # an empty range: its consumer is made
+    list(task.read(MessageRange(0, 1, 1)))  # an empty range: no consumer
+    # a range with messages reads them so (the fake consumer could not read them)
+    fetch_messages(task.bootstrap, task.topic, 0, 1, 1, settings=task.settings)
     assert [kind for kind, _ in clients()] == ["KafkaConsumer", "KafkaConsumer"]
     assert all(carries_security(settings) for _, settings in clients())
 
