@@ -60,9 +60,10 @@ test-long: $(VENV)/.installed java kafka spark-kafka
 
 # What CI runs after make test: the runs only a real cluster allows, at small sizes:
 # the three-broker cluster's failures, a standalone Spark cluster
-# losing a Worker, TLS and SASL listeners, one small chaos seed. About 15 minutes on
-# 2 idle cores.
+# losing a Worker, the README's topology from a Spark Connect client, TLS and SASL
+# listeners, one small chaos seed. About 15 minutes on 2 idle cores.
 CLUSTER_TESTS := tests/kafka/test_broker_failures.py tests/test_standalone_cluster.py \
+	tests/test_connect.py \
 	tests/test_secured_kafka.py tests/test_chaos.py::test_chaos_small \
 	tests/test_broker_fixture.py::test_a_three_broker_cluster_keeps_a_replicated_topic_through_a_lost_leader
 test-cluster: $(VENV)/.installed java kafka spark-kafka

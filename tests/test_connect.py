@@ -20,7 +20,8 @@ from ackstream.status import stages_in
 from helpers import consume, sentences
 from spark_cluster import ConnectServer, spark_env
 
-pytestmark = pytest.mark.broker
+#: a Connect server of its own beside the session's Spark: with the cluster runs
+pytestmark = [pytest.mark.broker, pytest.mark.long]
 
 DRIVER = Path(__file__).resolve().parent / "remote_driver.py"
 
