@@ -227,28 +227,25 @@ class KafkaChannel:
                 "KafkaChannel has partitions",
             )
         source = ShardSource.running(run_shard, f"ackstream-acker-{self.acks_topic}")
+        return self._acks_stream(spark, source, shards=str(shards))
+
+    def ack_stream(self, spark, max_files_per_trigger: int | None = None):
+        """The ack records as a streaming DataFrame."""
+        from ackstream.channels.ack_source import ChannelSource
+
+        return self._acks_stream(spark, ChannelSource)
+
+    def _acks_stream(self, spark, source, **options: str):
+        """The acks topic read by the Python data source ``source``, registered first.
+        pyspark's data source API is imported only here: the channel's other users (the
+        source's planner, the sinks, ``ackstream status``) do not need it."""
         spark.dataSource.register(source)
         return (
             spark.readStream.format(source.name())
             .options(**self.kafka_options)
             .option("kafka.bootstrap.servers", self.bootstrap)
             .option("topic", self.acks_topic)
-            .option("shards", str(shards))
-            .load()
-        )
-
-    def ack_stream(self, spark, max_files_per_trigger: int | None = None):
-        """The ack records as a streaming DataFrame, for the acker query."""
-        # pyspark's data source API: only the acker's stream needs it, not the
-        # channel's other users (the source's planner, the sinks, ``ackstream status``)
-        from ackstream.channels.ack_source import ChannelSource
-
-        spark.dataSource.register(ChannelSource)
-        return (
-            spark.readStream.format(ChannelSource.name())
-            .options(**self.kafka_options)
-            .option("kafka.bootstrap.servers", self.bootstrap)
-            .option("topic", self.acks_topic)
+            .options(**options)
             .load()
         )
 
