@@ -1,4 +1,4 @@
-"""Acker benchmark: ack records per second, four ways, in one run.
+"""Acker benchmark: ack records per second, several ways, in one run.
 
 - ``ledger``: the pure vectorised ``step`` in batches;
 - ``acker_query``: the real ``start_acker`` query on the local channel, whose one
@@ -9,6 +9,8 @@
   Kafka broker on loopback, started here), one ledger per shard in the tasks that read
   the acks topic's partitions, ``ackers=2``; the driver's rows a batch are counted to
   show that no ack record reaches it (skipped when Kafka's jars are missing);
+- ``running_acker``: both forms already running (their start left out), the records
+  written while each waits for its next trigger, alternated twice;
 - ``spark_per_root``: the design card's literal form, ``groupBy(root)`` with a per-root state;
 - ``storm_dict``: Storm's Acker.java algorithm as a plain Python dict in rotating buckets.
 
@@ -282,8 +284,7 @@ def bench_acker_query_kafka(
 
     channel = KafkaChannel(bootstrap, f"bench-{name}-{os.getpid()}-{time.time_ns()}")
     channel.prepare()
-    for piece in records.to_batches(max_chunksize=200_000):
-        channel.write_acks(pa.Table.from_batches([piece]))
+    _write_kafka(channel, records)
     query = start_acker(
         spark,
         channel,
@@ -311,6 +312,125 @@ def bench_acker_query_kafka(
         **progress,
         "ackers": 2,
         "driver_rows_per_batch": rows,
+    }
+
+
+def bench_running_acker(
+    spark,
+    channel,
+    write,
+    records: pa.Table,
+    n_roots: int,
+    workdir: str,
+    *,
+    trigger_ms: int = 10_000,
+    limit_s: float = 900,
+    name: str = "running",
+) -> dict:
+    """Records/s of an acker query that is already running: its first batch settles a
+    few warm-up trees, then ``write(channel, records)`` puts the records on the channel
+    while it waits for its next trigger; timed from the trigger start of the first
+    batch that takes them (its progress timestamp) to the last root's completion read
+    back. What a long-running acker sees, without the query's start."""
+    import datetime as dt_
+
+    from ackstream.acker.query import start_acker
+
+    warm_roots = 10
+    write(channel, generate(warm_roots, seed=4))
+    query = start_acker(
+        spark,
+        channel,
+        checkpoint=os.path.join(workdir, f"{name}-ckpt"),
+        ackers=2,
+        message_timeout_ms=TIMEOUT_MS,
+        trigger_ms=trigger_ms,
+        query_name=f"bench_{name}",
+    )
+    try:
+        _wait_completions(channel, query, warm_roots, limit_s)
+        _batches_reported(query, 1, limit_s)  # the next trigger is the timed one
+        write(channel, records)
+        acked, other, _ = _wait_completions(channel, query, warm_roots + n_roots, limit_s)
+        ended = time.time()
+        taken = _batches_reported(query, 2, limit_s)[1]
+    finally:
+        query.stop()
+    _check(acked - warm_roots, other, n_roots, name)
+    began = dt_.datetime.fromisoformat(taken["timestamp"].replace("Z", "+00:00")).timestamp()
+    return {
+        "records_per_s": records.num_rows / (ended - began),
+        "seconds": ended - began,
+        "batch_duration_ms": taken["durationMs"],
+        "batch_input_rows": taken["numInputRows"],  # 0 on the local channel: see file_batch
+        "trigger_ms": trigger_ms,
+    }
+
+
+def _batches_reported(query, count: int, limit_s: float) -> list[dict]:
+    """The progress of the query's first ``count`` batches that ran (``addBatch``), once
+    Spark reported them; a batch reports after its completions were written."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        ran = [p for p in query.recentProgress if "addBatch" in p["durationMs"]]
+        if len(ran) >= count:
+            return ran
+        if query.exception() or time.monotonic() > deadline:
+            raise AssertionError(f"{len(ran)} of {count} batches: {query.exception()}")
+        time.sleep(0.02)
+
+
+def _write_kafka(channel, records: pa.Table) -> None:
+    for piece in records.to_batches(max_chunksize=200_000):
+        channel.write_acks(pa.Table.from_batches([piece]))
+
+
+def bench_running_forms(
+    spark,
+    records: pa.Table,
+    n_roots: int,
+    workdir: str,
+    bootstrap: str,
+    trigger_ms: int,
+    rounds: int = 2,
+) -> dict:
+    """Both acker forms already running, the local channel's (one ledger on the driver)
+    and the Kafka channel's (a ledger per shard in the read tasks), ``rounds`` pairs in
+    alternating order."""
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.channels.local import LocalChannel
+
+    runs: dict[str, list] = {"local": [], "kafka": []}
+    order = [("local", "kafka") if r % 2 == 0 else ("kafka", "local") for r in range(rounds)]
+    for i, form in enumerate(f for pair in order for f in pair):
+        if form == "local":
+            channel = LocalChannel(os.path.join(workdir, f"running-{i}-channel"))
+
+            def write(c, table):
+                _write_files(c, table, 40)
+
+        else:
+            channel = KafkaChannel(bootstrap, f"bench-running-{os.getpid()}-{time.time_ns()}")
+            channel.prepare()
+            write = _write_kafka
+        try:
+            runs[form].append(
+                bench_running_acker(
+                    spark,
+                    channel,
+                    write,
+                    records,
+                    n_roots,
+                    workdir,
+                    trigger_ms=trigger_ms,
+                    name=f"running-{i}-{form}",
+                )
+            )
+        finally:
+            channel.close()
+    return {
+        form: {"runs": r, "records_per_s": sum(x["records_per_s"] for x in r) / len(r)}
+        for form, r in runs.items()
     }
 
 
@@ -538,6 +658,8 @@ def run(
     state_roots: int = 20_000,
     workdir: str | None = None,
     bootstrap: str | None = None,
+    running_trigger_ms: int = 10_000,
+    running_rounds: int = 2,
 ) -> dict:
     """Every measurement on ``spark`` (the Kafka acker's on the broker at ``bootstrap``,
     if given); returns the result dict (the JSON line)."""
@@ -569,6 +691,13 @@ def run(
             again = bench_acker_query_kafka(spark, records, roots, tmp, bootstrap, name="again")
             runs = [kafka, again]  # the mean of the runs before and after the local one
             kafka = {"runs": runs, "records_per_s": sum(r["records_per_s"] for r in runs) / 2}
+        running = (
+            bench_running_forms(
+                spark, records, roots, tmp, bootstrap, running_trigger_ms, running_rounds
+            )
+            if bootstrap
+            else None
+        )
         per_root = bench_spark_per_root(spark, small, per_root_roots, tmp)
 
     def rate(figures):
@@ -582,6 +711,9 @@ def run(
         "acker_query_records_per_s": rate(acker),
         "acker_query_roots_per_s": acker["roots_per_s"],
         "acker_query_kafka_records_per_s": rate(kafka) if kafka else None,
+        "running_acker_records_per_s": (
+            {form: rate(figures) for form, figures in running.items()} if running else None
+        ),
         "spark_per_root_records_per_s": rate(per_root),
         "storm_dict_records_per_s": rate(storm),
         "ratios": {
@@ -592,6 +724,9 @@ def run(
         "state_bytes_per_pending_root": size,
         "targets_met": {  # >= 1M records/s on 2 cores, <= 40 B a root
             "acker_query_1M_records_per_s": rate(acker) >= 1_000_000,
+            "running_kafka_acker_1M_records_per_s": (
+                running is not None and rate(running["kafka"]) >= 1_000_000
+            ),
             "acker_query_kafka_1M_records_per_s_no_record_to_driver": (
                 kafka is not None
                 and rate(kafka) >= 1_000_000
@@ -618,6 +753,7 @@ def run(
             "ledger": ledger,
             "acker_query": acker,
             "acker_query_kafka": kafka,
+            "running_acker": running,
             "spark_per_root": per_root,
             "storm_dict": storm,
         },

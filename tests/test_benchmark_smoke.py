@@ -37,6 +37,8 @@ def test_benchmark_run_reports_exact_counts_and_all_keys(spark, broker, tmp_path
         state_roots=200,
         workdir=str(tmp_path),
         bootstrap=broker.bootstrap,
+        running_trigger_ms=500,
+        running_rounds=1,
     )
     for key in (
         "ledger_records_per_s",
@@ -60,6 +62,9 @@ def test_benchmark_run_reports_exact_counts_and_all_keys(spark, broker, tmp_path
     assert result["acker_query_phase_seconds"]["ledger_step"] > 0
     kafka_runs = result["detail"]["acker_query_kafka"]["runs"]
     assert [set(r["driver_rows_per_batch"]) for r in kafka_runs] == [{2}, {2}]  # summaries
+    running = result["detail"]["running_acker"]
+    assert [r["batch_input_rows"] for r in running["kafka"]["runs"]] == [2]
+    assert all(r["records_per_s"] > 0 for r in running["local"]["runs"])
     assert result["state_bytes_per_pending_root"]["fanout_100_each_more_root"] <= 40
     assert {"nproc", "cpu", "python", "pyspark"} <= set(result["machine"])
     assert not spark.streams.active
