@@ -279,21 +279,12 @@ def bench_acker_query_kafka(
     """Records/s of the real acker query on a Kafka channel with two shards, from its
     start to the last root's completion; the records are on the acks topic before it
     starts, so they come in one batch. ``driver_rows_per_batch``: what the driver got."""
-    from ackstream.acker.query import start_acker
     from ackstream.channels.kafka import KafkaChannel
 
     channel = KafkaChannel(bootstrap, f"bench-{name}-{os.getpid()}-{time.time_ns()}")
     channel.prepare()
     _write_kafka(channel, records)
-    query = start_acker(
-        spark,
-        channel,
-        checkpoint=os.path.join(workdir, f"{name}-kafka-ckpt"),
-        ackers=2,
-        message_timeout_ms=TIMEOUT_MS,
-        trigger_ms=0,
-        query_name=f"bench_kafka_{name}",
-    )
+    query = _two_shards(spark, channel, workdir, f"kafka_{name}", trigger_ms=0)
     try:
         acked, other, seconds = _wait_completions(channel, query, n_roots, limit_s)
         deadline = time.monotonic() + 30  # a batch reports after its shards wrote
@@ -334,19 +325,9 @@ def bench_running_acker(
     back. What a long-running acker sees, without the query's start."""
     import datetime as dt_
 
-    from ackstream.acker.query import start_acker
-
     warm_roots = 10
     write(channel, generate(warm_roots, seed=4))
-    query = start_acker(
-        spark,
-        channel,
-        checkpoint=os.path.join(workdir, f"{name}-ckpt"),
-        ackers=2,
-        message_timeout_ms=TIMEOUT_MS,
-        trigger_ms=trigger_ms,
-        query_name=f"bench_{name}",
-    )
+    query = _two_shards(spark, channel, workdir, name, trigger_ms=trigger_ms)
     try:
         _wait_completions(channel, query, warm_roots, limit_s)
         _batches_reported(query, 1, limit_s)  # the next trigger is the timed one
@@ -378,6 +359,21 @@ def _batches_reported(query, count: int, limit_s: float) -> list[dict]:
         if query.exception() or time.monotonic() > deadline:
             raise AssertionError(f"{len(ran)} of {count} batches: {query.exception()}")
         time.sleep(0.02)
+
+
+def _two_shards(spark, channel, workdir: str, name: str, *, trigger_ms: int):
+    """The acker query on ``channel`` with ``ackers=2``, its checkpoint in ``workdir``."""
+    from ackstream.acker.query import start_acker
+
+    return start_acker(
+        spark,
+        channel,
+        checkpoint=os.path.join(workdir, f"{name}-ckpt"),
+        ackers=2,
+        message_timeout_ms=TIMEOUT_MS,
+        trigger_ms=trigger_ms,
+        query_name=f"bench_{name}",
+    )
 
 
 def _write_kafka(channel, records: pa.Table) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -216,8 +217,7 @@ class KafkaChannel:
         :class:`OptionError` unless the topic has ``shards`` partitions."""
         from ackstream.channels.ack_source import ShardSource
 
-        with self._reader() as consumer:
-            found = consumer.partitions_for_topic(self.acks_topic) or set()
+        found = self._partitions_of(self.acks_topic)
         if len(found) != shards:
             raise OptionError(
                 "ackers",
@@ -234,6 +234,17 @@ class KafkaChannel:
         from ackstream.channels.ack_source import ChannelSource
 
         return self._acks_stream(spark, ChannelSource)
+
+    def _partitions_of(self, topic: str, wait_s: float = 10.0) -> set[int]:
+        """``topic``'s partitions; a topic made a moment ago by :meth:`prepare` may not
+        be in the brokers' metadata yet: asked again for up to ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._reader() as consumer:
+                found = consumer.partitions_for_topic(topic) or set()
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
 
     def _acks_stream(self, spark, source, **options: str):
         """The acks topic read by the Python data source ``source``, registered first.
