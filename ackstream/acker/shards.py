@@ -30,7 +30,9 @@ from ackstream.records import INVALID, UNKNOWN
 
 __all__ = ["SUMMARY_DDL", "ShardLedger"]
 
-#: What a shard's task returns to the driver: one row a batch.
+#: What a shard's task returns to the driver: one row a batch. The counts of unusable
+#: records and unknown roots, and their first root and reason, are named after their
+#: statuses (``records.INVALID``, ``records.UNKNOWN``): the driver reads them so.
 SUMMARY_DDL = (
     "shard int, records long, completions long, pending long, invalid long, "
     "invalid_root long, invalid_reason string, unknown long, unknown_root long, "
