@@ -80,6 +80,10 @@ class BatchFiles:
             fs.delete_file(self._path(old))
         return fs.get_file_info(path).size
 
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """The file system the folder is on and the folder's path there."""
+        return self._filesystem(), self._root
+
     def _path(self, name) -> str:
         self._filesystem()
         return f"{self._root}/{name}" if name != "" else self._root

@@ -3,7 +3,9 @@ beside the same count with a 2 s time window after it, and beside the count spli
 two halves (even and odd offsets) joined on the word by a waiting join.
 
 Each variant runs ``Topology.run_batch`` over the same static batches of the
-end-to-end benchmark's sentences (tracked, telescoped acks, held rows in memory),
+end-to-end benchmark's sentences (tracked, telescoped acks, held rows saved in a
+folder as a running query saves them beside its checkpoint, or with ``--held-in
+memory`` kept as ``run_batch`` keeps them without one),
 one batch after another with the batch time one second apart, so windows close and
 held rows are released as in a running query. No channel, no acker, no Kafka: the
 time of the stages alone. Variants alternate, each ``--repeats`` times; the figure per
@@ -11,6 +13,7 @@ run is the median batch after the first two (Spark's first jobs of a plan are sl
 Prints one JSON line and writes it to ``benchmarks/results/holding-<date>.json``.
 
     .venv/bin/python benchmarks/holding.py [--records N] [--batches N] [--repeats N]
+        [--held-in files|memory]
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,8 +70,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=20_000, help="sentences a batch")
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--held-in", choices=("files", "memory"), default="files")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
+    folder = tempfile.mkdtemp(prefix="ackstream-holding-") if args.held_in == "files" else None
     spark = local_session("ackstream-holding-bench")
     lines = [s.decode() for s in sentences(args.records)]
     frames = [tracked_frame(spark, lines, partition=i).persist() for i in range(args.batches)]
@@ -77,6 +84,8 @@ def main() -> None:
     for repeat in range(args.repeats):
         for variant in VARIANTS:
             built = topology(spark, variant)
+            if folder is not None:
+                built.held_folder = os.path.join(folder, f"{repeat}-{VARIANTS.index(variant)}")
             seconds = []
             for i, frame in enumerate(frames):
                 started = time.perf_counter()
@@ -112,6 +121,8 @@ def main() -> None:
         with open(path, "w") as f:
             f.write(line + "\n")
     spark.stop()
+    if folder is not None:
+        shutil.rmtree(folder)
 
 
 if __name__ == "__main__":

@@ -518,11 +518,9 @@ def test_status_reads_a_kafka_channel_with_a_command_config_file(broker, tmp_pat
 
 
 def test_status_with_a_checkpoint_shows_its_stage_counts_and_what_its_windows_hold(
-    capsys, tmp_path
+    spark, capsys, tmp_path
 ):
     import json
-
-    import pyarrow as pa
 
     from ackstream.topology.held_store import FOLDER, HeldState, HeldStore
     from ackstream.topology.stage_counts import FILE
@@ -531,8 +529,9 @@ def test_status_with_a_checkpoint_shows_its_stage_counts_and_what_its_windows_ho
 
     fill_channel(tmp_path / "ch")
     store = HeldStore(str(tmp_path / "ckpt" / "topology" / FOLDER / "w"))
-    store.save(0, HeldState(pa.table({"_root": [1, 2, 2, 3], "v": list("abcd")}), None))
-    store.save(1, HeldState(pa.table({"_root": [7, 7, 8], "v": list("abc")}), None))
+    held = spark.createDataFrame([(1, "a"), (2, "b"), (2, "c"), (3, "d")], "_root long, v string")
+    store.save(0, HeldState(held, None))
+    store.save(1, HeldState(held.where("_root != 1"), None))
     counted = {"w": {"in": 9, "out": 2}, "sink#1": {"in": 2}}
     (tmp_path / "ckpt" / "topology" / FILE).write_text(json.dumps(counted))
     argv = ["status", "--channel", str(tmp_path / "ch"), "--checkpoint", str(tmp_path / "ckpt")]

@@ -305,8 +305,8 @@ class BatchRun:
         self.frames += self.mode.stage_acks(acked, children, self.now)
         if out.holds is not None:
             self.frames.append(ack_records(out.holds, ACK, self.now))
-        if out.records is not None:
-            self.tables.append(out.records)
+        if out.fails is not None:
+            self.frames.append(ack_records(out.fails, FAIL, self.now))
         if out.failed is not None:
             self.frames.append(ack_records(failed_roots(out.failed, self.groups), FAIL, self.now))
         if out.rejected is not None:

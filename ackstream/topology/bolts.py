@@ -115,8 +115,8 @@ class StageOutput:
     are dead-lettered without a replay); failed and rejected carry ``_reason``.
     ``groups``: an aggregate's input, when its rows carry ``_group``. A stage that
     holds tuples across batches (:mod:`ackstream.topology.window`) also says which
-    tuples it ``acked`` (released; default: its whole input), the ack ``records`` it
-    made itself (Arrow) and the ``holds``, ``(root, value)`` pairs to ack."""
+    tuples it ``acked`` (released; default: its whole input), the ``fails``,
+    ``(root, reason)`` pairs to fail, and the ``holds``, ``(root, value)`` pairs to ack."""
 
     tuples: DataFrame
     failed: DataFrame | None = None
@@ -124,7 +124,7 @@ class StageOutput:
     cached: tuple = ()  # DataFrames the stage persisted, to unpersist after the batch
     groups: GroupInput | None = None
     acked: DataFrame | None = None
-    records: object = None  # pa.Table of ACK_RECORD_SCHEMA
+    fails: DataFrame | None = None
     holds: DataFrame | None = None
 
 

@@ -6,89 +6,102 @@ A window (:mod:`ackstream.topology.window`) and a join that waits
 past the end of their batch. What they share is here, in :class:`Holding`:
 
 - telescoped acks: a tuple still held at the end of its batch gets a fresh id ``h``
-  (:func:`hold_ids`), and an ``ACK (root, h)`` per root it is anchored to, so its
+  (:func:`hold_id`), and an ``ACK (root, h)`` per root it is anchored to, so its
   trees cannot close in that batch and go to the acker; the batch that releases it
-  sends the same records again (:meth:`Holding.released`). Per-stage acks need no
-  hold id: a held tuple's edge is simply acked when it is released.
-- a held tuple whose root has an outcome (failed or timed out elsewhere: read from
-  the completion channel at the start of each batch), or that was held longer than
-  the message timeout, can no longer be acked: it is dropped, as its record is (or
-  will be) replayed. A tuple of several roots (a count after an aggregate) goes
+  sends the same records again (:func:`hold_pairs`). Per-stage acks need no hold
+  id: a held tuple's edge is simply acked when it is released.
+- a held tuple whose root ended without an ack (failed or timed out elsewhere: read
+  from the completion channel at the start of each batch), or that was held longer
+  than the message timeout, can no longer be acked: it is dropped, as its record is
+  (or will be) replayed. A tuple of several roots (a count after an aggregate) goes
   with any of them, and its other roots fail at once, so that their replays bring
   its content back.
 - the held rows, the completion position and the stage's own clock are saved per
   batch by a :class:`~ackstream.topology.held_store.HeldStore` in the stage's folder.
 
-A held row's roots are its ``_root``, or the roots of its ``_anchors``
-(:func:`root_pairs`).
+Every step is a Spark frame: the held rows stay on the executors, and the driver
+sees only the roots that ended without an ack and the ack records. A held row's
+roots are its ``_root`` and the roots of its ``_anchors`` (:func:`roots_of`).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ackstream import ids
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, GROUP, ROOT
-from ackstream.records import ACK, FAIL, NOTICES, ack_table
+from ackstream.records import ACKED, NOTICES
 from ackstream.topology.bolts import BatchContext, anchored_to_roots
 from ackstream.topology.held_store import HeldState, HeldStore
 
 __all__ = [
     "HELD_MS",
     "HOLD",
+    "Before",
     "Holding",
-    "either",
-    "finished_roots",
-    "hold_ids",
-    "released_holds",
-    "root_pairs",
+    "hold_id",
+    "hold_pairs",
+    "lost_roots",
+    "roots_of",
 ]
 
 #: columns of a held row besides its stage's: its hold id (telescoped acks; null
 #: until it is held past a batch) and when it came (ms)
 HOLD, HELD_MS = "_hold", "_held_ms"
+_NEW = "_new_hold"  # a saved row whose hold id this batch gave
+_ID = "_held_row"
 
 
-def hold_ids(roots: np.ndarray, batch_id: int, stage: int) -> np.ndarray:
-    """A fresh id per held tuple: ``xxhash64(root, batch, stage, i)``, distinct within a
-    batch by ``i`` and across batches by the batch id, so that no two held tuples of one
-    root cancel each other in its XOR."""
-    roots = np.asarray(roots, dtype=np.int64)
-    return ids.hash_longs(roots, batch_id, stage, np.arange(len(roots), dtype=np.int64))
+def hold_id(roots: Column, batch_id: int, stage: int) -> Column:
+    """A fresh id per held tuple: ``xxhash64(first root, batch, stage, i)``, ``i`` unique
+    among the batch's rows, so that no two held tuples of one root cancel each other in
+    its XOR (null for a tuple with no root)."""
+    first = F.element_at(roots, 1)
+    number = F.monotonically_increasing_id()
+    hashed = F.xxhash64(first, F.lit(batch_id).cast("long"), F.lit(stage).cast("long"), number)
+    return F.when(first.isNotNull(), hashed)
 
 
-def finished_roots(completions: pa.Table) -> pa.Array:
-    """The roots that have an outcome in ``completions`` (a notice is none)."""
-    notice = pc.is_in(completions.column("status"), value_set=pa.array(NOTICES))
-    notice = pc.fill_null(notice, False)
-    return completions.filter(pc.invert(notice)).column("root").combine_chunks()
+def lost_roots(completions: pa.Table) -> pa.Array:
+    """The roots whose trees ended without an ack in ``completions`` (failed, timed
+    out, rejected...). An acked root never has a held tuple (its hold keeps the tree
+    open), so a run of acked offsets is never expanded here."""
+    status = completions.column("status")
+    skip = pc.fill_null(pc.is_in(status, value_set=pa.array([ACKED, *NOTICES])), True)
+    return completions.filter(pc.invert(skip)).column("root").drop_null().combine_chunks()
 
 
-def root_pairs(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """``(row, root)`` for every root each row of ``table`` is anchored to (``_root``,
-    or each entry of ``_anchors``), as two int64 arrays; rows with no root have none."""
-    rows = [np.empty(0, np.int64)]
-    roots = [np.empty(0, np.int64)]
-    if ROOT in table.column_names:
-        own = table.column(ROOT).combine_chunks()
-        at = np.flatnonzero(own.is_valid().to_numpy(zero_copy_only=False))
-        rows.append(at)
-        roots.append(own.take(pa.array(at)).to_numpy(zero_copy_only=False).astype(np.int64))
-    if ANCHORS in table.column_names:
-        anchors = table.column(ANCHORS).combine_chunks()
-        parents = pc.list_parent_indices(anchors).to_numpy(zero_copy_only=False)
-        entries = pc.list_flatten(anchors).field("root")
-        valid = entries.is_valid().to_numpy(zero_copy_only=False)
-        rows.append(parents[valid].astype(np.int64))
-        roots.append(entries.drop_null().to_numpy(zero_copy_only=False).astype(np.int64))
-    return np.concatenate(rows), np.concatenate(roots)
+def roots_of(rows: DataFrame) -> Column:
+    """The roots each row is anchored to, as an array: its ``_root`` and the roots of
+    its ``_anchors`` (the columns it has), nulls left out."""
+    parts = []
+    if ROOT in rows.columns:
+        parts.append(F.when(F.col(ROOT).isNotNull(), F.array(F.col(ROOT))))
+    if ANCHORS in rows.columns:
+        anchored = F.filter(F.col(ANCHORS), lambda a: a["root"].isNotNull())
+        parts.append(F.transform(anchored, lambda a: a["root"]))
+    empty = F.array().cast("array<bigint>")
+    return F.concat(*(F.coalesce(p, empty) for p in parts)) if parts else empty
+
+
+@dataclass(frozen=True)
+class Before:
+    """What the batches before leave a holding stage: the ``held`` rows that may still
+    be released (None: none), the completion ``position`` read up to, the ``clock`` its
+    closing reached, the ``fails`` (``(root, reason)``) of the other roots of rows
+    dropped, and the frames persisted to find them."""
+
+    held: DataFrame | None
+    position: object = None
+    clock: int | None = None
+    fails: DataFrame | None = None
+    cached: tuple = ()
 
 
 class Holding:
@@ -117,78 +130,65 @@ class Holding:
             return anchored_to_roots(df, ctx.groups)
         return df
 
-    def before(
-        self, tracking: bool, ctx: BatchContext
-    ) -> tuple[HeldState | None, pa.Table | None, object, pa.Table | None]:
-        """What the batch before this one left: its saved state, the rows of it that
-        may still be released, the completion position read up to, and the FAIL
-        records (or None) of the other roots of rows dropped."""
-        state = self.store(ctx.folder).before(ctx.batch_id)
-        held, position = (None, None) if state is None else (state.rows, state.position)
+    def before(self, spark: SparkSession, tracking: bool, ctx: BatchContext) -> Before:
+        """What the batch before this one left (see :class:`Before`): held rows whose
+        root ended without an ack since the saved position, or held longer than the
+        message timeout, are left out."""
+        state = self.store(ctx.folder).before(spark, ctx.batch_id)
+        if state is None:
+            state = HeldState(None)
+        held, position = state.rows, state.position
         if not tracking:
-            return state, held, position, None
-        dropped = None
+            return Before(held, position, state.clock)
+        fails, cached = None, ()
         if ctx.channel is not None:
-            if state is None:  # our roots' completions all come after this
+            if position is None:  # our roots' completions all come after this
                 position = ctx.channel.end_position()
             else:
-                done, position = ctx.channel.completions_since(position)
-                if held is not None and held.num_rows and done.num_rows:
-                    held, dropped = self._without_finished(held, finished_roots(done), ctx)
-        if held is not None and held.num_rows:
-            held = held.filter(pc.greater(held.column(HELD_MS), ctx.now_ms - ctx.timeout_ms))
-        return state, held, position, dropped
+                done, position = ctx.channel.completions_since(position, runs=True)
+                lost = lost_roots(done)
+                if held is not None and len(lost):
+                    held, fails, cached = self._without_lost(spark, held, lost, ctx)
+        if held is not None:
+            held = held.where(F.col(HELD_MS) > F.lit(ctx.now_ms - ctx.timeout_ms))
+        return Before(held, position, state.clock, fails, cached)
 
-    def _without_finished(self, held: pa.Table, finished: pa.Array, ctx: BatchContext):
-        """``held`` without the rows that have a finished root, and the FAIL records of
-        those rows' other roots (None if there are none)."""
-        rows, roots = root_pairs(held)
-        over = pc.is_in(pa.array(roots), finished).to_numpy(zero_copy_only=False)
-        gone = np.zeros(held.num_rows, dtype=bool)
-        gone[rows[over]] = True
-        held = held.filter(pa.array(~gone))
-        others = gone[rows] & ~over
-        if not others.any():
-            return held, None
+    def _without_lost(self, spark: SparkSession, held: DataFrame, lost: pa.Array, ctx):
+        """``held`` without the rows that have a lost root, the ``(root, reason)`` fails
+        of those rows' other roots, and the frame persisted to tell rows apart."""
+        numbered = held.withColumn(_ID, F.monotonically_increasing_id()).persist()
+        gone_roots = F.broadcast(spark.createDataFrame(pa.table({"root": lost})))
+        pairs = numbered.select(_ID, F.explode(roots_of(held)).alias("root"))
+        gone = pairs.join(gone_roots, "root", "left_semi").select(_ID)
+        kept = numbered.join(gone, _ID, "left_anti").drop(_ID)
         why = f"held in {self.kind} stage {self.name} with a root that failed or timed out"
-        failing = np.unique(roots[others])
-        return held, ack_table(failing, np.zeros(len(failing), np.int64), FAIL, ctx.now_ms, why)
+        others = pairs.join(gone, _ID, "left_semi").join(gone_roots, "root", "left_anti")
+        fails = others.select("root", F.lit(why).alias("reason"))
+        return kept, fails, (numbered,)
 
-    def hold(self, kept: pa.Table, ctx: BatchContext) -> tuple[pa.Table, pa.Table | None]:
-        """``kept`` with a hold id for each row newly held, and the ``ACK (root, h)``
-        records of those, one per root (None if none is new); telescoped acks only."""
-        rows, roots = root_pairs(kept)
-        unheld = pc.is_null(kept.column(HOLD)).to_numpy(zero_copy_only=False)
-        new = unheld[rows]
-        rows, roots = rows[new], roots[new]
-        if not len(rows):
-            return kept, None
-        fresh, first = np.unique(rows, return_index=True)  # rows with a root, one root each
-        hold = pc.fill_null(kept.column(HOLD), 0).to_numpy().astype(np.int64)
-        hold[fresh] = hold_ids(roots[first], ctx.batch_id, self.number)
-        mask = unheld.copy()
-        mask[fresh] = False
-        column = pa.array(hold, pa.int64(), mask=mask)
-        kept = kept.set_column(kept.schema.get_field_index(HOLD), HOLD, column)
-        return kept, ack_table(roots, hold[rows], ACK, ctx.now_ms)
-
-    def save(self, ctx: BatchContext, state: HeldState) -> None:
-        """Save what this batch leaves held."""
-        self.store(ctx.folder).save(ctx.batch_id, state)
-
-
-def either(*records: pa.Table | None) -> pa.Table | None:
-    """The ack records of every table given that is not None, as one (None if none)."""
-    given = [r for r in records if r is not None]
-    return pa.concat_tables(given) if given else None
+    def keep(
+        self, kept: DataFrame, ctx: BatchContext, before: Before, clock, telescoped: bool
+    ) -> DataFrame | None:
+        """Save ``kept``, the rows still held after this batch, with ``before``'s
+        position and the closing's ``clock``. Telescoped, each row newly held gets a
+        hold id first, and the ``(root, value)`` pairs of those ids (read back from
+        what was saved, so they are the ids the release will send) are returned."""
+        if telescoped:
+            fresh = F.col(HOLD).isNull()
+            kept = kept.withColumn(_NEW, fresh).withColumn(
+                HOLD, F.coalesce(F.col(HOLD), hold_id(roots_of(kept), ctx.batch_id, self.number))
+            )
+        store = self.store(ctx.folder)
+        store.save(ctx.batch_id, HeldState(kept, before.position, clock))
+        if not telescoped:
+            return None
+        saved = store.before(kept.sparkSession, ctx.batch_id + 1)
+        assert saved is not None and saved.rows is not None
+        return hold_pairs(saved.rows.where(F.col(_NEW)))
 
 
-def released_holds(released: DataFrame) -> DataFrame:
-    """``(root, value)``: each released row's hold id, once for every root it holds
-    (the ``ACK (root, h)`` that undoes its hold)."""
-    held = released.where(F.col(HOLD).isNotNull())
-    pairs = held.select(F.col(ROOT).alias("root"), F.col(HOLD).alias("value"))
-    if ANCHORS in released.columns:
-        anchored = held.select(F.inline(ANCHORS), F.col(HOLD).alias("value"))
-        pairs = pairs.unionByName(anchored.select("root", "value"))
-    return pairs.where("root IS NOT NULL")
+def hold_pairs(rows: DataFrame) -> DataFrame:
+    """``(root, value)``: the hold id of each row that has one, once for every root it
+    holds (the ``ACK (root, h)`` that a hold sends and its release sends again)."""
+    held = rows.where(F.col(HOLD).isNotNull())
+    return held.select(F.explode(roots_of(held)).alias("root"), F.col(HOLD).alias("value"))

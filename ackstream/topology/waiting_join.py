@@ -47,15 +47,14 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, ROOT
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.graph import join_streams
-from ackstream.topology.held_store import HeldState
-from ackstream.topology.holding import HELD_MS, HOLD, Holding, either, released_holds
+from ackstream.topology.holding import HELD_MS, HOLD, Holding, hold_pairs, roots_of
 
 __all__ = ["JoinColumns", "WaitingJoinStage"]
 
@@ -150,7 +149,7 @@ class WaitingJoinStage(Stage):
             raise StageError(self.name, "a join runs inside a topology batch")
         ctx = context
         df = self.holding.holdable(df, tracking, ctx)
-        _, held, position, dropped = self.holding.before(tracking, ctx)
+        before = self.holding.before(df.sparkSession, tracking, ctx)
         keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
         new = (
             df.where(keyed)
@@ -158,38 +157,35 @@ class WaitingJoinStage(Stage):
             .withColumn(HELD_MS, F.lit(ctx.now_ms).cast("long"))
         )
         rows = new
-        if held is not None and held.num_rows:
-            old = df.sparkSession.createDataFrame(held)
-            rows = old.select(*(F.col(f.name).cast(f.dataType) for f in new.schema)).unionByName(
-                new
-            )
+        if before.held is not None:
+            old = before.held.select(*new.columns)  # the saved rows carry more
+            rows = old.unionByName(new)
         by_key = Window.partitionBy(*self.keys)
         marked = rows.withColumn(
             _MATCHED, F.min(SIDE).over(by_key) != F.max(SIDE).over(by_key)
         ).persist()  # kept, released and the pairs must come from one evaluation
-        kept = marked.where(~F.col(_MATCHED)).drop(_MATCHED).toArrow()
-        records = None
-        if tracking and not edges:
-            kept, records = self.holding.hold(kept, ctx)
-        records = either(records, dropped)
-        self.holding.save(ctx, HeldState(rows=kept, position=position))
+        kept = marked.where(~F.col(_MATCHED)).drop(_MATCHED)
+        new_holds = self.holding.keep(kept, ctx, before, None, tracking and not edges)
         released = marked.where(F.col(_MATCHED))
         pairs = self._pairs(released, columns, tracking, edges)
+        cached = (marked, *before.cached)
         if not tracking:
-            return StageOutput(pairs, cached=(marked,))
+            return StageOutput(pairs, cached=cached)
         if not edges:
-            holds = released_holds(released)
-            return StageOutput(pairs, cached=(marked,), records=records, holds=holds)
+            holds = hold_pairs(released)
+            if new_holds is not None:
+                holds = holds.unionByName(new_holds)
+            return StageOutput(pairs, cached=cached, fails=before.fails, holds=holds)
         lineage = [c for c in (ROOT, EDGE, ANCHORS) if c in df.columns]
         acked = released.select(*lineage).unionByName(df.where(~keyed).select(*lineage))
-        return StageOutput(pairs, cached=(marked,), acked=acked, records=records)
+        return StageOutput(pairs, cached=cached, acked=acked, fails=before.fails)
 
     def _pairs(
         self, released: DataFrame, columns: JoinColumns, tracking: bool, edges: bool
     ) -> DataFrame:
         """One row per (left, right) pair of the released tuples with equal keys."""
         sides = F.col(SIDE)
-        roots = _roots(released)
+        roots = roots_of(released)
         left = released.where(sides == 0).select(
             *columns.keys,
             *columns.left,
@@ -215,13 +211,3 @@ class WaitingJoinStage(Stage):
         return joined.select(
             *payload, null.alias(ROOT), edge.alias(EDGE), anchors.cast(_ANCHOR_TYPE).alias(ANCHORS)
         )
-
-
-def _roots(rows: DataFrame) -> Column:
-    """The roots of each row, as an array: its anchors' (when the rows carry anchors,
-    every row does: see :func:`~ackstream.topology.graph.join_streams`) or its own."""
-    if ANCHORS in rows.columns:
-        return F.transform(F.col(ANCHORS), lambda a: a["root"])
-    return F.when(F.col(ROOT).isNotNull(), F.array(F.col(ROOT))).otherwise(
-        F.array().cast("array<bigint>")
-    )

@@ -37,8 +37,7 @@ from ackstream.topology.bolts import (
     StageOutput,
     anchor_list,
 )
-from ackstream.topology.held_store import HeldState
-from ackstream.topology.holding import HELD_MS, HOLD, Holding, either, released_holds
+from ackstream.topology.holding import HELD_MS, HOLD, Holding, hold_pairs
 from ackstream.topology.window_closing import SEQ, SINCE, Closing
 
 __all__ = ["WindowStage"]
@@ -76,7 +75,7 @@ class WindowStage(Stage):
             raise StageError(self.name, "a window runs inside a topology batch")
         ctx = context
         df = self.holding.holdable(df, tracking, ctx)
-        state, held, position, dropped = self.holding.before(tracking, ctx)
+        before = self.holding.before(df.sparkSession, tracking, ctx)
         new = self.closing.stamp(
             df.withColumn(HOLD, F.lit(None).cast("long"))
             .withColumn(SINCE, F.lit(ctx.batch_id).cast("long"))
@@ -86,21 +85,15 @@ class WindowStage(Stage):
             self.name,
         )
         rows = new
-        if held is not None and held.num_rows:
-            old = df.sparkSession.createDataFrame(held)
-            rows = old.select(*(F.col(f.name).cast(f.dataType) for f in new.schema)).unionByName(
-                new
-            )
-        clock = None if state is None else state.clock
-        closed = self.closing.close(rows, self.keys, clock, ctx.now_ms, self.name)
-        kept, records = closed.kept.toArrow(), None
-        if tracking and not edges:
-            kept, records = self.holding.hold(kept, ctx)
-        records = either(records, dropped)
-        self.holding.save(ctx, HeldState(kept, position, closed.clock))
+        if before.held is not None:
+            old = before.held.select(*new.columns)  # the saved rows carry more
+            rows = old.unionByName(new)
+        closed = self.closing.close(rows, self.keys, before.clock, ctx.now_ms, self.name)
+        telescoped = tracking and not edges
+        new_holds = self.holding.keep(closed.kept, ctx, before, closed.clock, telescoped)
         windows = closed.windows
         grouped = windows.groupBy(*self.keys, *closed.group_columns)
-        cached = closed.cached
+        cached = (*closed.cached, *before.cached)
         if not tracking:
             return StageOutput(grouped.agg(*self.aggs).drop(*closed.hidden), cached=cached)
         rejected = None if closed.late is None else closed.late.select(*df.columns, REASON)
@@ -115,14 +108,14 @@ class WindowStage(Stage):
                 .groupBy(*self.keys, *closed.group_columns)
                 .agg(*self.aggs, group.alias(GROUP), null.alias(EDGE), null.alias(ROOT))
             )
-            holds = released_holds(closed.released)
+            holds = hold_pairs(closed.released)
             return StageOutput(
                 out.drop(*closed.hidden),
                 rejected=rejected,
                 cached=cached,
                 groups=GroupInput(windows, group_id),
-                records=records,
-                holds=holds,
+                fails=before.fails,
+                holds=holds if new_holds is None else holds.unionByName(new_holds),
             )
         # a tuple in several windows gets a child edge per window, so no two cancel
         pair = F.xxhash64(
@@ -138,5 +131,5 @@ class WindowStage(Stage):
             rejected=rejected,
             cached=cached,
             acked=closed.released,
-            records=records,
+            fails=before.fails,
         )

@@ -72,7 +72,7 @@ def test_a_held_tuple_keeps_its_root_open_until_its_match_arrives(spark, ack_mod
     a_view, b_click, c_click = roots(second)
     assert outcome == dict.fromkeys([a_click, b_view, a_view, b_click], ACKED)
     assert pending == {c_click}
-    held = topology.stages[-1].holding.store(None).before(2).rows
+    held = topology.stages[-1].holding.store(None).before(spark, 2).rows.toArrow()
     assert held.column("_root").to_pylist() == [c_click]
 
 
@@ -141,7 +141,7 @@ def test_a_tuple_with_a_null_key_is_acked_at_once(spark, ack_mode):
     batch = tracked_frame(spark, [None, None], keys=["click", "view"])
     outcome, pending = ledger([topology.run_batch(batch, 0)])
     assert outcome == dict.fromkeys(roots(batch), ACKED) and pending == set()
-    assert topology.stages[-1].holding.store(None).before(1).rows.num_rows == 0
+    assert topology.stages[-1].holding.store(None).before(spark, 1).rows.toArrow().num_rows == 0
     assert sink.rows() == []
 
 
@@ -157,7 +157,7 @@ def test_a_batch_run_again_starts_from_the_tuples_held_before_it(spark, ack_mode
     topology.run_batch(again, 1)
     topology.run_batch(again, 1)
     assert pairs(sink) == [("a", (0, 0), (1, 0))] * 2
-    held = topology.stages[-1].holding.store(None).before(2).rows
+    held = topology.stages[-1].holding.store(None).before(spark, 2).rows.toArrow()
     assert sorted(zip(held.column("value").to_pylist(), held.column("_side").to_pylist())) == [
         ("y", 1),
         ("z", 0),
@@ -180,7 +180,7 @@ def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
     second = tracked_frame(spark, ["a"], keys=["view"], partition=1)
     topology.run_batch(second, 1)
     assert sink.rows() == []
-    held = topology.stages[-1].holding.store(None).before(2).rows
+    held = topology.stages[-1].holding.store(None).before(spark, 2).rows.toArrow()
     assert held.column("_root").to_pylist() == roots(second)
 
 
@@ -352,8 +352,8 @@ def test_a_tuple_that_never_finds_its_match_times_out_and_is_replayed(spark, tmp
     assert [(d["offset"], d["attempts"]) for d in letters] == [(0, 2)]
     assert sink.rows() == []
     # the first attempt's row was dropped when its root timed out: never held twice
-    state = HeldStore(os.path.join(str(tmp_path / "ckpt"), "topology", FOLDER, "j")).latest()
-    assert set(state.rows.column("_attempt").to_pylist()) <= {1}
+    state = HeldStore(os.path.join(str(tmp_path / "ckpt"), "topology", FOLDER, "j")).latest(spark)
+    assert {r["_attempt"] for r in state.rows.collect()} <= {1}
 
 
 @pytest.mark.broker

@@ -1,8 +1,9 @@
 """A property of held tuples' ack records, through the acker's ledger (no Spark).
 
 A window stage with telescoped acks gives each tuple it still holds at the end of a
-batch a fresh id ``h`` (``hold_ids``), sends ``ACK (root, h)`` then, and again in the
-batch that releases it. Whatever the mix of roots, tuples per root, batches and
+batch a fresh id ``h`` (``holding.hold_id``: xxhash64 of its root, the batch, the
+stage and a number unique in the batch), sends ``ACK (root, h)`` then, and again in
+the batch that releases it. Whatever the mix of roots, tuples per root, batches and
 releases, a root is acked iff every tuple of it that was held got released."""
 
 import numpy as np
@@ -11,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream.acker.ledger import Pending, step
+from ackstream.ids import hash_longs
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, ACKED, ack_table, as_table
 from ackstream.testing import ack_records, init
-from ackstream.topology.holding import hold_ids
 
 STAGE = 3
 
@@ -40,7 +41,7 @@ def batch_records(tuples, batch, holds):
     newly = [i for i, (_, read, out) in enumerate(tuples) if read == batch and out != batch]
     if newly:
         roots = np.array([tuples[i][0] for i in newly], np.int64)
-        ids = hold_ids(roots, batch, STAGE)
+        ids = hash_longs(roots, batch, STAGE, np.arange(len(roots)))
         holds.update(zip(newly, ids.tolist()))
         tables.append(ack_table(roots, ids, ACK, batch))
     back = [i for i, (_, read, out) in enumerate(tuples) if out == batch and read < batch]
