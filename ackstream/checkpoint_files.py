@@ -3,8 +3,9 @@
 A plain path is read and written directly. A URL (``file:``, ``hdfs:``, ``s3a:``...)
 goes through Spark's Hadoop file system, as Spark's own checkpoint files do: the
 session's Hadoop configuration holds the credentials and the file system classes.
-Under Spark Connect this process has no JVM: a URL is read with a Spark job
-(``spark.read.text``), and cannot be written from here.
+Under Spark Connect this process has no JVM: a URL is read and written with a Spark
+job (``spark.read.text``, ``DataFrame.write.text``), which makes the file a folder
+holding one part file; every reader here reads either form.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def read_text(spark, path: str) -> str | None:
     fs, hadoop_path = _hadoop(spark, path)
     if not fs.exists(hadoop_path):
         return None
+    if fs.getFileStatus(hadoop_path).isDirectory():  # written from a Connect client
+        return _read_with_spark(spark, path)
     stream = fs.open(hadoop_path)
     try:
         return spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(  # noqa: SLF001 - Spark has no Python API for Hadoop file systems
@@ -45,15 +48,18 @@ def read_text(spark, path: str) -> str | None:
         stream.close()
 
 
-def write_text(spark, path: str, text: str) -> bool:
+def write_text(spark, path: str, text: str) -> None:
     """Write ``text`` to ``path`` whole (under a hidden name first, then renamed into
-    place), making its folder; False under Spark Connect for a URL (no JVM here)."""
+    place), making its folder. Under Spark Connect a URL is written by a Spark job, as
+    a folder of that name holding the text (a reader sees it once the job is done)."""
     if not is_url(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         write_atomically(path, lambda hidden: _write_local(hidden, text))
-        return True
+        return
     if is_connect(spark):
-        return False
+        one = spark.createDataFrame([(text,)], "value string").coalesce(1)
+        one.write.mode("overwrite").text(path)
+        return
     fs, hadoop_path = _hadoop(spark, path)
     hidden = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(hidden_path(path))  # noqa: SLF001 - as above
     fs.mkdirs(hadoop_path.getParent())
@@ -65,7 +71,6 @@ def write_text(spark, path: str, text: str) -> bool:
     fs.delete(hadoop_path, False)
     if not fs.rename(hidden, hadoop_path):
         raise OSError(f"could not rename {hidden_path(path)} to {path}")
-    return True
 
 
 def list_names(spark, folder: str) -> list[str] | None:
@@ -115,4 +120,4 @@ def _read_with_spark(spark, path: str) -> str | None:
         if "PATH_NOT_FOUND" in str(problem):
             return None
         raise
-    return rows[0][0] if rows else ""
+    return rows[0][0] if rows else None  # a folder with no text: a write that never ended

@@ -70,3 +70,29 @@ def test_the_readme_topology_runs_from_a_connect_client_and_commits_every_offset
     # every line at least once (replays of the poison's batch count again)
     stages = stages_in(str(tmp_path / "ckpt"))
     assert stages["map#1"]["in"] >= 40 and stages["sink#1"]["in"] > 0, stages
+
+
+def test_a_connect_client_keeps_the_acker_shard_count_at_a_url(connect_server, spark, tmp_path):
+    """The count is written through a Spark job from the client; a restart with another
+    count is refused there and by a classic session alike."""
+    from ackstream.acker.query import check_shard_count
+    from ackstream.errors import OptionError
+
+    checkpoint = (tmp_path / "acker").as_uri()
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parent / "remote_shard_count.py"),
+            connect_server.url,
+            checkpoint,
+        ],
+        env=spark_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    refused = json.loads(done.stdout.strip().splitlines()[-1])["refused"]
+    assert refused is not None and "expected 2, the count" in refused, done.stderr[-3000:]
+    with pytest.raises(OptionError, match="expected 2, the count"):
+        check_shard_count(spark, checkpoint, 3)

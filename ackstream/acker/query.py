@@ -154,22 +154,13 @@ def check_shard_count(spark, checkpoint: str, ackers: int) -> None:
     root lives in the state of shard ``pmod(root, ackers)``, so another count would lose
     track of it (its acks would reach a shard that never saw its init). The count is
     kept in the checkpoint, read and written as Spark's checkpoint files are (see
-    :mod:`ackstream.checkpoint_files`). Under Spark Connect a checkpoint at a URL that
-    holds no count yet cannot be given one from here: it is started unchecked, with a
-    warning."""
+    :mod:`ackstream.checkpoint_files`)."""
     if not isinstance(ackers, int) or ackers < 1:
         raise OptionError("ackers", ackers, "a whole number >= 1 (tracking=False runs no acker)")
     path = f"{checkpoint.rstrip('/')}/{SHARDS_FILE}"
     text = read_text(spark, path)
     if text is None:
-        if not write_text(spark, path, json.dumps({"ackers": ackers})):
-            log.warning(
-                "the acker checkpoint %s keeps no shard count (a Spark Connect session "
-                "cannot write one at a URL): restarting it with other than ackers=%d would "
-                "lose its pending roots",
-                checkpoint,
-                ackers,
-            )
+        write_text(spark, path, json.dumps({"ackers": ackers}))
         return
     started_with = json.loads(text)["ackers"]
     if started_with != ackers:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ackstream.acker.query import check_shard_count
+from ackstream.acker.query import SHARDS_FILE, check_shard_count
 from ackstream.errors import OptionError
 
 
@@ -32,3 +32,15 @@ def test_a_checkpoint_at_a_url_keeps_its_shard_count_too(spark, tmp_path):
     # the same folder as a plain path: the count kept through the URL holds
     with pytest.raises(OptionError, match="expected 2"):
         check_shard_count(spark, str(tmp_path / "acker"), 3)
+
+
+@pytest.mark.spark
+def test_a_count_a_connect_client_wrote_as_a_folder_is_read_by_any_session(spark, tmp_path):
+    """A Spark Connect client writes the count at a URL with a Spark job: a folder of
+    that name holding the text. A classic session reads it and refuses another count."""
+    checkpoint = (tmp_path / "acker").as_uri()
+    count = spark.createDataFrame([('{"ackers": 2}',)], "value string").coalesce(1)
+    count.write.text(f"{checkpoint}/{SHARDS_FILE}")
+    check_shard_count(spark, checkpoint, 2)
+    with pytest.raises(OptionError, match="expected 2, the count"):
+        check_shard_count(spark, checkpoint, 3)
