@@ -758,3 +758,30 @@ def test_ctrl_c_on_a_kafka_run_prints_one_line(broker, new_topic, tmp_path):
     assert len(said) == 1, "".join(lines)
     assert said[0].startswith("ackstream: interrupted, stopping the queries (log: ")
     assert not any("py4j" in line or "Traceback" in line for line in lines)
+
+
+def test_the_acker_command_makes_one_acks_partition_per_shard(broker, tmp_path):
+    """``ackstream acker --bootstrap ... --ackers 3`` on a new topology: its channel's
+    acks topic gets three partitions, so the shard count it asked for is the one it runs."""
+    import subprocess
+    import sys
+    import uuid
+
+    from kafka import KafkaConsumer
+
+    name = f"cli-ackers-{uuid.uuid4().hex[:8]}"
+    command = [sys.executable, "-m", "ackstream", "acker", "--topology", name]
+    options = ["--bootstrap", broker.bootstrap, "--checkpoint", str(tmp_path / "acker")]
+    done = subprocess.run(
+        [*command, *options, "--ackers", "3", "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
+    try:
+        assert len(consumer.partitions_for_topic(f"{name}.acks") or ()) == 3
+    finally:
+        consumer.close()

@@ -87,7 +87,9 @@ def _run_acker(args, kafka_options: dict, timeout_ms: int, log_file: LogFile) ->
         return refused(problem)
     channel: Channel
     if args.bootstrap:
-        channel = KafkaChannel(args.bootstrap, args.topology, kafka_options=kafka_options)
+        channel = KafkaChannel(
+            args.bootstrap, args.topology, args.ackers, kafka_options=kafka_options
+        )  # one acks partition per shard
     else:
         channel = LocalChannel(args.channel or default_channel_dir(args.topology))
     query, code = None, EXIT_FAILED
