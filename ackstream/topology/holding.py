@@ -47,7 +47,6 @@ __all__ = [
     "Holding",
     "hold_id",
     "hold_pairs",
-    "first_root",
     "lost_roots",
     "roots_of",
 ]
@@ -59,10 +58,11 @@ _NEW = "_new_hold"  # a saved row whose hold id this batch gave
 _ID = "_held_row"
 
 
-def hold_id(first: Column, batch_id: int, stage: int) -> Column:
-    """A fresh id per held tuple: ``xxhash64(first, batch, stage, i)`` with ``first`` its
-    first root and ``i`` unique among the batch's rows, so that no two held tuples of
-    one root cancel each other in its XOR (null for a tuple with no root)."""
+def hold_id(roots: Column, batch_id: int, stage: int) -> Column:
+    """A fresh id per held tuple: ``xxhash64(first root, batch, stage, i)``, ``i`` unique
+    among the batch's rows, so that no two held tuples of one root cancel each other in
+    its XOR (null for a tuple with no root)."""
+    first = F.element_at(roots, 1)
     number = F.monotonically_increasing_id()
     hashed = F.xxhash64(first, F.lit(batch_id).cast("long"), F.lit(stage).cast("long"), number)
     return F.when(first.isNotNull(), hashed)
@@ -75,15 +75,6 @@ def lost_roots(completions: pa.Table) -> pa.Array:
     status = completions.column("status")
     skip = pc.fill_null(pc.is_in(status, value_set=pa.array([ACKED, *NOTICES])), True)
     return completions.filter(pc.invert(skip)).column("root").drop_null().combine_chunks()
-
-
-def first_root(rows: DataFrame) -> Column:
-    """Each row's first root in :func:`roots_of`'s order, without building the array
-    unless its first anchor has none."""
-    if ANCHORS not in rows.columns:
-        return F.col(ROOT) if ROOT in rows.columns else F.lit(None).cast("long")
-    own = [F.col(ROOT)] if ROOT in rows.columns else []
-    return F.coalesce(*own, F.col(ANCHORS)[0]["root"], F.element_at(roots_of(rows), 1))
 
 
 def roots_of(rows: DataFrame) -> Column:
@@ -185,7 +176,7 @@ class Holding:
         if telescoped:
             fresh = F.col(HOLD).isNull()
             kept = kept.withColumn(_NEW, fresh).withColumn(
-                HOLD, F.coalesce(F.col(HOLD), hold_id(first_root(kept), ctx.batch_id, self.number))
+                HOLD, F.coalesce(F.col(HOLD), hold_id(roots_of(kept), ctx.batch_id, self.number))
             )
         store = self.store(ctx.folder)
         store.save(ctx.batch_id, HeldState(kept, before.position, clock))

@@ -394,6 +394,6 @@ def test_two_equal_tuples_of_one_root_held_get_ids_that_do_not_cancel(spark):
     from ackstream.topology.holding import hold_id
 
     rows = spark.createDataFrame([(7, "a"), (7, "a"), (None, "b")], "_root long, v string")
-    rows = rows.coalesce(1).withColumn("h", hold_id(F.col("_root"), 5, 2))
+    rows = rows.coalesce(1).withColumn("h", hold_id(F.array("_root"), 5, 2))
     got = [r["h"] for r in rows.collect()]
     assert got[:2] == list(hash_longs([7, 7], 5, 2, [0, 1])) and got[2] is None
