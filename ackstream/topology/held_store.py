@@ -83,19 +83,22 @@ class HeldStore:
         saved = list(self._memory) if self.files is None else self.files.batch_ids()
         return self.before(spark, max(saved) + 1) if saved else None
 
-    def save(self, batch_id: int, state: HeldState) -> None:
+    def save(self, batch_id: int, state: HeldState) -> DataFrame | None:
         """Save ``state`` as batch ``batch_id`` left it (its rows written by the
-        executors); drop all but the two newest."""
+        executors); drop all but the two newest. Returns the rows as saved (read back,
+        so a later job sees what was written, not a recomputation)."""
         if self.files is None:
             rows = None if state.rows is None else state.rows.localCheckpoint(eager=True)
             self._memory[batch_id] = HeldState(rows, state.position, state.clock)
             for old in sorted(self._memory)[:-_KEEP]:
                 del self._memory[old]
-            return
-        schema = None
+            return rows
+        schema, rows = None, None
         if state.rows is not None:
             state.rows.write.mode("overwrite").parquet(self.rows_path(batch_id))
             schema = state.rows.schema.jsonValue()
+            reader = state.rows.sparkSession.read.schema(state.rows.schema)
+            rows = reader.parquet(self.rows_path(batch_id))
         meta = {_POSITION: state.position, _CLOCK: state.clock, _SCHEMA: schema}
         published = pa.table({}).replace_schema_metadata(
             {k: json.dumps(v).encode() for k, v in meta.items()}
@@ -107,6 +110,7 @@ class HeldStore:
             name = os.path.basename(info.path)
             if name.startswith(_ROWS) and name not in kept:
                 fs.delete_dir(info.path)
+        return rows
 
     def rows_path(self, batch_id: int) -> str:
         """Where batch ``batch_id``'s held rows are written (files only)."""

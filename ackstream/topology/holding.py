@@ -103,6 +103,11 @@ class Before:
     fails: DataFrame | None = None
     cached: tuple = ()
 
+    def and_new(self, new: DataFrame) -> DataFrame:
+        """The held rows and the batch's ``new`` ones, as one frame of ``new``'s columns
+        (the saved rows carry more)."""
+        return new if self.held is None else self.held.select(*new.columns).unionByName(new)
+
 
 class Holding:
     """The held tuples of one stage (``name``, ``number``): its stores by folder, and
@@ -167,24 +172,28 @@ class Holding:
         return kept, fails, (numbered,)
 
     def keep(
-        self, kept: DataFrame, ctx: BatchContext, before: Before, clock, telescoped: bool
+        self,
+        kept: DataFrame,
+        released: DataFrame,
+        ctx: BatchContext,
+        before: Before,
+        clock,
+        telescoped: bool,
     ) -> DataFrame | None:
         """Save ``kept``, the rows still held after this batch, with ``before``'s
         position and the closing's ``clock``. Telescoped, each row newly held gets a
-        hold id first, and the ``(root, value)`` pairs of those ids (read back from
-        what was saved, so they are the ids the release will send) are returned."""
+        hold id first, and the ``(root, value)`` pairs to ack are returned: those of
+        the ``released`` rows' holds and of the new ones (read back from what was
+        saved, so they are the ids the release will send); otherwise None."""
         if telescoped:
             fresh = F.col(HOLD).isNull()
             kept = kept.withColumn(_NEW, fresh).withColumn(
                 HOLD, F.coalesce(F.col(HOLD), hold_id(roots_of(kept), ctx.batch_id, self.number))
             )
-        store = self.store(ctx.folder)
-        store.save(ctx.batch_id, HeldState(kept, before.position, clock))
-        if not telescoped:
+        saved = self.store(ctx.folder).save(ctx.batch_id, HeldState(kept, before.position, clock))
+        if not telescoped or saved is None:
             return None
-        saved = store.before(kept.sparkSession, ctx.batch_id + 1)
-        assert saved is not None and saved.rows is not None
-        return hold_pairs(saved.rows.where(F.col(_NEW)))
+        return hold_pairs(released).unionByName(hold_pairs(saved.where(F.col(_NEW))))
 
 
 def hold_pairs(rows: DataFrame) -> DataFrame:

@@ -54,7 +54,7 @@ from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, ROOT
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.graph import join_streams
-from ackstream.topology.holding import HELD_MS, HOLD, Holding, hold_pairs, roots_of
+from ackstream.topology.holding import HELD_MS, HOLD, Holding, roots_of
 
 __all__ = ["JoinColumns", "WaitingJoinStage"]
 
@@ -142,8 +142,8 @@ class WaitingJoinStage(Stage):
         """The pairs this batch's and the held tuples make; saves the tuples still
         without a match (``context`` says where, and which roots finished).
         ``StageOutput.acked`` is the tuples released or dropped (per-stage acks ack
-        those, not the input), ``records`` the new holds' ``ACK (root, h)`` and
-        ``holds`` the released holds' ``(root, value)`` pairs (telescoped)."""
+        those, not the input), ``holds`` the ``(root, value)`` pairs of the new and
+        released holds (telescoped) and ``fails`` the other roots of held tuples dropped."""
         columns = self.columns
         if context is None or columns is None:
             raise StageError(self.name, "a join runs inside a topology batch")
@@ -156,25 +156,20 @@ class WaitingJoinStage(Stage):
             .withColumn(HOLD, F.lit(None).cast("long"))
             .withColumn(HELD_MS, F.lit(ctx.now_ms).cast("long"))
         )
-        rows = new
-        if before.held is not None:
-            old = before.held.select(*new.columns)  # the saved rows carry more
-            rows = old.unionByName(new)
         by_key = Window.partitionBy(*self.keys)
-        marked = rows.withColumn(
-            _MATCHED, F.min(SIDE).over(by_key) != F.max(SIDE).over(by_key)
-        ).persist()  # kept, released and the pairs must come from one evaluation
+        marked = (
+            before.and_new(new)
+            .withColumn(_MATCHED, F.min(SIDE).over(by_key) != F.max(SIDE).over(by_key))
+            .persist()
+        )  # kept, released and the pairs must come from one evaluation
         kept = marked.where(~F.col(_MATCHED)).drop(_MATCHED)
-        new_holds = self.holding.keep(kept, ctx, before, None, tracking and not edges)
         released = marked.where(F.col(_MATCHED))
+        holds = self.holding.keep(kept, released, ctx, before, None, tracking and not edges)
         pairs = self._pairs(released, columns, tracking, edges)
         cached = (marked, *before.cached)
         if not tracking:
             return StageOutput(pairs, cached=cached)
         if not edges:
-            holds = hold_pairs(released)
-            if new_holds is not None:
-                holds = holds.unionByName(new_holds)
             return StageOutput(pairs, cached=cached, fails=before.fails, holds=holds)
         lineage = [c for c in (ROOT, EDGE, ANCHORS) if c in df.columns]
         acked = released.select(*lineage).unionByName(df.where(~keyed).select(*lineage))

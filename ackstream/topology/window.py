@@ -37,7 +37,7 @@ from ackstream.topology.bolts import (
     StageOutput,
     anchor_list,
 )
-from ackstream.topology.holding import HELD_MS, HOLD, Holding, hold_pairs
+from ackstream.topology.holding import HELD_MS, HOLD, Holding
 from ackstream.topology.window_closing import SEQ, SINCE, Closing
 
 __all__ = ["WindowStage"]
@@ -69,8 +69,9 @@ class WindowStage(Stage):
         """The windows this batch closes, from the tuples held before it and ``df``;
         saves what stays held (``context`` says where, and which roots finished).
         ``StageOutput.acked`` is the tuples released (per-stage acks ack those, not the
-        input), ``records`` the new holds' ``ACK (root, h)``, ``holds`` the released
-        holds' ``(root, value)`` pairs (telescoped) and ``rejected`` the late tuples."""
+        input), ``holds`` the ``(root, value)`` pairs of the new and released holds
+        (telescoped), ``fails`` the other roots of held tuples dropped and ``rejected``
+        the late tuples."""
         if context is None:
             raise StageError(self.name, "a window runs inside a topology batch")
         ctx = context
@@ -84,13 +85,12 @@ class WindowStage(Stage):
             ctx.now_ms,
             self.name,
         )
-        rows = new
-        if before.held is not None:
-            old = before.held.select(*new.columns)  # the saved rows carry more
-            rows = old.unionByName(new)
-        closed = self.closing.close(rows, self.keys, before.clock, ctx.now_ms, self.name)
-        telescoped = tracking and not edges
-        new_holds = self.holding.keep(closed.kept, ctx, before, closed.clock, telescoped)
+        closed = self.closing.close(
+            before.and_new(new), self.keys, before.clock, ctx.now_ms, self.name
+        )
+        holds = self.holding.keep(
+            closed.kept, closed.released, ctx, before, closed.clock, tracking and not edges
+        )
         windows = closed.windows
         grouped = windows.groupBy(*self.keys, *closed.group_columns)
         cached = (*closed.cached, *before.cached)
@@ -108,14 +108,13 @@ class WindowStage(Stage):
                 .groupBy(*self.keys, *closed.group_columns)
                 .agg(*self.aggs, group.alias(GROUP), null.alias(EDGE), null.alias(ROOT))
             )
-            holds = hold_pairs(closed.released)
             return StageOutput(
                 out.drop(*closed.hidden),
                 rejected=rejected,
                 cached=cached,
                 groups=GroupInput(windows, group_id),
                 fails=before.fails,
-                holds=holds if new_holds is None else holds.unionByName(new_holds),
+                holds=holds,
             )
         # a tuple in several windows gets a child edge per window, so no two cancel
         pair = F.xxhash64(
