@@ -52,6 +52,7 @@ test-unit: $(VENV)/.installed
 # The benchmarks' own end-to-end runs at tiny sizes (marked `bench`): each starts worker
 # processes with a Spark of their own, so they stay out of make test; CI runs them.
 test-bench: $(VENV)/.installed java kafka spark-kafka
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m pytest -m bench $(PYTEST_ARGS)
 
 # The runs marked `long` (chaos seeds, broker failures, scale), left out of make test.

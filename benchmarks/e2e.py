@@ -31,9 +31,11 @@ size's input, before the warm runs: from the process's start to the first output
 message, and to every input offset committed.
 
 Latency (``--latency-seconds``): ackstream tracked on the Kafka channel in the warm
-worker, fed at half its median rate at the first size: complete latency (its
-completions) and send-to-commit latency (a record's send to the poller seeing an
-offset committed past it), p50 and p99.
+worker, fed at half its median rate at the first size by a confluent-kafka producer
+here (kafka-python's took most of one of the two cores), timed after an untimed paced
+lead-in (``--latency-lead-s``): complete latency (its completions) and send-to-commit
+latency (a record's send to the poller seeing an offset committed past it), p50 and
+p99, and each batch's phases (Spark's progress).
 
 Prints tables and the figures of the project's targets (``TARGETS``) and writes JSON
 to ``benchmarks/results/e2e-<date>.json``.
@@ -48,10 +50,12 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import glob
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import queue
 import random
@@ -97,6 +101,8 @@ TARGETS = (
     ("time window overhead, tracked", WINDOWED, TRACKED, None, None, None),
 )
 LATENCY_TARGETS = (("complete_p99_ms", "<=", 1000.0), ("committed_p99_ms", "<=", 2000.0))
+#: the latency run's producer sleeps to its pace once per this many records
+PACE_EVERY = 32
 
 
 #: A worker that committed nothing new for this long (from its start: a cold Spark
@@ -160,6 +166,42 @@ def produce(bootstrap: str, topic: str, lines: list[bytes], partitions: int) -> 
         return ends
     finally:
         producer.close()
+
+
+def paced_send(bootstrap, topic, lines, rate: float, partitions: int, worker) -> list[tuple]:
+    """Send ``lines`` at ``rate`` records a second (record i to partition i % partitions)
+    and return each one's (send time, partition, offset). With confluent-kafka's
+    producer: kafka-python's took most of a core at these rates, a share of the two
+    cores the measured system runs on."""
+    from confluent_kafka import KafkaException, Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 1})
+    sent: list[float] = []
+    placed: dict[int, tuple[int, int]] = {}
+    errors: list = []
+
+    def delivered(i: int, error, message) -> None:
+        if error is not None:
+            errors.append(error)
+        else:
+            placed[i] = (message.partition(), message.offset())
+
+    begin = time.monotonic()
+    for i, line in enumerate(lines):
+        if i % PACE_EVERY == 0:  # a sleep per record would cost more than its send
+            producer.poll(0)
+            wait = begin + i / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            if i % (PACE_EVERY * 128) == 0:
+                worker.check_alive()
+        sent.append(time.time())
+        producer.produce(
+            topic, value=line, partition=i % partitions, on_delivery=functools.partial(delivered, i)
+        )
+    if producer.flush(60) or errors or len(placed) != len(sent):
+        raise KafkaException(errors[0] if errors else f"{len(sent) - len(placed)} not delivered")
+    return [(t, *placed[i]) for i, t in enumerate(sent)]
 
 
 def create_topic(bootstrap: str, partitions: int, name: str) -> str:
@@ -591,18 +633,21 @@ def run_fresh(system: str, inp: Input, ctx, tag: str, cold=False) -> dict:
     raise RuntimeError(f"{system} stalled twice: {stalls}")
 
 
-def latency_run(worker: Worker, ctx, rate: float, seconds: float, max_per_batch: int) -> dict:
-    """ackstream tracked on the Kafka channel, fed at ``rate`` records/s for ``seconds``
-    by a producer here after a second's worth of warm-up: complete and send-to-commit
-    latency percentiles."""
-    from kafka import KafkaProducer
-
+def latency_run(
+    worker: Worker, ctx, rate: float, seconds: float, lead_s: float, max_per_batch: int
+) -> dict:
+    """ackstream tracked on the Kafka channel, fed at ``rate`` records/s by a producer
+    here: a second's worth of records at once (the query is running), then ``lead_s``
+    of paced records that are not timed (the new query's first batches ran up to twice
+    as long as later ones), then ``seconds`` of timed ones: complete and send-to-commit
+    latency percentiles of those."""
     from ackstream import KafkaChannel
     from ackstream.records import ACKED
 
     name = f"e2e-{ctx.run}-latency"
     topic = create_topic(ctx.bootstrap, ctx.partitions, f"{name}-in")
     count = max(ctx.partitions * 10, int(rate * seconds))
+    lead = int(rate * lead_s)
     warm = max(ctx.partitions * 10, int(rate))
     start_job(worker, ctx, TRACKED, name, topic, max_per_batch)
     poller = Poller(ctx.bootstrap, name, topic, worker.cpu_s)
@@ -613,39 +658,31 @@ def latency_run(worker: Worker, ctx, rate: float, seconds: float, max_per_batch:
         warm_ends = produce(ctx.bootstrap, topic, sentences(warm, seed=17), ctx.partitions)
         poller.expect("warm", warm_ends)
         poller.wait("warm", worker, ctx.timeout_s)
-        log(f"latency: producing {count:,} records at {rate:,.0f}/s")
-        producer = KafkaProducer(bootstrap_servers=ctx.bootstrap, acks="all", linger_ms=1)
-        sent, begin = [], time.monotonic()
-        for i, line in enumerate(sentences(count, seed=16)):
-            wait = begin + i / rate - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            future = producer.send(topic, value=line, partition=i % ctx.partitions)
-            sent.append((time.time(), future))
-            if i % 5000 == 0:
-                worker.check_alive()
-        producer.flush()
-        placed = [(t, f.get(timeout=60)) for t, f in sent]
-        producer.close()
+        log(f"latency: producing {lead:,} + {count:,} records at {rate:,.0f}/s")
+        placed = paced_send(
+            ctx.bootstrap, topic, sentences(lead + count, seed=16), rate, ctx.partitions, worker
+        )
         ends = dict(warm_ends)
-        for _, meta in placed:
-            ends[meta.partition] = max(ends[meta.partition], meta.offset + 1)
+        for _, partition, offset in placed:
+            ends[partition] = max(ends[partition], offset + 1)
         poller.expect("all", ends)
         poller.wait("all", worker, ctx.timeout_s)
         worker.send(stop=True)
-        worker.expect("finished", 180)
+        finished = worker.expect("finished", 180)
     finally:
         poller.stopped.set()
         poller.join(10)
-    committed_ms = np.array(
-        [1000 * (poller.seen_at(m.partition, m.offset) - t) for t, m in placed], float
-    )
+    timed = placed[lead:]
+    committed_ms = np.array([1000 * (poller.seen_at(p, o) - t) for t, p, o in timed], float)
+    first = {}  # each partition's first timed offset
+    for _, partition, offset in timed:
+        first[partition] = min(first.get(partition, offset), offset)
     done = KafkaChannel(ctx.bootstrap, name).completions_since(None)[0].to_pylist()
     complete_ms = np.array(
         [
             c["latency_ms"]
             for c in done
-            if c["status"] == ACKED and c["offset"] >= warm_ends.get(c["partition"], 0)
+            if c["status"] == ACKED and c["offset"] >= first.get(c["partition"], math.inf)
         ],
         float,
     )
@@ -654,12 +691,15 @@ def latency_run(worker: Worker, ctx, rate: float, seconds: float, max_per_batch:
         "rate_records_per_s": rate,
         "records": count,
         "warmup_records": warm,
+        "lead_in_records": lead,
         "max_per_batch": max_per_batch,
         "acked": len(complete_ms),
         "complete_p50_ms": float(np.percentile(complete_ms, 50)) if len(complete_ms) else None,
         "complete_p99_ms": float(np.percentile(complete_ms, 99)) if len(complete_ms) else None,
         "committed_p50_ms": float(np.percentile(committed_ms, 50)),
         "committed_p99_ms": float(np.percentile(committed_ms, 99)),
+        "phase_ms_median": finished["phase_ms_median"],
+        "progress": finished["progress"],
     }
     log(
         f"latency at {rate:,.0f}/s: complete p50/p99 {result['complete_p50_ms']}/"
@@ -873,6 +913,9 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--latency-rate", type=float, help="instead of half the tracked rate")
     parser.add_argument(
+        "--latency-lead-s", type=float, default=10, help="paced, untimed, before the timed run"
+    )
+    parser.add_argument(
         "--ackstream-option",
         action="append",
         default=[],
@@ -893,6 +936,11 @@ def main(argv=None) -> dict:
         log(f"{system}: skipped, {why}")
     if not args.repeats and not args.latency_rate and args.latency_seconds > 0:
         parser.error("--repeats 0 (the latency run alone) needs --latency-rate")
+    if args.latency_seconds > 0 and importlib.util.find_spec("confluent_kafka") is None:
+        parser.error(
+            "the latency run produces with confluent-kafka: pip install -e '.[bench]', "
+            "or --latency-seconds 0"
+        )
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from broker import KafkaBroker, kafka_version
@@ -958,7 +1006,9 @@ def main(argv=None) -> dict:
             rate = args.latency_rate or (
                 statistics.median(r["records_per_s"] for r in runs[sizes[0]][TRACKED]) / 2
             )
-            latency = latency_run(warm_worker, ctx, rate, args.latency_seconds, sizes[0])
+            latency = latency_run(
+                warm_worker, ctx, rate, args.latency_seconds, args.latency_lead_s, sizes[0]
+            )
         out = {
             "benchmark": "e2e",
             "date": dt.datetime.now(dt.UTC).isoformat(),
@@ -974,6 +1024,7 @@ def main(argv=None) -> dict:
                 "vocabulary": len(vocabulary()),
                 "message_timeout_ms": MESSAGE_TIMEOUT_MS,
                 "latency_seconds": args.latency_seconds,
+                "latency_lead_s": args.latency_lead_s,
                 "ackstream_options": ctx.ackstream_options,
                 "systems": systems,
                 "skipped": skipped,

@@ -136,6 +136,7 @@ def spark_summary(spark, query, warmup_batches: int, compiled_before: int) -> di
             phase: statistics.median(p["durationMs"].get(phase, 0) for p in timed)
             for phase in (timed[0]["durationMs"] if timed else ())
         },
+        "progress": [{"timestamp": p["timestamp"], **p["durationMs"]} for p in batches],
     }
 
 

@@ -45,6 +45,8 @@ def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, t
             COLD,
             "--latency-seconds",
             "2",
+            "--latency-lead-s",
+            "1",
             "--bootstrap",
             broker.bootstrap,
             "--output",
@@ -72,7 +74,8 @@ def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, t
     cold = out["cold"][COLD]
     assert 0 < cold["to_first_output_s"] <= cold["to_all_committed_s"]
     latency = out["latency"]
-    assert latency["acked"] == latency["records"]
+    assert latency["acked"] == latency["records"] and latency["lead_in_records"] > 0
+    assert latency["progress"] and "addBatch" in latency["phase_ms_median"]
     assert latency["complete_p99_ms"] >= 0 and latency["committed_p99_ms"] >= 0
     named = {(t["name"], t["batch_size"]) for t in out["targets"]}
     for name, system, other, *_ in e2e.TARGETS:
