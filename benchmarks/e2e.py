@@ -938,7 +938,11 @@ def main(argv=None) -> dict:
         log(f"{system}: skipped, {why}")
     if not args.repeats and not args.latency_rate and args.latency_seconds > 0:
         parser.error("--repeats 0 (the latency run alone) needs --latency-rate")
-    if args.latency_seconds > 0 and importlib.util.find_spec("confluent_kafka") is None:
+    if (
+        args.latency_seconds > 0
+        and TRACKED in wanted
+        and importlib.util.find_spec("confluent_kafka") is None
+    ):
         parser.error(
             "the latency run produces with confluent-kafka: pip install -e '.[bench]', "
             "or --latency-seconds 0"
