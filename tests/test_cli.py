@@ -222,6 +222,51 @@ def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, cap
     assert (status.roots, status.acked, status.pending) == (20, 20, 0)
 
 
+SPARK_READER_FILE = """
+from pyspark.sql import functions as F
+
+from ackstream import LocalChannel, MemorySink, Topology
+
+topology = (Topology("idle-spark-reader", spark, LocalChannel({channel!r}))
+            .explode(F.split(F.col("value").cast("string"), " "), "word")
+            .sink(MemorySink()))
+frame = topology.read_stream({{"kafka.bootstrap.servers": {bootstrap!r},
+                              "subscribe": {topic!r}, "ackstream.recordReader": "spark"}})
+topology.start(frame, {checkpoint!r}, trigger_ms=200)
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_until_idle_sees_the_batches_spark_s_reader_reads(
+    spark, broker, new_topic, tmp_path, capsys
+):
+    """Spark's Kafka reader's records are not in the progress's numInputRows: the wait
+    still sees the batches work (the source's counts move) and stops after the work,
+    not at the timeout."""
+    from ackstream.status import local_status
+
+    from helpers import produce, sentences
+
+    topic = new_topic()
+    produce(broker.bootstrap, topic, sentences(40))
+    channel = str(tmp_path / "channel")
+    topo = tmp_path / "spark_reader.py"
+    topo.write_text(
+        SPARK_READER_FILE.format(
+            channel=channel,
+            checkpoint=str(tmp_path / "ckpt"),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+        )
+    )
+    assert main(["run", str(topo), "--until-idle", "5", "--timeout", "90"]) == 0
+    err = capsys.readouterr().err
+    assert "no rows read for 5s" in err and "--timeout" not in err, err
+    status = local_status(channel, "idle-spark-reader")
+    assert (status.acked, status.pending) == (40, 0)
+
+
 @pytest.mark.spark
 def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the log file the run keeps

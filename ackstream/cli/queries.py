@@ -12,6 +12,7 @@ from ackstream import launch
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
 from ackstream.console import LogFile, interrupts
 from ackstream.errors import cause_of
+from ackstream.status import source_metrics
 from ackstream.topology.running import stop_queries
 
 __all__ = ["local_session", "stop", "stopping", "supervise", "wait"]
@@ -46,13 +47,15 @@ def wait(
     queries, timeout: float | None, until_idle: float | None, pressed, every_s: float = 5.0
 ) -> int:
     """Poll until every query ended (0), or one failed (1 at once: its peers would run
-    on without it), or the timeout passed, or the queries have read rows and then none
-    for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
+    on without it), or the timeout passed, or the queries have worked (read rows, or
+    moved an ``ackstream`` source's counts or commits: see :func:`_work_of`) and then
+    not for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
     :func:`~ackstream.console.interrupts`). Prints each query's progress every
     ``every_s``."""
     start, last_active, printed = time.monotonic(), None, time.monotonic()
     seen: dict = {}
     rows: dict = {}
+    work: dict = {}
     while any(q.isActive for q in queries):
         if pressed.is_set():
             return EXIT_INTERRUPTED
@@ -63,9 +66,10 @@ def wait(
             progress = q.lastProgress
             if progress and seen.get(q.id) != progress.get("batchId"):
                 rows[q.id] = rows.get(q.id, 0) + progress.get("numInputRows", 0)
-                if progress.get("numInputRows", 0) > 0:
+                moved = _work_of(progress)
+                if progress.get("numInputRows", 0) > 0 or (q.id in work and moved != work[q.id]):
                     last_active = now
-                seen[q.id] = progress.get("batchId")
+                seen[q.id], work[q.id] = progress.get("batchId"), moved
         if now - printed >= every_s:
             printed = now
             print(
@@ -90,6 +94,22 @@ def wait(
             return EXIT_OK
         pressed.wait(0.2)
     return EXIT_FAILED if any(q.exception() is not None for q in queries) else EXIT_OK
+
+
+def _work_of(progress) -> dict | None:
+    """What moves in a query's progress when it works, besides ``numInputRows``: the
+    ``ackstream`` source's outcome counts, roots in flight and committed offsets
+    (Spark's count leaves out the records Spark's Kafka reader reads for that source).
+    Not the partitions' end and lag, which move with the producers."""
+    metrics = source_metrics(progress)
+    if metrics is None:
+        return None
+    committed = {
+        (topic, partition): part.get("committed")
+        for topic, parts in metrics.get("partitions", {}).items()
+        for partition, part in parts.items()
+    }
+    return {**{k: v for k, v in metrics.items() if k != "partitions"}, "committed": committed}
 
 
 def _failures(queries, log_file: LogFile) -> int:
