@@ -227,7 +227,7 @@ from pyspark.sql import functions as F
 
 from ackstream import LocalChannel, MemorySink, Topology
 
-topology = (Topology("idle-spark-reader", spark, LocalChannel({channel!r}))
+topology = (Topology("idle-spark-reader", spark, LocalChannel({channel!r}), tracking={tracking})
             .explode(F.split(F.col("value").cast("string"), " "), "word")
             .sink(MemorySink()))
 frame = topology.read_stream({{"kafka.bootstrap.servers": {bootstrap!r},
@@ -238,12 +238,15 @@ topology.start(frame, {checkpoint!r}, trigger_ms=200)
 
 @pytest.mark.spark
 @pytest.mark.broker
+@pytest.mark.parametrize("tracking", [True, False], ids=["tracked", "untracked"])
 def test_until_idle_sees_the_batches_spark_s_reader_reads(
-    spark, broker, new_topic, tmp_path, capsys
+    spark, broker, new_topic, tmp_path, capsys, tracking
 ):
     """Spark's Kafka reader's records are not in the progress's numInputRows: the wait
-    still sees the batches work (the source's counts move) and stops after the work,
-    not at the timeout."""
+    counts them from the batch's offset, shows them and stops after the work, not at
+    the timeout."""
+    from kafka import KafkaAdminClient
+
     from ackstream.status import local_status
 
     from helpers import produce, sentences
@@ -258,13 +261,24 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
             checkpoint=str(tmp_path / "ckpt"),
             bootstrap=broker.bootstrap,
             topic=topic,
+            tracking=tracking,
         )
     )
     assert main(["run", str(topo), "--until-idle", "5", "--timeout", "90"]) == 0
     err = capsys.readouterr().err
     assert "no rows read for 5s" in err and "--timeout" not in err, err
-    status = local_status(channel, "idle-spark-reader")
-    assert (status.acked, status.pending) == (40, 0)
+    assert re.search(r"idle-spark-reader: batch \d+, 40 rows read", err), err
+    if tracking:
+        status = local_status(channel, "idle-spark-reader")
+        assert (status.acked, status.pending) == (40, 0)
+    else:  # every record read: its offset committed to the topology's group
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        try:
+            group = "ackstream-idle-spark-reader"
+            offsets = admin.list_group_offsets({group: None})[group]
+        finally:
+            admin.close()
+        assert sum(meta.offset for tp, meta in offsets.items() if tp.topic == topic) == 40
 
 
 @pytest.mark.spark

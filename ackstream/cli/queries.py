@@ -4,6 +4,7 @@ query that failed, and the stop."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -12,10 +13,10 @@ from ackstream import launch
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
 from ackstream.console import LogFile, interrupts
 from ackstream.errors import cause_of
-from ackstream.status import source_metrics
+from ackstream.sources.offsets import new_ranges
 from ackstream.topology.running import stop_queries
 
-__all__ = ["local_session", "stop", "stopping", "supervise", "wait"]
+__all__ = ["local_session", "rows_read", "stop", "stopping", "supervise", "wait"]
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,13 @@ def wait(
     queries, timeout: float | None, until_idle: float | None, pressed, every_s: float = 5.0
 ) -> int:
     """Poll until every query ended (0), or one failed (1 at once: its peers would run
-    on without it), or the timeout passed, or the queries have worked (read rows, or
-    moved an ``ackstream`` source's counts or commits: see :func:`_work_of`) and then
-    not for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
+    on without it), or the timeout passed, or the queries have read rows and then none
+    for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
     :func:`~ackstream.console.interrupts`). Prints each query's progress every
     ``every_s``."""
     start, last_active, printed = time.monotonic(), None, time.monotonic()
     seen: dict = {}
     rows: dict = {}
-    work: dict = {}
     while any(q.isActive for q in queries):
         if pressed.is_set():
             return EXIT_INTERRUPTED
@@ -65,11 +64,11 @@ def wait(
         for q in queries:
             progress = q.lastProgress
             if progress and seen.get(q.id) != progress.get("batchId"):
-                rows[q.id] = rows.get(q.id, 0) + progress.get("numInputRows", 0)
-                moved = _work_of(progress)
-                if progress.get("numInputRows", 0) > 0 or (q.id in work and moved != work[q.id]):
+                read = rows_read(progress)
+                rows[q.id] = rows.get(q.id, 0) + read
+                if read > 0:
                     last_active = now
-                seen[q.id], work[q.id] = progress.get("batchId"), moved
+                seen[q.id] = progress.get("batchId")
         if now - printed >= every_s:
             printed = now
             print(
@@ -96,20 +95,28 @@ def wait(
     return EXIT_FAILED if any(q.exception() is not None for q in queries) else EXIT_OK
 
 
-def _work_of(progress) -> dict | None:
-    """What moves in a query's progress when it works, besides ``numInputRows``: the
-    ``ackstream`` source's outcome counts, roots in flight and committed offsets
-    (Spark's count leaves out the records Spark's Kafka reader reads for that source).
-    Not the partitions' end and lag, which move with the producers."""
-    metrics = source_metrics(progress)
-    if metrics is None:
-        return None
-    committed = {
-        (topic, partition): part.get("committed")
-        for topic, parts in metrics.get("partitions", {}).items()
-        for partition, part in parts.items()
-    }
-    return {**{k: v for k, v in metrics.items() if k != "partitions"}, "committed": committed}
+def rows_read(progress) -> int:
+    """The rows a batch read (its ``StreamingQueryProgress``): Spark's ``numInputRows``,
+    plus the new ranges of an ``ackstream`` source whose records Spark's Kafka reader
+    reads (its offset says so), which Spark leaves out of that count: it counts the
+    replays the source read itself. A batch that ends where it starts read nothing.
+
+    >>> rows_read({"numInputRows": 2, "sources": [
+    ...     {"endOffset": '{"reader": "spark", "read": {"t": {"0": [5, 9], "1": [3, 3]}}}'}]})
+    6
+    """
+    rows = progress.get("numInputRows", 0)
+    for source in progress.get("sources", ()):
+        offset = source.get("endOffset")
+        if offset == source.get("startOffset"):  # a batch that read nothing new
+            continue
+        try:
+            offset = json.loads(offset) if isinstance(offset, str) else offset
+        except ValueError:
+            continue
+        if isinstance(offset, dict) and offset.get("reader") == "spark":
+            rows += sum(end - start for *_, start, end in new_ranges(offset))
+    return rows
 
 
 def _failures(queries, log_file: LogFile) -> int:
