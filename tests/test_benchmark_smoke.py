@@ -26,6 +26,7 @@ def test_storm_dict_acks_every_root():
     assert acker.bench_storm_dict(table, 30)["records_per_s"] > 0
 
 
+@pytest.mark.bench  # a benchmark run end to end: make test-bench, beside the e2e smoke run
 def test_benchmark_run_reports_exact_counts_and_all_keys(spark, broker, tmp_path):
     result = acker.run(
         spark,
