@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from kafka.serializer import Serializer, SerializeWrapper
 
 from ackstream.clock import now_ms
 from ackstream.continued import lineage_headers, mint_edges
@@ -263,6 +264,7 @@ class ProduceTask:
         from kafka import KafkaProducer
 
         config = {"acks": "all", "client_id": "ackstream-sink", **self.producer_config}
+        config["value_serializer"] = _NullMarked(config.get("value_serializer"))
         return KafkaProducer(bootstrap_servers=self.bootstrap, **config)
 
     def _send(self, producer, batch: pa.RecordBatch, edges) -> list[str | None]:
@@ -277,9 +279,10 @@ class ProduceTask:
         for i, (key, value) in enumerate(zip(keys, values)):
             continues = edges is not None and roots[i]  # a row anchored to roots
             headers = lineage_headers(roots[i], edges[i]) if continues else None
+            value = _NULL if key is None and value is None else _bytes(value)
             try:
                 futures.append(
-                    producer.send(self.topic, key=_bytes(key), value=_bytes(value), headers=headers)
+                    producer.send(self.topic, key=_bytes(key), value=value, headers=headers)
                 )
             except Exception as error:  # e.g. MessageSizeTooLargeError: this row only
                 futures.append(None)
@@ -318,6 +321,30 @@ class ProduceTask:
             [*rows.columns, pa.array(why, pa.string()), edge],
             names=[*self.carried, REASON, SENT_EDGE],
         )
+
+
+#: The value a row with neither key nor value is sent with (see :class:`_NullMarked`).
+_NULL = object()
+
+
+class _NullMarked(Serializer):
+    """kafka-python refuses to send a record with neither key nor value, which Kafka
+    takes (and Spark's writer sends): such a row is sent with :data:`_NULL` as its
+    value, which this value serializer turns back into null. Any other value goes
+    through the producer's own ``value_serializer``, if one was given."""
+
+    def __init__(self, inner=None):
+        wrapped = inner is None or isinstance(inner, Serializer)
+        self.inner = inner if wrapped else SerializeWrapper(inner)
+
+    def serialize(self, topic, headers, data):
+        if data is _NULL:
+            return None
+        return data if self.inner is None else self.inner.serialize(topic, headers, data)
+
+    def close(self):
+        if self.inner is not None:
+            self.inner.close()
 
 
 def _as_bytes(frame, name: str) -> str:

@@ -214,6 +214,30 @@ def test_a_row_too_big_for_a_request_fails_spark_s_write_and_alone_comes_back(
     assert set(read_topic(broker.bootstrap, topic)) == {"a", "b"}
 
 
+@pytest.mark.parametrize("writer", ["python", "spark"])
+def test_a_record_with_neither_key_nor_value_is_written_beside_a_row_too_big(
+    spark, broker, new_topic, writer
+):
+    """Kafka takes a record whose key and value are both null (Spark's writer does):
+    the row-by-row write sends it too, whether it writes alone (``python``) or after
+    Spark's job failed on a neighbour too big for a request (``spark``); only that
+    neighbour comes back unwritten."""
+    if writer == "spark" and not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
+    topic = new_topic()
+    values = ["a", None, "x" * (1 << 20), "b"]
+    rows = frame(spark, values).withColumn(
+        "key", F.when(F.col("value").isNull(), F.lit(None)).otherwise(F.col("key"))
+    )
+    sink = KafkaSink(broker.bootstrap, topic, writer=writer, flush_timeout_s=5)
+    unwritten = sink.write(rows, 0)
+    assert unwritten is not None
+    assert unwritten.column("_edge").to_pylist() == [102]
+    assert "refused by the producer" in unwritten.column("_reason")[0].as_py()
+    written = {(m.key, m.value) for m in consume(broker.bootstrap, topic)}
+    assert written == {(b"k0", b"a"), (None, None), (b"k3", b"b")}
+
+
 def test_a_writer_it_does_not_know_is_refused_by_name():
     with pytest.raises(OptionError, match="writer"):
         KafkaSink("127.0.0.1:9", "t", writer="jvm")
