@@ -156,6 +156,53 @@ def test_a_missing_topic_is_an_error_at_load(spark, broker):
     assert "no-such-topic-here (option subscribe) do not exist" in str(caught.value)
 
 
+@pytest.mark.parametrize("reader", ["python", "spark"])
+def test_a_start_past_a_partition_s_end_stops_the_query_naming_it_and_commits_nothing(
+    spark, broker, new_topic, tmp_path, reader
+):
+    """``startingOffsets`` 99,999 on a partition of 100 records: the query's first
+    planning stops it with the option, the partition and its range, and the group's
+    committed offset is not moved (it was moved to 99,999, and the query then died
+    saying the topic had been deleted and re-created)."""
+    from kafka import KafkaProducer
+
+    from ackstream.channels.local import LocalChannel
+    from ackstream.session import has_kafka_connector
+
+    from helpers import wait_for
+
+    if reader == "spark" and not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
+    inbox, name = new_topic(), f"past-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for n in range(100):
+        producer.send(inbox, b"%d" % n, partition=0)
+    producer.flush()
+    producer.close()
+    stream = (
+        spark.readStream.format("ackstream")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", inbox)
+        .option("startingOffsets", json.dumps({inbox: {"0": 99_999}}))
+        .option("ackstream.topology", name)
+        .option("ackstream.channel", str(tmp_path / "channel"))
+        .option("ackstream.recordReader", reader)
+        .load()
+    )
+    running = (
+        Topology(name, spark, LocalChannel(tmp_path / "channel"))
+        .sink(MemorySink())
+        .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
+    )
+    try:
+        error = wait_for(running.exception, timeout=120, interval=0.5, what="the query to fail")
+    finally:
+        running.stop()
+    assert "option 'startingOffsets'" in str(error), error
+    assert f"{inbox}[0] starts at 0 and ends at 100, and 99999 is past its end" in str(error)
+    assert group_commits(broker.bootstrap, name, inbox) == {0: None}
+
+
 def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new_topic, tmp_path):
     """Transaction markers take offsets that carry no record; the source acks them itself
     (the source timeout is far away here, so only that can let the commit pass them)."""

@@ -35,7 +35,7 @@ import os
 from ackstream.channels.base import Channel
 from ackstream.clock import Clock, now_ms
 from ackstream.config import SourceConfig, default_tick_ms
-from ackstream.errors import AckstreamError
+from ackstream.errors import AckstreamError, OptionError
 from ackstream.kafka.settings import kafka_options_of
 from ackstream.records import caught_up_ms, tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
@@ -83,6 +83,14 @@ def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
         for tp in tps:
             off = explicit.get(tp[0], {}).get(tp[1], -1)
             out[tp] = earliest[tp] if off == -2 else latest[tp] if off == -1 else off
+            if not earliest[tp] <= out[tp] <= latest[tp]:
+                raise OptionError(
+                    "startingOffsets",
+                    config.kafka.starting_offsets,
+                    f"offsets the partitions hold: {_holds(tp, earliest, latest)}, and "
+                    f"{off} is {'past its end' if off > latest[tp] else 'before its earliest'}"
+                    " (-2: its earliest, -1: its end)",
+                )
     elif config.kafka.starting_offsets == "earliest":
         out = dict(earliest)
     elif config.kafka.starting_offsets == "latest":
@@ -90,11 +98,17 @@ def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
     else:
         committed = upstream.committed(tps)  # "committed": the group's offset, else earliest
         out = {tp: committed[tp][0] if tp in committed else earliest[tp] for tp in tps}
-    out.update(_positions_by_time(config, upstream, tps, latest))
+    out.update(_positions_by_time(config, upstream, tps, earliest, latest))
     return out
 
 
-def _positions_by_time(config: SourceConfig, upstream, tps, latest) -> dict:
+def _holds(tp, earliest: dict, latest: dict) -> str:
+    """What partition ``tp`` holds, for an error: a start may be any offset from its
+    earliest to its end."""
+    return f"{tp[0]}[{tp[1]}] starts at {earliest[tp]} and ends at {latest[tp]}"
+
+
+def _positions_by_time(config: SourceConfig, upstream, tps, earliest, latest) -> dict:
     """Where ``startingTimestamp`` (every partition) or ``startingOffsetsByTimestamp``
     (the partitions it names; the others start as ``startingOffsets`` says) start."""
     by_partition = config.kafka.timestamp_map() or {}
@@ -108,17 +122,19 @@ def _positions_by_time(config: SourceConfig, upstream, tps, latest) -> dict:
     if not times:
         return {}
     out = {}
-    option = (
-        "startingTimestamp"
+    option, given = (
+        ("startingTimestamp", config.kafka.starting_timestamp)
         if config.kafka.starting_timestamp is not None
-        else ("startingOffsetsByTimestamp")
+        else ("startingOffsetsByTimestamp", config.kafka.starting_timestamps)
     )
     for tp, offset in upstream.offsets_for_times(times).items():
         if offset is None and config.kafka.starting_timestamp_strategy == "error":
-            raise AckstreamError(
-                f"{tp[0]}[{tp[1]}] has no record at or after {times[tp]} ms (option "
-                f"{option}); give an earlier time, or set "
-                "startingOffsetsByTimestampStrategy=latest to start at its end"
+            raise OptionError(
+                option,
+                given,
+                f"a time each partition has a record at or after: {_holds(tp, earliest, latest)}"
+                f", with no record at or after {times[tp]} ms; give an earlier time, or set "
+                "startingOffsetsByTimestampStrategy=latest to start at its end",
             )
         out[tp] = latest[tp] if offset is None else offset
     return out

@@ -1,6 +1,7 @@
 """Spark Kafka source options on a real broker, at the upstream and spout (no Spark):
 includeHeaders and timestampType, assign, subscribePattern, starting by timestamp."""
 
+import json
 import uuid
 
 import pyarrow as pa
@@ -8,7 +9,7 @@ import pytest
 
 from ackstream.channels.local import LocalChannel
 from ackstream.config import parse
-from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
+from ackstream.errors import EnvironmentProblem, OptionError
 from ackstream.sources.rows import ReadTask, source_schema
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream
@@ -140,8 +141,13 @@ def test_starting_by_timestamp_starts_at_the_first_record_that_late(broker, new_
     # the partition not named starts as startingOffsets says (earliest)
     assert starts(startingOffsetsByTimestamp=by_partition) == {0: 0, 1: 1}
     late = str(base + 60_000)
-    with pytest.raises(AckstreamError, match=r"\[0\] has no record .*option startingTimestamp"):
+    with pytest.raises(OptionError, match=r"\[0\] starts at 0 and ends at 5, with no record") as e:
         starts(startingTimestamp=late)
+    assert (e.value.option, e.value.value) == ("startingTimestamp", int(late))
+    by_partition = f'{{"{topic}": {{"1": {late}}}}}'
+    with pytest.raises(OptionError, match=rf"{topic}\[1\] starts at 0 and ends at 5") as e:
+        starts(startingOffsetsByTimestamp=by_partition)
+    assert e.value.option == "startingOffsetsByTimestamp"
     assert starts(startingTimestamp=late, startingOffsetsByTimestampStrategy="latest") == {
         0: 5,
         1: 5,
@@ -165,3 +171,40 @@ def test_a_start_for_a_partition_not_read_is_refused_before_start(broker, new_to
     assert refused.value.option == "startingOffsetsByTimestamp"
     _, fine = upstream_of(subscribe=topic, startingOffsets=f'{{"{topic}": {{"1": -2}}}}')
     fine.check()
+
+
+def test_a_start_outside_what_a_partition_holds_is_refused_naming_it_and_its_range(
+    broker, new_topic, upstream_of
+):
+    """Past a partition's end or before its earliest offset (records deleted), a start
+    in ``startingOffsets`` is refused with the partition's range, before the spout is
+    built, so before it could commit anything; its end itself is a start (nothing new)."""
+    from kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    topic = new_topic(2)
+    send(broker.bootstrap, topic, [(p, b"v", None, None) for p in (0, 1) for _ in range(5)])
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        admin.delete_records({TopicPartition(topic, 1): 2})
+    finally:
+        admin.close()
+
+    def starts(given):
+        config, upstream = upstream_of(subscribe=topic, startingOffsets=json.dumps({topic: given}))
+        parts = initial_offset(config, upstream, LocalChannel(config.channel))["parts"][topic]
+        return {int(p): entry["end"] for p, entry in parts.items()}
+
+    with pytest.raises(
+        OptionError, match=rf"{topic}\[0\] starts at 0 and ends at 5, and 99999 is past its end"
+    ) as e:
+        starts({"0": 99_999})
+    assert (e.value.option, e.value.value) == (
+        "startingOffsets",
+        json.dumps({topic: {"0": 99_999}}),
+    )
+    with pytest.raises(
+        OptionError, match=rf"{topic}\[1\] starts at 2 and ends at 5, and 1 is before"
+    ):
+        starts({"0": 0, "1": 1})
+    assert starts({"0": 5, "1": -2}) == {0: 5, 1: 2}
