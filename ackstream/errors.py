@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["AckstreamError", "OptionError", "EnvironmentProblem", "StageError", "cause_of"]
+__all__ = [
+    "AckstreamError",
+    "OptionError",
+    "EnvironmentProblem",
+    "StageError",
+    "cause_of",
+    "worker_exit",
+]
 
 _SECRET = re.compile(r"password|secret|jaas|token|credential", re.IGNORECASE)
 
@@ -66,3 +73,31 @@ def cause_of(text: str) -> str:
     found = (ours or raised or first or [""])[-1]
     named = re.match(r"(?:\w+\.)*(\w+): (?:\1: )?(.*)", found)
     return f"{named.group(1)}: {named.group(2)}" if named else found
+
+
+#: Spark's words when the process of a Python worker ended in the middle of a task.
+_WORKER_EXITED = "Python worker exited unexpectedly (crashed)"
+
+
+def worker_exit(text: str) -> str | None:
+    """What Spark's error ``text`` says of a Python worker whose process ended in the
+    middle of a task (``os._exit``, a signal, the out-of-memory killer, a crash): None
+    when it tells of none, else the line Spark adds to its words, "" when it adds none.
+    With ``spark.python.worker.faulthandler.enabled`` a crash adds the fault handler's
+    first line; Spark 4.3 adds no exit code.
+
+    >>> worker_exit("SparkException: Python worker exited unexpectedly (crashed). "
+    ...             "Consider setting 'spark.python.worker.faulthandler.enabled'...")
+    ''
+    >>> worker_exit("SparkException: Python worker exited unexpectedly (crashed): "
+    ...             "Fatal Python error: Segmentation fault\\n\\nCurrent thread 0x1:")
+    'Fatal Python error: Segmentation fault'
+    >>> worker_exit("ValueError: not a number") is None
+    True
+    """
+    at = text.find(_WORKER_EXITED)
+    if at < 0:
+        return None
+    after = text[at + len(_WORKER_EXITED) :]
+    added = after[1:] if after.startswith(":") else after[2:] if after.startswith(" -") else ""
+    return (added.splitlines() or [""])[0].strip()

@@ -94,6 +94,60 @@ def test_a_sql_stage_raising_on_one_record_dead_letters_only_that_record(
     assert reasons[6].startswith("batch_failed:") and "poison in SQL" in reasons[6]
 
 
+@pytest.mark.parametrize("reader", ["python", "spark"])
+def test_a_python_worker_exiting_on_one_record_dead_letters_it_naming_the_stage(
+    spark, broker, new_topic, tmp_path, reader
+):
+    """A pandas bolt whose worker process exits on one record (``os._exit``) fails its
+    batch's Spark job: the record at fault alone is dead-lettered, and its reason names
+    the stage and that the Python worker exited (it was py4j's ``An error occurred
+    while calling o4273.getResult.``)."""
+    import os
+
+    from ackstream.session import has_kafka_connector
+
+    if reader == "spark" and not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
+    inbox, name = new_topic(partitions=1), f"exits-{uuid.uuid4().hex[:8]}"
+    values = ["a", "b", "exit", "c"]
+    produce(broker.bootstrap, inbox, values)
+
+    def bolt(frame):
+        text = frame["value"].map(bytes.decode)
+        if (text == "exit").any():
+            os._exit(3)
+        return pd.DataFrame({"text": text})
+
+    sink = MemorySink()
+    topology = (
+        Topology(name, spark, LocalChannel(tmp_path / "channel"))
+        .pandas_bolt(bolt, "text string", name="exiting")
+        .sink(sink)
+    )
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": inbox,
+            "startingOffsets": "earliest",
+            "ackstream.deadLetterTopic": f"{name}.dead",
+            "ackstream.retryInitialDelay": "100ms",
+            "ackstream.maxRetries": 0,
+            "ackstream.recordReader": reader,
+        }
+    )
+    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
+    try:
+        wait_until_settled(running, records=len(values), timeout_s=240)
+        assert running.is_active()
+    finally:
+        running.stop()
+    assert sorted(set(r["text"] for r in sink.rows())) == ["a", "b", "c"]
+    reasons = letters(broker.bootstrap, f"{name}.dead")
+    assert sorted(reasons) == [2]
+    assert reasons[2].startswith("batch_failed: a Python worker exited"), reasons[2]
+    assert "'exiting'" in reasons[2] and "getResult" not in reasons[2], reasons[2]
+
+
 def test_a_bolt_hanging_on_one_record_is_cancelled_at_the_deadline_and_dead_lettered(
     spark, broker, new_topic, tmp_path
 ):

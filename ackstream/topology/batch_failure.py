@@ -24,7 +24,7 @@ import threading
 import pyarrow as pa
 from pyspark.errors import AnalysisException
 
-from ackstream.errors import AckstreamError, cause_of
+from ackstream.errors import AckstreamError, cause_of, worker_exit
 from ackstream.records import BATCH_FAILED, completions_of
 from ackstream.session import is_connect
 
@@ -151,6 +151,12 @@ def failure_reason(error: BaseException, deadline: BatchDeadline, stages) -> str
         return (
             f"batch_deadline_ms={deadline.deadline_ms} passed in one of the stages "
             f"{', '.join(stages)}: its Spark jobs were cancelled"
+        )
+    exited = worker_exit(str(error))
+    if exited is not None:  # py4j's first line would say only "error calling o1.getResult"
+        where = ", ".join(repr(stage) for stage in stages)
+        return f"a Python worker exited unexpectedly in one of the stages {where}" + (
+            f": {exited}" if exited else " (Spark gives no exit code)"
         )
     return cause_of(str(error))
 
