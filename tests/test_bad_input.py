@@ -179,21 +179,16 @@ def test_a_start_past_a_partition_s_end_stops_the_query_naming_it_and_commits_no
         producer.send(inbox, b"%d" % n, partition=0)
     producer.flush()
     producer.close()
-    stream = (
-        spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", broker.bootstrap)
-        .option("subscribe", inbox)
-        .option("startingOffsets", json.dumps({inbox: {"0": 99_999}}))
-        .option("ackstream.topology", name)
-        .option("ackstream.channel", str(tmp_path / "channel"))
-        .option("ackstream.recordReader", reader)
-        .load()
+    topology = Topology(name, spark, LocalChannel(tmp_path / "channel")).sink(MemorySink())
+    stream = topology.read_stream(
+        {
+            "kafka.bootstrap.servers": broker.bootstrap,
+            "subscribe": inbox,
+            "startingOffsets": json.dumps({inbox: {"0": 99_999}}),
+            "ackstream.recordReader": reader,
+        }
     )
-    running = (
-        Topology(name, spark, LocalChannel(tmp_path / "channel"))
-        .sink(MemorySink())
-        .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
-    )
+    running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     try:
         error = wait_for(running.exception, timeout=120, interval=0.5, what="the query to fail")
     finally:
