@@ -41,9 +41,10 @@ from pyspark.sql import functions as F
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
 from ackstream.clock import now_ms
 from ackstream.config import default_channel_dir
+from ackstream.ranges import checked, expand
 from ackstream.records import ACKED, COMPLETION_SCHEMA, NOTICES
 from ackstream.sources.generator import committed_count
-from ackstream.status import read_source_metrics
+from ackstream.status import read_source_metrics, saved_ends
 
 __all__ = ["DemoResult", "demo_directory", "run_demo"]
 
@@ -388,9 +389,9 @@ def run_demo(
 
     def seen() -> DemoResult:
         nonlocal done, position
-        table, position = channel.completions_since(position)
-        done = pa.concat_tables([done, table])
+        table, position = channel.completions_since(position, runs=True)
         parts = (read_source_metrics(channel_dir) or {}).get("partitions", {})
+        done = pa.concat_tables([done, expand(checked(table, saved_ends(parts)))])
         sums = [sum(p[k] for t in parts.values() for p in t.values()) for k in ("end", "committed")]
         if parts:
             samples.append({"ms": now_ms(), "end": sums[0], "committed": sums[1]})

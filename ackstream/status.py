@@ -16,7 +16,9 @@ channel counts each root once, with its first completion.
   completion delivered twice, as the Kafka channel may after a crash, counts once;
   of two outcomes of one root, the one that is not an ack, as the source decides).
 - ``unknown``: roots the acker saw acks for but never an init (stray records);
-  ``invalid``: ack records the acker could not use. Both are ignored by sources.
+  ``invalid``: ack records the acker could not use, and completions of a run of
+  offsets that its partition does not hold (past the end the source last saw, or the
+  brokers have; see :func:`ackstream.ranges.checked`). Both are ignored by sources.
 - ``replayed``: failed or timed-out roots whose record was not dead-lettered on
   that attempt, so the source reads it again (or will, after its backoff).
 - ``dead_lettered``: records in the dead-letter Parquet folder or on the dead-letter
@@ -74,6 +76,7 @@ from ackstream.clock import now_ms
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.settings import client_settings
+from ackstream.ranges import checked, expand, is_run
 from ackstream.records import (
     ACKED,
     BATCH_FAILED,
@@ -99,6 +102,8 @@ __all__ = [
     "local_status",
     "held_in",
     "stages_in",
+    "partition_ends",
+    "saved_ends",
     "source_metrics",
     "summarize",
 ]
@@ -170,7 +175,7 @@ class Status:
             (name, str(n), note)
             for name, n, note in (
                 ("unknown", self.unknown, "acks for a root whose init never came; ignored"),
-                ("invalid", self.invalid, "unusable ack records; ignored, see the acker log"),
+                ("invalid", self.invalid, "unusable ack records or runs; ignored"),
             )
             if n
         ]
@@ -403,18 +408,30 @@ def local_status(
             "Give the directory the topology's ackstream.channel points to.",
         )
     channel = LocalChannel(directory)
-    completions, _ = channel.completions_since(None)
+    completions, _ = channel.completions_since(None, runs=True)
     letters = read_dead_letters(dead_letter_dir or os.path.join(directory, "dead_letters"))
+    partitions = (read_source_metrics(directory) or {}).get("partitions")
     return summarize(
         _init_roots(channel.ack_records()),
-        completions,
+        expand(checked(completions, saved_ends(partitions))),
         letters,
         topology=topology,
         channel=directory,
         now_ms=now_ms(),
         window_s=window_s,
-        partitions=(read_source_metrics(directory) or {}).get("partitions"),
+        partitions=partitions,
     )
+
+
+def saved_ends(partitions: dict | None) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): end}`` of the partitions in the source's saved metrics
+    (:func:`read_source_metrics`): the ends no run of acked offsets may pass, since the
+    source saves them each trigger before it plans the batch whose runs they bound."""
+    return {
+        (topic, int(p)): m["end"]
+        for topic, parts in (partitions or {}).items()
+        for p, m in parts.items()
+    }
 
 
 def held_in(checkpoint: str) -> dict:
@@ -466,7 +483,7 @@ def kafka_status(
     channel = KafkaChannel(bootstrap, topology, kafka_options=kafka_options)
     try:
         inits = _init_roots(channel.ack_records())
-        completions, _ = channel.completions_since(None)  # rides out a silent broker
+        completions, _ = channel.completions_since(None, runs=True)  # rides out a silent broker
         if not channel.answering():
             raise EnvironmentProblem(
                 f"the Kafka brokers at {bootstrap} did not answer a read of {channel.done_topic}",
@@ -474,6 +491,13 @@ def kafka_status(
             )
     finally:
         channel.close()
+    ran = completions.filter(pa.array(is_run(completions)))
+    ends = partition_ends(
+        upstream_bootstrap or bootstrap,
+        set(zip(ran.column("topic").to_pylist(), ran.column("partition").to_pylist())),
+        kafka_options,
+    )
+    completions = expand(checked(completions, ends))
     if dead_letter_dir:
         letters = read_dead_letters(dead_letter_dir)
     else:
@@ -491,6 +515,33 @@ def kafka_status(
             upstream_bootstrap or bootstrap, group_id or f"ackstream-{topology}", kafka_options
         ),
     )
+
+
+def partition_ends(bootstrap: str, partitions, kafka_options=None) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): end offset}`` of those of ``partitions`` the brokers at
+    ``bootstrap`` have (none asked when there are none)."""
+    if not partitions:
+        return {}
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        **client_settings(kafka_options or {}),
+        bootstrap_servers=bootstrap.split(","),
+        enable_auto_commit=False,
+        group_id=None,
+        allow_auto_create_topics=False,
+    )
+    try:
+        listed = consumer.topics()
+        there = [
+            TopicPartition(topic, p)
+            for topic, p in sorted(partitions, key=str)
+            if topic in listed and p in (consumer.partitions_for_topic(topic) or ())
+        ]
+        ends = end_offsets(consumer, there) if there else {}
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): end for tp, end in ends.items()}
 
 
 def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:

@@ -5,7 +5,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream.ranges import expand, is_run
+from ackstream import ids
+from ackstream.ranges import checked, expand, is_run
+from ackstream.records import completion_table
 from ackstream.sources.offsets import PlannedRoots
 
 
@@ -87,3 +89,46 @@ def test_every_root_but_those_settled_comes_back_acked_once(read, replays, data)
     done = roots.acked(2_000, settled)
     left = set(inits.column("root").to_pylist()) - set(settled.column("root").to_pylist())
     assert per_root(expand(done)) == acked_one_by_one(left, inits)
+    # the partitions hold what was read: no run a batch wrote is judged invalid
+    ends = {("events", p): lo + n for p, (lo, n) in read.items()}
+    assert per_root(expand(checked(done, ends))) == acked_one_by_one(left, inits)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.integers(-5, 50),
+            st.one_of(st.integers(-5, 60), st.integers(10**9, 10**15)),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.dictionaries(st.integers(0, 3), st.integers(0, 40), max_size=4),
+)
+def test_what_a_reader_expands_stays_within_the_partitions_whatever_the_runs_claim(claims, held):
+    """Runs of any claim (huge, empty, negative, a partition not read, a root not its
+    namespace's): after :func:`checked`, every acked row is an offset its partition holds,
+    so expanding costs the partitions' offsets at most; every other run is one invalid row."""
+    part, first, end, minted = (list(c) for c in zip(*claims))
+    roots = ids.root_ids("topo", "events", part, first, 0)
+    roots = [int(r) if ok else int(r) ^ 1 for r, ok in zip(roots, minted)]
+    runs = completion_table(
+        roots,
+        "acked",
+        topic="events",
+        partition=part,
+        offset=first,
+        attempt=0,
+        end_offset=end,
+        ids="topo",
+    )
+    ends = {("events", p): n for p, n in held.items()}
+    rows = expand(checked(runs, ends)).to_pylist()
+    fits = [0 <= a < b <= held.get(p, -1) and ok for p, a, b, ok in claims]
+    assert sum(r["status"] == "invalid" for r in rows) == fits.count(False)
+    acked = [r for r in rows if r["status"] == "acked"]
+    assert all(0 <= r["offset"] < held[r["partition"]] for r in acked)
+    assert len(acked) == sum(b - a for (_, a, b, _), ok in zip(claims, fits) if ok)

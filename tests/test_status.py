@@ -409,3 +409,80 @@ def test_kafka_status_leaves_rejected_dead_letters_out_of_the_replayed_count(bro
     status = kafka_status(broker.bootstrap, topology)
     assert (status.failed, status.timed_out, status.rejected) == (3, 1, 2)
     assert (status.replayed, status.dead_lettered) == (3, 3)
+
+
+def runs(namespace, spans, topic="t"):
+    """Completions of runs of acked offsets, as a batch writes them: ``spans`` is
+    ``[(partition, first, end), ...]``, each run's root the first offset's."""
+    from ackstream import ids
+    from ackstream.records import completion_table
+
+    part, first, end = (list(c) for c in zip(*spans))
+    return completion_table(
+        ids.root_ids(namespace, topic, part, first, 0),
+        ACKED,
+        topic=topic,
+        partition=part,
+        offset=first,
+        attempt=0,
+        end_offset=end,
+        ids=namespace,
+        latency_ms=5,
+        completed_ms=0,
+    )
+
+
+def test_a_run_its_partition_cannot_hold_is_counted_invalid_not_expanded(tmp_path):
+    """A topology of 4,000 records on t[0] reported them in one run; a damaged or
+    forged row claims 1,000,000 offsets past them, another a partition the source does
+    not read, another a root its namespace does not mint. Only the 4,000 are acked (a
+    forged row made status count 1,004,000 acked, expanded in memory); each other row
+    is one invalid completion, and what is expanded stays within the partition."""
+    from ackstream.channels.local import SOURCE_METRICS_FILE
+
+    channel = LocalChannel(tmp_path / "ch")
+    parts = {"t": {"0": {"end": 4_000, "committed": 4_000, "lag": 0}}}
+    (tmp_path / "ch" / SOURCE_METRICS_FILE).write_text(json.dumps({"partitions": parts}))
+    channel.write_completions(runs("words", [(0, 0, 4_000)]), 0)
+    wrong_root = runs("words", [(0, 0, 4_000)]).set_column(0, "root", pa.array([7], pa.int64()))
+    forged = pa.concat_tables(
+        [runs("words", [(0, 4_000, 1_004_000), (3, 0, 10)]), runs("other", [(0, 0, 0)]), wrong_root]
+    )
+    channel.write_completions(forged, 1)
+    status = local_status(str(tmp_path / "ch"), "words")
+    assert (status.roots, status.acked, status.invalid) == (4_000, 4_000, 4)
+    assert "invalid" in "\n".join(status.lines())
+    # without the partitions the source saved, no run is known to fit: none is counted
+    os.remove(tmp_path / "ch" / SOURCE_METRICS_FILE)
+    status = local_status(str(tmp_path / "ch"), "words")
+    assert (status.acked, status.invalid) == (0, 5)
+
+
+@pytest.mark.broker
+def test_kafka_status_counts_a_run_past_its_partition_s_end_on_the_brokers_as_invalid(
+    broker, new_topic
+):
+    """With the Kafka channel the brokers say where each partition ends: a run past the
+    end of a topic of 5 records, and one of a topic that does not exist, are invalid."""
+    from kafka import KafkaProducer
+
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.status import kafka_status
+
+    topic = new_topic(partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for n in range(5):
+        producer.send(topic, b"%d" % n, partition=0)
+    producer.flush()
+    producer.close()
+    topology = f"runs-{os.urandom(4).hex()}"
+    channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
+    channel.prepare()
+    try:
+        channel.write_completions(runs(topology, [(0, 0, 5)], topic=topic), 0)
+        channel.write_completions(runs(topology, [(0, 5, 1_000_000)], topic=topic), 1)
+        channel.write_completions(runs(topology, [(0, 0, 3)], topic=f"{topic}-none"), 2)
+    finally:
+        channel.close()
+    status = kafka_status(broker.bootstrap, topology)
+    assert (status.roots, status.acked, status.invalid) == (5, 5, 2)
