@@ -356,8 +356,8 @@ def parse_duration_ms(option: str, value: str) -> int:
 def parse(options: Mapping[str, str]) -> SourceConfig:
     """Parse and validate the options of one ``readStream.format("ackstream")``."""
     opts = {str(k).lower(): str(v) for k, v in options.items()}
-    for key, value in opts.items():
-        _check_name(key, value)
+    for key, value in options.items():
+        _check_name(str(key), str(value))
 
     def ours(name):
         return opts.get(name.lower())
@@ -555,19 +555,21 @@ def _grouped(kw: dict) -> SourceConfig:
     )
 
 
-def _check_name(key: str, value: str) -> None:
-    """Refuse an option ackstream does not take, with the nearest name it does take."""
+def _check_name(given: str, value: str) -> None:
+    """Refuse an option ackstream does not take, named as the user wrote it, with the
+    nearest name it does take."""
+    key = given.lower()
     if key in _OURS or key in _SPARK_KAFKA or key.startswith("kafka."):
         return
     if key in _NOT_YET:
         raise OptionError(
-            _NOT_YET[key],
+            given,
             value,
             "no value: ackstream does not support this option of Spark's Kafka source yet "
             "(see the options page of the docs)",
         )
     if key in _COLUMNS:
-        raise OptionError(key, value, _COLUMNS[key])
+        raise OptionError(given, value, _COLUMNS[key])
     known = {k.lower(): k for k in (*_OURS.values(), *_SPARK_KAFKA.values())}
     near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     allowed = (
@@ -575,7 +577,7 @@ def _check_name(key: str, value: str) -> None:
         if near
         else f"a known option: one of {', '.join(sorted(known.values()))}, or kafka.*"
     )
-    raise OptionError(key, value, allowed)
+    raise OptionError(given, value, allowed)
 
 
 def _group_id(value: str | None, topology: str) -> str:

@@ -26,6 +26,11 @@ channel counts each root once, with its first completion.
   once); ``None`` when unknown.
 - ``latency_ms``: complete latency (init to ack, as Storm's ``complete latency``)
   percentiles of the acked roots; ``None`` when nothing was acked.
+  ``latency_histogram``: the same latencies counted in :data:`LATENCY_BUCKETS_MS`
+  (cumulative, as Prometheus' histograms), with their count and sum.
+- ``history``: per time bin of the completions (:func:`history`), the acked, failed,
+  replayed and dead-lettered roots a second and the complete latency's percentiles:
+  what the live view plots, read from the channel, so it shows with no topology running.
 
 - ``rates_per_s``: acked, replayed and dead-lettered roots a second over the last
   ``window_s`` seconds, by their completions' time.
@@ -64,7 +69,7 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -73,9 +78,10 @@ import pyarrow.compute as pc
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import SOURCE_METRICS_FILE, LocalChannel
 from ackstream.clock import now_ms
+from ackstream.config import default_channel_dir
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
-from ackstream.kafka.settings import client_settings
+from ackstream.kafka.settings import client_settings, kafka_options_of
 from ackstream.ranges import checked, expand, is_run
 from ackstream.records import (
     ACKED,
@@ -89,15 +95,19 @@ from ackstream.records import (
     one_outcome_per_root,
 )
 from ackstream.sinks.dead_letters import read_dead_letters
+from ackstream.sinks.replay_log import FileReplayLog, ReplayLog, TopicReplayLog
 from ackstream.topology.held_store import FOLDER as HELD_FOLDER
 from ackstream.topology.held_store import held_counts
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import read_stage_counts
 
 __all__ = [
+    "HISTORY_BINS",
+    "LATENCY_BUCKETS_MS",
     "PERCENTILES",
-    "PROMETHEUS_FAMILIES",
     "Status",
+    "StatusSource",
+    "history",
     "kafka_status",
     "local_status",
     "held_in",
@@ -111,23 +121,11 @@ __all__ = [
 PERCENTILES = (50, 90, 99)
 
 
-#: The metric families of :meth:`Status.prometheus` (``ackstream_<name>``): their type
-#: and help. Counts that only grow are counters, named ``*_total``; levels are gauges.
-PROMETHEUS_FAMILIES = {
-    "roots_pending": ("gauge", "Roots with an init record and no completion yet."),
-    "roots_total": ("counter", "Completed roots by outcome."),
-    "roots_replayed_total": ("counter", "Failed or timed-out roots whose record is read again."),
-    "dead_letters_total": ("counter", "Records dead-lettered."),
-    "rate_per_second": ("gauge", "Roots a second over the last window_s seconds, by outcome."),
-    "failed_by_stage_total": ("counter", "Failed and timed-out roots by the stage at fault."),
-    "rejected_by_stage_total": ("counter", "Rejected roots by the stage at fault."),
-    "complete_latency_ms": ("gauge", "Complete latency of the acked roots, in ms."),
-    "held": ("gauge", "Tuples and roots a window or join stage holds."),
-    "stage_tuples_total": ("counter", "Tuples each stage and sink read (in) and emitted (out)."),
-    "partition_end": ("gauge", "The end offset of each upstream partition."),
-    "partition_committed": ("gauge", "The offset the source's group committed, per partition."),
-    "partition_lag": ("gauge", "Offsets not yet acked or dead-lettered, per partition."),
-}
+#: Upper bounds (ms) of the complete-latency histogram's buckets (``+Inf`` is implied).
+LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
+
+#: How many time bins :func:`history` cuts the completions into, at most.
+HISTORY_BINS = 60
 
 
 @dataclass(frozen=True)
@@ -154,6 +152,9 @@ class Status:
     partitions: dict | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
     held: dict | None = None  #: {stage: {"tuples": n, "roots": n}}
     stages: dict | None = None  #: {stage or sink: {"in": n, "out": n}}
+    #: {"buckets": [[le_ms, cumulative count], ...], "count": n, "sum": ms}
+    latency_histogram: dict | None = None
+    history: list | None = None  #: see :func:`history`
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -223,74 +224,6 @@ class Status:
                     out.append(f"  {name:<24}{m['end']:>10}{m['committed']:>11}{m['lag']:>8}")
         return out
 
-    def prometheus(self) -> str:
-        """The figures in Prometheus' text exposition format (the families of
-        :data:`PROMETHEUS_FAMILIES`), for a textfile collector or a scrape through a
-        small HTTP wrapper. Every sample has the label ``topology``."""
-        by_stage = {"failed": self.failed_by_stage, "rejected": self.rejected_by_stage}
-        samples: dict[str, list] = {
-            "roots_pending": [({}, self.pending)],
-            "roots_total": [
-                ({"outcome": name}, getattr(self, name))
-                for name in ("acked", "failed", "timed_out", "rejected")
-            ],
-            "roots_replayed_total": [({}, self.replayed)],
-            "dead_letters_total": [] if self.dead_lettered is None else [({}, self.dead_lettered)],
-            "rate_per_second": [
-                ({"outcome": k, "window_s": f"{self.window_s:g}"}, v)
-                for k, v in (self.rates_per_s or {}).items()
-            ],
-            **{
-                f"{what}_by_stage_total": [({"stage": s}, n) for s, n in (counts or {}).items()]
-                for what, counts in by_stage.items()
-            },
-            "complete_latency_ms": [
-                ({"quantile": f"{int(k[1:]) / 100:g}"}, v)
-                for k, v in (self.latency_ms or {}).items()
-            ],
-            "held": [
-                ({"stage": stage, "of": what}, n[what])
-                for stage, n in (self.held or {}).items()
-                for what in ("tuples", "roots")
-            ],
-            "stage_tuples_total": [
-                ({"stage": stage, "side": side}, n)
-                for stage, sides in (self.stages or {}).items()
-                for side, n in sides.items()
-            ],
-            **{
-                f"partition_{name}": [
-                    ({"topic": topic, "partition": p}, m[name])
-                    for topic, parts in (self.partitions or {}).items()
-                    for p, m in parts.items()
-                ]
-                for name in ("end", "committed", "lag")
-            },
-        }
-        lines = []
-        for name, (kind, text) in PROMETHEUS_FAMILIES.items():
-            if samples[name]:
-                lines += [f"# HELP ackstream_{name} {text}", f"# TYPE ackstream_{name} {kind}"]
-                lines += [
-                    f"ackstream_{name}{_labels(self.topology, labels)} {_number(value)}"
-                    for labels, value in samples[name]
-                ]
-        return "\n".join(lines) + "\n"
-
-
-def _number(value: float) -> str:
-    """A sample's value: an integer as it is, a float in full (``{:g}`` would round)."""
-    return str(value) if isinstance(value, int) else repr(float(value))
-
-
-def _labels(topology: str, labels: dict) -> str:
-    pairs = {"topology": topology, **labels}
-    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in pairs.items()) + "}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
 
 def stage_of(status: str, reason: str | None) -> str:
     """The stage a failed root's reason names: the text before its first colon
@@ -343,6 +276,7 @@ def summarize(
     recent = dict.fromkeys(("acked", "replayed", "dead_lettered"), 0)
     replayed = 0
     by_stage: dict[str, dict[str, int]] = {FAILED: {}, REJECTED: {}}
+    outcomes: list[str | None] = []  # per completion, as counted
     columns = ["status", "topic", "partition", "offset", "attempt", "completed_ms", "reason"]
     for c in done.select(columns).to_pylist():
         outcome: str | None
@@ -352,6 +286,7 @@ def summarize(
             outcome = "dead_lettered"
         else:
             outcome = "replayed" if c["status"] in (FAILED, TIMED_OUT, BATCH_FAILED) else None
+        outcomes.append(outcome)
         replayed += outcome == "replayed"
         if c["status"] in (FAILED, TIMED_OUT, BATCH_FAILED, REJECTED):
             counted = by_stage[REJECTED if c["status"] == REJECTED else FAILED]
@@ -367,6 +302,8 @@ def summarize(
         if latency.size
         else None
     )
+    completed = done.column("completed_ms").fill_null(0).to_numpy(zero_copy_only=False)
+    latencies = done.column("latency_ms").to_numpy(zero_copy_only=False)
     return Status(
         topology=topology,
         channel=channel,
@@ -386,7 +323,74 @@ def summarize(
         failed_by_stage=_most_first(by_stage[FAILED]),
         rejected_by_stage=_most_first(by_stage[REJECTED]),
         partitions=partitions,
+        latency_histogram=latency_histogram(latency),
+        history=history(
+            np.asarray(completed, dtype=np.int64),
+            np.asarray(outcomes, dtype=object),
+            np.asarray(latencies, dtype=np.float64),
+        ),
     )
+
+
+def latency_histogram(latency_ms: np.ndarray) -> dict:
+    """The latencies counted in :data:`LATENCY_BUCKETS_MS`, cumulative as Prometheus'
+    histograms have them: ``{"buckets": [[le, n], ...], "count": n, "sum": ms}``.
+
+    >>> latency_histogram(np.array([3.0, 40.0, 70_000.0]))["buckets"][:4]
+    [[5, 1], [10, 1], [25, 1], [50, 2]]
+    """
+    counts = np.searchsorted(np.sort(latency_ms), LATENCY_BUCKETS_MS, side="right")
+    return {
+        "buckets": [[le, int(n)] for le, n in zip(LATENCY_BUCKETS_MS, counts)],
+        "count": int(latency_ms.size),
+        "sum": float(latency_ms.sum()),
+    }
+
+
+def history(
+    completed_ms: np.ndarray,
+    outcomes: np.ndarray,
+    latency_ms: np.ndarray,
+    bins: int = HISTORY_BINS,
+) -> list[dict]:
+    """Per time bin of the completions (at most ``bins`` of them, each a whole number of
+    seconds, over the span the completions cover): the bin's start ``t_ms``, ``acked``,
+    ``failed`` (completions not acked), ``replayed`` and ``dead_lettered`` roots a
+    second, and the percentiles of the bin's acked roots' complete latency (None if
+    none). ``outcomes`` as :func:`summarize` counts each completion (None: neither).
+
+    >>> h = history(np.array([1000, 1500, 3200]), np.array(["acked", "replayed", "acked"]),
+    ...             np.array([10.0, np.nan, 30.0]), bins=3)
+    >>> [(b["t_ms"], b["acked"], b["replayed"], b["p50"]) for b in h]
+    [(1000, 1.0, 1.0, 10.0), (2000, 0.0, 0.0, None), (3000, 1.0, 0.0, 30.0)]
+    """
+    known = completed_ms > 0
+    if not known.any():
+        return []
+    completed_ms, outcomes = completed_ms[known], outcomes[known]
+    latency_ms = latency_ms[known]
+    first = int(completed_ms.min()) // 1000 * 1000
+    span_s = (int(completed_ms.max()) - first) // 1000 + 1
+    bin_s = max(1, -(-span_s // bins))
+    which = (completed_ms - first) // (bin_s * 1000)
+    out = []
+    for i in range(int(which.max()) + 1):
+        here = which == i
+        got = outcomes[here]
+        acked = got == "acked"
+        lat = latency_ms[here][acked]
+        lat = lat[~np.isnan(lat)]
+        row = {
+            "t_ms": first + i * bin_s * 1000,
+            "acked": float(acked.sum()) / bin_s,
+            "failed": float((~acked).sum()) / bin_s,
+            "replayed": float((got == "replayed").sum()) / bin_s,
+            "dead_lettered": float((got == "dead_lettered").sum()) / bin_s,
+        }
+        values = np.percentile(lat, PERCENTILES) if lat.size else [None] * len(PERCENTILES)
+        row.update({f"p{p}": None if v is None else float(v) for p, v in zip(PERCENTILES, values)})
+        out.append(row)
+    return out
 
 
 def _most_first(counts: dict[str, int]) -> dict[str, int]:
@@ -542,6 +546,118 @@ def partition_ends(bootstrap: str, partitions, kafka_options=None) -> dict[tuple
     finally:
         consumer.close()
     return {(tp.topic, tp.partition): end for tp, end in ends.items()}
+
+
+@dataclass(frozen=True)
+class StatusSource:
+    """Where one topology's status is read: what ``ackstream status`` is given on its
+    command line, or what a started topology says of itself (:meth:`of_topology`).
+    ``channel``: the local channel's folder; ``bootstrap``: the Kafka channel's
+    brokers instead (one of the two). The rest as :func:`kafka_status` takes them;
+    ``checkpoint`` adds the stages' counts and held rows."""
+
+    topology: str
+    channel: str | None = None
+    bootstrap: str | None = None
+    kafka_options: dict | None = None
+    dead_letters: str | None = None
+    dead_letter_topic: str | None = None
+    group: str | None = None
+    upstream_bootstrap: str | None = None
+    checkpoint: str | None = None
+    #: the stage graph's edges ``(stream, reader)``, when the topology is at hand
+    edges: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of_topology(cls, topology, checkpoint: str | None = None) -> StatusSource:
+        """Where the status of ``topology`` (a :class:`~ackstream.topology.Topology`,
+        started with ``checkpoint``) is: its channel, its source's consumer group,
+        brokers and dead-letter topic."""
+        config = topology.source_config
+        channel = topology.channel
+        edges = tuple(
+            (stream, node.name)
+            for node in (*topology.stages, *topology.sinks)
+            for stream in node.after
+        )
+        group = upstream = topic = None
+        if config is not None and config.upstream == "kafka":
+            group = config.kafka.group_id
+            upstream = config.kafka.bootstrap_servers
+        if config is not None:
+            topic = config.dead_letter_topic
+        if isinstance(channel, KafkaChannel):
+            if upstream and set(upstream.split(",")) == set(channel.bootstrap.split(",")):
+                upstream = None
+            return cls(
+                channel.topology,
+                bootstrap=channel.bootstrap,
+                kafka_options=dict(channel.kafka_options),
+                dead_letter_topic=topic,
+                group=group,
+                upstream_bootstrap=upstream,
+                checkpoint=checkpoint,
+                edges=edges,
+            )
+        return cls(
+            topology.name,
+            channel=channel.directory,
+            kafka_options=None if config is None else kafka_options_of(config),
+            group=group,
+            upstream_bootstrap=upstream,
+            checkpoint=checkpoint,
+            edges=edges,
+        )
+
+    @property
+    def source_brokers(self) -> str | None:
+        """The brokers of the topics the source reads (where dead letters are replayed
+        to), when known."""
+        return self.upstream_bootstrap or self.bootstrap
+
+    def dead_letters_at(self) -> tuple[str, pa.Table, ReplayLog]:
+        """Where the dead letters are (said for a person), the letters, and the log
+        their replays are marked in: as ``ackstream dead-letters`` finds them."""
+        if self.dead_letters:
+            folder = self.dead_letters
+        elif self.bootstrap:
+            topic = self.dead_letter_topic or f"{self.topology}.dead"
+            letters = read_dead_letters(
+                bootstrap=self.bootstrap, topic=topic, kafka_options=self.kafka_options
+            )
+            marks = TopicReplayLog(self.bootstrap, topic, self.kafka_options)
+            return f"topic {topic} on {self.bootstrap}", letters, marks
+        else:
+            folder = os.path.join(
+                self.channel or default_channel_dir(self.topology), "dead_letters"
+            )
+        return folder, read_dead_letters(folder), FileReplayLog(folder)
+
+    def read(self, window_s: float = 60.0) -> Status:
+        """The status now (see :func:`kafka_status` for what a silent broker does)."""
+        if self.bootstrap:
+            status = kafka_status(
+                self.bootstrap,
+                self.topology,
+                self.dead_letters,
+                self.dead_letter_topic,
+                window_s=window_s,
+                group_id=self.group,
+                kafka_options=self.kafka_options,
+                upstream_bootstrap=self.upstream_bootstrap,
+            )
+        else:
+            channel = self.channel or default_channel_dir(self.topology)
+            status = local_status(channel, self.topology, self.dead_letters, window_s=window_s)
+            if self.upstream_bootstrap:
+                group = self.group or f"ackstream-{self.topology}"
+                lag = group_lag(self.upstream_bootstrap, group, self.kafka_options)
+                status = replace(status, partitions=lag)
+        if self.checkpoint:
+            status = replace(
+                status, held=held_in(self.checkpoint), stages=stages_in(self.checkpoint)
+            )
+        return status
 
 
 def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:

@@ -18,10 +18,12 @@ __all__ = [
     "add_channel_options",
     "add_dead_letter_options",
     "add_session_options",
+    "add_spark_conf_options",
     "add_verbose",
     "command_kafka_options",
     "env_float",
     "env_int",
+    "spark_conf",
 ]
 
 #: How long a one-shot command (status, dead-letters) waits for brokers that do not
@@ -75,6 +77,47 @@ def add_session_options(command) -> None:
         help="a Spark Connect server instead of a session in this process, e.g. "
         "sc://host:15002 (env ACKSTREAM_REMOTE)",
     )
+
+
+def add_spark_conf_options(command) -> None:
+    """--conf KEY=VALUE (repeatable) and --packages: Spark settings of the command's
+    session, as spark-submit takes them."""
+    command.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting of the session the command makes (repeatable), as "
+        "spark-submit's --conf, e.g. --conf spark.sql.shuffle.partitions=4",
+    )
+    command.add_argument(
+        "--packages",
+        metavar="COORDINATES",
+        default=None,
+        help="Maven coordinates of jars for the session (spark.jars.packages), comma "
+        "separated, e.g. org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0 for Spark's "
+        "Kafka connector (the fast path: Spark reads and writes the records)",
+    )
+
+
+def spark_conf(parser: argparse.ArgumentParser, args) -> dict[str, str]:
+    """The settings of ``--conf`` and ``--packages`` (added to a ``spark.jars.packages``
+    given with ``--conf``); a ``--conf`` without ``=`` stops the command."""
+    conf: dict[str, str] = {}
+    for given in args.conf:
+        key, equals, value = given.partition("=")
+        if not equals or not key.strip():
+            parser.error(f"--conf {given!r}: expected KEY=VALUE, e.g. spark.ui.port=4050")
+        conf[key.strip()] = value
+    if args.packages:
+        before = conf.get("spark.jars.packages")
+        conf["spark.jars.packages"] = ",".join(p for p in (before, args.packages) if p)
+    if conf and args.remote:
+        parser.error(
+            "--conf and --packages set up a session made here; a Spark Connect server "
+            "(--remote) has its own settings"
+        )
+    return conf
 
 
 def add_channel_options(command) -> None:

@@ -49,6 +49,11 @@ COMMANDS = {
         "ackstream.cli.dead_letters",
         "list a topology's dead letters, or replay chosen ones to their topic",
     ),
+    "ui": Command(
+        "ackstream.cli.ui",
+        "serve the live view of topologies (stages, rates, latency, lag, dead letters) "
+        "and their Prometheus metrics",
+    ),
     "acker": Command(
         "ackstream.cli.acker", "run a topology's acker query in this process, until stopped"
     ),
@@ -57,12 +62,18 @@ COMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that answers a mistyped command or choice with the one meant."""
+    """argparse that answers a mistyped command, choice or option with the one meant."""
 
     def error(self, message: str):
         typed = re.search(r"invalid choice: (['\"])(.*?)\1", message)
         choices = [c for a in self._actions if a.choices for c in a.choices]
         meant = difflib.get_close_matches(typed.group(2), choices, n=1) if typed else []
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:  # an option mistyped: the nearest this command takes
+            options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            for word in unknown.group(1).split():
+                if word.startswith("--"):
+                    meant = meant or difflib.get_close_matches(word.split("=")[0], options, n=1)
         if meant:
             self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; did you mean {meant[0]!r}?\n")
         super().error(message)
@@ -109,5 +120,5 @@ def _command(argv: list[str] | None) -> int:
     parser = build_parser(chosen.command)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "bench":  # only bench passes options on
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     return _module(args.command).command(parser, args, extra)

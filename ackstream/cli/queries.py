@@ -14,27 +14,54 @@ from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_o
 from ackstream.console import LogFile, interrupts
 from ackstream.errors import cause_of
 from ackstream.sources.offsets import new_ranges
+from ackstream.status import source_metrics
 from ackstream.topology.running import stop_queries
 
-__all__ = ["local_session", "rows_read", "stop", "stopping", "supervise", "wait"]
+__all__ = [
+    "Progress",
+    "local_session",
+    "progress_of",
+    "rows_read",
+    "stop",
+    "stopping",
+    "supervise",
+    "wait",
+]
 
 log = logging.getLogger(__name__)
 
 
-def local_session(args, app_name: str, log_file: LogFile):
-    """The command's Spark session (``--cores``, ``--master``, ``--remote``); a JVM
-    launched for it writes its log to ``log_file``."""
+def local_session(args, app_name: str, log_file: LogFile, conf: dict | None = None):
+    """The command's Spark session (``--cores``, ``--master``, ``--remote``, ``conf``);
+    a JVM launched for it writes its log to ``log_file``."""
     with log_file.launching():
         return launch.local_session(
-            app_name, cores=args.cores, master=args.master, remote=args.remote
+            app_name, cores=args.cores, conf=conf, master=args.master, remote=args.remote
         )
 
 
-def supervise(queries, timeout: float | None, until_idle: float | None, log_file: LogFile) -> int:
+class Progress:
+    """The command's progress lines on stderr, each ``[  12.3s] ...``: the seconds since
+    the command began, then what is going on."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.start:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+def supervise(
+    queries,
+    timeout: float | None,
+    until_idle: float | None,
+    log_file: LogFile,
+    progress: Progress | None = None,
+) -> int:
     """Wait for the queries as :func:`wait` does, Ctrl-C included; a line for each
     failed query; the exit status."""
     with interrupts() as pressed:
-        code = wait(queries, timeout, until_idle, pressed)
+        code = wait(queries, timeout, until_idle, pressed, progress=progress)
     return _failures(queries, log_file) if code == EXIT_FAILED else code
 
 
@@ -45,14 +72,20 @@ def stopping(code: int, log_file: LogFile) -> None:
 
 
 def wait(
-    queries, timeout: float | None, until_idle: float | None, pressed, every_s: float = 5.0
+    queries,
+    timeout: float | None,
+    until_idle: float | None,
+    pressed,
+    every_s: float = 5.0,
+    progress: Progress | None = None,
 ) -> int:
     """Poll until every query ended (0), or one failed (1 at once: its peers would run
     on without it), or the timeout passed, or the queries have read rows and then none
     for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
-    :func:`~ackstream.console.interrupts`). Prints each query's progress every
-    ``every_s``."""
-    start, last_active, printed = time.monotonic(), None, time.monotonic()
+    :func:`~ackstream.console.interrupts`). Prints each query's progress
+    (:func:`progress_of`) every ``every_s``, the first time at once."""
+    progress = progress or Progress()
+    start, last_active, printed = time.monotonic(), None, float("-inf")
     seen: dict = {}
     rows: dict = {}
     while any(q.isActive for q in queries):
@@ -62,23 +95,20 @@ def wait(
         if any(not q.isActive and q.exception() is not None for q in queries):
             return EXIT_FAILED
         for q in queries:
-            progress = q.lastProgress
-            if progress and seen.get(q.id) != progress.get("batchId"):
-                read = rows_read(progress)
+            last = q.lastProgress
+            if last and seen.get(q.id) != last.get("batchId"):
+                read = rows_read(last)
                 rows[q.id] = rows.get(q.id, 0) + read
                 if read > 0:
                     last_active = now
-                seen[q.id] = progress.get("batchId")
+                seen[q.id] = last.get("batchId")
         if now - printed >= every_s:
             printed = now
-            print(
-                f"[{now - start:6.1f}s] "
-                + "; ".join(
-                    f"{q.name}: batch {seen.get(q.id, '-')}, {rows.get(q.id, 0)} rows read"
+            progress.say(
+                "; ".join(
+                    progress_of(q.name, seen.get(q.id), rows.get(q.id, 0), q.lastProgress)
                     for q in queries
-                ),
-                file=sys.stderr,
-                flush=True,
+                )
             )
         if timeout is not None and now - start >= timeout:
             print(
@@ -93,6 +123,34 @@ def wait(
             return EXIT_OK
         pressed.wait(0.2)
     return EXIT_FAILED if any(q.exception() is not None for q in queries) else EXIT_OK
+
+
+def progress_of(name: str, batch, rows: int, progress) -> str:
+    """One query's part of a progress line: before its first batch, that Spark is
+    starting it; then its batch, the rows read and, for a topology whose source reports
+    them, its roots acked, replayed and dead-lettered since its checkpoint began.
+
+    >>> progress_of("words", None, 0, None)
+    'words: Spark is starting (no batch yet)'
+    >>> progress_of("words", 4, 120, {"sources": [{"latestOffset": '{"pending": 2, '
+    ...     '"partitions": {}, "acked": 110, "replayed": 3, "dead_lettered": 1}'}]})
+    'words: batch 4, 120 rows read, 110 acked, 3 replayed, 1 dead-lettered, 2 pending'
+    """
+    if batch is None:
+        return f"{name}: Spark is starting (no batch yet)"
+    line = f"{name}: batch {batch}, {rows} rows read"
+    metrics = source_metrics(progress)
+    if metrics:
+        line += "".join(
+            f", {metrics.get(key, 0)} {said}"
+            for key, said in (
+                ("acked", "acked"),
+                ("replayed", "replayed"),
+                ("dead_lettered", "dead-lettered"),
+                ("pending", "pending"),
+            )
+        )
+    return line
 
 
 def rows_read(progress) -> int:

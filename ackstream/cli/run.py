@@ -12,12 +12,19 @@ import traceback
 
 from pyspark.sql import SparkSession
 
-from ackstream.cli.arguments import add_session_options, add_verbose, env_float
+from ackstream.cli.arguments import (
+    add_session_options,
+    add_spark_conf_options,
+    add_verbose,
+    env_float,
+    spark_conf,
+)
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, refused, status_of
-from ackstream.cli.queries import local_session, stop, stopping, supervise
+from ackstream.cli.queries import Progress, local_session, stop, stopping, supervise
 from ackstream.console import LogFile
 from ackstream.errors import AckstreamError, cause_of
 from ackstream.sources.datasource import register
+from ackstream.topology.declared import started as started_topologies
 
 __all__ = ["RUN_HELP", "add_arguments", "command"]
 
@@ -35,7 +42,16 @@ topic), 130 on Ctrl-C, or the code of a sys.exit() in the file (its queries are
 stopped first). With --until-idle, choose a time longer than the retry backoff
 (ackstream.retryMaxDelay) if replays should finish before the stop.
 
-The console shows progress and, when the run ends badly, one line saying why and
+The session is local[--cores] unless --master or --remote says otherwise, with
+Spark's own UI on (its address is in the first lines; --no-spark-ui switches it
+off) and the settings of --conf and --packages: e.g. --packages
+org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0 brings Spark's Kafka connector,
+with which Spark reads and writes the records (the fast path). --metrics-port PORT
+serves the topologies' Prometheus metrics at http://127.0.0.1:PORT/metrics, and
+--ui PORT the live view (see `ackstream ui --help`) with /metrics beside it.
+
+The console shows progress every 5 s, the roots acked, replayed and
+dead-lettered with it, and, when the run ends badly, one line saying why and
 naming a log file (in the temporary folder) that holds Spark's log, Python's logging
 and the full error; --verbose leaves all of that on the console instead.
 
@@ -70,8 +86,31 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="stop the queries once they have read rows and then none for this long",
     )
+    run.add_argument(
+        "--no-spark-ui",
+        dest="spark_ui",
+        action="store_false",
+        help="switch Spark's own UI off (it is on, at http://127.0.0.1:4040 or the next free port)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the started topologies' Prometheus metrics at "
+        "http://127.0.0.1:PORT/metrics while the run lasts",
+    )
+    run.add_argument(
+        "--ui",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the live view of the started topologies at http://127.0.0.1:PORT/ "
+        "(and their metrics at /metrics) while the run lasts",
+    )
     add_verbose(run)
     add_session_options(run)
+    add_spark_conf_options(run)
 
 
 def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
@@ -85,30 +124,44 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     if not os.path.isfile(args.file):
         parser.error(f"no topology file at {args.file}")
+    for name in ("metrics_port", "ui"):
+        port = getattr(args, name)
+        if port is not None and not 0 <= port <= 65535:
+            parser.error(f"--{name.replace('_', '-')} must be a port number, 0 to 65535")
+    conf = {"spark.ui.enabled": str(args.spark_ui).lower(), **spark_conf(parser, args)}
+    if args.remote:  # a Connect server has its own UI and settings
+        conf = {}
     log_file = LogFile("run", args.verbose)
     with log_file:
-        code = _run_file(args, log_file)
+        code = _run_file(args, log_file, conf)
     if code == EXIT_OK:
         log_file.discard()
     return code
 
 
-def _run_file(args, log_file: LogFile) -> int:
+def _run_file(args, log_file: LogFile, conf: dict) -> int:
     """Run the topology file, wait for its queries, stop them; the exit status."""
+    progress = Progress()
     spark, made = SparkSession.getActiveSession(), False
     if spark is None:
+        where = args.remote or args.master or f"local[{args.cores}]"
+        progress.say(f"Spark is starting ({where})")
         try:
-            spark = local_session(args, "ackstream-run", log_file)
+            spark = local_session(args, "ackstream-run", log_file, conf)
             made = True
         except AckstreamError as problem:
             return refused(problem)
+        ui = None if args.remote else spark.sparkContext.uiWebUrl
+        progress.say(f"Spark is up{f': its UI at {ui}' if ui else ''}")
     register(spark)
     before = {q.id for q in spark.streams.active}
-    started, code = [], EXIT_FAILED
+    known = len(started_topologies())
+    started, code, servers = [], EXIT_FAILED, []
     try:
         runpy.run_path(args.file, init_globals={"spark": spark}, run_name="__main__")
         started = [q for q in spark.streams.active if q.id not in before]
-        code = supervise(started, args.timeout, args.until_idle, log_file)
+        servers = _serve(args, started_topologies()[known:], progress)
+        code = supervise(started, args.timeout, args.until_idle, log_file, progress)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except SystemExit as ended:  # the file called sys.exit()
@@ -122,6 +175,29 @@ def _run_file(args, log_file: LogFile) -> int:
         started = started or [q for q in spark.streams.active if q.id not in before]
         stopping(code, log_file)
         stop(started)
+        for server in servers:
+            server.close()
         if made:
             spark.stop()
     return code
+
+
+def _serve(args, topologies: list, progress: Progress) -> list:
+    """The metrics endpoint and the live view the options ask for, serving the
+    ``(topology, checkpoint)`` pairs the file started; each says where it is."""
+    if args.metrics_port is None and args.ui is None:
+        return []
+    from ackstream.metrics import Statuses
+    from ackstream.status import StatusSource
+    from ackstream.ui import Served, serve_metrics, serve_view
+
+    sources = [StatusSource.of_topology(t, checkpoint) for t, checkpoint in topologies]
+    statuses = Statuses(lambda: sources)
+    servers: list[Served] = []
+    if args.metrics_port is not None:
+        servers.append(serve_metrics(statuses, args.metrics_port))
+        progress.say(f"metrics at {servers[-1].url}metrics")
+    if args.ui is not None:
+        servers.append(serve_view(statuses, args.ui))
+        progress.say(f"live view at {servers[-1].url}")
+    return servers

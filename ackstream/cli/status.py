@@ -1,22 +1,26 @@
 """``ackstream status``: what became of a topology's roots, read from its channels
-(:mod:`ackstream.status` reads and sums them); ``--json``, ``--prometheus``."""
+(:mod:`ackstream.status` reads and sums them); ``--json``, ``--prometheus``
+(:mod:`ackstream.metrics`), ``--watch``."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-from dataclasses import replace
+import sys
+import time
 
 from ackstream.cli.arguments import (
     add_channel_options,
     add_dead_letter_options,
     command_kafka_options,
 )
-from ackstream.cli.exits import refused, unanswered
+from ackstream.cli.exits import EXIT_OK, refused, unanswered
 from ackstream.config import default_channel_dir
 from ackstream.errors import AckstreamError
-from ackstream.status import group_lag, held_in, kafka_status, local_status, stages_in
+from ackstream.metrics import exposition
+from ackstream.status import Status, StatusSource
 
 __all__ = ["add_arguments", "command"]
 
@@ -59,13 +63,24 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
         "they are not the channel's (--bootstrap): the lag is read there (with a local "
         "channel too, instead of the figures the source saved)",
     )
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="read again every SECONDS (2 if not given) until Ctrl-C; on a terminal the "
+        "report is redrawn in place",
+    )
     output = status.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print one JSON object")
     output.add_argument(
         "--prometheus",
         action="store_true",
-        help="print Prometheus' text exposition format (counters for totals, gauges for "
-        "levels), e.g. for a textfile collector",
+        help="print Prometheus' text exposition format (counters for totals, a histogram "
+        "for the complete latency, gauges for levels), e.g. for a textfile collector; "
+        "ackstream run --metrics-port and ackstream ui serve it over HTTP",
     )
 
 
@@ -99,24 +114,28 @@ def _status(parser: argparse.ArgumentParser, args) -> int:
         parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
     if args.group and not (args.bootstrap or args.upstream_bootstrap):
         parser.error("--group needs --bootstrap or --upstream-bootstrap HOST:PORT")
+    if args.watch is not None and args.watch <= 0:
+        parser.error("--watch must be a positive number of seconds")
+    source = StatusSource(
+        args.topology,
+        channel=None if args.bootstrap else channel,
+        bootstrap=args.bootstrap,
+        kafka_options=kafka_options,
+        dead_letters=args.dead_letters,
+        dead_letter_topic=args.dead_letter_topic,
+        group=args.group,
+        upstream_bootstrap=args.upstream_bootstrap,
+        checkpoint=args.checkpoint,
+    )
+    if args.watch is None:
+        return _once(source, args)
+    return _watch(source, args)
+
+
+def _read(source: StatusSource, args) -> Status | int:
+    """The status, or the exit status of a read that failed (its line printed)."""
     try:
-        if args.bootstrap:
-            status = kafka_status(
-                args.bootstrap,
-                args.topology,
-                args.dead_letters,
-                args.dead_letter_topic,
-                window_s=args.window,
-                group_id=args.group,
-                kafka_options=kafka_options,
-                upstream_bootstrap=args.upstream_bootstrap,
-            )
-        else:
-            status = local_status(channel, args.topology, args.dead_letters, window_s=args.window)
-            if args.upstream_bootstrap:
-                group = args.group or f"ackstream-{args.topology}"
-                lag = group_lag(args.upstream_bootstrap, group, kafka_options)
-                status = replace(status, partitions=lag)
+        return source.read(args.window)
     except AckstreamError as problem:
         return refused(problem)
     except Exception as problem:  # kafka-python's errors (no broker, timeouts)
@@ -124,10 +143,54 @@ def _status(parser: argparse.ArgumentParser, args) -> int:
             raise
         brokers = " or ".join(b for b in (args.bootstrap, args.upstream_bootstrap) if b)
         return unanswered(f"read from the brokers at {brokers}", problem)
-    if args.checkpoint:
-        status = replace(status, held=held_in(args.checkpoint), stages=stages_in(args.checkpoint))
+
+
+def _shown(status: Status, args) -> str:
     if args.prometheus:
-        print(status.prometheus(), end="")
-    else:
-        print(json.dumps(status.to_dict()) if args.json else "\n".join(status.lines()))
+        return exposition([status])
+    return json.dumps(status.to_dict()) + "\n" if args.json else "\n".join(status.lines()) + "\n"
+
+
+def _once(source: StatusSource, args) -> int:
+    status = _read(source, args)
+    if isinstance(status, int):
+        return status
+    print(_shown(status, args), end="")
     return 0
+
+
+def _watch(source: StatusSource, args) -> int:
+    """Read every ``--watch`` seconds until Ctrl-C: on a terminal the human report is
+    redrawn in place (rich's live display; Ctrl-C ends the watch, exit status 0),
+    elsewhere each reading is printed after
+    the last (a blank line between two reports)."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console()
+    live = console.is_terminal and not (args.json or args.prometheus)
+    try:
+        with (
+            Live(console=console, auto_refresh=False) if live else contextlib.nullcontext() as shown
+        ):
+            first = True
+            while True:
+                status = _read(source, args)
+                if isinstance(status, int):
+                    return status
+                stamp = time.strftime("%H:%M:%S")
+                if live:
+                    text = f"{_shown(status, args)}\nread at {stamp}, every {args.watch:g} s"
+                    shown.update(Text(text), refresh=True)
+                else:
+                    print(
+                        ("" if first or args.json else "\n") + _shown(status, args),
+                        end="",
+                        flush=True,
+                    )
+                first = False
+                time.sleep(args.watch)
+    except KeyboardInterrupt:  # the way a watch ends
+        print("", file=sys.stderr)
+        return EXIT_OK

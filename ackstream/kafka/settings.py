@@ -14,6 +14,8 @@ import functools
 import re
 from collections.abc import Mapping
 
+import javaproperties
+
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError
 
@@ -203,33 +205,15 @@ def properties_file_options(path: str) -> dict[str, str]:
     return options
 
 
-#: A properties line: the key (a backslash escapes the next character), then blanks,
-#: at most one ``=`` or ``:``, blanks, and the value.
-_PROPERTY = re.compile(r"((?:[^\\\s=:]|\\.)+)\s*[=:]?\s*(.*)")
-
-
 def _properties(text: str) -> list[tuple[str, str]]:
-    r"""``(key, value)`` pairs of a Java properties text: ``#`` and ``!`` comments, ``=``,
-    ``:`` or blanks between key and value, a line ending in an odd number of
-    backslashes continued on the next (its leading blanks dropped).
+    r"""``(key, value)`` pairs of a Java properties text, as ``java.util.Properties``
+    reads it (the ``javaproperties`` package): ``#`` and ``!`` comments, ``=``, ``:``
+    or blanks between key and value, continued lines, escapes.
 
     >>> _properties("# client\nsecurity.protocol = SASL_SSL\nsasl.jaas.config: a \\\n    b;")
     [('security.protocol', 'SASL_SSL'), ('sasl.jaas.config', 'a b;')]
     """
-    pairs, logical = [], ""
-    for raw in text.splitlines():
-        line = raw.lstrip() if logical else raw.strip()
-        if not logical and (not line or line[0] in "#!"):
-            continue
-        if (len(line) - len(line.rstrip("\\"))) % 2:
-            logical += line[:-1]
-            continue
-        found = _PROPERTY.fullmatch(logical + line)
-        logical = ""
-        if found:
-            key, value = found.groups()
-            pairs.append((re.sub(r"\\(.)", r"\1", key), re.sub(r"\\(.)", r"\1", value)))
-    return pairs
+    return list(javaproperties.loads(text, object_pairs_hook=list))
 
 
 def _from_jaas(option: str, value: str) -> dict:

@@ -49,6 +49,7 @@ from ackstream.topology.bolts import (
     SqlStage,
     Stage,
 )
+from ackstream.topology.declared import analyse, record_start
 from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.running import RunningTopology, same_term, start_topology
 from ackstream.topology.waiting_join import WaitingJoinStage
@@ -454,10 +455,15 @@ class Topology:
         """Start the topology query over the tracked stream ``tuples`` (best made by
         :meth:`read_stream`) and, unless ``acker=False`` (an acker runs elsewhere) or
         tracking is off, the acker query with the topology's ``ackers`` shards.
-        Checkpoints go to ``<checkpoint>/topology`` and ``<checkpoint>/acker``."""
+        Checkpoints go to ``<checkpoint>/topology`` and ``<checkpoint>/acker``.
+
+        Before any query starts, every SQL and DataFrame stage is analysed against an
+        empty frame of the stream's schema (:func:`~ackstream.topology.declared.analyse`):
+        a misspelled column or function raises :class:`StageError` naming the stage."""
         self.check_reach()
         self._check_input(tuples)
-        return start_topology(
+        analyse(self, tuples)
+        running = start_topology(
             self,
             tuples,
             checkpoint,
@@ -465,3 +471,5 @@ class Topology:
             acker=acker and not self.continue_trees,  # the upstream topology's acker acks
             acker_trigger_ms=acker_trigger_ms,
         )
+        record_start(self, checkpoint)
+        return running

@@ -1,0 +1,108 @@
+"""``ackstream ui``: serve the live view (:mod:`ackstream.ui`) of one or more
+topologies, and their Prometheus metrics, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ackstream.cli.arguments import (
+    add_channel_options,
+    add_dead_letter_options,
+    command_kafka_options,
+)
+from ackstream.cli.exits import EXIT_OK
+from ackstream.config import default_channel_dir
+from ackstream.status import StatusSource
+
+__all__ = ["add_arguments", "command"]
+
+
+def add_arguments(ui: argparse.ArgumentParser) -> None:
+    ui.description = (
+        "Serves a web page of topologies at http://HOST:PORT/: per topology the stage\n"
+        "graph (tuples in and out, failures per stage), acked / failed / replayed /\n"
+        "dead-lettered roots a second and the complete latency's percentiles over\n"
+        "time, lag per partition, roots in flight and held, and the dead letters with\n"
+        "a replay button (it asks to confirm). It reads what `ackstream status` reads\n"
+        "(the channel, --checkpoint, the group's offsets), every few seconds, so it\n"
+        "works with no topology running. Prometheus metrics at /metrics.\n"
+        "`ackstream run FILE --ui PORT` serves the same beside a run."
+    )
+    ui.set_defaults(subparser=ui)  # errors name the subcommand
+    add_channel_options(ui)
+    add_dead_letter_options(ui)
+    ui.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="the topology's checkpoint (as given to Topology.start): the stages' counts "
+        "and the rows windows and joins hold",
+    )
+    ui.add_argument("--group", metavar="GROUP", help="the source's kafka.group.id (see status)")
+    ui.add_argument(
+        "--upstream-bootstrap",
+        metavar="HOST:PORT",
+        help="the brokers the source reads, when they are not the channel's: the lag is "
+        "read there, and dead letters are replayed there",
+    )
+    ui.add_argument("--port", type=int, default=8050, help="the port to serve on (0: a free one)")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to serve on")
+    ui.add_argument(
+        "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
+    )
+
+
+def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
+    """``ackstream ui``; its errors name the subcommand."""
+    return _ui(args.subparser, args)
+
+
+def _ui(parser: argparse.ArgumentParser, args) -> int:
+    names = [n.strip() for n in args.topology.split(",") if n.strip()]
+    if not names:
+        parser.error("--topology: give a topology's name (several: a,b,c)")
+    if args.channel and args.bootstrap:
+        parser.error("--channel and --bootstrap are both set: give one")
+    if len(names) > 1 and (args.channel or args.checkpoint or args.dead_letters):
+        parser.error("--channel, --checkpoint and --dead-letters name one topology's folders")
+    if args.checkpoint and not os.path.isdir(args.checkpoint):
+        parser.error(f"--checkpoint {args.checkpoint}: no such directory")
+    if not 0 <= args.port <= 65535:
+        parser.error("--port must be a port number, 0 to 65535")
+    kafka_options = command_kafka_options(parser, args, one_shot=True)
+    sources = []
+    for name in names:
+        channel = None if args.bootstrap else (args.channel or default_channel_dir(name))
+        if channel is not None and not os.path.isdir(channel):
+            parser.error(
+                f"no channel directory at {channel} (topology {name!r}): pass --channel DIR "
+                "or --bootstrap HOST:PORT"
+            )
+        sources.append(
+            StatusSource(
+                name,
+                channel=channel,
+                bootstrap=args.bootstrap,
+                kafka_options=kafka_options,
+                dead_letters=args.dead_letters,
+                dead_letter_topic=args.dead_letter_topic,
+                group=args.group,
+                upstream_bootstrap=args.upstream_bootstrap,
+                checkpoint=args.checkpoint,
+            )
+        )
+    import uvicorn
+
+    from ackstream.metrics import Statuses
+    from ackstream.ui import app
+
+    statuses = Statuses(lambda: sources, window_s=args.window)
+    print(
+        f"ackstream: the live view of {', '.join(names)} at http://{args.host}:{args.port}/ "
+        f"(metrics at /metrics); Ctrl-C stops it",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app(statuses), host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK

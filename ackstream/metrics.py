@@ -1,0 +1,212 @@
+"""A topology's figures as Prometheus metrics, from ``prometheus_client``.
+
+:class:`StatusCollector` turns the :class:`~ackstream.status.Status` of one or more
+topologies into metric families, read again at every scrape: the figures live in the
+channel, the checkpoint and the group's offsets (what ``ackstream status`` reads), not
+in this process, so they are exposed the way Prometheus' docs advise for figures kept
+elsewhere (a custom collector), and a restarted process reports the same counts.
+One registry serves all three ways out: :func:`exposition` (``ackstream status
+--prometheus``), :func:`serve` (``ackstream run --metrics-port``) and the live view's
+``/metrics`` (:mod:`ackstream.ui`).
+
+Every sample has the label ``topology``. The families (``ackstream_`` prefix):
+
+======================================  =========  ===============================
+name                                    type       labels
+======================================  =========  ===============================
+``roots_total``                         counter    ``outcome`` (acked, failed,
+                                                   timed_out, rejected)
+``roots_replayed_total``                counter
+``dead_letters_total``                  counter
+``failed_by_stage_total``               counter    ``stage``
+``rejected_by_stage_total``             counter    ``stage``
+``stage_tuples_total``                  counter    ``stage``, ``side`` (in, out)
+``complete_latency_seconds``            histogram
+``roots_pending``                       gauge
+``held``                                gauge      ``stage``, ``of`` (tuples, roots)
+``partition_end``, ``_committed``,      gauge      ``topic``, ``partition``
+``_lag``
+======================================  =========  ===============================
+
+Rates and quantiles are left to the server (``rate()``, ``histogram_quantile()``).
+
+>>> from ackstream.status import Status
+>>> s = Status("words", "", 3, 1, 2, 0, 0, 0, 0, 0, 0, 0, None,
+...            latency_histogram={"buckets": [[100, 1], [1000, 2]], "count": 2, "sum": 400.0})
+>>> text = exposition([s])
+>>> "# TYPE ackstream_complete_latency_seconds histogram" in text.splitlines()
+True
+>>> 'ackstream_roots_total{outcome="acked",topology="words"} 2.0' in text.splitlines()
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from ackstream.status import Status, StatusSource
+
+__all__ = [
+    "Statuses",
+    "StatusCollector",
+    "exposition",
+    "families",
+    "registry_of",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+
+def families(statuses: Iterable[Status]) -> list[Metric]:
+    """The metric families of ``statuses`` (one per topology; see the module doc)."""
+    statuses = list(statuses)
+
+    def counter(name, text, labels=()):
+        return CounterMetricFamily(f"ackstream_{name}", text, labels=["topology", *labels])
+
+    def gauge(name, text, labels=()):
+        return GaugeMetricFamily(f"ackstream_{name}", text, labels=["topology", *labels])
+
+    roots = counter("roots", "Completed roots by outcome.", ["outcome"])
+    replayed = counter("roots_replayed", "Failed or timed-out roots whose record is read again.")
+    dead = counter("dead_letters", "Records dead-lettered.")
+    failed = counter(
+        "failed_by_stage", "Failed and timed-out roots by the stage at fault.", ["stage"]
+    )
+    rejected = counter("rejected_by_stage", "Rejected roots by the stage at fault.", ["stage"])
+    tuples = counter(
+        "stage_tuples", "Tuples each stage and sink read and emitted.", ["stage", "side"]
+    )
+    latency = HistogramMetricFamily(
+        "ackstream_complete_latency_seconds",
+        "Complete latency (init to ack) of the acked roots.",
+        labels=["topology"],
+    )
+    pending = gauge("roots_pending", "Roots with an init record and no completion yet.")
+    held = gauge("held", "Tuples and roots a window or join stage holds.", ["stage", "of"])
+    parts = {
+        name: gauge(f"partition_{name}", text, ["topic", "partition"])
+        for name, text in (
+            ("end", "The end offset of each upstream partition."),
+            ("committed", "The offset the source's group committed, per partition."),
+            ("lag", "Offsets not yet acked or dead-lettered, per partition."),
+        )
+    }
+    for s in statuses:
+        t = s.topology
+        for outcome in ("acked", "failed", "timed_out", "rejected"):
+            roots.add_metric([t, outcome], getattr(s, outcome))
+        replayed.add_metric([t], s.replayed)
+        if s.dead_lettered is not None:
+            dead.add_metric([t], s.dead_lettered)
+        for family, by_stage in ((failed, s.failed_by_stage), (rejected, s.rejected_by_stage)):
+            for stage, n in (by_stage or {}).items():
+                family.add_metric([t, stage], n)
+        for stage, sides in (s.stages or {}).items():
+            for side, n in sides.items():
+                tuples.add_metric([t, stage, side], n)
+        if s.latency_histogram is not None:
+            h = s.latency_histogram
+            buckets = [(f"{le / 1000:g}", n) for le, n in h["buckets"]]
+            latency.add_metric([t], [*buckets, ("+Inf", h["count"])], h["sum"] / 1000)
+        pending.add_metric([t], s.pending)
+        for stage, n in (s.held or {}).items():
+            for what in ("tuples", "roots"):
+                held.add_metric([t, stage, what], n[what])
+        for topic, partitions in (s.partitions or {}).items():
+            for p, m in partitions.items():
+                for name, family in parts.items():
+                    family.add_metric([t, topic, str(p)], m[name])
+    every = [
+        roots,
+        replayed,
+        dead,
+        failed,
+        rejected,
+        tuples,
+        latency,
+        pending,
+        held,
+        *parts.values(),
+    ]
+    return [family for family in every if family.samples]
+
+
+class StatusCollector(Collector):
+    """A ``prometheus_client`` collector of the statuses ``read()`` returns at each
+    scrape (a topology whose status cannot be read is left out, and logged)."""
+
+    def __init__(self, read: Callable[[], Iterable[Status]]):
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self._read())
+
+    def describe(self) -> list[Metric]:
+        return []  # no read at registration: the families come with each scrape
+
+
+def registry_of(read: Callable[[], Iterable[Status]]) -> CollectorRegistry:
+    """A registry of its own (not the process-wide default) holding a
+    :class:`StatusCollector` of ``read``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(read))
+    return registry
+
+
+def exposition(statuses: Iterable[Status]) -> str:
+    """``statuses`` in Prometheus' text exposition format (``status --prometheus``)."""
+    statuses = list(statuses)
+    return generate_latest(registry_of(lambda: statuses)).decode()
+
+
+class Statuses:
+    """The statuses of some topologies, read at most every ``min_interval_s`` however
+    often they are asked for (a scrape and the live view's page may ask together);
+    ``sources()`` names them (it may change: ``ackstream run`` adds those it starts).
+    Thread-safe; a topology that cannot be read keeps its last status."""
+
+    def __init__(
+        self,
+        sources: Callable[[], Iterable[StatusSource]],
+        window_s: float = 60.0,
+        min_interval_s: float = 2.0,
+    ):
+        self.sources, self.window_s, self.min_interval_s = sources, window_s, min_interval_s
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._last: dict[str, Status] = {}
+        self.errors: dict[str, str] = {}  #: per topology, why its last read failed
+
+    def __call__(self) -> list[Status]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.min_interval_s:
+                self._read_at = time.monotonic()
+                for source in self.sources():
+                    try:
+                        self._last[source.topology] = source.read(self.window_s)
+                        self.errors.pop(source.topology, None)
+                    except Exception as error:  # a broker down: keep the last figures
+                        log.warning("could not read the status of %s: %s", source.topology, error)
+                        self.errors[source.topology] = f"{type(error).__name__}: {error}"
+            return list(self._last.values())
+
+
+def serve(port: int, read: Callable[[], Iterable[Status]], addr: str = "127.0.0.1"):
+    """Serve ``/metrics`` on ``addr:port`` in a daemon thread (``prometheus_client``'s
+    own server); returns ``(server, thread)``. ``port=0`` takes a free port:
+    ``server.server_port`` tells which."""
+    return start_http_server(port, addr=addr, registry=registry_of(read))
