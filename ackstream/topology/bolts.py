@@ -662,6 +662,9 @@ def _run_bolt(
     rows = np.asarray(failed, dtype=np.int64)
     if len(rows) or not pieces:  # Spark wants the schema's columns in every frame
         nothing = dict.fromkeys(output.columns)
+        # beside the failed rows' nulls the output's columns are objects (Arrow converts
+        # them to the schema's types), as pandas will make them: it warns of the change
+        pieces = [p.astype(dict.fromkeys(output.columns, object)) for p in pieces]
         pieces.append(
             pd.DataFrame(
                 {

@@ -28,6 +28,7 @@ from ackstream.offset_log import clear_unfinished_first_entry, logged_offsets
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.spark_reader import read_new_ranges
+from ackstream.topology.awaiting import await_topology
 from ackstream.topology.batch import run_batch
 from ackstream.topology.batch_failure import (
     BatchDeadline,
@@ -295,7 +296,9 @@ class RunningTopology:
         self.query.processAllAvailable()
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
-        return self.query.awaitTermination(timeout_s)
+        """Block until the topology query stops (True) or ``timeout_s`` passes (False);
+        Ctrl-C stops the topology and exits with one line (see :func:`await_topology`)."""
+        return await_topology(self, timeout_s)
 
     def stop(self) -> None:
         """Stop the topology query once its batch in progress is committed, then the
