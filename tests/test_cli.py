@@ -1,5 +1,6 @@
 """The command line: argument parsing apart, and the demo end to end in-process."""
 
+import json
 import re
 from pathlib import Path
 
@@ -632,6 +633,67 @@ def test_a_mistyped_command_gets_the_one_meant(argv, meant, capsys):
     assert stop.value.code == 2
     assert len(err) == 1 and f"invalid choice: {argv[-1]!r}" in err[0], err
     assert err[0].endswith(f"; did you mean {meant!r}?")
+
+
+@pytest.mark.parametrize(
+    "argv, meant",
+    [
+        (["status", "--chanel", "x"], "--channel"),
+        (["run", "t.py", "--untl-idle", "3"], "--until-idle"),
+        (["ui", "--prot", "1"], "--port"),
+    ],
+)
+def test_a_mistyped_option_gets_the_one_meant(argv, meant, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and f"ackstream {argv[0]}: error: unrecognized" in err[-1]
+    assert err[-1].endswith(f"; did you mean {meant!r}?"), err
+
+
+def test_run_takes_spark_settings_and_packages(capsys):
+    from ackstream.cli.arguments import spark_conf
+
+    parser = build_parser("run")
+    argv = ["run", "t.py", "--conf", "spark.ui.port=4050", "--conf", "a.b=x=y"]
+    args = parser.parse_args([*argv, "--packages", "g:a:1"])
+    assert spark_conf(parser, args) == {
+        "spark.ui.port": "4050",
+        "a.b": "x=y",
+        "spark.jars.packages": "g:a:1",
+    }
+    both = parser.parse_args(
+        ["run", "t.py", "--conf", "spark.jars.packages=g:b:2", "--packages", "g:a:1"]
+    )
+    assert spark_conf(parser, both)["spark.jars.packages"] == "g:b:2,g:a:1"
+    assert args.spark_ui and not parser.parse_args(["run", "t.py", "--no-spark-ui"]).spark_ui
+    with pytest.raises(SystemExit):
+        spark_conf(parser, parser.parse_args(["run", "t.py", "--conf", "spark.ui.port"]))
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_status_watch_reads_again_until_ctrl_c(monkeypatch, capsys, tmp_path):
+    """Not on a terminal: each reading printed after the last; Ctrl-C ends it with 0."""
+    import time
+
+    from test_status import fill_channel
+
+    fill_channel(tmp_path / "ch")
+    naps = []
+
+    def nap(seconds):
+        naps.append(seconds)
+        if len(naps) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", nap)
+    argv = ["status", "--channel", str(tmp_path / "ch"), "--watch", "0.5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("topology ackstream  channel") == 3 and naps == [0.5] * 3
+    assert main([*argv[:-1], "--json", "--watch"]) == 0  # --watch alone: every 2 s
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(json.loads(line)["acked"] == 5 for line in lines)
 
 
 def test_help_lists_the_exit_statuses():

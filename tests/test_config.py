@@ -145,8 +145,9 @@ def test_unknown_kafka_setting_is_rejected_by_the_kafka_module():
     ],
 )
 def test_a_misspelt_option_is_refused_with_the_name_it_resembles(option, meant):
-    with pytest.raises(OptionError, match=f"did you mean '{meant}'"):
+    with pytest.raises(OptionError, match=f"did you mean '{meant}'") as refused:
         parse({**KAFKA, option: "1"})
+    assert refused.value.option == option  # named as the user wrote it, not lower-cased
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import EnvironmentProblem
+from ackstream.metrics import exposition
 from ackstream.records import (
     ACKED,
     BATCH_FAILED,
@@ -21,7 +22,7 @@ from ackstream.records import (
 )
 from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
 from ackstream.sources.tracking import DeadLetter
-from ackstream.status import local_status, summarize
+from ackstream.status import history, latency_histogram, local_status, summarize
 from ackstream.testing import ack, ack_records, init
 
 
@@ -36,6 +37,10 @@ def done(root, status, offset=None, attempt=0, latency=None):
         "latency_ms": latency,
         "completed_ms": 0,
     }
+
+
+def prometheus(status) -> str:
+    return exposition([status])
 
 
 def completions(rows):
@@ -301,10 +306,10 @@ def test_local_status_shows_the_lag_the_source_saved_and_exposes_it_to_prometheu
     status = local_status(str(tmp_path / "ch"), "words")
     assert status.partitions == parts
     assert "  t[0]                            12          6       6" in status.lines()
-    exposition = status.prometheus().splitlines()
-    assert 'ackstream_partition_lag{topology="words",topic="t",partition="0"} 6' in exposition
-    assert 'ackstream_roots_pending{topology="words"} 3' in exposition
-    assert 'ackstream_dead_letters_total{topology="words"} 1' in exposition
+    exposition = prometheus(status).splitlines()
+    assert 'ackstream_partition_lag{partition="0",topic="t",topology="words"} 6.0' in exposition
+    assert 'ackstream_roots_pending{topology="words"} 3.0' in exposition
+    assert 'ackstream_dead_letters_total{topology="words"} 1.0' in exposition
 
 
 def test_local_status_without_source_metrics_says_the_lag_is_unknown(tmp_path):
@@ -314,9 +319,10 @@ def test_local_status_without_source_metrics_says_the_lag_is_unknown(tmp_path):
     assert any(line.startswith("  lag: unknown") for line in status.lines())
 
 
-def test_prometheus_types_counts_that_only_grow_as_counters_and_levels_as_gauges(tmp_path):
+def test_prometheus_types_counts_that_only_grow_as_counters_and_latency_as_a_histogram(tmp_path):
     """Prometheus' conventions: a counter is named ``*_total`` and every ``*_total`` is a
-    counter; each family has its HELP and TYPE before its samples."""
+    counter; the complete latency is a histogram (buckets, count and sum), levels are
+    gauges; each family has its HELP and TYPE before its samples; no precomputed rate."""
     fill_channel(tmp_path / "ch")
     status = local_status(str(tmp_path / "ch"), "words")
     status = replace(
@@ -327,7 +333,7 @@ def test_prometheus_types_counts_that_only_grow_as_counters_and_levels_as_gauges
         stages={"w": {"in": 9, "out": 2}},
         partitions={"t": {"0": {"end": 12, "committed": 6, "lag": 6}}},
     )
-    lines = status.prometheus().splitlines()
+    lines = prometheus(status).splitlines()
     types = dict(line.split()[2:4] for line in lines if line.startswith("# TYPE "))
     assert {name: kind for name, kind in types.items() if kind == "counter"} == {
         "ackstream_roots_total": "counter",
@@ -337,29 +343,18 @@ def test_prometheus_types_counts_that_only_grow_as_counters_and_levels_as_gauges
         "ackstream_rejected_by_stage_total": "counter",
         "ackstream_stage_tuples_total": "counter",
     }
-    assert all(kind == "gauge" for name, kind in types.items() if not name.endswith("_total"))
+    assert types["ackstream_complete_latency_seconds"] == "histogram"
+    others = {n: k for n, k in types.items() if k not in ("counter", "histogram")}
+    assert set(others.values()) == {"gauge"} and not any("rate" in n for n in types)
+    assert all(kind == "counter" for name, kind in types.items() if name.endswith("_total"))
+    assert 'ackstream_complete_latency_seconds_bucket{le="0.05",topology="words"} 5.0' in lines
+    assert 'ackstream_complete_latency_seconds_count{topology="words"} 5.0' in lines
+    assert 'ackstream_complete_latency_seconds_sum{topology="words"} 0.15' in lines
+    assert 'ackstream_failed_by_stage_total{stage="timed out",topology="words"} 1.0' in lines
+    assert 'ackstream_stage_tuples_total{side="in",stage="w",topology="words"} 9.0' in lines
     for name in types:  # HELP, TYPE, then the family's samples, together
         at = lines.index(f"# TYPE {name} {types[name]}")
-        assert lines[at - 1].startswith(f"# HELP {name} ") and lines[at + 1].startswith(name + "{")
-    samples = [line for line in lines if not line.startswith("#")]
-    assert all(line.split("{")[0] in types for line in samples)
-    for line in (
-        'ackstream_roots_pending{topology="words"} 3',
-        'ackstream_roots_total{topology="words",outcome="acked"} 5',
-        'ackstream_roots_total{topology="words",outcome="failed"} 2',
-        'ackstream_roots_total{topology="words",outcome="timed_out"} 1',
-        'ackstream_roots_total{topology="words",outcome="rejected"} 1',
-        'ackstream_roots_replayed_total{topology="words"} 2',
-        'ackstream_dead_letters_total{topology="words"} 1',
-        'ackstream_failed_by_stage_total{topology="words",stage="timed out"} 1',
-        'ackstream_rejected_by_stage_total{topology="words",stage="parse"} 1',
-        'ackstream_complete_latency_ms{topology="words",quantile="0.5"} 30.0',
-        'ackstream_complete_latency_ms{topology="words",quantile="0.99"} 49.6',
-        'ackstream_held{topology="words",stage="w",of="roots"} 2',
-        'ackstream_stage_tuples_total{topology="words",stage="w",side="in"} 9',
-        'ackstream_partition_lag{topology="words",topic="t",partition="0"} 6',
-    ):
-        assert line in samples
+        assert lines[at - 1].startswith(f"# HELP {name} ") and lines[at + 1].startswith(name)
 
 
 def test_a_dead_letter_written_twice_counts_once():
@@ -486,3 +481,37 @@ def test_kafka_status_counts_a_run_past_its_partition_s_end_on_the_brokers_as_in
         channel.close()
     status = kafka_status(broker.bootstrap, topology)
     assert (status.roots, status.acked, status.invalid) == (5, 5, 2)
+
+
+def test_history_bins_the_completions_by_time_with_rates_and_latency_percentiles():
+    """Completions over 90 s in 2 s bins: each bin's roots a second by outcome, and the
+    percentiles of its acked roots' latency (None where a bin acked nothing)."""
+    import numpy as np
+
+    completed = np.array([1_000, 1_500, 2_900, 50_000, 91_000])
+    outcomes = np.array(["acked", "replayed", "acked", "dead_lettered", None], dtype=object)
+    latency = np.array([100.0, np.nan, 300.0, np.nan, np.nan])
+    bins = history(completed, outcomes, latency, bins=60)
+    assert [b["t_ms"] for b in bins[:2]] == [1_000, 3_000] and len(bins) == 46
+    first = bins[0]
+    assert (first["acked"], first["replayed"], first["failed"]) == (1.0, 0.5, 0.5)
+    assert (first["p50"], first["p99"]) == (200.0, 298.0)
+    dead = next(b for b in bins if b["dead_lettered"])
+    assert dead["t_ms"] == 49_000 and dead["p50"] is None
+    assert bins[-1]["failed"] == 0.5  # a completion neither acked, replayed nor dead
+    assert history(np.array([0]), np.array([None]), np.array([np.nan])) == []
+
+
+def test_the_latency_histogram_counts_each_latency_in_every_bucket_at_or_above_it():
+    import numpy as np
+
+    h = latency_histogram(np.array([5.0, 6.0, 120_000.0]))
+    assert h["buckets"][0] == [5, 1] and h["buckets"][1] == [10, 2]
+    assert h["buckets"][-1] == [60_000, 2] and (h["count"], h["sum"]) == (3, 120_011.0)
+
+
+def test_a_status_holds_its_history_and_histogram(tmp_path):
+    fill_channel(tmp_path / "ch")
+    status = local_status(str(tmp_path / "ch"), "words")
+    assert status.latency_histogram["count"] == 5
+    assert status.history == []  # fill_channel's completions carry no time

@@ -1,0 +1,75 @@
+"""Mistakes in a topology's declaration fail at ``start()``, naming the stage, before
+any query starts (``ackstream.topology.declared``)."""
+
+import pytest
+from pyspark.sql import functions as F
+
+from ackstream.channels.local import LocalChannel
+from ackstream.errors import StageError
+from ackstream.sinks.memory import MemorySink
+from ackstream.topology import Topology
+from ackstream.topology.declared import analyse, started
+
+pytestmark = pytest.mark.spark
+
+
+def generator(spark, tmp_path, name):
+    topology = Topology(name, spark, LocalChannel(str(tmp_path / "ch")))
+    return topology
+
+
+def stream_of(topology):
+    return topology.read_stream({"ackstream.upstream": "generator"})
+
+
+@pytest.mark.parametrize(
+    "declare, stage, said",
+    [
+        (
+            lambda t: t.sql(
+                "SELECT *, CAST(value AS STRING) AS text FROM tuples", name="decode"
+            ).sql("SELECT *, upper(txt) AS loud FROM tuples", name="shout"),
+            "shout",
+            "`txt` cannot be resolved",
+        ),
+        (
+            lambda t: t.map(lambda df: df.withColumn("n", F.expr("no_such_fn(value)")), name="m"),
+            "m",
+            "no_such_fn",
+        ),
+        (lambda t: t.fail_where("amout < 0", name="negative"), "negative", "`amout`"),
+        (lambda t: t.map(lambda df: df.select("value"), name="narrow"), "narrow", "lineage"),
+        (
+            lambda t: t.explode(F.split(F.col("value").cast("string"), " "), "word").aggregate(
+                "wrd", F.count("*").alias("n"), name="count"
+            ),
+            "count",
+            "`wrd`",
+        ),
+    ],
+    ids=["sql column", "function", "fail condition", "lineage dropped", "after explode"],
+)
+def test_a_stage_that_does_not_fit_its_input_fails_at_start_naming_it(
+    spark, tmp_path, declare, stage, said
+):
+    topology = declare(generator(spark, tmp_path, f"declared-{stage}")).sink(MemorySink())
+    before = {q.id for q in spark.streams.active}
+    with pytest.raises(StageError) as refused:
+        topology.start(stream_of(topology), str(tmp_path / "ckpt"))
+    assert refused.value.stage == stage and said in str(refused.value), refused.value
+    assert {q.id for q in spark.streams.active} == before  # nothing started
+    assert all(t is not topology for t, _ in started())
+
+
+def test_a_topology_that_fits_passes_and_leaves_no_view_behind(spark, tmp_path):
+    topology = (
+        generator(spark, tmp_path, "declared-fine")
+        .sql("SELECT *, CAST(value AS STRING) AS text FROM tuples", name="decode")
+        .reject_where("text IS NULL", "no text")
+        .explode(F.split(F.col("text"), " "), "word")
+        .pandas_bolt(lambda df: df[["word"]].assign(n=1), "word string, n long")
+        .aggregate("word", F.sum("n").alias("n"))
+        .sink(MemorySink())
+    )
+    analyse(topology, stream_of(topology))
+    assert "tuples" not in {t.name for t in spark.catalog.listTables()}
