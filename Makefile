@@ -3,6 +3,7 @@
 #   make test   creates .venv, installs ackstream with its test extra, brings Apache Kafka
 #               (make kafka), runs the test suite
 #   make test-bench the benchmarks' end-to-end runs at tiny sizes (marked bench), not in make test
+#   make test-browser  the live view in headless Chromium (marked browser), not in make test
 #   make test-long  the runs marked long (chaos, broker failures, scale), not in make test
 #   make test-cluster  the long runs CI makes too: broker, Spark worker and security
 #               failures, one small chaos seed
@@ -20,7 +21,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-unit test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-driver bench-scale java kafka spark-kafka clean
+.PHONY: demo test test-unit test-browser test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-driver bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -54,6 +55,13 @@ test-unit: $(VENV)/.installed
 test-bench: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m pytest -m bench $(PYTEST_ARGS)
+
+# The live view in a real browser (marked `browser`): Debian's headless Chromium driven
+# by Playwright against a topology on the test broker; Chromium is Debian's package
+# (apt-get install chromium), never Playwright's own download. A minute or two.
+test-browser: $(VENV)/.installed java kafka spark-kafka
+	@test -x /usr/bin/chromium || { echo "ackstream: make test-browser needs Debian's chromium (apt-get install chromium)" >&2; exit 1; }
+	$(PY) -m pytest -m browser $(PYTEST_ARGS)
 
 # The runs marked `long` (chaos seeds, broker failures, scale), left out of make test.
 test-long: $(VENV)/.installed java kafka spark-kafka

@@ -69,8 +69,9 @@ function drawStages(el, t) {
   };
   for (const [a, b] of t.graph.edges)
     add(a, b, (a === "spout" ? counts[b]?.in : counts[a]?.out ?? counts[b]?.in) || 0, "#4c6ef544");
-  for (const [stage, n] of Object.entries(failed)) if (stage in counts) add(stage, "failed", n, "#c92a2a66");
-  for (const [stage, n] of Object.entries(rejected)) if (stage in counts) add(stage, "rejected", n, "#5f3dc466");
+  // what a stage read and did not emit: filtered, failed or rejected tuples
+  for (const [stage, c] of Object.entries(counts))
+    if (c.out !== undefined && c.in > c.out) add(stage, "stopped here", c.in - c.out, "#c92a2a55");
   const plot = el.querySelector(".plot.graph");
   if (!link.value.length) {
     plot.textContent = "no stage counts: Topology(..., stage_counts=True) keeps them in its checkpoint";
