@@ -380,7 +380,7 @@ def history(
         acked = got == "acked"
         lat = latency_ms[here][acked]
         lat = lat[~np.isnan(lat)]
-        row = {
+        row: dict = {
             "t_ms": first + i * bin_s * 1000,
             "acked": float(acked.sum()) / bin_s,
             "failed": float((~acked).sum()) / bin_s,
@@ -388,8 +388,12 @@ def history(
             "dead_lettered": float((got == "dead_lettered").sum()) / bin_s,
         }
         values = np.percentile(lat, PERCENTILES) if lat.size else [None] * len(PERCENTILES)
-        row.update({f"p{p}": None if v is None else float(v) for p, v in zip(PERCENTILES, values)})
-        out.append(row)
+        out.append(
+            {
+                **row,
+                **{f"p{p}": None if v is None else float(v) for p, v in zip(PERCENTILES, values)},
+            }
+        )
     return out
 
 

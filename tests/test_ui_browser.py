@@ -112,6 +112,7 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
         for partition, offset in committed.items():
             row = page.locator(f'.partitions tr[data-partition="{source}[{partition}]"]')
             assert number(row.locator(".committed").inner_text()) == offset == len(VALUES)
+
         def stage(name: str, column: str) -> int:
             return number(page.inner_text(f'.stages tr[data-stage="{name}"] .{column}'))
 

@@ -180,7 +180,7 @@ def _watch(source: StatusSource, args) -> int:
                 if isinstance(status, int):
                     return status
                 stamp = time.strftime("%H:%M:%S")
-                if live:
+                if shown is not None:  # a terminal: redrawn in place
                     text = f"{_shown(status, args)}\nread at {stamp}, every {args.watch:g} s"
                     shown.update(Text(text), refresh=True)
                 else:

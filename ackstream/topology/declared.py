@@ -33,6 +33,7 @@ from ackstream.topology.bolts import (
     MapStage,
     PandasBoltStage,
     SqlStage,
+    check_lineage,
 )
 from ackstream.topology.graph import SPOUT, join_streams
 
@@ -57,9 +58,10 @@ def analyse(topology, tuples: DataFrame) -> None:
     module doc)."""
     streams: dict[str, DataFrame | None] = {SPOUT: tuples}
     for stage in topology.stages:
-        inputs = [streams.get(name) for name in stage.after]
+        known = [streams.get(name) for name in stage.after]
+        inputs = [frame for frame in known if frame is not None]
         streams[stage.name] = None  # unless analysed below
-        if any(frame is None for frame in inputs) or not isinstance(stage, _ANALYSED):
+        if len(inputs) < len(known) or not isinstance(stage, _ANALYSED):
             continue  # a stage that holds rows, or what reads it: not known here
         try:
             with _quiet():
@@ -89,7 +91,14 @@ def _output(stage, frame: DataFrame, tracking: bool) -> DataFrame:
         lineage = [c for c in frame.columns if c in LINEAGE_COLUMNS]
         declared = F.from_json(F.lit(None).cast("string"), stage.schema).alias(_DECLARED)
         return frame.select(*lineage, declared).select(*lineage, f"{_DECLARED}.*")
-    return stage.run(frame, tracking).tuples
+    if isinstance(stage, MapStage):  # the user's code, and the lineage it must keep
+        out = stage.apply(frame)
+        if tracking:
+            check_lineage(stage, frame, out)
+        return out
+    # an explode's or aggregate's own expressions, without the lineage ackstream adds
+    # to its output (its ids cannot fail on the user's columns)
+    return stage.run(frame, tracking=False).tuples
 
 
 _DECLARED = "_declared"
