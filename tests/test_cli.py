@@ -298,14 +298,20 @@ def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, c
 
 
 BROKEN_STAGE_FILE = """
+from pyspark.sql import functions as F
+
 from ackstream import LocalChannel, MemorySink, Topology
 
 topology = (Topology("run-broken", spark, LocalChannel({channel!r}))
-            .map(lambda df: df.select("value", "offset")).sink(MemorySink()))
+            .{stage}.sink(MemorySink()))
 frame = topology.read_stream({{"ackstream.upstream": "generator",
                               "ackstream.generator.count": "20"}})
 topology.start(frame, {checkpoint!r}, trigger_ms=200)
 """
+#: a stage refused at its first batch, not before (the analysis at start runs no bolt)
+FAILS_IN_ITS_BATCH = (
+    'aggregate("value", F.count("*").alias("n")).pandas_bolt(lambda df: df, "value binary, n long")'
+)
 
 
 @pytest.mark.spark
@@ -319,7 +325,11 @@ def test_run_exits_at_once_when_a_query_fails_with_the_cause_first(
 
     topo = tmp_path / "broken.py"
     topo.write_text(
-        BROKEN_STAGE_FILE.format(channel=str(tmp_path / "ch"), checkpoint=str(tmp_path / "ckpt"))
+        BROKEN_STAGE_FILE.format(
+            channel=str(tmp_path / "ch"),
+            checkpoint=str(tmp_path / "ckpt"),
+            stage=FAILS_IN_ITS_BATCH,
+        )
     )
     before = {q.id for q in spark.streams.active}
     started = time.monotonic()
@@ -327,7 +337,29 @@ def test_run_exits_at_once_when_a_query_fails_with_the_cause_first(
     assert time.monotonic() - started < 200
     assert {q.id for q in spark.streams.active} == before
     first = next(line for line in capsys.readouterr().err.splitlines() if "failed" in line)
-    assert "query run-broken failed: " in first and "StageError" in first and "lineage" in first
+    assert "query run-broken failed: " in first and "StageError" in first
+    assert "after an aggregation" in first
+
+
+@pytest.mark.spark
+def test_run_refuses_a_stage_that_drops_the_lineage_before_any_query_starts(
+    spark, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    topo = tmp_path / "broken.py"
+    topo.write_text(
+        BROKEN_STAGE_FILE.format(
+            channel=str(tmp_path / "ch"),
+            checkpoint=str(tmp_path / "ckpt"),
+            stage='map(lambda df: df.select("value", "offset"))',
+        )
+    )
+    before = {q.id for q in spark.streams.active}
+    assert main(["run", str(topo), "--timeout", "300"]) == 1
+    assert {q.id for q in spark.streams.active} == before
+    said = [line for line in capsys.readouterr().err.splitlines() if "failed" in line]
+    assert len(said) == 1 and "broken.py failed: StageError: stage 'map#1'" in said[0]
+    assert "lineage" in said[0]
 
 
 def test_version_and_a_help_that_imports_neither_pyspark_nor_pandas():
@@ -393,7 +425,7 @@ def test_python_m_ackstream_status_json_on_a_filled_channel(tmp_path):
     assert {k: report[k] for k in EXPECTED} == EXPECTED and report["topology"] == "words"
 
 
-def test_status_prometheus_prints_counters_and_gauges(capsys, tmp_path):
+def test_status_prometheus_prints_counters_gauges_and_a_latency_histogram(capsys, tmp_path):
     from test_status import EXPECTED, fill_channel
 
     fill_channel(tmp_path / "ch")
@@ -401,10 +433,12 @@ def test_status_prometheus_prints_counters_and_gauges(capsys, tmp_path):
     out = capsys.readouterr().out.splitlines()
     assert "# TYPE ackstream_roots_total counter" in out
     assert "# TYPE ackstream_roots_pending gauge" in out
+    assert "# TYPE ackstream_complete_latency_seconds histogram" in out
     assert (
-        f'ackstream_roots_total{{topology="ackstream",outcome="acked"}} {EXPECTED["acked"]}' in out
+        f'ackstream_roots_total{{outcome="acked",topology="ackstream"}} {EXPECTED["acked"]}.0'
+        in out
     )
-    assert any(line.startswith("ackstream_rate_per_second{") for line in out)
+    assert not any(line.startswith("ackstream_rate_per_second") for line in out)
 
 
 def test_status_window_must_be_positive(capsys, tmp_path):
@@ -604,8 +638,8 @@ def test_status_with_a_checkpoint_shows_its_stage_counts_and_what_its_windows_ho
     assert (shown["held"], shown["stages"]) == ({"w": {"tuples": 3, "roots": 2}}, counted)
     assert main([*argv, "--prometheus"]) == 0
     out = capsys.readouterr().out
-    assert 'ackstream_held{topology="ackstream",stage="w",of="roots"} 2' in out
-    assert 'ackstream_stage_tuples_total{topology="ackstream",stage="w",side="in"} 9' in out
+    assert 'ackstream_held{of="roots",stage="w",topology="ackstream"} 2.0' in out
+    assert 'ackstream_stage_tuples_total{side="in",stage="w",topology="ackstream"} 9.0' in out
     with pytest.raises(SystemExit):
         main([*argv[:-1], str(tmp_path / "nowhere")])
     assert "no such directory" in capsys.readouterr().err
@@ -683,7 +717,7 @@ def test_status_watch_reads_again_until_ctrl_c(monkeypatch, capsys, tmp_path):
 
     def nap(seconds):
         naps.append(seconds)
-        if len(naps) == 3:
+        if len(naps) % 3 == 0:  # the third nap of each watch: Ctrl-C
             raise KeyboardInterrupt
 
     monkeypatch.setattr(time, "sleep", nap)
@@ -691,9 +725,10 @@ def test_status_watch_reads_again_until_ctrl_c(monkeypatch, capsys, tmp_path):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("topology ackstream  channel") == 3 and naps == [0.5] * 3
-    assert main([*argv[:-1], "--json", "--watch"]) == 0  # --watch alone: every 2 s
+    assert main([*argv[:-2], "--json", "--watch"]) == 0  # --watch alone: every 2 s
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and all(json.loads(line)["acked"] == 5 for line in lines)
+    assert naps[3:] == [2.0] * 3
 
 
 def test_help_lists_the_exit_statuses():

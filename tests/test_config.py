@@ -161,7 +161,7 @@ def test_options_ackstream_does_not_take_are_refused_not_ignored(option):
 def test_timestamp_type_is_a_column_not_an_option():
     with pytest.raises(OptionError, match="column") as err:
         parse({**KAFKA, "timestampType": "1"})
-    assert err.value.option == "timestamptype"
+    assert err.value.option == "timestampType"  # named as the user wrote it
 
 
 def test_spark_kafka_options_parse_as_sparks_do():

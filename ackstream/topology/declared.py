@@ -2,9 +2,9 @@
 first batch; and the topologies this process started.
 
 :func:`analyse` applies the stateless stages (SQL, DataFrame functions, filters,
-fails and rejects, explodes, aggregates, pandas bolts' declared output) to the
-stream itself, as a batch applies them to its rows, and asks each result for its
-schema: Spark analyses the plan then, with no row read and no job started, so a
+fails and rejects, explodes, aggregates, pandas bolts' declared output) to a frame
+of no rows with the stream's columns, as a batch applies them to its rows, and asks
+each result for its schema: Spark analyses the plan then, with no row read, so a
 misspelled column, an unknown function or a stage that drops the lineage columns
 fails in the time that analysis takes (a fraction of a second a stage on a warm
 session), naming the stage. A stage that holds rows across batches (a
@@ -56,7 +56,7 @@ def analyse(topology, tuples: DataFrame) -> None:
     """Raise :class:`StageError` naming the first stage of ``topology`` whose code does
     not fit the stream it reads, starting from the schema of ``tuples`` (see the
     module doc)."""
-    streams: dict[str, DataFrame | None] = {SPOUT: tuples}
+    streams: dict[str, DataFrame | None] = {SPOUT: _empty_like(tuples)}
     for stage in topology.stages:
         known = [streams.get(name) for name in stage.after]
         inputs = [frame for frame in known if frame is not None]
@@ -75,6 +75,14 @@ def analyse(topology, tuples: DataFrame) -> None:
             if isinstance(stage, SqlStage):  # the batch registers its own frame there
                 tuples.sparkSession.catalog.dropTempView(stage.view)
         streams[stage.name] = out
+
+
+def _empty_like(tuples: DataFrame) -> DataFrame:
+    """A static frame of no rows with the columns of ``tuples``: what a batch gives the
+    stages is static, so code that runs an action on it (``count()``, ``toPandas()``)
+    is analysed as it will run; built from expressions, it costs no job."""
+    columns = [F.lit(None).cast(f.dataType).alias(f.name) for f in tuples.schema.fields]
+    return tuples.sparkSession.range(0).select(*columns)
 
 
 #: The stages :func:`analyse` runs on an empty frame: none holds rows across batches.
