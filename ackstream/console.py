@@ -26,7 +26,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-__all__ = ["PYSPARK_ERROR_LOGGERS", "LogFile", "interrupts"]
+__all__ = ["PYSPARK_ERROR_LOGGERS", "LogFile", "interrupts", "pyspark_error_loggers"]
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -53,7 +53,7 @@ class LogFile:
             self._handler = logging.FileHandler(self.path)
             self._handler.setFormatter(logging.Formatter(_FORMAT))
             logging.getLogger().addHandler(self._handler)
-            for logger in _pyspark_error_loggers():
+            for logger in pyspark_error_loggers():
                 self._pyspark_handlers[logger] = logger.handlers
                 logger.handlers = [self._handler]  # not addHandler: pyspark's sets JSON
         return self
@@ -96,7 +96,7 @@ class LogFile:
                 os.remove(self.path)
 
 
-def _pyspark_error_loggers() -> list[logging.Logger]:
+def pyspark_error_loggers() -> list[logging.Logger]:
     """The loggers of :data:`PYSPARK_ERROR_LOGGERS`, made as pyspark makes them."""
     # imported here, not above: only the commands that run Spark enter a LogFile, and
     # ackstream --help stays fast

@@ -17,13 +17,12 @@ process with their checkpoints, which ``ackstream run`` reads its figures from.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.console import PYSPARK_ERROR_LOGGERS
+from ackstream.console import pyspark_error_loggers
 from ackstream.errors import AckstreamError, StageError
 from ackstream.lineage import LINEAGE_COLUMNS
 from ackstream.topology.bolts import (
@@ -117,7 +116,9 @@ def _quiet() -> Iterator[None]:
     """pyspark's loggers that print each analysis error with the JVM's stack trace
     (:data:`~ackstream.console.PYSPARK_ERROR_LOGGERS`) say nothing while a stage is
     analysed: its error is raised as one :class:`StageError` instead."""
-    loggers = [logging.getLogger(name) for name in PYSPARK_ERROR_LOGGERS]
+    # made as pyspark makes them: a plain logger of the same name, made first, would be
+    # the one pyspark is given, and its error(..., errorClass=) raises a TypeError
+    loggers = pyspark_error_loggers()
     before = [logger.disabled for logger in loggers]
     for logger in loggers:
         logger.disabled = True

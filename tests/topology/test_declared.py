@@ -73,3 +73,24 @@ def test_a_topology_that_fits_passes_and_leaves_no_view_behind(spark, tmp_path):
     )
     analyse(topology, stream_of(topology))
     assert "tuples" not in {t.name for t in spark.catalog.listTables()}
+
+
+def test_spark_s_errors_still_convert_after_the_analysis(spark, tmp_path, monkeypatch):
+    """The analysis quiets pyspark's error loggers: if it made them itself, as plain
+    loggers, pyspark would be given those, and converting any later Spark error would
+    raise a TypeError instead."""
+    import logging
+
+    from pyspark.errors import ArrayIndexOutOfBoundsException
+
+    from ackstream.console import PYSPARK_ERROR_LOGGERS
+
+    for name in PYSPARK_ERROR_LOGGERS:  # as in a fresh process: not made yet
+        monkeypatch.delitem(logging.Logger.manager.loggerDict, name, raising=False)
+    topology = generator(spark, tmp_path, "declared-then-error").fail_where(
+        "amout < 0", name="negative"
+    )
+    with pytest.raises(StageError):
+        topology.sink(MemorySink()).start(stream_of(topology), str(tmp_path / "ckpt"))
+    with pytest.raises(ArrayIndexOutOfBoundsException):
+        spark.sql("SELECT split(CAST(id AS STRING), ',')[5] FROM range(1)").collect()
