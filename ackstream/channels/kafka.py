@@ -2,8 +2,9 @@
 
 Two topics per topology, ``<topology>.acks`` and ``<topology>.done``. Each Kafka
 message carries a slice of records as one Arrow IPC stream (ack records or
-completions), so a batch of a hundred thousand roots is a handful of messages,
-and any process with kafka-python and pyarrow can write ack records.
+completions), cut to fit the topic's message size whatever the batch holds
+(:func:`~ackstream.channels.messages.encode_within`), and any process with
+kafka-python and pyarrow can write ack records.
 
 Every ack record of a root goes to partition ``pmod(root, partitions)`` of the acks
 topic, so each partition is one acker shard: the acker reads the topic through a
@@ -40,14 +41,16 @@ import pandas as pd
 import pyarrow as pa
 
 from ackstream.channels.messages import (
+    MESSAGE_BYTES,
+    MessageTooLarge,
     channel_consumer,
     check_not_deleted,
     decode,
-    encode,
+    encode_within,
     fetch_messages,
     message_ranges,
 )
-from ackstream.errors import OptionError
+from ackstream.errors import EnvironmentProblem, OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_options, client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics, shared_listing
@@ -60,8 +63,11 @@ log = logging.getLogger(__name__)
 
 #: A topology's batches and its acker's write through one channel from two threads.
 _PRODUCER_LOCK = threading.Lock()
-#: Records per Kafka message: stays well under the broker's 1 MB default message size.
-ROWS_PER_MESSAGE = 10_000
+#: The message size each channel topic of this process takes, once its brokers refused
+#: :data:`~ackstream.channels.messages.MESSAGE_BYTES` (by brokers and topic).
+_BUDGETS: dict[tuple[str, str], int] = {}
+#: Below this a topic's messages are not cut further: its limit is reported instead.
+SMALLEST_MESSAGE_BYTES = 4 << 10
 
 
 class KafkaChannel:
@@ -354,15 +360,41 @@ class KafkaChannel:
 
     def _send(self, topic: str, table: pa.Table, key: bytes | None, by_root=False) -> None:
         """Produce ``table`` to ``topic``, waiting for every broker ack; ``by_root``: each
-        row to partition ``pmod(root, partitions)``. A deleted topic
+        row to partition ``pmod(root, partitions)``. However many rows, each message
+        stays under the topic's message size (:meth:`_send_within`). A deleted topic
         is named instead of kafka-python's timeouts: asked for first when the producer
         does not know the topic's partitions (a send would block for ``max_block_ms``),
         and every second while the acks are awaited (a record for a partition gone
         expires after 120 s). A producer that knows them sends at once: asking costs a
         metadata request on every batch. A send that fails drops its producer without
         waiting for what it holds (see :func:`_close_now`)."""
-        from kafka.errors import KafkaError, KafkaTimeoutError
+        from kafka.errors import KafkaError
 
+        refused: list | None = None
+        while True:
+            producer = self._producer_now()
+            if not _knows_partitions(producer, topic):
+                self._check_not_deleted(topic)
+            budget = _BUDGETS.get((self.bootstrap, topic), MESSAGE_BYTES)
+            try:
+                if refused is None:
+                    shards = len(producer.partitions_for(topic)) if by_root else 0
+                    pieces = list((_by_root(table, shards) if by_root else {None: table}).items())
+                refused = self._send_within(producer, topic, key, refused or pieces, budget)
+                self._known.add(topic)
+            except BaseException as failure:
+                self._drop_producer(producer)
+                if isinstance(failure, KafkaError):
+                    self._listing.forget()
+                    self._check_not_deleted(topic)
+                raise
+            if not refused:
+                return
+            self._drop_producer(producer)  # refused for their size: the producer is spent
+            self._shrink(topic, budget)
+
+    def _producer_now(self):
+        """The channel's producer, made on first use (and after one was dropped)."""
         with _PRODUCER_LOCK:
             if self._producer is None:
                 from kafka import KafkaProducer
@@ -376,33 +408,50 @@ class KafkaChannel:
                         max_request_size=8 << 20,
                     )
                 )
-            producer = self._producer
-        if not _knows_partitions(producer, topic):
-            self._check_not_deleted(topic)
+            return self._producer
+
+    def _send_within(self, producer, topic: str, key: bytes | None, pieces: list, budget: int):
+        """Send each ``(partition, rows)`` of ``pieces`` as messages of at most ``budget``
+        bytes; return those the brokers refused for their size (kafka-python's producer
+        then fails every message it held: they are all sent again, by a new producer)."""
+        from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
+
         try:
-            pieces = (
-                _by_root(table, len(producer.partitions_for(topic))) if by_root else {None: table}
-            )
-            futures = [
-                producer.send(topic, key=key, value=encode(piece), partition=partition)
-                for partition, rows in pieces.items()
-                for piece in rows.to_batches(max_chunksize=ROWS_PER_MESSAGE)
+            sent = [
+                (producer.send(topic, key=key, value=message, partition=partition), partition, rows)
+                for partition, table in pieces
+                for rows, message in encode_within(table, budget)
             ]
-            while True:
-                try:
-                    producer.flush(timeout=CHECK_EVERY_S)
-                    break
-                except KafkaTimeoutError:  # still waiting: is the topic there?
-                    self._check_not_deleted(topic)
-            for future in futures:
-                future.get(timeout=30)  # raise if the broker did not take a message
-            self._known.add(topic)
-        except BaseException as failure:
-            self._drop_producer(producer)
-            if isinstance(failure, KafkaError):
-                self._listing.forget()
+        except MessageTooLarge as error:
+            raise _too_small(topic, error.size, budget) from error
+        while True:
+            try:
+                producer.flush(timeout=CHECK_EVERY_S)
+                break
+            except KafkaTimeoutError:  # still waiting: is the topic there?
                 self._check_not_deleted(topic)
-            raise
+        refused = []
+        for future, partition, rows in sent:
+            try:
+                future.get(timeout=30)  # raise if the broker did not take a message
+            except MessageSizeTooLargeError:
+                refused.append((partition, rows))
+        return refused
+
+    def _shrink(self, topic: str, budget: int) -> None:
+        """``topic``'s brokers refused messages of ``budget`` bytes: this process cuts them
+        to half that from now on, down to :data:`SMALLEST_MESSAGE_BYTES`."""
+        smaller = budget // 2
+        if smaller < SMALLEST_MESSAGE_BYTES:
+            raise _too_small(topic, budget, budget)
+        _BUDGETS[(self.bootstrap, topic)] = smaller
+        log.warning(
+            "ackstream: topic %r refused channel messages of up to %d bytes: cut to %d bytes "
+            "from now on (raise its max.message.bytes to avoid it)",
+            topic,
+            budget,
+            smaller,
+        )
 
     def _drop_producer(self, producer) -> None:
         with _PRODUCER_LOCK:
@@ -426,6 +475,15 @@ def _by_root(table: pa.Table, partitions: int) -> dict[int | None, pa.Table]:
     if not len(shard) or (shard == shard[0]).all():
         return {int(shard[0]) if len(shard) else 0: table}
     return {int(p): table.filter(pa.array(shard == p)) for p in np.unique(shard)}
+
+
+def _too_small(topic: str, size: int, budget: int) -> EnvironmentProblem:
+    return EnvironmentProblem(
+        f"the channel topic {topic!r} refused a message of {size} bytes (cut down to "
+        f"{budget} bytes, the smallest ackstream makes, it still does not fit)",
+        f"raise the topic's max.message.bytes (kafka-configs.sh --alter --entity-type "
+        f"topics --entity-name {topic} --add-config max.message.bytes=1048588)",
+    )
 
 
 def _knows_partitions(producer, topic: str) -> bool:

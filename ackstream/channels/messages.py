@@ -19,10 +19,13 @@ from ackstream.kafka.topics import TopicListing, deleted_topics, never_create_to
 from ackstream.records import as_table
 
 __all__ = [
+    "MESSAGE_BYTES",
+    "MessageTooLarge",
     "channel_consumer",
     "check_not_deleted",
     "decode",
     "encode",
+    "encode_within",
     "fetch_messages",
     "message_ranges",
 ]
@@ -30,11 +33,60 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def encode(batch: pa.RecordBatch) -> bytes:
+#: Bytes of one channel message at most, unless the topic's brokers refuse that size:
+#: under Kafka's default ``max.message.bytes`` (1 MiB), with room for the record
+#: batch's own framing. No batch is too big for a channel: its records are split.
+MESSAGE_BYTES = 900 << 10
+#: Arrow's buffer compression for a message that would not fit plain: ack records
+#: (random ids) gain little, completions and reasons (the same text many times) much.
+_PACKED = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+def encode(
+    batch: pa.RecordBatch | pa.Table, options: pa.ipc.IpcWriteOptions | None = None
+) -> bytes:
+    """``batch`` as one Arrow IPC stream (compressed buffers with ``options``)."""
     sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write(batch)
     return sink.getvalue()
+
+
+def encode_within(table: pa.Table, budget: int = MESSAGE_BYTES) -> list[tuple[pa.Table, bytes]]:
+    """``table`` as messages of at most ``budget`` bytes, each with the rows it holds (a
+    message the brokers refuse anyway is split again from them). Plain when the whole
+    table fits, else compressed, else cut into as many slices as the compressed size
+    asks for, each cut again while it does not fit. A single row over ``budget`` is a
+    :class:`MessageTooLarge`."""
+    if not table.num_rows:
+        return []
+    plain = encode(table)
+    if len(plain) <= budget:
+        return [(table, plain)]
+    return _packed_within(table, budget)
+
+
+def _packed_within(table: pa.Table, budget: int) -> list[tuple[pa.Table, bytes]]:
+    packed = encode(table, _PACKED)
+    if len(packed) <= budget:
+        return [(table, packed)]
+    if table.num_rows == 1:
+        raise MessageTooLarge(len(packed), budget)
+    slices = min(table.num_rows, -(-len(packed) // budget) + 1)
+    size = -(-table.num_rows // slices)
+    return [
+        message
+        for start in range(0, table.num_rows, size)
+        for message in _packed_within(table.slice(start, size), budget)
+    ]
+
+
+class MessageTooLarge(ValueError):
+    """One record does not fit the message size a channel topic takes."""
+
+    def __init__(self, size: int, budget: int):
+        super().__init__(f"one record is {size} bytes, over the {budget} bytes a message may hold")
+        self.size, self.budget = size, budget
 
 
 def decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):

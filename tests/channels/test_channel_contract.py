@@ -232,6 +232,29 @@ def test_a_run_of_acked_offsets_comes_back_one_row_per_root_but_to_the_source(ch
     ]
 
 
+def test_a_batch_of_any_size_is_written_and_read_back_whole(channel):
+    """Neither transport depends on a batch fitting in one message: a whole batch of
+    100,000 failed roots, each with a long reason, and as many fail records, come back
+    whole (once a batch's completions with their reasons overflowed Kafka's message
+    size and stopped the query)."""
+    import pyarrow as pa
+
+    from ackstream.records import COMPLETION_SCHEMA
+
+    n, reason = 100_000, "batch_failed: SparkRuntimeException: downstream refused " * 8
+    failed = pa.Table.from_pylist(
+        [{"root": i, "status": FAILED, "reason": f"{reason} #{i}"} for i in range(n)],
+        schema=COMPLETION_SCHEMA,
+    )
+    start = channel.end_position()
+    channel.write_completions(failed, 0)
+    back, _ = channel.completions_since(start)
+    assert back.num_rows == n
+    assert back.sort_by("root").column("reason").equals(failed.column("reason"))
+    channel.write_acks(ack_records([fail(r, reason=reason) for r in range(n)]))
+    assert channel.ack_records().num_rows == n
+
+
 def test_every_ack_record_written_is_read_back(channel):
     channel.write_acks(ack_records([fail(5, reason="x"), fail(6)]))
     records = channel.ack_records()

@@ -23,3 +23,37 @@ def test_a_truncated_or_bit_flipped_record_batch_is_reported():
     assert decode(good, ACK_RECORD_SCHEMA, "t", 0, 0).num_rows == 1
     for bad in (good[: len(good) // 2], good[:8] + b"\xff" * 8 + good[16:], b"\xff" * 64):
         assert isinstance(decode(bad, ACK_RECORD_SCHEMA, "t", 0, 0), str)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(min_value=0, max_value=3_000),
+    st.integers(min_value=0, max_value=600),
+    st.sampled_from([6_000, 20_000, 200_000]),
+)
+def test_a_table_of_any_size_is_cut_into_messages_within_the_budget(rows, reason, budget):
+    """However many completions a batch has and however long their reasons, each message
+    fits the budget and together they hold every row once, in order."""
+    from ackstream.channels.messages import encode_within
+
+    table = pa.Table.from_pylist(
+        [{"root": i, "status": "failed", "reason": f"{i}:" + "x" * reason} for i in range(rows)],
+        schema=COMPLETION_SCHEMA,
+    )
+    messages = encode_within(table, budget)
+    assert all(len(message) <= budget for _, message in messages)
+    back = [decode(message, COMPLETION_SCHEMA, "t", 0, 0) for _, message in messages]
+    assert pa.concat_tables([COMPLETION_SCHEMA.empty_table(), *back]).equals(table)
+    assert [part.num_rows for part, _ in messages] == [part.num_rows for part in back]
+
+
+def test_one_record_over_the_budget_is_named_not_sent():
+    import pytest
+
+    from ackstream.channels.messages import MessageTooLarge, encode_within
+
+    table = pa.Table.from_pylist(
+        [{"root": 1, "status": "failed", "reason": "é" * 4000}], schema=COMPLETION_SCHEMA
+    )
+    with pytest.raises(MessageTooLarge, match="over the 500 bytes"):
+        encode_within(table, 500)

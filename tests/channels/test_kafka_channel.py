@@ -11,6 +11,8 @@ from ackstream.channels.kafka import KafkaChannel
 from ackstream.records import ACKED, COMPLETION_SCHEMA
 from ackstream.testing import ack_records, fail
 
+from helpers import consume
+
 pytestmark = pytest.mark.broker
 
 
@@ -92,4 +94,44 @@ def test_the_acker_planner_keeps_one_consumer_and_its_tasks_make_their_own(broke
     finally:
         reader.stop()
         reader.stop()
+        channel.close()
+
+
+def test_a_topic_that_takes_small_messages_gets_them_cut_smaller(broker):
+    """Whatever a channel topic's ``max.message.bytes``, a batch goes through: refused
+    messages are cut smaller and sent again, none twice; below a single record's size
+    the error names the topic and the setting to raise."""
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    from ackstream.errors import EnvironmentProblem
+
+    def limit(topic: str, size: int) -> None:
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        try:
+            resource = ConfigResource(
+                ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": str(size)}
+            )
+            admin.alter_configs([resource])
+        finally:
+            admin.close()
+
+    channel = KafkaChannel(broker.bootstrap, f"small-{uuid.uuid4().hex[:8]}")
+    channel.prepare()
+    try:
+        limit(channel.done_topic, 30_000)
+        n = 20_000
+        failed = pa.Table.from_pylist(
+            [{"root": i, "status": "failed", "reason": f"r{i}"} for i in range(n)],
+            schema=COMPLETION_SCHEMA,
+        )
+        channel.write_completions(failed, 0)
+        back, _ = channel.completions_since(None)
+        assert sorted(back.column("root").to_pylist()) == list(range(n))  # each once
+        sizes = [len(m.value) for m in consume(broker.bootstrap, channel.done_topic)]
+        assert len(sizes) > 1 and max(sizes) <= 30_000
+
+        limit(channel.acks_topic, 1_000)  # less than one record's message
+        with pytest.raises(EnvironmentProblem, match=f"{channel.acks_topic}.*max.message.bytes"):
+            channel.write_acks(ack_records([fail(1)]))
+    finally:
         channel.close()
