@@ -12,7 +12,8 @@ Spark writes to the query's offset log before the batch runs::
      "seq": <n>,                         # with tracking on: the state file of the records
                                          #   not done (ackstream.sources.state), for a restart
      "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch
-     "replays": [[topic, partition, offset, attempt], ...],  # replays of this batch
+     "replays": [[topic, partition, from, to, attempt], ...],  # replays of this batch,
+                                         #   as runs of offsets at one attempt
      "done": <position in the completion channel>,
      "owner": "<query id>",                # this query's claim on its consumer group
      "reader": "spark"}                    # only when Spark's Kafka source reads "read"
@@ -39,7 +40,7 @@ from ackstream import ids
 from ackstream.records import ACK_RECORD_SCHEMA, ACKED, INIT, completion_table, completions_of
 from ackstream.sources.rows import ReadTask
 
-__all__ = ["ROWS_PER_TASK", "PlannedRoots", "new_ranges", "read_tasks"]
+__all__ = ["ROWS_PER_TASK", "PlannedRoots", "new_ranges", "read_tasks", "replay_runs", "runs_of"]
 
 #: At most this many offsets of one partition per Spark task.
 ROWS_PER_TASK = 100_000
@@ -72,8 +73,8 @@ def read_tasks(
         cuts = [lo + (hi - lo) * i // pieces for i in range(pieces + 1)]
         tasks += [ReadTask(topic, p, a, b) for a, b in zip(cuts, cuts[1:])]
     replays: dict = {}
-    for topic, p, off, att in end.get("replays", ()):
-        replays.setdefault((topic, p), []).append((off, att))
+    for topic, p, lo, hi, att in replay_runs(end):
+        replays.setdefault((topic, p), []).extend((off, att) for off in range(lo, hi))
     for (topic, p), pairs in sorted(replays.items()):
         pairs.sort()
         tasks += [
@@ -91,6 +92,30 @@ def _ranges(end: dict):
         for p, (lo, hi) in parts.items():
             if hi > lo:
                 yield topic, int(p), lo, hi
+
+
+def replay_runs(end: dict) -> list[tuple[str, int, int, int, int]]:
+    """``(topic, partition, from, to, attempt)`` of each run of offsets the batch ending at
+    ``end`` replays (``to`` exclusive). An entry of four, ``(topic, partition, offset,
+    attempt)``, is one offset: so an offset logged before replays were runs reads alike."""
+    return [
+        (r[0], r[1], r[2], r[2] + 1, r[3]) if len(r) == 4 else tuple(r)
+        for r in end.get("replays", ())
+    ]
+
+
+def runs_of(replays) -> list[list]:
+    """Replays given one per record, ``(topic, partition, offset, attempt)``, as the runs of
+    consecutive offsets at one attempt an offset logs: a batch that replays a whole
+    failed batch logs a run per partition, not an entry per record."""
+    runs: list[list] = []
+    for topic, p, off, att in sorted(replays, key=lambda r: (r[0], r[1], r[3], r[2])):
+        last = runs[-1] if runs else None
+        if last and last[0] == topic and last[1] == p and last[4] == att and last[3] == off:
+            last[3] = off + 1
+        else:
+            runs.append([topic, p, off, off + 1, att])
+    return runs
 
 
 def new_ranges(end: dict) -> list[tuple[str, int, int, int]]:
@@ -130,8 +155,8 @@ class PlannedRoots:
             namespace = end["ids"]
             runs += [(namespace, *span) for span in _ranges(end)]
             singles += [
-                _inits(namespace, topic, p, np.array([off]), att, now_ms)
-                for topic, p, off, att in end.get("replays", ())
+                _inits(namespace, topic, p, np.arange(lo, hi), att, now_ms)
+                for topic, p, lo, hi, att in replay_runs(end)
             ]
         table = pa.concat_tables(singles) if singles else ACK_RECORD_SCHEMA.empty_table()
         return cls(runs, table, now_ms)

@@ -40,6 +40,7 @@ from ackstream.kafka.settings import kafka_options_of
 from ackstream.records import caught_up_ms, tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
+from ackstream.sources.offsets import runs_of
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
@@ -292,7 +293,7 @@ class Spout:
             "v": 1,
             "parts": tracker.snapshot(),
             "read": read,
-            "replays": [list(r) for r in replays],
+            "replays": runs_of(replays),
             "done": self.position,
             "owner": self.claim.owner,
         }

@@ -5,6 +5,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ackstream.config import parse
 from ackstream.offset_log import logged_offsets
@@ -155,3 +157,38 @@ def test_the_source_plans_its_tasks_with_max_records_per_partition(tmp_path):
     end = reader.latestOffset(start, None)
     sizes = [p.task.end - p.task.start for p in reader.partitions(start, end)]
     assert sorted(sizes) == [6, 6, 7, 7, 7, 7]  # 20 offsets on each of 2 partitions
+
+
+@settings(deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]), st.integers(0, 2), st.integers(0, 60), st.integers(0, 3)
+        ),
+        unique_by=lambda r: (r[0], r[1], r[2]),
+        max_size=80,
+    )
+)
+def test_replays_logged_as_runs_plan_the_same_roots_as_one_entry_each(replays):
+    """A batch replaying a whole failed batch logs a run per partition, not an entry per
+    record (a batch of 100,000 replays made an offset of megabytes); the runs name
+    exactly the records, and an offset logged with an entry each still reads alike."""
+    runs = offsets.runs_of(replays)
+    assert len(runs) <= len(replays)
+    expanded = [
+        (t, p, off, att)
+        for t, p, lo, hi, att in offsets.replay_runs({"replays": runs})
+        for off in range(lo, hi)
+    ]
+    assert sorted(expanded) == sorted(replays)
+    roots = [
+        sorted(
+            offsets.PlannedRoots.of_offsets([{"source": "s", "ids": "s", "replays": r}], 5)
+            .inits.column("root")
+            .to_pylist()
+        )
+        for r in (runs, [list(x) for x in replays])
+    ]
+    assert roots[0] == roots[1]
+    contiguous = [("a", 0, off, 2) for off in range(10, 20_010)]
+    assert offsets.runs_of(contiguous) == [["a", 0, 10, 20_010, 2]]
