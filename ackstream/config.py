@@ -22,6 +22,8 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from ackstream.errors import OptionError
 
 __all__ = [
@@ -180,6 +182,18 @@ class RetryPolicy:
             return self.initial_delay_ms
         period = self.initial_delay_ms if self.delay_period_ms is None else self.delay_period_ms
         return min(self.max_delay_ms, period * (1 << min(attempt - 1, 40)))
+
+    def delays_ms(self, attempts) -> np.ndarray:
+        """:meth:`delay_ms` of each of ``attempts`` at once.
+
+        >>> RetryPolicy(500, 10_000).delays_ms([0, 1, 2, 3, 6]).tolist()
+        [0, 500, 1000, 2000, 10000]
+        """
+        attempts = np.asarray(attempts, np.int64)
+        period = self.initial_delay_ms if self.delay_period_ms is None else self.delay_period_ms
+        doubled = period * np.exp2(np.clip(attempts - 1, 0, 40))
+        later = np.minimum(self.max_delay_ms, doubled).astype(np.int64)
+        return np.where(attempts <= 0, 0, np.where(attempts == 1, self.initial_delay_ms, later))
 
 
 @dataclass(frozen=True)

@@ -249,10 +249,12 @@ def one_outcome_per_root(completions: pa.Table) -> pa.Table:
         completions = completions.filter(pc.invert(notice))
     if not completions.num_rows:
         return completions
+    roots = pc.fill_null(completions.column("root"), 0).to_numpy()
+    if len(np.unique(roots)) == len(roots):  # the usual case: nothing to choose
+        return completions
     acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
     order = np.argsort(acked.to_numpy(zero_copy_only=False), kind="stable")
-    roots = pc.fill_null(completions.column("root"), 0).to_numpy()[order]
-    _, first = np.unique(roots, return_index=True)
+    _, first = np.unique(roots[order], return_index=True)
     return completions.take(pa.array(np.sort(order[first])))
 
 

@@ -40,7 +40,6 @@ from ackstream.kafka.settings import kafka_options_of
 from ackstream.records import caught_up_ms, tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
-from ackstream.sources.offsets import runs_of
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
@@ -253,8 +252,8 @@ class Spout:
             self._poll(now)
         else:
             self._commit_positions()
-        budget = tracker.budget(max_rows) if self.config.tracking else max_rows
-        replays = []
+        budget = max_rows
+        replays = None
         if self.config.tracking:
             tracker.new_batch()
             # a group of suspects (or a record that failed its batch alone) is a batch of
@@ -262,10 +261,9 @@ class Spout:
             replays = tracker.due_group(now)
             if replays:
                 budget = 0
-            else:
-                replays = tracker.due(now, budget)
-                if budget is not None:
-                    budget -= len(replays)
+            else:  # replays take no room of maxPending: they hold it since their first read
+                replays = tracker.due(now, max_rows)
+                budget = tracker.budget(None if max_rows is None else max_rows - len(replays))
         tps = list(tracker.parts)
         self._check_retention(tps)
         positions = {tp: tracker.parts[tp].end for tp in tps}
@@ -293,7 +291,7 @@ class Spout:
             "v": 1,
             "parts": tracker.snapshot(),
             "read": read,
-            "replays": runs_of(replays),
+            "replays": replays.runs() if replays else [],
             "done": self.position,
             "owner": self.claim.owner,
         }
@@ -341,7 +339,7 @@ class Spout:
         return {
             **tracker.counts,
             "pending": tracker.in_flight,
-            "waiting": len(tracker.scheduled),
+            "waiting": len(tracker.waiting),
             "partitions": parts,
         }
 

@@ -27,8 +27,9 @@ No Spark, no Kafka, time passed in. The source's driver-side reader owns one
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
-from itertools import compress
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -57,9 +58,15 @@ from ackstream.sources.in_flight import (
 )
 from ackstream.sources.rows import TP
 from ackstream.sources.state import DEAD, Uncharged, Unfinished, Waiting
+from ackstream.sources.waiting import NO_GROUP, Replays, Scheduled, UnchargedCounts, packed
 
 __all__ = ["ISOLATION_PARTS", "METADATA_LIMIT", "OUTCOME_COUNTS", "DeadLetter", "Tracker", "ranges"]
 
+
+log = logging.getLogger(__name__)
+
+#: The offset bits of a :func:`~ackstream.sources.waiting.packed` key.
+_OFFSET_MASK = (1 << 48) - 1
 
 #: Bytes of commit metadata we allow ourselves (brokers default to 4096).
 METADATA_LIMIT = 3800
@@ -232,14 +239,15 @@ class Tracker:
         self._tps: list[TP] = []  # the partition of each index in the in-flight ``part`` column
         self._index: dict[TP, int] = {}
         self.flights = InFlight(self._mint)
-        self.scheduled: dict[tuple[TP, int], tuple[int, int]] = {}  # -> (attempt, due_ms)
+        #: records waiting for their replay; those of a group (suspects, records that
+        #: failed alone) replay only with their group, in a batch of its own
+        self.waiting = Scheduled()
         self.dead: dict[tuple[TP, int], DeadLetter] = {}
-        #: scheduled records that replay only with their group, in a batch of its own
-        #: (suspects, and records that failed alone), by group number
-        self.suspects: dict[tuple[TP, int], int] = {}
         self._groups = 0  # the last group number given
         #: per record not done, its attempts not charged to its retries (as a suspect)
-        self.uncharged: dict[tuple[TP, int], int] = {}
+        self._uncharged = UnchargedCounts()
+        #: the rounds of isolation in progress (see :meth:`_isolate`)
+        self._rounds = Rounds()
         #: the number of the batch being planned: roots put in flight now are in it
         self.batch = 0
         #: Outcomes counted by this tracker (the spout keeps them in its Spark offset, so
@@ -275,11 +283,45 @@ class Tracker:
         return len(self.flights)
 
     def budget(self, limit: int | None = None) -> int | None:
-        """How many new roots may be emitted now: max pending minus in flight, and ``limit``."""
-        room = None if self.max_pending is None else max(0, self.max_pending - len(self.flights))
+        """How many new roots may be emitted now: max pending minus the records not done
+        (in flight, waiting for a replay or for their dead letter), and ``limit``. A
+        replay takes no room: it was counted when it was first read (Storm's
+        ``maxUncommittedOffsets`` counts retries alike), so a downstream outage that
+        fails every record holds at most ``maxPending`` of them."""
+        held = len(self.flights) + len(self.waiting) + len(self.dead)
+        room = None if self.max_pending is None else max(0, self.max_pending - held)
         if limit is None:
             return room
         return limit if room is None else min(room, limit)
+
+    @property
+    def scheduled(self) -> dict[tuple[TP, int], tuple[int, int]]:
+        """``(attempt, due_ms)`` of each record waiting for a replay, by ``(tp, offset)``
+        (a dict built for reading: tests and listings)."""
+        part, offset, attempt, due, _ = self.waiting.columns()
+        return {
+            (self._tps[p], o): (a, d)
+            for p, o, a, d in zip(part.tolist(), offset.tolist(), attempt.tolist(), due.tolist())
+        }
+
+    @property
+    def suspects(self) -> dict[tuple[TP, int], int]:
+        """The group of each record waiting for a replay with its group, by ``(tp, offset)``."""
+        part, offset, _, _, group = self.waiting.columns()
+        grouped = group != NO_GROUP
+        return {
+            (self._tps[p], o): g
+            for p, o, g in zip(*(c[grouped].tolist() for c in (part, offset, group)))
+        }
+
+    @property
+    def uncharged(self) -> dict[tuple[TP, int], int]:
+        """Attempts not charged to its retries, by ``(tp, offset)`` of each record with any."""
+        keys, counts = self._uncharged.keys, self._uncharged.counts
+        return {
+            (self._tps[k >> 48], k & _OFFSET_MASK): n
+            for k, n in zip(keys.tolist(), counts.tolist())
+        }
 
     def emit_range(self, tp: TP, start: int, end: int, now_ms: int) -> None:
         """Offsets ``[start, end)`` of ``tp`` were emitted for the first time (attempt 0)."""
@@ -365,28 +407,26 @@ class Tracker:
         completions = one_outcome_per_root(completions.filter(valid))
         acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
         others = completions.filter(pc.invert(acked))
-        outcomes: dict[int, tuple[str, str | None]] = {
-            root: (outcome, reason)
-            for root, outcome, reason in zip(
-                *(others.column(c).to_pylist() for c in ("root", "status", "reason"))
-            )
-        }
         new_dead = []
         failed = self._take(others).sorted_by("part", "offset")
-        whole = np.array([outcomes[r][0] == BATCH_FAILED for r in failed.root.tolist()], bool)
-        for root, part, offset, attempt in zip(*(col[~whole].tolist() for col in failed[:4])):
-            outcome, reason = outcomes[root]
-            self.counts[outcome if outcome in (REJECTED, TIMED_OUT) else "failed"] += 1
+        outcome = _Outcomes.of(others, failed.root)
+        whole = outcome.status == BATCH_FAILED
+        if not whole.all():
+            status = outcome.status[~whole]
+            rejected, timed_out = status == REJECTED, status == TIMED_OUT
+            self.counts["rejected"] += int(rejected.sum())
+            self.counts["timed_out"] += int(timed_out.sum())
+            self.counts["failed"] += int((~rejected & ~timed_out).sum())
             new_dead += self._failed(
-                self._tps[part],
-                offset,
-                attempt,
-                _why(outcome, reason),
+                Roots(*(col[~whole] for col in failed)),
+                outcome.select(~whole),
                 now_ms,
-                replay=outcome != REJECTED,
+                replay=~rejected,
             )
         if whole.any():
-            new_dead += self._isolate(Roots(*(col[whole] for col in failed)), outcomes, now_ms)
+            new_dead += self._isolate(
+                Roots(*(col[whole] for col in failed)), outcome.select(whole), now_ms
+            )
         acks = completions.filter(acked)
         done = self._take(acks)
         self._acked(Spans.of_rows(done.part, done.offset, done.attempt))
@@ -426,9 +466,7 @@ class Tracker:
         coordinates (as the ledger's do) is found by them, once its id is checked
         against the one this source mints for them (a mismatch is not this source's);
         one that does not, by its id, for which every id in flight is minted."""
-        topic = completions.column("topic").to_pylist()
-        partition = completions.column("partition").to_pylist()
-        part = np.array([self._index.get((t, p), -1) for t, p in zip(topic, partition)], np.int64)
+        part = self._parts_of(completions.column("topic"), completions.column("partition"))
         offset, attempt, root = (
             pc.fill_null(completions.column(c), -1).to_numpy()
             for c in ("offset", "attempt", "root")
@@ -439,14 +477,32 @@ class Tracker:
         mine = self._mint(part, offset, attempt) == mine
         return root[~placed], (part[mine], offset[mine], attempt[mine])
 
+    def _parts_of(self, topic: pa.ChunkedArray, partition: pa.ChunkedArray) -> np.ndarray:
+        """The in-flight table's partition index of each ``(topic, partition)``, -1 where
+        not tracked (or null): a look-up per distinct pair, not per row."""
+        names = pc.dictionary_encode(topic.combine_chunks())
+        codes = pc.fill_null(names.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        number = pc.fill_null(partition, -1).to_numpy().astype(np.int64)
+        pairs, where = np.unique(((codes + 1) << 32) | (number & 0xFFFFFFFF), return_inverse=True)
+        dictionary = names.dictionary.to_pylist()
+        index = np.array(
+            [
+                self._index.get((dictionary[(k >> 32) - 1], _signed32(k & 0xFFFFFFFF)), -1)
+                if k >> 32
+                else -1
+                for k in pairs.tolist()
+            ],
+            np.int64,
+        )
+        return index[where.reshape(-1)] if len(pairs) else np.empty(0, np.int64)
+
     def _acked(self, done: Spans) -> None:
         """The records of ``done`` (taken out of flight) were acked: they are done, at a
         cost per run."""
         self.counts["acked"] += done.records
-        if self.uncharged:
+        if len(self._uncharged):
             part, offset, _ = done.rows()
-            for p, off in zip(part.tolist(), offset.tolist()):
-                self.uncharged.pop((self._tps[p], off), None)
+            self._uncharged.drop(packed(part, offset))
         for part in np.unique(done.part).tolist():
             self.parts[self._tps[part]].mark_done_runs(done.at(done.part == part))
 
@@ -487,31 +543,68 @@ class Tracker:
             self.counts["acked"] += len(offsets)
             self.mark_done(tp, offsets)
 
-    def _isolate(self, failed: Roots, outcomes: dict, now_ms: int) -> list[DeadLetter]:
-        """Roots whose batch failed as a whole (``failed``, in flight until now). A root
-        that was alone in its batch is at fault: it fails as any root does, and is
-        replayed alone. Those of a bigger batch are suspects: replayed at once, no
-        retry charged, in :data:`ISOLATION_PARTS` groups of their own (see module doc)."""
+    def _isolate(self, failed: Roots, outcome: _Outcomes, now_ms: int) -> list[DeadLetter]:
+        """Roots whose batch failed as a whole (``failed``, in flight until now), batch by
+        batch. A root that was alone in its batch is at fault: it fails as any root
+        does, and is replayed alone. Those of a bigger batch are suspects: replayed at
+        once, no retry charged, in :data:`ISOLATION_PARTS` groups of their own, a
+        *round*. Once every group of a round has failed as a whole, the error is not
+        one record's (a stage that fails every record, a downstream outage): the
+        round's records are charged a retry each and replayed together after their
+        backoff, not split again; they end acked once the error goes, or
+        dead-lettered with its reason after their retries (see :class:`Rounds`)."""
         self.counts["failed"] += len(failed.root)
         new_dead = []
         for batch in np.unique(failed.batch).tolist():
             rows = failed.batch == batch
-            root, part, offset, attempt = (col[rows].tolist() for col in failed[:4])
-            if len(root) == 1:
-                why = _why(*outcomes[root[0]])
-                tp = self._tps[part[0]]
-                new_dead += self._failed(tp, offset[0], attempt[0], why, now_ms, alone=True)
-                continue
-            size = -(-len(root) // ISOLATION_PARTS)  # ceiling
-            for i, (p, off, att) in enumerate(zip(part, offset, attempt)):
-                if i % size == 0:
-                    self._groups += 1
-                key = (self._tps[p], off)
-                self.scheduled[key] = (att + 1, now_ms)
-                self.suspects[key] = self._groups
-                self.uncharged[key] = self.uncharged.get(key, 0) + 1
-            self.counts["replayed"] += len(root)
+            roots, why = Roots(*(col[rows] for col in failed)), outcome.select(rows)
+            group = self._rounds.group_of_batch.pop(batch, NO_GROUP)
+            if len(roots.root) == 1:
+                new_dead += self._failed(roots, why, now_ms, alone=True)
+            elif self._rounds.systematic(group):  # its round failed whole before
+                new_dead += self._charge_together(roots, why, now_ms)
+            elif self._rounds.failed(group):  # and so did every other group of its round
+                taken = self._take_descendants(group)
+                new_dead += self._charge_together(_concat_roots(roots, taken), why, now_ms)
+            else:
+                self._split(roots, group, now_ms)
         return new_dead
+
+    def _split(self, roots: Roots, parent: int, now_ms: int) -> None:
+        """Replay the suspects ``roots`` at once, uncharged, in a round of groups."""
+        size = -(-len(roots.root) // ISOLATION_PARTS)  # ceiling
+        groups = self._groups + 1 + np.arange(len(roots.root)) // size
+        self._rounds.add(np.unique(groups).tolist(), parent)
+        self._groups = int(groups[-1])
+        self.waiting.add(roots.part, roots.offset, roots.attempt + 1, now_ms, groups)
+        self._uncharged.add(packed(roots.part, roots.offset))
+        self.counts["replayed"] += len(roots.root)
+
+    def _take_descendants(self, group: int) -> Roots:
+        """The records waiting in the rounds that groups of ``group``'s round were split
+        into (their round failed whole: they are not split further), as in-flight rows
+        at the attempt they failed."""
+        groups = self._rounds.descendants(group)
+        part, offset, attempt = self.waiting.take_groups(groups)
+        self._uncharged.add(packed(part, offset), -1)  # counted for a replay not made
+        self.counts["replayed"] -= len(offset)
+        zero = np.zeros(len(offset), np.int64)
+        return Roots(zero, part, offset, attempt - 1, zero, zero)
+
+    def _charge_together(self, roots: Roots, why: _Outcomes, now_ms: int) -> list[DeadLetter]:
+        """Every one of ``roots`` fails, charged; the replays wait together in one group
+        (a batch of their own), dead letters go with the batch's reason."""
+        self._groups += 1
+        self._rounds.add_systematic(self._groups)
+        reason = why.first_reason
+        log.warning(
+            "ackstream: every group of %d records failed as a whole (%s): they are retried "
+            "together after their backoff, not split further",
+            len(roots.root),
+            reason,
+        )
+        why = _Outcomes.repeat(BATCH_FAILED, reason, len(roots.root))
+        return self._failed(roots, why, now_ms, group=self._groups)
 
     def _late_acks(self, acks: pa.Table) -> None:
         """Acks of an earlier attempt of a record that is not done yet (timed out, its
@@ -553,84 +646,84 @@ class Tracker:
         overdue = self.flights.take_started_at_or_before(cutoff)
         overdue = overdue.sorted_by("emitted_ms", "part", "offset")
         self.counts["timed_out"] += len(overdue.root)
-        new_dead = []
-        for part, offset, attempt in zip(*(col.tolist() for col in overdue[1:4])):
-            new_dead += self._failed(self._tps[part], offset, attempt, TIMED_OUT, now_ms)
-        return new_dead
+        return self._failed(overdue, _Outcomes.repeat(TIMED_OUT, None, len(overdue.root)), now_ms)
 
     def _failed(
-        self, tp: TP, offset: int, attempt: int, reason: str, now_ms: int, replay=True, alone=False
+        self,
+        roots: Roots,
+        why: _Outcomes,
+        now_ms: int,
+        replay: np.ndarray | bool = True,
+        alone: bool = False,
+        group: int = NO_GROUP,
     ) -> list[DeadLetter]:
-        """A root not in flight any more failed: schedule its replay or dead-letter it.
+        """Records no longer in flight failed: schedule their replays or dead-letter them.
         Retries and backoff count the attempts charged (a suspect's are not); ``alone``:
-        it failed a batch of its own, and its replays stay alone."""
-        key = (tp, offset)
-        charged = attempt - self.uncharged.get(key, 0)
-        if charged >= self.policy.max_retries or not replay:
-            letter = DeadLetter(tp[0], tp[1], offset, attempt + 1, reason)
-            self.dead[key] = letter
-            return [letter]
-        self.scheduled[key] = (attempt + 1, now_ms + self.policy.delay_ms(charged + 1))
+        each failed a batch of its own, and its replays stay alone; ``group``: their
+        replays wait together in that group."""
+        keys = packed(roots.part, roots.offset)
+        charged = roots.attempt - self._uncharged.get(keys)
+        dead = (charged >= self.policy.max_retries) | ~np.broadcast_to(replay, charged.shape)
+        letters = [
+            DeadLetter(self._tps[p][0], self._tps[p][1], off, att + 1, reason)
+            for p, off, att, reason in zip(
+                roots.part[dead].tolist(),
+                roots.offset[dead].tolist(),
+                roots.attempt[dead].tolist(),
+                why.select(dead).dead_letter_reasons(),
+            )
+        ]
+        for letter in letters:
+            self.dead[((letter.topic, letter.partition), letter.offset)] = letter
+        live = ~dead
         if alone:
-            self._groups += 1
-            self.suspects[key] = self._groups
-        self.counts["replayed"] += 1
-        return []
+            groups = self._groups + 1 + np.arange(int(live.sum()))
+            self._groups += len(groups)
+        else:
+            groups = np.full(int(live.sum()), group)
+        due = now_ms + self.policy.delays_ms(charged[live] + 1)
+        self.waiting.add(roots.part[live], roots.offset[live], roots.attempt[live] + 1, due, groups)
+        self.counts["replayed"] += int(live.sum())
+        return letters
 
     def _forget(self, tp: TP, offsets) -> None:
         """The records at ``offsets`` of ``tp`` leave every state (in flight, scheduled, dead)."""
         offsets = np.asarray(offsets, np.int64)
-        self.flights.take_offsets(self._index[tp], offsets)
-        for state in (self.scheduled, self.dead, self.suspects, self.uncharged):  # all small
-            keys = [key for key in state if key[0] == tp]
-            if keys:
-                for key in compress(keys, np.isin([off for _, off in keys], offsets)):
-                    del state[key]
+        part = self._index[tp]
+        self.flights.take_offsets(part, offsets)
+        self.waiting.drop(part, offsets)
+        self._uncharged.drop(packed(part, offsets))
+        if self.dead:
+            for off in offsets.tolist():
+                self.dead.pop((tp, off), None)
 
-    def due(self, now_ms: int, budget: int | None = None) -> list[tuple[str, int, int, int]]:
+    def due(self, now_ms: int, budget: int | None = None) -> Replays:
         """Replays whose backoff is over, earliest first, at most ``budget``, but those of
-        a group (see :meth:`due_group`); they are in flight from now on. Each is
-        ``(topic, partition, offset, attempt)``."""
-        ready = sorted(
-            (due, key, att)
-            for key, (att, due) in self.scheduled.items()
-            if due <= now_ms and key not in self.suspects
-        )
-        if budget is not None:
-            ready = ready[:budget]
-        return self._replay([(key, att) for _, key, att in ready], now_ms)
+        a group (see :meth:`due_group`); they are in flight from now on."""
+        return self._replay(*self.waiting.take_due(now_ms, budget), now_ms)
 
-    def due_group(self, now_ms: int) -> list[tuple[str, int, int, int]]:
+    def due_group(self, now_ms: int) -> Replays:
         """The replays of the group due first (suspects, or a record that failed alone),
-        for a batch that holds nothing else; [] when no group is due. As :meth:`due`."""
-        firsts: dict[int, tuple[int, int]] = {}  # group -> (due_ms, group)
-        for key, group in self.suspects.items():
-            due = self.scheduled[key][1]
-            if due <= now_ms:
-                firsts[group] = min(firsts.get(group, (due, group)), (due, group))
-        if not firsts:
-            return []
-        group = min(firsts.values())[1]
-        members = sorted(key for key, g in self.suspects.items() if g == group)
-        for key in members:
-            del self.suspects[key]
-        return self._replay([(key, self.scheduled[key][0]) for key in members], now_ms)
+        for a batch that holds nothing else; none when no group is due. As :meth:`due`."""
+        taken = self.waiting.take_group(now_ms)
+        if taken is not None:
+            self._rounds.group_of_batch[self.batch] = taken[0]
+        live = set(np.unique(self.waiting.columns()[4]).tolist())
+        self._rounds.prune(live | set(self._rounds.group_of_batch.values()), self.batch)
+        if taken is None:
+            return self._replay(*(np.empty(0, np.int64),) * 3, now_ms)
+        return self._replay(*taken[1:], now_ms)
 
-    def _replay(self, ready: list, now_ms: int) -> list[tuple[str, int, int, int]]:
-        """Put the scheduled ``ready`` records, ``((tp, offset), attempt)``, in flight."""
-        for key, _ in ready:
-            del self.scheduled[key]
-        self._add_roots(
-            [self._index[tp] for (tp, _), _ in ready],
-            [off for (_, off), _ in ready],
-            [att for _, att in ready],
-            now_ms,
-        )
-        return [(tp[0], tp[1], off, att) for (tp, off), att in ready]
+    def _replay(self, part, offset, attempt, now_ms: int) -> Replays:
+        """Put the scheduled records taken out (``part``, ``offset``, ``attempt``) in flight."""
+        self._add_roots(part, offset, attempt, now_ms)
+        return Replays(self._tps, part, offset, attempt)
 
     def dead_lettered(self, letters) -> None:
         """The dead letters were written: their records are done."""
         self.counts["dead_lettered"] += len(letters)
+        for letter in letters:
+            self.dead.pop(((letter.topic, letter.partition), letter.offset), None)
         by_tp: dict[TP, list[int]] = {}
         for letter in letters:
             by_tp.setdefault((letter.topic, letter.partition), []).append(letter.offset)
@@ -670,21 +763,19 @@ class Tracker:
         letter unwritten: in flight again after a restore). Those in flight as runs, so
         its cost is a few numpy passes over the runs and the records kept as rows."""
         rows = self.flights.flying() if flying else EMPTY_SPANS
-        waiting = [
-            (self._index[tp], off, att, due, self.suspects.get((tp, off), -1))
-            for (tp, off), (att, due) in self.scheduled.items()
-        ]
-        waiting += [
-            (self._index[tp], off, letter.attempts - 1, DEAD, -1)
-            for (tp, off), letter in self.dead.items()
-        ]
-        uncharged = [(self._index[tp], off, n) for (tp, off), n in self.uncharged.items()]
-        return Unfinished(
-            list(self._tps),
-            rows,
-            Waiting(*np.array(waiting, np.int64).reshape(-1, 5).T),
-            Uncharged(*np.array(uncharged, np.int64).reshape(-1, 3).T),
+        dead = np.array(
+            [
+                (self._index[tp], off, letter.attempts - 1, DEAD, NO_GROUP)
+                for (tp, off), letter in self.dead.items()
+            ],
+            np.int64,
+        ).reshape(-1, 5)
+        waiting = Waiting(
+            *(np.concatenate([col, d]) for col, d in zip(self.waiting.columns(), dead.T))
         )
+        keys = self._uncharged.keys
+        uncharged = Uncharged(keys >> 48, keys & _OFFSET_MASK, self._uncharged.counts.copy())
+        return Unfinished(list(self._tps), rows, waiting, uncharged)
 
     def changes(self) -> Changes:
         """The records put in flight and taken out since :meth:`mark`, net."""
@@ -715,14 +806,13 @@ class Tracker:
         waiting, uncharged = unfinished.waiting, unfinished.uncharged
         flying_part, flying_offset, flying_attempt = unfinished.flying.rows()
         scheduled = waiting.due != DEAD  # a dead one's letter was not written: in flight again
-        for i, off, att, at, group in zip(*(col[scheduled].tolist() for col in waiting)):
-            tp = self._tps[index[i]]
-            self.scheduled[(tp, off)] = (att, at)
-            if group >= 0:
-                self.suspects[(tp, off)] = group
-                self._groups = max(self._groups, group)
-        for i, off, n in zip(*(col.tolist() for col in uncharged)):
-            self.uncharged[(self._tps[index[i]], off)] = n
+        if scheduled.any():
+            self.waiting.add(
+                *(index[waiting.part[scheduled]], *(c[scheduled] for c in waiting[1:]))
+            )
+            self._groups = max(self._groups, self.waiting.last_group)
+        if len(uncharged.offset):
+            self._uncharged.add(packed(index[uncharged.part], uncharged.offset), uncharged.attempts)
         dead = ~scheduled
         part = (
             index[np.concatenate([flying_part, waiting.part[dead]])] if len(index) else flying_part
@@ -743,6 +833,119 @@ class Tracker:
                 p = self.parts[tp]
                 mine = offset[order[starts[i] : starts[i + 1]]]
                 p.done = _complement(p.watermark, p.end, mine)
+
+
+class _Outcomes(NamedTuple):
+    """The outcome of each of some failed roots: its status, and where its reason is."""
+
+    status: np.ndarray  # str objects
+    row: np.ndarray  # the root's row of ``reasons`` (-1: ``reasons`` holds no row for it)
+    reasons: pa.ChunkedArray | pa.Array
+
+    @classmethod
+    def of(cls, completions: pa.Table, roots: np.ndarray) -> _Outcomes:
+        """Each of ``roots``' status and reason in ``completions`` (one row per root,
+        every one of ``roots`` among them); reasons are read only for dead letters."""
+        keys = pc.fill_null(completions.column("root"), 0).to_numpy()
+        order = np.argsort(keys, kind="stable")
+        at = order[np.searchsorted(keys[order], roots)]
+        status = pc.dictionary_encode(completions.column("status").combine_chunks())
+        names = np.array(status.dictionary.to_pylist() + [None], object)
+        codes = pc.fill_null(status.indices, len(names) - 1).to_numpy(zero_copy_only=False)
+        return cls(names[codes[at]], at, completions.column("reason"))
+
+    @classmethod
+    def repeat(cls, status: str, reason: str | None, n: int) -> _Outcomes:
+        return cls(
+            np.full(n, status, object), np.zeros(n, np.int64), pa.array([reason], pa.string())
+        )
+
+    def select(self, rows: np.ndarray) -> _Outcomes:
+        return _Outcomes(self.status[rows], self.row[rows], self.reasons)
+
+    @property
+    def first_reason(self) -> str | None:
+        return self.reasons[int(self.row[0])].as_py() if len(self.row) else None
+
+    def dead_letter_reasons(self) -> list[str]:
+        reasons = self.reasons.take(pa.array(self.row)).to_pylist() if len(self.row) else []
+        return [_why(s, r) for s, r in zip(self.status.tolist(), reasons)]
+
+
+class Rounds:
+    """Rounds of isolation in progress (see :meth:`Tracker._isolate`): the groups a failed
+    batch's suspects were split into, how many of each round failed as a whole, the
+    group each planned batch replayed, and the groups whose round failed whole (their
+    records replay together, charged). Kept in memory only: after a restart, rounds
+    begin again (a few more batches, never a record more at risk)."""
+
+    def __init__(self) -> None:
+        #: the group a batch replayed, by the batch's number (see ``Tracker.batch``)
+        self.group_of_batch: dict[int, int] = {}
+        self._round: dict[int, int] = {}  # group -> its round (the round's first group)
+        self._size: dict[int, int] = {}  # round -> its groups
+        self._failed: dict[int, int] = {}  # round -> its groups failed as a whole
+        self._children: dict[int, list[int]] = {}  # group -> the groups it was split into
+        self._systematic: set[int] = set()
+
+    def add(self, groups: list[int], parent: int) -> None:
+        """A new round of ``groups``, split out of group ``parent`` (or of a batch of no
+        group, :data:`~ackstream.sources.waiting.NO_GROUP`)."""
+        first = groups[0]
+        self._round.update(dict.fromkeys(groups, first))
+        self._size[first], self._failed[first] = len(groups), 0
+        if parent != NO_GROUP:
+            self._children[parent] = groups
+
+    def failed(self, group: int) -> bool:
+        """Group ``group`` failed as a whole: whether every group of its round now has."""
+        first = self._round.get(group)
+        if first is None:
+            return False
+        self._failed[first] += 1
+        return self._failed[first] >= self._size[first]
+
+    def descendants(self, group: int) -> list[int]:
+        """The groups that the groups of ``group``'s round were split into, and theirs;
+        the round is over."""
+        first = self._round[group]
+        stack = [g for g, r in self._round.items() if r == first]
+        found: list[int] = []
+        while stack:
+            children = self._children.pop(stack.pop(), [])
+            found += children
+            stack += children
+        for g in [g for g, r in self._round.items() if r == first]:
+            del self._round[g]
+        del self._size[first], self._failed[first]
+        return found
+
+    def add_systematic(self, group: int) -> None:
+        self._systematic.add(group)
+
+    def systematic(self, group: int) -> bool:
+        """Whether ``group`` holds records whose round failed whole."""
+        return group in self._systematic
+
+    def prune(self, live: set[int], batch: int) -> None:
+        """Forget groups that neither wait nor were split (their batch went through),
+        rounds left with no group, and the groups of batches long planned."""
+        for group in [g for g in self._round if g not in live and g not in self._children]:
+            first = self._round.pop(group)
+            if first not in self._round.values():
+                self._size.pop(first, None)
+                self._failed.pop(first, None)
+        self._systematic &= live
+        for old in [b for b in self.group_of_batch if b < batch - 1_000]:
+            del self.group_of_batch[old]
+
+
+def _signed32(value: int) -> int:
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _concat_roots(*parts: Roots) -> Roots:
+    return Roots(*(np.concatenate(cols) for cols in zip(*parts)))
 
 
 def _why(outcome: str, reason: str | None) -> str:

@@ -425,17 +425,23 @@ def test_a_failed_group_is_split_again_until_the_poison_is_alone(make_spout):
     assert spout.metrics()["dead_lettered"] == 1
 
 
-def test_a_batch_failing_for_every_record_dead_letters_each_only_after_its_lone_retries(
-    make_spout,
-):
-    """Even when every batch fails (a broken sink), no record is charged for another's
-    batch: each is dead-lettered only after failing alone 1 + maxRetries times."""
+def test_a_batch_failing_for_every_record_is_retried_together_then_dead_lettered(make_spout):
+    """Every batch fails (a broken sink, a stage that fails every record): once every
+    group of the first round failed too, the error is not one record's, so the records
+    are charged and retried together, and dead-lettered with the error after their
+    retries, in a bounded number of batches (splitting on to single records took a
+    batch per record and retry)."""
     spout, channel, clock = make_spout(maxRetries=1, retryInitialDelay="1s")
-    run_batches(spout, channel, clock, lambda records: True, rounds=200)
+    batches = run_batches(spout, channel, clock, lambda records: True, rounds=200)
     letters = read_dead_letters(spout.config.dead_letter_dir).to_pylist()
     assert len(letters) == 10
-    # 10 roots: groups of 2, then of 1 (two uncharged emits), then alone twice
-    assert {letter["attempts"] for letter in letters} == {4}
+    # the first read, then in a group of 2 (uncharged), then the one retry, together
+    assert {letter["attempts"] for letter in letters} == {3}
+    assert {letter["reason"] for letter in letters} == {
+        "batch_failed: slow#2: the batch deadline of 3000 ms passed"
+    }
+    sizes = [len(records) for _, records in batches if records]
+    assert sizes == [10] + [2] * 5 + [10]  # then the letters, in a batch of no records
 
 
 def test_an_unbounded_generator_releases_a_bounded_step_at_a_time(tmp_path):

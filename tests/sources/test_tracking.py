@@ -97,11 +97,11 @@ def test_failed_offset_comes_back_with_attempt_plus_one_after_the_backoff():
     t = tracker()
     t.emit_range(TP, 10, 11, 0)
     t.complete(done((root(10), FAILED)), now_ms=1000)
-    assert t.due(1099) == []
-    assert t.due(1100) == [("events", 0, 10, 1)]
+    assert t.due(1099).tolist() == []
+    assert t.due(1100).tolist() == [("events", 0, 10, 1)]
     assert root(10, 1) in t.flights.rows.root and t.in_flight == 1
     t.complete(done((root(10, 1), TIMED_OUT)), now_ms=2000)
-    assert t.due(2199) == [] and t.due(2200) == [("events", 0, 10, 2)]
+    assert t.due(2199).tolist() == [] and t.due(2200).tolist() == [("events", 0, 10, 2)]
 
 
 def test_max_retries_lead_to_exactly_one_dead_letter_which_then_counts_as_done():
@@ -145,8 +145,31 @@ def test_max_pending_bounds_new_roots():
     t.complete(done((root(10), ACKED)), 1)
     assert t.budget() == 1
     t.complete(done((root(11), FAILED)), 1)
-    assert t.budget() == 2  # scheduled replays are not in flight
-    assert t.due(10_000, budget=0) == []
+    assert t.budget() == 1  # a record waiting for its replay holds its room
+    assert t.due(10_000, budget=0).tolist() == []
+    assert t.due(10_000).tolist() == [("events", 0, 11, 1)] and t.budget() == 1
+    t.complete(done((root(11, 1), ACKED), (root(12), ACKED)), 10_001)
+    assert t.budget() == 3
+
+
+def test_a_downstream_outage_holds_at_most_max_pending_records():
+    """Every record fails, batch after batch: new ones are read only while the records
+    not done (in flight or waiting for their replay) are fewer than maxPending, so an
+    outage of any length holds that many, and their replays go on within it."""
+    t = tracker(max_pending=100, max_retries=50)
+    now, end = 0, 10
+    for _ in range(20):
+        replays = t.due(now)
+        room = t.budget()
+        t.emit_range(TP, end, end + room, now)
+        end += room
+        failing = [root(o, a) for _, _, o, a in replays.tolist()] + [
+            root(o) for o in range(end - room, end)
+        ]
+        t.complete(done(*((r, FAILED) for r in failing)), now)
+        assert t.in_flight + len(t.waiting) <= 100
+        now += 20_000
+    assert end - 10 == 100  # the first batch filled it; the rest were replays
 
 
 def test_roots_without_completion_time_out_at_the_source():
@@ -155,7 +178,7 @@ def test_roots_without_completion_time_out_at_the_source():
     t.complete(done((root(10), ACKED)), 1)
     assert t.expire(4999) == [] and t.in_flight == 1
     t.expire(5000)
-    assert t.in_flight == 0 and t.due(5100) == [("events", 0, 11, 1)]
+    assert t.in_flight == 0 and t.due(5100).tolist() == [("events", 0, 11, 1)]
 
 
 def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
@@ -177,7 +200,7 @@ def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
     ]
     assert r.scheduled == {(TP, 14): (2, 400)}
     r.complete(done((root(11), ACKED), (root(13, 1), ACKED), (root(15), ACKED)), 1000)
-    assert r.due(1000) == [("events", 0, 14, 2)]
+    assert r.due(1000).tolist() == [("events", 0, 14, 2)]
 
 
 def test_suspects_replay_by_group_and_alone_with_no_retry_charged():
@@ -188,10 +211,10 @@ def test_suspects_replay_by_group_and_alone_with_no_retry_charged():
     t.emit_range(TP, 10, 26, 0)
     t.complete(done((root(10), FAILED)), 0)  # an ordinary fail: due at 100
     t.complete(done(*((root(o), BATCH_FAILED) for o in range(11, 26))), 0)
-    assert t.due(1000) == [("events", 0, 10, 1)]
+    assert t.due(1000).tolist() == [("events", 0, 10, 1)]
     groups = []
     while group := t.due_group(0):
-        groups.append(group)
+        groups.append(group.tolist())
     assert groups == [
         [("events", 0, o, 1) for o in range(lo, min(lo + 2, 26))] for lo in range(11, 26, 2)
     ]
@@ -199,11 +222,70 @@ def test_suspects_replay_by_group_and_alone_with_no_retry_charged():
     t.flights.take([root(o, 1) for o in range(12, 26)])
     t.complete(done((root(11, 1), BATCH_FAILED)), 0)  # alone: charged, replayed alone
     assert t.scheduled == {(TP, 11): (2, 100)} and set(t.suspects) == {(TP, 11)}
-    assert t.due(1000) == [] and t.due_group(1000) == [("events", 0, 11, 2)]
+    assert t.due(1000).tolist() == [] and t.due_group(1000).tolist() == [("events", 0, 11, 2)]
     t.new_batch()
     t.complete(done((root(11, 2), BATCH_FAILED)), 0)  # its retry used: dead, 3 emits
     (letter,) = t.dead.values()
     assert (letter.offset, letter.attempts) == (11, 3)
+
+
+def test_an_error_every_group_hits_is_charged_to_all_and_never_split_again():
+    """A stage that fails every record as a whole-batch error: the failed batch of 64 is
+    split into 8 groups once; when all 8 fail too, the error is not one record's, so
+    every record is charged a retry, and they are replayed together (not split into
+    64, then 512 batches) until their retries are used: then all are dead-lettered with
+    the error. A batch of theirs that goes through acks them all (the outage ended)."""
+    t = tracker(max_retries=2)
+
+    def fail_batch(replays, now, why="SparkRuntimeException: boom"):
+        roots = [root(o, a) for _, _, o, a in replays.tolist()]
+        return t.complete(
+            completions(*({"root": r, "status": BATCH_FAILED, "reason": why} for r in roots)), now
+        )
+
+    t.new_batch()
+    t.emit_range(TP, 10, 74, 0)
+    fail_batch(
+        t.due(0).__class__(
+            t.partitions, np.zeros(64, np.int64), np.arange(10, 74), np.zeros(64, np.int64)
+        ),
+        0,
+    )
+    batches = 0
+    while group := (t.new_batch(), t.due_group(0))[1]:
+        batches += 1
+        assert len(group) == 8  # a group of the first round: never a smaller one
+        fail_batch(group, 0)
+    assert batches == 8 and len(t.waiting) == 64 and len(t.suspects) == 64
+    assert t.due_group(99).tolist() == []  # charged: their backoff first
+    t.new_batch()
+    together = t.due_group(100)
+    assert len(together) == 64 and {a for *_, a in together.tolist()} == {2}
+    fail_batch(together, 100)  # their second charged failure: the last retry left
+    t.new_batch()
+    again = t.due_group(300)
+    assert len(again) == 64
+    letters = fail_batch(again, 300)
+    assert len(letters) == 64 and not t.waiting.columns()[0].size
+    assert {d.reason for d in letters} == {"batch_failed: SparkRuntimeException: boom"}
+    assert {d.attempts for d in letters} == {4}  # the first read, a suspect, two retries
+
+
+def test_a_round_with_one_group_through_keeps_isolating_the_others():
+    t = tracker(max_retries=2)
+    t.new_batch()
+    t.emit_range(TP, 10, 26, 0)
+    t.complete(done(*((root(o), BATCH_FAILED) for o in range(10, 26))), 0)
+    seen = []
+    while group := (t.new_batch(), t.due_group(0))[1]:
+        seen.append(len(group))
+        offsets = [o for _, _, o, _ in group.tolist()]
+        if 10 in offsets:  # the group holding the poison fails; the others go through
+            t.complete(done(*((root(o, a), BATCH_FAILED) for _, _, o, a in group.tolist())), 0)
+        else:
+            t.complete(done(*((root(o, a), ACKED) for _, _, o, a in group.tolist())), 0)
+    assert seen == [2] * 8 + [1, 1]  # then 10 and 11 alone
+    assert t.scheduled == {(TP, 10): (3, 100)}  # its first charged failure, alone
 
 
 def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
@@ -218,7 +300,7 @@ def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
     r.restore(json.loads(json.dumps(t.snapshot())), 6, state.read(1))
     assert (r.scheduled, r.suspects, r.uncharged) == (t.scheduled, t.suspects, t.uncharged)
     assert r.uncharged == {(TP, o): 1 for o in range(10, 14)}
-    assert r.due(6) == [] and r.due_group(6) == [("events", 0, 11, 1)]
+    assert r.due(6).tolist() == [] and r.due_group(6).tolist() == [("events", 0, 11, 1)]
 
 
 def test_commit_metadata_fits_the_broker_limit():
@@ -433,7 +515,7 @@ def test_a_late_ack_of_an_earlier_attempt_settles_the_record():
     t = tracker(timeout=5_000)
     t.emit_range(TP, 10, 13, now_ms=0)
     t.expire(5_000)
-    assert [r[2] for r in t.due(5_100, budget=1)] == [10]  # replayed at attempt 1
+    assert [r[2] for r in t.due(5_100, budget=1).tolist()] == [10]  # replayed at attempt 1
     t.complete(acks_with_coordinates((10, 0), (11, 0)), 5_200)
     assert t.watermarks() == {TP: 12} and not t.in_flight
     assert set(t.scheduled) == {(TP, 12)}  # its ack has not come
@@ -605,7 +687,7 @@ def test_a_run_does_not_ack_a_replay_in_flight_but_settles_its_record_late():
     t = tracker(timeout=5_000)
     t.emit_range(TP, 10, 13, now_ms=0)
     t.expire(5_000)
-    assert [r[2] for r in t.due(5_100, budget=1)] == [10]
+    assert [r[2] for r in t.due(5_100, budget=1).tolist()] == [10]
     t.complete(run_of(10, 13), 5_200)
     assert t.watermarks() == {TP: 13} and not t.in_flight and not t.scheduled
     assert t.counts["acked"] == 3
