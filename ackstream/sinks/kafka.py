@@ -20,6 +20,7 @@ ack records ``(root, edge)`` (:meth:`KafkaSink.write_continued`).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,8 +30,9 @@ from kafka.serializer import Serializer, SerializeWrapper
 
 from ackstream.clock import now_ms
 from ackstream.continued import lineage_headers, mint_edges
-from ackstream.errors import OptionError
+from ackstream.errors import EnvironmentProblem, OptionError, cause_of
 from ackstream.kafka.settings import client_settings
+from ackstream.kafka.topics import deleted_topics, shared_listing
 from ackstream.lineage import LINEAGE_COLUMNS, REASON
 from ackstream.records import ACK, ack_table
 from ackstream.session import has_kafka_connector, kafka_through_v2
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 #: Characters of a ``_reason`` kept, as ``topology.bolts.REASON_LIMIT`` (not imported:
 #: executors unpickling the task would import the whole topology package).
 REASON_CHARS = 500
+#: How long a producer waits for a topic's metadata (or room to buffer a row): a topic
+#: that does not exist is asked for once a write has waited this long.
+BLOCK_MS = 10_000
 #: Values of ``KafkaSink(writer=...)``.
 WRITERS = ("auto", "spark", "python")
 #: roots of a row (``topology.bolts.ROOTS``) and the edge id of its message, on the rows
@@ -109,28 +114,59 @@ class KafkaSink:
         """Write ``outputs``; return the rows the broker did not confirm (or None).
 
         With Spark's Kafka connector in the session, Spark's Kafka writer writes them in
-        one job and the rows stay in the JVM. If that job fails (a row too big for a
-        request, or one the broker refused or did not confirm), the rows are written
-        again by the executors' Python producers, which say which rows were not
-        written, and why: rows the failed job had written are then written twice, a
-        replay's duplicates. So a batch pays for a row that does not fit only when
-        one is there, not by counting such rows in every job."""
+        one job and the rows stay in the JVM. If that job fails because Kafka's producer
+        did (a row too big for a request, one the broker refused or did not confirm),
+        the rows are written again by the executors' Python producers, which say which
+        rows were not written, and why: rows the failed job had written are then
+        written twice, a replay's duplicates, and the stages run again for that write.
+        So a batch pays for a row that does not fit only when one is there, not by
+        counting such rows in every job. Any other failure of the job (a stage's error,
+        a cancellation) is the batch's, raised as it is: writing row by row would run
+        the stages again only to fail (or hang) the same way.
+
+        A topic that does not exist (deleted, on brokers that create none) is an
+        :class:`~ackstream.errors.EnvironmentProblem` naming it, not rows failed and
+        replayed for ever."""
         if self._spark_writes is None:
             self._spark_writes = has_kafka_connector(outputs.sparkSession)
         if self._spark_writes:
             try:
                 self._write_with_spark(outputs)
-            except Exception as error:  # which rows, and why: the per-row write says
+            except Exception as error:
+                if not producer_failed(str(error)):
+                    raise
+                self._check_topic()
                 log.warning(
-                    "batch %d: Spark's Kafka writer to %s failed (%s); writing the batch "
-                    "row by row to learn which rows the broker refuses",
+                    "batch %d: Kafka's producer failed writing to %s (%s); writing the "
+                    "batch row by row to learn which rows the broker refuses",
                     batch_id,
                     self.topic,
-                    str(error).splitlines()[0][:300],
+                    cause_of(str(error))[:300],
                 )
             else:
                 return None
         return self._write(outputs, batch_id, continued=False)[0]
+
+    def _check_topic(self) -> None:
+        """Raise, naming the topic, when the brokers answer without it (asked only once
+        a write failed: a listing costs a request)."""
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(
+            **client_settings(self.kafka_options), bootstrap_servers=self.bootstrap
+        )
+        try:
+            listing = shared_listing()
+            gone = deleted_topics([self.topic], lambda: listing.names(consumer, [self.topic]))
+        finally:
+            consumer.close()
+        if gone:
+            raise EnvironmentProblem(
+                f"KafkaSink's topic {self.topic!r} does not exist on {self.bootstrap} (deleted, "
+                "and the brokers create no topics)",
+                f"create {self.topic!r} (kafka-topics.sh --create --topic {self.topic}) and "
+                "start the topology again: the batch was not committed, its records replay",
+            )
 
     def _write_with_spark(self, outputs) -> None:
         """One Spark job: Spark's Kafka writer, with the producers' settings in the
@@ -141,7 +177,7 @@ class KafkaSink:
             "kafka.acks": "all",
             "kafka.delivery.timeout.ms": str(wait_ms),
             "kafka.request.timeout.ms": str(min(wait_ms, 30_000)),
-            "kafka.max.block.ms": str(wait_ms),
+            "kafka.max.block.ms": str(min(wait_ms, BLOCK_MS)),
             **self.kafka_options,
             "kafka.bootstrap.servers": self.bootstrap,
             "topic": self.topic,
@@ -184,6 +220,8 @@ class KafkaSink:
             continued,
         )
         rows = outputs.select(*payload, *carried).mapInArrow(produce, schema).toArrow()
+        if rows.num_rows and not continued:
+            self._check_topic()
         acks = None
         if continued:
             sent = pc.is_valid(rows.column(SENT_EDGE))
@@ -263,7 +301,12 @@ class ProduceTask:
     def _producer(self):
         from kafka import KafkaProducer
 
-        config = {"acks": "all", "client_id": "ackstream-sink", **self.producer_config}
+        config = {
+            "acks": "all",
+            "client_id": "ackstream-sink",
+            "max_block_ms": BLOCK_MS,
+            **self.producer_config,
+        }
         config["value_serializer"] = _NullMarked(config.get("value_serializer"))
         return KafkaProducer(bootstrap_servers=self.bootstrap, **config)
 
@@ -345,6 +388,15 @@ class _NullMarked(Serializer):
     def close(self):
         if self.inner is not None:
             self.inner.close()
+
+
+def producer_failed(error: str) -> bool:
+    """Whether a failed Spark job's ``error`` (its text, with the Java causes) is Kafka's
+    producer's own: an exception of the Kafka client, not of the rows' computation."""
+    return bool(_KAFKA_CLIENT_ERROR.search(error))
+
+
+_KAFKA_CLIENT_ERROR = re.compile(r"org\.apache\.kafka\.common\.(?:errors\.)?\w*(?:Exception|Error)")
 
 
 def _as_bytes(frame, name: str) -> str:

@@ -323,6 +323,19 @@ def _running_a_batch(query) -> bool:
     return bool(status.get("isTriggerActive")) and status.get("message") in _RUNNING_A_BATCH
 
 
+#: How long a stop keeps cancelling the jobs of a batch that goes on running.
+CANCEL_S = 4.0
+
+
+def _cancel_while_busy(query, cancel) -> None:
+    deadline = time.monotonic() + CANCEL_S
+    while True:
+        cancel()
+        if time.monotonic() > deadline or not (query.isActive and _running_a_batch(query)):
+            return
+        time.sleep(0.5)
+
+
 def stop_queries(queries, batch_wait_s: float = 10.0, cancel=None) -> None:
     """Stop streaming queries, topology queries before ackers (so an acker sees the last
     ack records), each once the batch it is running has been committed.
@@ -336,14 +349,15 @@ def stop_queries(queries, batch_wait_s: float = 10.0, cancel=None) -> None:
     only after its planning. So a busy query, whose batches come back to back and leave
     no gap between triggers, stops within one batch. A query still running a batch after
     ``batch_wait_s`` (a stage that hangs) has ``cancel()`` called first, to end the
-    batch's Spark jobs."""
+    batch's Spark jobs, again each half second while the batch goes on (a batch may
+    start another job, e.g. to report its failure) for up to ``CANCEL_S``."""
     for q in sorted(queries, key=lambda q: (q.name or "").endswith(".acker")):
         deadline = time.monotonic() + batch_wait_s
         try:
             while (busy := q.isActive and _running_a_batch(q)) and time.monotonic() < deadline:
                 time.sleep(0.02)
             if busy and cancel is not None:  # the wait ran out: a batch hangs
-                cancel()
+                _cancel_while_busy(q, cancel)
             q.stop()
         except Exception:  # stop the others all the same
             log.exception("stopping query %s failed", q.name)

@@ -140,11 +140,14 @@ class TimeClosing:
                 f"slide {self.slide_ms} ms is longer than the window ({self.duration_ms} ms): "
                 "give a slide no longer than the duration",
             )
-        held = self.duration_ms + self.slide_ms
-        if tracking and self.time is None and held > message_timeout_ms:
+        # Storm's rule, for windows on processing and on event time alike: an event-time
+        # window holds its tuples at least as long, plus the watermark's delay
+        held = self.duration_ms + self.slide_ms + self.delay_ms
+        if tracking and held > message_timeout_ms:
+            what = "the window plus its slide" + (" and delay" if self.delay_ms else "")
             raise StageError(
                 stage,
-                f"a tuple may be held for the window plus its slide ({held} ms), longer "
+                f"a tuple may be held for {what} ({held} ms), longer "
                 f"than the message timeout ({message_timeout_ms} ms): its root would time "
                 "out first; shorten the window or raise message_timeout_ms",
             )

@@ -186,7 +186,11 @@ def test_time_window_arguments_are_checked(spark, tmp_path):
         window(duration="8s", slide="4s")
     with pytest.raises(StageError, match="delay= is the watermark"):
         window(duration="1s", delay="1s")
-    window(duration="8s", slide="4s", time="ts")  # event time: held by the watermark
+    with pytest.raises(StageError, match=r"window plus its slide \(12000 ms\)"):
+        window(duration="8s", slide="4s", time="ts")  # event time too, as Storm refuses
+    with pytest.raises(StageError, match=r"slide and delay \(10500 ms\), longer"):
+        window(duration="5s", time="ts", delay="500ms")
+    window(duration="4s", slide="2s", time="ts", delay="4s")  # 10 s: it fits
     untracked = Topology("w", spark, None, message_timeout_ms=10_000, tracking=False)
     untracked.window("value", F.count("*"), duration="8s", slide="4s")  # nothing times out
     topology = window(duration="1s", slide="250ms")
