@@ -258,3 +258,65 @@ def test_stop_returns_while_a_stage_hangs_with_either_kafka_writer(
     assert not stopping.is_alive(), "stop() did not return while a stage hung"
     print(f"stop() returned in {time.monotonic() - began:.1f} s with the {writer} writer")
     assert not any(q.isActive for q in running.queries)
+
+
+@pytest.fixture(scope="module")
+def strict_broker():
+    """A broker of its own that creates no topic a client asks for (as production
+    clusters are often set): a deleted topic stays deleted."""
+    from broker import KafkaBroker
+
+    running = KafkaBroker(**{"auto.create.topics.enable": "false"}).start()
+    yield running
+    running.stop()
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.delete_topics([topic])
+    finally:
+        admin.close()
+
+
+def stopped_with(running, timeout_s: float):
+    """The error the topology stopped with, polled for."""
+    wait_for(lambda: running.exception() is not None, timeout=timeout_s, what="the query to stop")
+    return str(running.exception())
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("deleted", ["sink", "acks", "done"])
+def test_a_topic_deleted_mid_run_stops_the_topology_naming_it(
+    spark, strict_broker, tmp_path, deleted
+):
+    """The sink's output topic, or the channel's acks or completions topic, deleted while
+    the topology runs on brokers that create no topics: the query stops with one error
+    naming the topic (it waited for it, replaying, or timed out unnamed)."""
+    from broker import create_topic
+
+    bootstrap = strict_broker.bootstrap
+    inbox, out = create_topic(bootstrap, 1), create_topic(bootstrap, 1)
+    name = f"del-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, 1, name=f"{name}.dead")
+    produce_many(bootstrap, inbox, 400, 1)
+    topology = Topology(name, spark, KafkaChannel(bootstrap, name), ack_mode="per_stage").sink(
+        KafkaSink(bootstrap, out)
+    )
+    running = start(topology, strict_broker, inbox, tmp_path / "ck", 20)
+    try:
+        wait_for(
+            lambda: (source_metrics(running.query.lastProgress) or {}).get("acked", 0) > 0,
+            timeout=300,
+            what="the first acks",
+        )
+        topic = {"sink": out, "acks": f"{name}.acks", "done": f"{name}.done"}[deleted]
+        delete_topic(bootstrap, topic)
+        produce_many(bootstrap, inbox, 400, 1)  # more to write, ack and complete
+        error = stopped_with(running, timeout_s=120)
+    finally:
+        running.stop()
+    assert repr(topic) in error, error
+    assert "deleted" in error or "does not exist" in error, error

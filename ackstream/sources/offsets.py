@@ -16,9 +16,10 @@ Spark writes to the query's offset log before the batch runs::
                                          #   as runs of offsets at one attempt
      "done": <position in the completion channel>,
      "owner": "<query id>",                # this query's claim on its consumer group
-     "reader": "spark"}                    # only when Spark's Kafka source reads "read"
+     "reader": "spark",                    # only when Spark's Kafka source reads "read"
                                            #   (in the topology's batch; the read tasks
                                            #   then read the replays alone)
+     "replays_by": "spark"}                # ... and the replays too (a few long runs)
 
 ``read`` and ``replays`` name every record of the batch, so its read tasks
 (:func:`read_tasks`) and its roots (:class:`PlannedRoots`) come from the offset
@@ -40,10 +41,31 @@ from ackstream import ids
 from ackstream.records import ACK_RECORD_SCHEMA, ACKED, INIT, completion_table, completions_of
 from ackstream.sources.rows import ReadTask
 
-__all__ = ["ROWS_PER_TASK", "PlannedRoots", "new_ranges", "read_tasks", "replay_runs", "runs_of"]
+__all__ = [
+    "ROWS_PER_TASK",
+    "SPARK_REPLAY_RUNS",
+    "PlannedRoots",
+    "new_ranges",
+    "read_tasks",
+    "replay_runs",
+    "runs_of",
+    "spark_reads_replays",
+]
 
 #: At most this many offsets of one partition per Spark task.
 ROWS_PER_TASK = 100_000
+#: Replays in at most this many runs are read by Spark's Kafka reader where it reads the
+#: new records (a failed batch, an outage: a run or two per partition); more runs are
+#: records failed here and there, few each, which the source's read tasks read.
+SPARK_REPLAY_RUNS = 32
+
+
+def spark_reads_replays(runs: list) -> bool:
+    """Whether Spark's Kafka reader reads replays logged as ``runs`` (with the batch's new
+    records): a few runs of more than one record. A record replayed alone is read by the
+    source's Python reader, which holds back an offset with no record and a value over
+    ``ackstream.maxValueBytes`` instead of failing the batch on it."""
+    return 0 < len(runs) <= SPARK_REPLAY_RUNS and sum(r[3] - r[2] for r in runs) > 1
 
 
 def read_tasks(
@@ -73,7 +95,7 @@ def read_tasks(
         cuts = [lo + (hi - lo) * i // pieces for i in range(pieces + 1)]
         tasks += [ReadTask(topic, p, a, b) for a, b in zip(cuts, cuts[1:])]
     replays: dict = {}
-    for topic, p, lo, hi, att in replay_runs(end):
+    for topic, p, lo, hi, att in [] if end.get("replays_by") == "spark" else replay_runs(end):
         replays.setdefault((topic, p), []).extend((off, att) for off in range(lo, hi))
     for (topic, p), pairs in sorted(replays.items()):
         pairs.sort()

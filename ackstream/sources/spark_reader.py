@@ -19,8 +19,10 @@ which reads replays, holds the record back as rejected. A stage that never reads
 the value never pays the check. Untracked, or with ``maxValueBytes=none``, there is
 no limit.
 
-Replays stay on the Python reader: they are few, single offsets, and each needs its
-own attempt number.
+Replays are read here too when they come in a few long runs (a batch that failed
+whole, an outage: :func:`~ackstream.sources.offsets.spark_reads_replays`), each run's
+attempt in its lineage; records replayed here and there, and a record replayed
+alone, are read by the Python reader.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from ackstream import ids
 from ackstream.config import SourceConfig
 from ackstream.lineage import ATTEMPT, EDGE, ROOT
 from ackstream.sources.kafka_ranges import read_ranges
-from ackstream.sources.offsets import new_ranges
+from ackstream.sources.offsets import new_ranges, replay_runs
 from ackstream.sources.rows import kafka_columns, too_big_reason
 
-__all__ = ["read_new_ranges"]
+__all__ = ["read_new_ranges", "read_replays"]
 
 
 def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | None:
@@ -43,17 +45,51 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
     ranges = new_ranges(offset)
     if not ranges:
         return None
-    records = read_ranges(spark, config, ranges)
-    # one projection in SQL text: each Column built in Python is a call into the JVM,
-    # and each further DataFrame call another analysis of the plan
+    return _with_lineage(read_ranges(spark, config, ranges), config, offset, 0)
+
+
+def read_replays(spark, config: SourceConfig, offset: dict) -> DataFrame | None:
+    """The records ``offset`` replays, as the source's rows, when Spark's reader reads them
+    (``"replays_by": "spark"``, see :func:`~ackstream.sources.offsets.spark_reads_replays`);
+    else None. Per attempt, one range per partition covers its runs, filtered to them."""
+    if offset.get("replays_by") != "spark":
+        return None
+    by_attempt: dict[int, list[tuple[str, int, int, int]]] = {}
+    for topic, partition, start, end, attempt in replay_runs(offset):
+        by_attempt.setdefault(attempt, []).append((topic, partition, start, end))
+    frames = []
+    for attempt, runs in sorted(by_attempt.items()):
+        cover: dict[tuple[str, int], list[int]] = {}
+        for topic, partition, start, end in runs:
+            span = cover.setdefault((topic, partition), [start, end])
+            span[0], span[1] = min(span[0], start), max(span[1], end)
+        records = read_ranges(spark, config, [(*tp, lo, hi) for tp, (lo, hi) in cover.items()])
+        if len(cover) < len(runs):  # some partition's runs have gaps between them
+            records = records.where(
+                " OR ".join(
+                    f"(topic = {_sql_string(t)} AND partition = {p} AND offset >= {a} "
+                    f"AND offset < {b})"
+                    for t, p, a, b in runs
+                )
+            )
+        frames.append(_with_lineage(records, config, offset, attempt))
+    for frame in frames[1:]:
+        frames[0] = frames[0].unionByName(frame)
+    return frames[0]
+
+
+def _with_lineage(records: DataFrame, config: SourceConfig, offset: dict, attempt: int):
+    """``records`` (Spark's Kafka rows) with the source's lineage columns at ``attempt``,
+    in one projection of SQL text: each Column built in Python is a call into the JVM,
+    and each further DataFrame call another analysis of the plan."""
     root = (
         f"xxhash64({_sql_string(offset.get('ids', config.id_namespace))}, topic, "
-        "CAST(partition AS BIGINT), offset, 0L)"
+        f"CAST(partition AS BIGINT), offset, {attempt}L)"
     )
     lineage = [
         f"{root} AS {ROOT}",
         f"xxhash64({root}, {ids.SPOUT_STAGE}L, 0L) AS {EDGE}",
-        f"0L AS {ATTEMPT}",
+        f"{attempt}L AS {ATTEMPT}",
     ]
     limit = config.value_limit
     if limit is None:

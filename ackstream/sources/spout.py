@@ -40,6 +40,7 @@ from ackstream.kafka.settings import kafka_options_of
 from ackstream.records import caught_up_ms, tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
+from ackstream.sources.offsets import spark_reads_replays
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
@@ -299,6 +300,8 @@ class Spout:
             offset["idle"] = now
         if self.config.record_reader == "spark":  # the topology reads the new ranges
             offset["reader"] = "spark"
+            if spark_reads_replays(offset["replays"]):  # ... and these replays
+                offset["replays_by"] = "spark"
         if self.config.tracking:  # the batch's roots are waited for, on these terms
             self.seq += 1
             self.state.write(self.seq, tracker)  # before Spark logs the offset

@@ -27,7 +27,7 @@ from ackstream.errors import OptionError
 from ackstream.offset_log import clear_unfinished_first_entry, logged_offsets
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import PlannedRoots
-from ackstream.sources.spark_reader import read_new_ranges
+from ackstream.sources.spark_reader import read_new_ranges, read_replays
 from ackstream.topology.awaiting import await_topology
 from ackstream.topology.batch import run_batch
 from ackstream.topology.batch_failure import (
@@ -188,10 +188,11 @@ class BatchFunction:
             return None
 
     def _with_new_records(self, batch: DataFrame, offsets: list[dict]) -> DataFrame:
-        """``batch`` with the new records Spark's Kafka source reads for it (see
-        :mod:`ackstream.sources.spark_reader`): the source's own rows are then the
-        replays alone, and a batch without replays is the records Spark read (a union
-        costs another analysis of the plan)."""
+        """``batch`` with the records Spark's Kafka source reads for it (see
+        :mod:`ackstream.sources.spark_reader`): the new ones, and replays in a few long
+        runs; the source's own rows are then the other replays alone, and a batch
+        without those is the records Spark read (a union costs another analysis of the
+        plan)."""
         read = [offset for offset in offsets if offset.get("reader") == "spark"]
         if not read:
             return batch
@@ -203,12 +204,20 @@ class BatchFunction:
                 '"python" for a stream not made by topology.read_stream(...) (the '
                 "topology reads the new records with the options given there)",
             )
+        spark = batch.sparkSession
         frames = [
             records
             for offset in read
-            if (records := read_new_ranges(batch.sparkSession, config, offset)) is not None
+            for records in (
+                read_new_ranges(spark, config, offset),
+                read_replays(spark, config, offset),
+            )
+            if records is not None
         ]
-        if len(read) < len(offsets) or any(offset.get("replays") for offset in offsets):
+        python_replays = any(
+            offset.get("replays") and offset.get("replays_by") != "spark" for offset in offsets
+        )
+        if len(read) < len(offsets) or python_replays:
             frames.insert(0, batch)
         if not frames:
             return batch
