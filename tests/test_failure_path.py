@@ -175,26 +175,37 @@ def test_a_bolt_failing_every_record_at_size(spark, broker, new_topic, tmp_path,
 
 
 def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: float):
-    """Every record fails while the downstream is down (a stage failing every row
-    until a moment passes), then goes through: nothing is lost or dead-lettered, the
-    replays wait their backoff (seen in the source's figures), and the records held
-    (in flight and waiting) never pass maxPending."""
+    """Every record fails while the downstream is down (a bolt whose service call fails
+    while a flag file exists), then goes through: nothing is lost or dead-lettered, the
+    replays wait their backoff (seen in the source's figures), and the records held (in
+    flight and waiting) never pass maxPending. The outage lasts ``outage_s`` from the
+    first failure seen."""
     records, max_pending = 3 * per_batch, 2 * per_batch
     inbox, out = new_topic(partitions=2), new_topic(partitions=2)
     name = f"outage-{uuid.uuid4().hex[:8]}"
     produce_many(broker.bootstrap, inbox, records, 2)
-    ends = time.time() + outage_s
-    down = F.current_timestamp() < F.lit(ends).cast("timestamp")
+    down = tmp_path / "down"
+    down.touch()
+
+    def call(frame: pd.DataFrame) -> pd.DataFrame:
+        if down.exists():
+            raise ConnectionError("the downstream service is down")
+        return frame[["value"]]
+
     topology = (
         topology_for(spark, broker, name, message_timeout_ms=120_000)
-        .fail_where(down, "the downstream service is down", name="call")
+        .pandas_bolt(call, "value binary", name="call")
         .sink(KafkaSink(broker.bootstrap, out))
     )
-    held, waited = [], []
+    held, waited, failing_since = [], [], []
 
     def watch(figures):
         held.append(figures["pending"] + figures.get("waiting", 0))
         waited.append(figures.get("waiting", 0))
+        if figures["failed"] and not failing_since:
+            failing_since.append(time.monotonic())
+        if failing_since and time.monotonic() - failing_since[0] > outage_s and down.exists():
+            down.unlink()  # the outage ends
 
     running = start(
         topology,
@@ -205,12 +216,13 @@ def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: 
         **{"ackstream.maxRetries": 100, "ackstream.maxPending": max_pending},
     )
     try:
-        figures = settle(running, records, timeout_s=outage_s + 600, watch=watch)
+        figures = settle(running, records, timeout_s=outage_s + 900, watch=watch)
         assert running.is_active()
     finally:
         running.stop()
+    assert not down.exists()  # it settled after the outage, not before it ended
     assert figures["acked"] == records and figures["dead_lettered"] == 0
-    assert figures["failed"] > 0 and max(waited) > 0  # it failed, and backed off
+    assert figures["failed"] >= max_pending and max(waited) > 0  # it failed, and backed off
     assert max(held) <= max_pending
     assert not consume(broker.bootstrap, f"{name}.dead")
     assert {m.value for m in consume(broker.bootstrap, out)} == {

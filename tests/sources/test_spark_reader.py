@@ -307,7 +307,7 @@ def test_replays_in_a_few_runs_are_read_by_spark_with_the_python_reader_s_rows(
     runs = [[topic, 0, 2, 6, 1], [topic, 0, 9, 12, 3], [topic, 1, 0, 20, 2], [topic, 0, 14, 15, 1]]
     assert spark_reads_replays(runs)
     assert not spark_reads_replays([[topic, 0, 2, 3, 1]])  # alone: the Python reader's
-    assert not spark_reads_replays([[topic, 0, o, o + 1, 1] for o in range(0, 40, 2)])
+    assert not spark_reads_replays([[topic, 0, o, o + 1, 1] for o in range(0, 100, 2)])
     offset = {"v": 1, "ids": config.id_namespace, "replays": runs, "replays_by": "spark"}
     assert not [t for t in read_tasks(offset) if t.replays]  # no read task reads them
     columns = ["partition", "offset", "value", "_root", "_edge", "_attempt"]
