@@ -70,13 +70,15 @@ test-long: $(VENV)/.installed java kafka spark-kafka
 # What CI runs after make test: the runs only a real cluster allows, at small sizes:
 # the three-broker cluster's failures, a standalone Spark cluster
 # losing a Worker, the README's topology from a Spark Connect client, TLS and SASL
-# listeners, one small chaos seed. About 15 minutes on 2 idle cores.
+# listeners, one small chaos seed; then the failure path at 20,000 records a batch and
+# topics deleted under a running topology (a broker that creates no topics).
 CLUSTER_TESTS := tests/kafka/test_broker_failures.py tests/test_standalone_cluster.py \
 	tests/test_connect.py \
 	tests/test_secured_kafka.py tests/test_chaos.py::test_chaos_small \
 	tests/test_broker_fixture.py::test_a_three_broker_cluster_keeps_a_replicated_topic_through_a_lost_leader
 test-cluster: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest -m long $(CLUSTER_TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m long tests/test_failure_path.py -k "20000 or deleted" $(PYTEST_ARGS)
 
 # The chaos suite at full size (20,000 records, 4 partitions) for CHAOS_SEEDS seeds,
 # each run's figures appended to CHAOS_REPORT; e.g. make chaos CHAOS_SEEDS=3,7

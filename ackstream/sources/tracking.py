@@ -11,7 +11,11 @@ No Spark, no Kafka, time passed in. The source's driver-side reader owns one
   charged, in a batch of its own group (the failed batch's roots split in
   :data:`ISOLATION_PARTS`, so a record at fault is alone after a few rounds). Only a
   record that fails alone in its batch is charged, and it stays alone for its
-  replays;
+  replays; but once every group of a round failed as a whole, the error is every
+  record's (a stage that fails them all, a downstream outage), and the round's
+  records are charged and retried together (see :meth:`Tracker._isolate`). Records
+  waiting for a replay are kept as numpy columns (:mod:`ackstream.sources.waiting`):
+  an outage fails a whole batch again and again;
 - **dead**: failed on its last allowed attempt, or rejected (the record itself is
   at fault, so no replay), waiting for its dead letter to be written (then it is
   done);
