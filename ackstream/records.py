@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ackstream.arrays import has_duplicates
+
 __all__ = [
     "ACK",
     "ACKED",
@@ -250,11 +252,12 @@ def one_outcome_per_root(completions: pa.Table) -> pa.Table:
     if not completions.num_rows:
         return completions
     roots = pc.fill_null(completions.column("root"), 0).to_numpy()
-    if len(np.unique(roots)) == len(roots):  # the usual case: nothing to choose
+    if not has_duplicates(roots):  # the usual case: nothing to choose
         return completions
     acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
     order = np.argsort(acked.to_numpy(zero_copy_only=False), kind="stable")
-    _, first = np.unique(roots[order], return_index=True)
+    order = order[np.argsort(roots[order], kind="stable")]  # by root, others first
+    first = np.concatenate([[True], roots[order][1:] != roots[order][:-1]])
     return completions.take(pa.array(np.sort(order[first])))
 
 

@@ -33,6 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ackstream.arrays import distinct
+
 __all__ = ["EMPTY_SPANS", "NOT_STARTED", "Changes", "InFlight", "Roots", "Spans"]
 
 #: ``emitted_ms`` of a root whose batch Spark has not run yet: its timeout has not begun.
@@ -227,7 +229,7 @@ def _carve(runs: _Runs, lo: np.ndarray, hi: np.ndarray) -> tuple[_Runs, _Runs]:
     """``runs`` cut by the packed-key intervals ``[lo, hi)`` (which may overlap): the
     pieces outside every interval, and those inside one, each with its run's columns."""
     starts, ends = runs.keys()
-    points = np.unique(np.concatenate([starts, ends, lo, hi]))
+    points = distinct(np.concatenate([starts, ends, lo, hi]))
     a, b = points[:-1], points[1:]
     owner = np.searchsorted(starts, a, side="right") - 1
     inside = owner >= 0
@@ -287,7 +289,7 @@ class _Chunk:
         keys, sorted, or None where some have none)."""
         if self.keys is not None and keys is not None:
             at = np.searchsorted(self.keys, keys).clip(0, len(self.keys) - 1)
-            hit = np.unique(at[self.keys[at] == keys])
+            hit = distinct(at[self.keys[at] == keys])
         else:
             rows, mask = self.rows, np.zeros(len(self.live), bool)
             for p, o, a in zip(part.tolist(), offset.tolist(), attempt.tolist()):
@@ -411,7 +413,7 @@ class InFlight:
 
     def take(self, roots) -> Roots:
         """Remove those of ``roots`` that are in flight and return their rows (ids set)."""
-        roots = np.unique(np.asarray(roots, np.int64))
+        roots = distinct(roots)
         if not len(roots):
             return EMPTY
         self._runs_to_rows()
@@ -460,7 +462,7 @@ class InFlight:
     def take_offsets(self, part: int, offsets) -> Roots:
         """Remove the roots of these offsets of partition ``part``, at any attempt."""
         offsets = np.asarray(offsets, np.int64)
-        cuts = Spans.of_rows(part, np.unique(offsets), 0)
+        cuts = Spans.of_rows(part, distinct(offsets), 0)
         runs, _ = self._cut(cuts.part, cuts.start, cuts.end).roots()
         chunks = self._take_where(lambda rows: (rows.part == part) & np.isin(rows.offset, offsets))
         return Roots.concat([runs, chunks])
@@ -536,7 +538,7 @@ class InFlight:
     def restart(self, roots, now_ms: int) -> None:
         """Those of ``roots`` in flight whose timeout has started start it again at
         ``now_ms`` (the acker reported a reset of their trees)."""
-        roots = np.unique(np.asarray(roots, np.int64))
+        roots = distinct(roots)
         if not len(roots):
             return
         self._runs_to_rows()

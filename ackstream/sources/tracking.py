@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream import ids
+from ackstream.arrays import distinct
 from ackstream.config import RetryPolicy
 from ackstream.ranges import is_run
 from ackstream.records import (
@@ -404,13 +405,17 @@ class Tracker:
         runs = completions.filter(pa.array(run)) if run.any() else None
         if runs is not None:
             completions = completions.filter(pa.array(~run))
-        alive = pc.fill_null(pc.equal(completions.column("status"), ALIVE), False)
-        if pc.any(alive).as_py():  # a reset reached the acker: the tree lives on
-            self._restart(completions.filter(alive), now_ms)
-        valid = pc.fill_null(pc.not_equal(completions.column("status"), INVALID), True)
-        completions = one_outcome_per_root(completions.filter(valid))
-        acked = pc.fill_null(pc.equal(completions.column("status"), ACKED), False)
-        others = completions.filter(pc.invert(acked))
+        status = _Statuses(completions)
+        alive = status.of(ALIVE)
+        if alive.any():  # a reset reached the acker: the tree lives on
+            self._restart(completions.filter(pa.array(alive)), now_ms)
+        invalid = status.of(INVALID)
+        if invalid.any():
+            completions = completions.filter(pa.array(~invalid))
+        one = one_outcome_per_root(completions)
+        status = status if one is completions and not invalid.any() else _Statuses(one)
+        completions, acked = one, status.of(ACKED)
+        others = _rows(completions, ~acked)
         new_dead = []
         failed = self._take(others).sorted_by("part", "offset")
         outcome = _Outcomes.of(others, failed.root)
@@ -431,7 +436,7 @@ class Tracker:
             new_dead += self._isolate(
                 Roots(*(col[whole] for col in failed)), outcome.select(whole), now_ms
             )
-        acks = completions.filter(acked)
+        acks = _rows(completions, acked)
         done = self._take(acks)
         self._acked(Spans.of_rows(done.part, done.offset, done.attempt))
         if len(done.root) < acks.num_rows:  # some were not in flight
@@ -627,7 +632,7 @@ class Tracker:
                 continue
             offsets = offset[mine & (topic == tp[0]) & (partition == tp[1])]
             offsets = offsets[(offsets >= part.watermark) & (offsets < part.end)]
-            offsets = np.unique(offsets[~part.done.contains(offsets)])
+            offsets = distinct(offsets[~part.done.contains(offsets)])
             self.counts["acked"] += len(offsets)
             self.mark_done(tp, offsets)
 
@@ -712,7 +717,7 @@ class Tracker:
         taken = self.waiting.take_group(now_ms)
         if taken is not None:
             self._rounds.group_of_batch[self.batch] = taken[0]
-        live = set(np.unique(self.waiting.columns()[4]).tolist())
+        live = set(distinct(self.waiting.columns()[4]).tolist())
         self._rounds.prune(live | set(self._rounds.group_of_batch.values()), self.batch)
         if taken is None:
             return self._replay(*(np.empty(0, np.int64),) * 3, now_ms)
@@ -837,6 +842,27 @@ class Tracker:
                 p = self.parts[tp]
                 mine = offset[order[starts[i] : starts[i + 1]]]
                 p.done = _complement(p.watermark, p.end, mine)
+
+
+class _Statuses:
+    """The ``status`` column of completions, its names encoded once: a mask per status
+    is a numpy comparison of small integers, not a string comparison per row."""
+
+    def __init__(self, completions: pa.Table):
+        encoded = pc.dictionary_encode(completions.column("status").combine_chunks())
+        self.names = encoded.dictionary.to_pylist()
+        self.codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+
+    def of(self, name: str) -> np.ndarray:
+        """Which rows have status ``name``."""
+        if name not in self.names:
+            return np.zeros(len(self.codes), bool)
+        return self.codes == self.names.index(name)
+
+
+def _rows(table: pa.Table, mask: np.ndarray) -> pa.Table:
+    """The rows of ``table`` where ``mask`` holds (the table itself when all do)."""
+    return table if mask.all() else table.filter(pa.array(mask))
 
 
 class _Outcomes(NamedTuple):
@@ -1004,11 +1030,7 @@ def _spans_json(done: DoneRuns) -> tuple[str, float]:
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:
-    """Sorted distinct values (``np.unique`` hashes, which is slower on these)."""
-    values = np.sort(np.asarray(values, np.int64))
-    if len(values) < 2:
-        return values
-    return values[np.concatenate([[True], values[1:] != values[:-1]])]
+    return distinct(values)
 
 
 _POWERS_OF_TEN = 10 ** np.arange(1, 19, dtype=np.int64)

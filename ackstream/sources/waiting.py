@@ -195,8 +195,10 @@ class UnchargedCounts:
         counts = np.broadcast_to(np.asarray(counts, np.int64), keys.shape)
         merged = np.concatenate([self.keys, keys])
         total = np.concatenate([self.counts, counts])
-        self.keys, where = np.unique(merged, return_inverse=True)
-        self.counts = np.bincount(where, weights=total, minlength=len(self.keys)).astype(np.int64)
+        order = np.argsort(merged, kind="stable")
+        merged, total = merged[order], total[order]
+        first = np.flatnonzero(np.concatenate([[True], merged[1:] != merged[:-1]]))
+        self.keys, self.counts = merged[first], np.add.reduceat(total, first)
 
     def drop(self, keys: np.ndarray) -> None:
         """The keys leave (their records are done)."""
