@@ -135,7 +135,8 @@ class KafkaSink:
             except Exception as error:
                 if not producer_failed(str(error)):
                     raise
-                self._check_topic()
+                if _NO_TOPIC.search(str(error)):
+                    self._check_topic()
                 log.warning(
                     "batch %d: Kafka's producer failed writing to %s (%s); writing the "
                     "batch row by row to learn which rows the broker refuses",
@@ -151,10 +152,16 @@ class KafkaSink:
         """Raise, naming the topic, when the brokers answer without it (asked only once
         a write failed: a listing costs a request)."""
         from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
 
-        consumer = KafkaConsumer(
-            **client_settings(self.kafka_options), bootstrap_servers=self.bootstrap
-        )
+        try:
+            consumer = KafkaConsumer(
+                **client_settings(self.kafka_options),
+                bootstrap_servers=self.bootstrap,
+                bootstrap_timeout_ms=5_000,
+            )
+        except KafkaError:  # the brokers do not answer: that says nothing of the topic
+            return
         try:
             listing = shared_listing()
             gone = deleted_topics([self.topic], lambda: listing.names(consumer, [self.topic]))
@@ -220,7 +227,7 @@ class KafkaSink:
             continued,
         )
         rows = outputs.select(*payload, *carried).mapInArrow(produce, schema).toArrow()
-        if rows.num_rows and not continued:
+        if not continued and any(_NO_TOPIC.search(r or "") for r in _reasons(rows)):
             self._check_topic()
         acks = None
         if continued:
@@ -394,6 +401,15 @@ def producer_failed(error: str) -> bool:
     """Whether a failed Spark job's ``error`` (its text, with the Java causes) is Kafka's
     producer's own: an exception of the Kafka client, not of the rows' computation."""
     return bool(_KAFKA_CLIENT_ERROR.search(error))
+
+
+#: What a producer says when it cannot find a topic's partitions (it may be gone).
+_NO_TOPIC = re.compile(r"metadata|UnknownTopicOrPartition", re.IGNORECASE)
+
+
+def _reasons(rows: pa.Table) -> list:
+    """The distinct ``_reason`` values of unwritten rows."""
+    return pc.unique(rows.column(REASON)).to_pylist() if rows.num_rows else []
 
 
 _KAFKA_CLIENT_ERROR = re.compile(r"org\.apache\.kafka\.common\.(?:errors\.)?\w*(?:Exception|Error)")
