@@ -9,6 +9,8 @@ Spark writes to the query's offset log before the batch runs::
      "timeout": <message timeout ms>,    #   the topology reading it checks against its own
      "ids": "<namespace>",               # what root ids hash (SourceConfig.id_namespace)
      "parts": <Tracker.snapshot()>,      # read position and watermark per partition
+     "rounds": {...},                    # isolation of failed batches in progress
+                                         #   (sources.tracking.Rounds.snapshot)
      "seq": <n>,                         # with tracking on: the state file of the records
                                          #   not done (ackstream.sources.state), for a restart
      "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch

@@ -181,6 +181,7 @@ class Spout:
         unfinished = self.state.read(self.seq) if "seq" in offset else None
         self.tracker = _new_tracker(config)
         self.tracker.restore(offset["parts"], clock(), unfinished)
+        self.tracker.restore_rounds(offset.get("rounds"))
         self.tracker.clock_on_commit = True
         # outcomes counted up to the logged position, whose later completions are read again
         self.tracker.counts.update(offset.get("counts", {}))
@@ -305,6 +306,9 @@ class Spout:
         if self.config.tracking:  # the batch's roots are waited for, on these terms
             self.seq += 1
             self.state.write(self.seq, tracker)  # before Spark logs the offset
+            rounds = tracker.rounds()
+            if rounds is not None:  # isolation in progress: a restart goes on with it
+                offset["rounds"] = rounds
             offset.update(
                 seq=self.seq,
                 counts=dict(tracker.counts),

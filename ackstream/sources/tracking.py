@@ -757,6 +757,16 @@ class Tracker:
         many as fit the broker's limit."""
         return self.parts[tp].commit_metadata()
 
+    def rounds(self) -> dict | None:
+        """The rounds of isolation in progress, JSON-able (None: none), for
+        :meth:`restore_rounds` after a restart."""
+        return self._rounds.snapshot(self.batch)
+
+    def restore_rounds(self, rounds: dict | None) -> None:
+        """Go on with the rounds :meth:`rounds` gave, once :meth:`restore` put the
+        records back (those in flight are the last planned batch's)."""
+        self._rounds.restore(rounds, self.batch)
+
     def snapshot(self) -> dict:
         """JSON-able positions, a few dozen bytes a partition whatever is in flight: per
         topic and partition the read position and watermark (:meth:`unfinished` has
@@ -906,8 +916,9 @@ class Rounds:
     """Rounds of isolation in progress (see :meth:`Tracker._isolate`): the groups a failed
     batch's suspects were split into, how many of each round failed as a whole, the
     group each planned batch replayed, and the groups whose round failed whole (their
-    records replay together, charged). Kept in memory only: after a restart, rounds
-    begin again (a few more batches, never a record more at risk)."""
+    records replay together, charged). A few entries per group, kept in the source's
+    offset (:meth:`snapshot`), so a restart goes on with its rounds: begun again, each
+    group waiting would start a round of its own."""
 
     def __init__(self) -> None:
         #: the group a batch replayed, by the batch's number (see ``Tracker.batch``)
@@ -956,6 +967,33 @@ class Rounds:
     def systematic(self, group: int) -> bool:
         """Whether ``group`` holds records whose round failed whole."""
         return group in self._systematic
+
+    def snapshot(self, batch: int) -> dict | None:
+        """What :meth:`restore` takes, JSON-able; None when no round is in progress.
+        ``flying``: the group the batch ``batch`` (the last planned) replays."""
+        if not (self._round or self._systematic):
+            return None
+        return {
+            "round": [[g, r] for g, r in self._round.items()],
+            "size": [[r, n] for r, n in self._size.items()],
+            "failed": [[r, n] for r, n in self._failed.items()],
+            "children": [[g, c] for g, c in self._children.items()],
+            "systematic": sorted(self._systematic),
+            "flying": self.group_of_batch.get(batch, NO_GROUP),
+        }
+
+    def restore(self, snapshot: dict | None, batch: int) -> None:
+        """Rounds as :meth:`snapshot` gave them; the roots restored in flight, in batch
+        ``batch``, are the ``flying`` group's."""
+        if not snapshot:
+            return
+        self._round = {g: r for g, r in snapshot["round"]}
+        self._size = {r: n for r, n in snapshot["size"]}
+        self._failed = {r: n for r, n in snapshot["failed"]}
+        self._children = {g: list(c) for g, c in snapshot["children"]}
+        self._systematic = set(snapshot["systematic"])
+        if snapshot.get("flying", NO_GROUP) != NO_GROUP:
+            self.group_of_batch[batch] = snapshot["flying"]
 
     def prune(self, live: set[int], batch: int) -> None:
         """Forget groups that neither wait nor were split (their batch went through),

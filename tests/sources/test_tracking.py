@@ -271,6 +271,32 @@ def test_an_error_every_group_hits_is_charged_to_all_and_never_split_again():
     assert {d.attempts for d in letters} == {4}  # the first read, a suspect, two retries
 
 
+def test_rounds_of_isolation_go_on_after_a_restart():
+    """Restarted in the middle of a round (its groups waiting, one in flight): the round
+    goes on, so when its groups have all failed they are charged together, not each
+    split into a round of its own."""
+    t = tracker(max_retries=2)
+    t.new_batch()
+    t.emit_range(TP, 10, 74, 0)
+    t.complete(done(*((root(o), BATCH_FAILED) for o in range(10, 74))), 0)
+    for _ in range(3):  # three groups fail; the fourth is in flight at the restart
+        t.new_batch()
+        group = t.due_group(0)
+        t.complete(done(*((root(o, a), BATCH_FAILED) for _, _, o, a in group.tolist())), 0)
+    t.new_batch()
+    flying = t.due_group(0)
+    r = tracker(max_retries=2)
+    r.restore(json.loads(json.dumps(t.snapshot())), 0, t.unfinished())
+    r.restore_rounds(json.loads(json.dumps(t.rounds())))
+    r.complete(done(*((root(o, a), BATCH_FAILED) for _, _, o, a in flying.tolist())), 0)
+    sizes = []
+    while group := (r.new_batch(), r.due_group(0))[1]:
+        sizes.append(len(group))
+        r.complete(done(*((root(o, a), BATCH_FAILED) for _, _, o, a in group.tolist())), 0)
+    assert sizes == [8] * 4  # the round's other four groups; then all 64, charged
+    assert len(r.waiting) == 64 and len(set(r.suspects.values())) == 1
+
+
 def test_a_round_with_one_group_through_keeps_isolating_the_others():
     t = tracker(max_retries=2)
     t.new_batch()
