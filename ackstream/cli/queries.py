@@ -13,7 +13,7 @@ from ackstream import launch
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
 from ackstream.console import LogFile, interrupts
 from ackstream.errors import cause_of
-from ackstream.sources.offsets import new_ranges
+from ackstream.sources.offsets import new_ranges, replay_runs
 from ackstream.status import source_metrics
 from ackstream.topology.running import stop_queries
 
@@ -150,6 +150,8 @@ def progress_of(name: str, batch, rows: int, progress) -> str:
                 ("pending", "pending"),
             )
         )
+        if metrics.get("waiting"):  # replays waiting for their backoff
+            line += f", {metrics['waiting']} waiting to replay"
     return line
 
 
@@ -157,11 +159,15 @@ def rows_read(progress) -> int:
     """The rows a batch read (its ``StreamingQueryProgress``): Spark's ``numInputRows``,
     plus the new ranges of an ``ackstream`` source whose records Spark's Kafka reader
     reads (its offset says so), which Spark leaves out of that count: it counts the
-    replays the source read itself. A batch that ends where it starts read nothing.
+    replays the source read itself (and so do its replays, when Spark's reader reads
+    them too). A batch that ends where it starts read nothing.
 
     >>> rows_read({"numInputRows": 2, "sources": [
     ...     {"endOffset": '{"reader": "spark", "read": {"t": {"0": [5, 9], "1": [3, 3]}}}'}]})
     6
+    >>> rows_read({"numInputRows": 0, "sources": [{"endOffset": '{"reader": "spark", '
+    ...     '"replays": [["t", 0, 5, 9, 1]], "replays_by": "spark"}'}]})
+    4
     """
     rows = progress.get("numInputRows", 0)
     for source in progress.get("sources", ()):
@@ -174,6 +180,8 @@ def rows_read(progress) -> int:
             continue
         if isinstance(offset, dict) and offset.get("reader") == "spark":
             rows += sum(end - start for *_, start, end in new_ranges(offset))
+        if isinstance(offset, dict) and offset.get("replays_by") == "spark":
+            rows += sum(end - start for _, _, start, end, _ in replay_runs(offset))
     return rows
 
 
