@@ -27,6 +27,50 @@ def read_ranges(consumer, tp: TP, spans, **options) -> Iterator[tuple]:
         yield rec.offset, rec.key, rec.value, rec.timestamp
 
 
+#: Spans of a partition closer than this many offsets are read in one pass: a seek
+#: drops what the consumer's last fetch brought beyond the span before, so records
+#: replayed here and there, a seek each, cost a fetch each.
+COALESCE_GAP = 10_000
+
+
+def _covering(spans):
+    """``(start, end, wanted)`` of each pass over the non-empty ``spans`` (sorted by
+    start, as runs of offsets are): spans less than :data:`COALESCE_GAP` apart share a
+    pass, and ``wanted(offset)`` says whether an offset is in one of them (asked in
+    increasing order).
+
+    >>> [(a, b, [o for o in range(a, b) if w(o)]) for a, b, w in _covering([(1, 3), (5, 6)])]
+    [(1, 6, [1, 2, 5])]
+    """
+    passes: list[list] = []
+    for start, end in spans:
+        if end <= start:
+            continue
+        if passes and start - passes[-1][1] <= COALESCE_GAP and start >= passes[-1][0]:
+            passes[-1][1] = max(passes[-1][1], end)
+            passes[-1][2].append((start, end))
+        else:
+            passes.append([start, end, [(start, end)]])
+    for start, end, inside in passes:
+        yield start, end, _within(inside)
+
+
+def _within(spans: list[tuple[int, int]]):
+    """A test of offsets, asked in increasing order, for being in one of ``spans``."""
+    if len(spans) == 1:
+        return lambda offset: True
+    position = [0]
+
+    def wanted(offset: int) -> bool:
+        i = position[0]
+        while i < len(spans) and offset >= spans[i][1]:
+            i += 1
+        position[0] = i
+        return i < len(spans) and offset >= spans[i][0]
+
+    return wanted
+
+
 def read_records(
     consumer,
     tp: TP,
@@ -49,9 +93,7 @@ def read_records(
 
     part = TopicPartition(*tp)
     consumer.assign([part])
-    for start, end in spans:
-        if end <= start:
-            continue
+    for start, end, wanted in _covering(spans):
         consumer.seek(part, start)
         deadline = time.monotonic() + stall_timeout_s
         check_at = time.monotonic() + deleted_check_s
@@ -61,7 +103,7 @@ def read_records(
             progressed = False
             for rec in polled.get(part, ()):
                 progressed = True
-                if start <= rec.offset < end:
+                if start <= rec.offset < end and wanted(rec.offset):
                     first = rec.offset if first is None else first
                     yield rec
             if progressed:

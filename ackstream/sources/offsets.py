@@ -21,7 +21,7 @@ Spark writes to the query's offset log before the batch runs::
      "reader": "spark",                    # only when Spark's Kafka source reads "read"
                                            #   (in the topology's batch; the read tasks
                                            #   then read the replays alone)
-     "replays_by": "spark"}                # ... and the replays too (a few long runs)
+     "replays_by": "spark"}                # ... and the replays too (two or more)
 
 ``read`` and ``replays`` name every record of the batch, so its read tasks
 (:func:`read_tasks`) and its roots (:class:`PlannedRoots`) come from the offset
@@ -45,7 +45,8 @@ from ackstream.sources.rows import ReadTask
 
 __all__ = [
     "ROWS_PER_TASK",
-    "SPARK_REPLAY_RUNS",
+    "covering",
+    "REPLAY_COVER_GAP",
     "PlannedRoots",
     "new_ranges",
     "read_tasks",
@@ -56,18 +57,35 @@ __all__ = [
 
 #: At most this many offsets of one partition per Spark task.
 ROWS_PER_TASK = 100_000
-#: Replays in at most this many runs are read by Spark's Kafka reader where it reads the
-#: new records (a failed batch, an outage: a run or two per partition); more runs are
-#: records failed here and there, few each, which the source's read tasks read.
-SPARK_REPLAY_RUNS = 32
+#: Replays of one partition and attempt closer than this many offsets are read by
+#: Spark's reader in one range (then filtered to them); farther apart, in ranges of
+#: their own, so a record stuck far behind does not make a batch read all between.
+REPLAY_COVER_GAP = 100_000
 
 
 def spark_reads_replays(runs: list) -> bool:
     """Whether Spark's Kafka reader reads replays logged as ``runs`` (with the batch's new
-    records): a few runs of more than one record. A record replayed alone is read by the
-    source's Python reader, which holds back an offset with no record and a value over
+    records): any two records or more. A record replayed alone is read by the source's
+    Python reader, which holds back an offset with no record and a value over
     ``ackstream.maxValueBytes`` instead of failing the batch on it."""
-    return 0 < len(runs) <= SPARK_REPLAY_RUNS and sum(r[3] - r[2] for r in runs) > 1
+    return sum(r[3] - r[2] for r in runs) > 1
+
+
+def covering(runs: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
+    """``(topic, partition, from, to)`` ranges that cover ``runs`` (of one attempt): a
+    partition's runs less than :data:`REPLAY_COVER_GAP` apart share a range.
+
+    >>> covering([("t", 0, 5, 9), ("t", 0, 20, 21), ("t", 1, 0, 3), ("t", 0, 500_000, 500_002)])
+    [('t', 0, 5, 21), ('t', 0, 500000, 500002), ('t', 1, 0, 3)]
+    """
+    out: list[list] = []
+    for topic, partition, start, end in sorted(runs):
+        last = out[-1] if out else None
+        if last and last[:2] == [topic, partition] and start - last[3] <= REPLAY_COVER_GAP:
+            last[3] = max(last[3], end)
+        else:
+            out.append([topic, partition, start, end])
+    return [tuple(r) for r in out]
 
 
 def read_tasks(

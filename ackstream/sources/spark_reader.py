@@ -19,21 +19,24 @@ which reads replays, holds the record back as rejected. A stage that never reads
 the value never pays the check. Untracked, or with ``maxValueBytes=none``, there is
 no limit.
 
-Replays are read here too when they come in a few long runs (a batch that failed
-whole, an outage: :func:`~ackstream.sources.offsets.spark_reads_replays`), each run's
-attempt in its lineage; records replayed here and there, and a record replayed
-alone, are read by the Python reader.
+Replays are read here too (:func:`~ackstream.sources.offsets.spark_reads_replays`),
+each run's attempt in its lineage, a range covering a partition's runs filtered to
+them; a record replayed alone is read by the Python reader, which holds back a value
+over the limit instead of failing the batch on it.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from ackstream import ids
 from ackstream.config import SourceConfig
 from ackstream.lineage import ATTEMPT, EDGE, ROOT
 from ackstream.sources.kafka_ranges import read_ranges
-from ackstream.sources.offsets import new_ranges, replay_runs
+from ackstream.sources.offsets import covering, new_ranges, replay_runs
 from ackstream.sources.rows import kafka_columns, too_big_reason
 
 __all__ = ["read_new_ranges", "read_replays"]
@@ -51,7 +54,9 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
 def read_replays(spark, config: SourceConfig, offset: dict) -> DataFrame | None:
     """The records ``offset`` replays, as the source's rows, when Spark's reader reads them
     (``"replays_by": "spark"``, see :func:`~ackstream.sources.offsets.spark_reads_replays`);
-    else None. Per attempt, one range per partition covers its runs, filtered to them."""
+    else None. Per attempt, ranges that cover its runs
+    (:func:`~ackstream.sources.offsets.covering`), filtered to them: by their bounds
+    when there are a few, else by a join with the offsets replayed."""
     if offset.get("replays_by") != "spark":
         return None
     by_attempt: dict[int, list[tuple[str, int, int, int]]] = {}
@@ -59,23 +64,39 @@ def read_replays(spark, config: SourceConfig, offset: dict) -> DataFrame | None:
         by_attempt.setdefault(attempt, []).append((topic, partition, start, end))
     frames = []
     for attempt, runs in sorted(by_attempt.items()):
-        cover: dict[tuple[str, int], list[int]] = {}
-        for topic, partition, start, end in runs:
-            span = cover.setdefault((topic, partition), [start, end])
-            span[0], span[1] = min(span[0], start), max(span[1], end)
-        records = read_ranges(spark, config, [(*tp, lo, hi) for tp, (lo, hi) in cover.items()])
-        if len(cover) < len(runs):  # some partition's runs have gaps between them
-            records = records.where(
-                " OR ".join(
-                    f"(topic = {_sql_string(t)} AND partition = {p} AND offset >= {a} "
-                    f"AND offset < {b})"
-                    for t, p, a, b in runs
-                )
-            )
+        ranges = covering(runs)
+        records = read_ranges(spark, config, ranges)
+        if len(ranges) < len(runs):  # gaps between some runs: keep the runs' records
+            records = _within_runs(spark, records, runs)
         frames.append(_with_lineage(records, config, offset, attempt))
     for frame in frames[1:]:
         frames[0] = frames[0].unionByName(frame)
     return frames[0]
+
+
+#: Runs of replays filtered by their bounds in SQL up to this many; more by a join.
+_BOUNDED_RUNS = 32
+
+
+def _within_runs(spark, records: DataFrame, runs) -> DataFrame:
+    """The rows of ``records`` whose offsets are in one of ``runs``."""
+    if len(runs) <= _BOUNDED_RUNS:
+        return records.where(
+            " OR ".join(
+                f"(topic = {_sql_string(t)} AND partition = {p} AND offset >= {a} AND offset < {b})"
+                for t, p, a, b in runs
+            )
+        )
+    sizes = [b - a for _, _, a, b in runs]
+    wanted = pd.DataFrame(
+        {
+            "topic": np.repeat([t for t, *_ in runs], sizes),
+            "partition": np.repeat([p for _, p, *_ in runs], sizes).astype(np.int32),
+            "offset": np.concatenate([np.arange(a, b) for _, _, a, b in runs]),
+        }
+    )
+    replayed = spark.createDataFrame(wanted, "topic string, partition int, offset long")
+    return records.join(F.broadcast(replayed), ["topic", "partition", "offset"], "left_semi")
 
 
 def _with_lineage(records: DataFrame, config: SourceConfig, offset: dict, attempt: int):

@@ -492,7 +492,9 @@ class PandasBoltStage(Stage):
     returns output that does not fit ``schema`` (other columns, an index that is not
     a parent position, a value of another type), the chunk is split until the rows at
     fault are found; only their roots fail, with a reason naming the stage and what
-    was wrong, and the rest of the chunk goes on."""
+    was wrong, and the rest of the chunk goes on. An error every row meets (a
+    service the bolt calls is down) fails the chunk's rows together after a few
+    levels of parts, instead of calling ``fn`` twice a row (see ``_run_bolt``)."""
 
     kind = "pandas_bolt"
 
@@ -620,11 +622,21 @@ def _run_bolt(
 ) -> pd.DataFrame:
     """Run ``fn`` on ``frame`` (with ``collector``, and a :class:`Collector` of the rows
     it is given, resetting with ``resets``); isolate the rows it fails on (it raises,
-    or its output does not fit the schema) by bisection; attach lineage. Every
-    returned frame has the schema's columns, the failed rows' set to null."""
-    outputs, failed, errors = [], [], []
+    or its output does not fit the schema), eight parts of a failing chunk at a time;
+    attach lineage. Every returned frame has the schema's columns, the failed rows'
+    set to null.
 
-    def attempt(lo: int, hi: int) -> None:
+    Once every part has failed three levels deep, the error is taken to be every
+    row's (a service every row calls is down): the chunk's rows fail together with
+    it, in some 600 calls of ``fn`` for 10,000 rows where isolating each row took
+    20,000. Rows at fault here and there (a few in a hundred) leave some part whole at
+    one of those levels, so they are still found one by one."""
+    outputs: list = []
+    failed: list[int] = []
+    errors: list[str] = []
+
+    def call(lo: int, hi: int) -> Exception | None:
+        """``fn`` on rows ``[lo, hi)``: its output kept, or its error."""
         chunk = frame.iloc[lo:hi][payload].reset_index(drop=True)
         given = []
         if collector:
@@ -632,18 +644,26 @@ def _run_bolt(
         try:
             out, parent = output.checked(fn(chunk, *given), hi - lo)
         except Exception as error:  # a user bolt's error fails its rows' roots
-            if hi - lo == 1:
-                failed.append(lo)
-                errors.append(_reason(name, error))
-                return
-            mid = (lo + hi) // 2
-            attempt(lo, mid)
-            attempt(mid, hi)
-            return
+            return error
         outputs.append((out, np.where(parent >= 0, parent + lo, -1)))
+        return None
 
-    if len(frame):
-        attempt(0, len(frame))
+    def isolate(lo: int, hi: int, error: Exception, whole_levels: int) -> None:
+        """Rows ``[lo, hi)`` failed together with ``error``; ``whole_levels``: how many
+        levels above every part failed too."""
+        if hi - lo == 1 or whole_levels >= EVERY_ROW_LEVELS:
+            failed.extend(range(lo, hi))
+            errors.extend([_reason(name, error)] * (hi - lo))
+            return
+        cuts = np.linspace(lo, hi, min(ISOLATION_PARTS, hi - lo) + 1).astype(int).tolist()
+        parts = [(a, b, call(a, b)) for a, b in zip(cuts, cuts[1:])]
+        every = all(e is not None for _, _, e in parts)
+        for a, b, e in parts:
+            if e is not None:
+                isolate(a, b, e, whole_levels + 1 if every else 0)
+
+    if len(frame) and (error := call(0, len(frame))) is not None:
+        isolate(0, len(frame), error, 0)
     roots = pd.array(frame[ROOT], dtype="Int64")  # null: an unanchored input row
     edges = pd.array(frame[EDGE], dtype="Int64")
     pieces = []
@@ -677,6 +697,12 @@ def _run_bolt(
             )
         )
     return pd.concat(pieces, ignore_index=True)
+
+
+#: A failing chunk of a pandas bolt is tried again in this many parts.
+ISOLATION_PARTS = 8
+#: Levels of parts that all failed after which a bolt's error is every row's.
+EVERY_ROW_LEVELS = 3
 
 
 def _reason(name: str, error: Exception) -> str:

@@ -189,9 +189,9 @@ class BatchFunction:
 
     def _with_new_records(self, batch: DataFrame, offsets: list[dict]) -> DataFrame:
         """``batch`` with the records Spark's Kafka source reads for it (see
-        :mod:`ackstream.sources.spark_reader`): the new ones, and replays in a few long
-        runs; the source's own rows are then the other replays alone, and a batch
-        without those is the records Spark read (a union costs another analysis of the
+        :mod:`ackstream.sources.spark_reader`): the new ones, and replays of two records
+        or more; the source's own rows are then a record replayed alone, and a batch
+        without one is the records Spark read (a union costs another analysis of the
         plan)."""
         read = [offset for offset in offsets if offset.get("reader") == "spark"]
         if not read:

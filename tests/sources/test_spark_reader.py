@@ -278,13 +278,14 @@ def test_the_record_rdd_s_consumers_do_not_wait_for_new_records_unless_told_to(
     assert params.get("group.id").startswith("spark-kafka-ackstream-")
 
 
-def test_replays_in_a_few_runs_are_read_by_spark_with_the_python_reader_s_rows(
+def test_replays_are_read_by_spark_with_the_python_reader_s_rows(
     spark, connector, broker, new_topic
 ):
     """A failed batch's replays (runs of offsets at their attempts) read by Spark's reader
     carry the same roots, edges and attempts as the Python reader's, exactly the records
-    replayed (a partition's runs with gaps between them are filtered to the runs); a
-    record replayed alone, or replays in many runs, stay with the Python reader."""
+    replayed, whether a partition's runs are a few (filtered by their bounds) or many
+    (scattered failures: filtered by a join); a record replayed alone stays with the
+    Python reader."""
     from kafka import KafkaProducer
 
     from ackstream.sources.offsets import read_tasks, replay_runs, spark_reads_replays
@@ -292,7 +293,7 @@ def test_replays_in_a_few_runs_are_read_by_spark_with_the_python_reader_s_rows(
 
     topic = new_topic(partitions=2)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for i in range(40):
+    for i in range(200):
         producer.send(topic, value=b"v%d" % i, partition=i % 2)
     producer.flush()
     producer.close()
@@ -304,25 +305,30 @@ def test_replays_in_a_few_runs_are_read_by_spark_with_the_python_reader_s_rows(
             "ackstream.recordReader": "spark",
         }
     )
-    runs = [[topic, 0, 2, 6, 1], [topic, 0, 9, 12, 3], [topic, 1, 0, 20, 2], [topic, 0, 14, 15, 1]]
-    assert spark_reads_replays(runs)
     assert not spark_reads_replays([[topic, 0, 2, 3, 1]])  # alone: the Python reader's
-    assert not spark_reads_replays([[topic, 0, o, o + 1, 1] for o in range(0, 100, 2)])
-    offset = {"v": 1, "ids": config.id_namespace, "replays": runs, "replays_by": "spark"}
-    assert not [t for t in read_tasks(offset) if t.replays]  # no read task reads them
+    few = [[topic, 0, 2, 6, 1], [topic, 0, 9, 12, 3], [topic, 1, 0, 20, 2], [topic, 0, 14, 15, 1]]
+    many = [[topic, p, o, o + 1, 1 + o % 2] for p in (0, 1) for o in range(0, 100, 3)]
     columns = ["partition", "offset", "value", "_root", "_edge", "_attempt"]
-    by_spark = {
-        (r["partition"], r["offset"]): r.asDict()
-        for r in read_replays(spark, config, offset).select(*columns).collect()
-    }
-    wanted = {(p, o): att for _, p, lo, hi, att in replay_runs(offset) for o in range(lo, hi)}
-    assert sorted(by_spark) == sorted(wanted)
     upstream = KafkaUpstream(config)
-    python = {}
-    for task in read_tasks({"replays": runs}):
-        for batch in upstream.read(task):
-            for row in batch.select(columns).to_pylist():
-                python[(row["partition"], row["offset"])] = row
-    upstream.close()
-    assert python == by_spark
-    assert {at: row["_attempt"] for at, row in by_spark.items()} == wanted
+    try:
+        for runs in (few, many):
+            assert spark_reads_replays(runs)
+            offset = {"v": 1, "ids": config.id_namespace, "replays": runs, "replays_by": "spark"}
+            assert not [t for t in read_tasks(offset) if t.replays]  # no read task reads them
+            by_spark = {
+                (r["partition"], r["offset"]): r.asDict()
+                for r in read_replays(spark, config, offset).select(*columns).collect()
+            }
+            wanted = {
+                (p, o): att for _, p, lo, hi, att in replay_runs(offset) for o in range(lo, hi)
+            }
+            assert sorted(by_spark) == sorted(wanted)
+            python = {}
+            for task in read_tasks({"replays": runs}):
+                for batch in upstream.read(task):
+                    for row in batch.select(columns).to_pylist():
+                        python[(row["partition"], row["offset"])] = row
+            assert python == by_spark
+            assert {at: row["_attempt"] for at, row in by_spark.items()} == wanted
+    finally:
+        upstream.close()

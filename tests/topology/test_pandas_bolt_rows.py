@@ -30,3 +30,41 @@ def test_failed_rows_beside_output_rows_raise_no_future_warning_and_keep_the_val
     assert failed["_root"].tolist() == [2] and failed["_error"].iloc[0].startswith("scored: ")
     assert pa.Array.from_pandas(out["score"], type=pa.float64()).null_count == 1
     assert np.array_equal(out["_root"].to_numpy(dtype=np.int64), [1, 3, 2])
+
+
+def test_an_error_every_row_meets_fails_the_chunk_in_a_few_hundred_calls():
+    """A bolt whose service is down raises on every chunk: its 10,000 rows all fail with
+    the error after three levels of eight parts (585 calls), not one call per row."""
+    output = BoltOutput(("word",), (("word", pa.string()),))
+    n = 10_000
+    chunk = pd.DataFrame({"value": ["w"] * n, "_root": np.arange(n), "_edge": np.arange(n)})
+    calls = []
+
+    def bolt(frame):
+        calls.append(len(frame))
+        raise ConnectionError("service down")
+
+    out = _run_bolt(bolt, chunk, ["value"], "call", output)
+    assert out["_error"].notna().all() and len(out) == n
+    assert sorted(out["_root"].tolist()) == list(range(n))
+    assert set(out["_error"]) == {"call: ConnectionError: service down"}
+    assert len(calls) == 1 + 8 + 64 + 512
+
+
+def test_rows_at_fault_here_and_there_are_still_found_one_by_one():
+    """One row in a hundred raises: exactly those rows fail; every other row's output is
+    kept (some part stays whole at one of the levels, so isolation goes on)."""
+    output = BoltOutput(("word",), (("word", pa.string()),))
+    n = 10_000
+    values = ["bad" if i % 100 == 37 else f"w{i}" for i in range(n)]
+    chunk = pd.DataFrame({"value": values, "_root": np.arange(n), "_edge": np.arange(n)})
+
+    def bolt(frame):
+        if (frame.value == "bad").any():
+            raise ValueError("bad row")
+        return pd.DataFrame({"word": frame.value}, index=frame.index)
+
+    out = _run_bolt(bolt, chunk, ["value"], "scored", output)
+    failed = out[out["_error"].notna()]
+    assert sorted(failed["_root"].tolist()) == [i for i in range(n) if i % 100 == 37]
+    assert sorted(out[out["_error"].isna()]["word"]) == sorted(v for v in values if v != "bad")
