@@ -241,3 +241,28 @@ def test_a_record_with_neither_key_nor_value_is_written_beside_a_row_too_big(
 def test_a_writer_it_does_not_know_is_refused_by_name():
     with pytest.raises(OptionError, match="writer"):
         KafkaSink("127.0.0.1:9", "t", writer="jvm")
+
+
+def test_a_stage_error_in_spark_s_write_is_the_batch_s_not_written_again_row_by_row(
+    spark, broker, new_topic, monkeypatch
+):
+    """A row whose computation raises (a stage's error) fails Spark's write job: that is
+    the batch's failure, raised as it is. Writing the batch again row by row would run
+    the stages once more only to fail (or hang) the same way, and write the rows of the
+    tasks that did finish a second time."""
+    if not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
+    topic = new_topic()
+    sink = KafkaSink(broker.bootstrap, topic, writer="spark")
+    rows_by_row = []
+    monkeypatch.setattr(sink, "_write", lambda *args, **kw: rows_by_row.append(args))
+    values = ["a", "b", "poison", "c"]
+    bad = frame(spark, values).withColumn(
+        "value",
+        F.when(F.col("value") == "poison", F.raise_error(F.lit("poison"))).otherwise(
+            F.col("value")
+        ),
+    )
+    with pytest.raises(Exception, match="poison"):
+        sink.write(bad, 0)
+    assert rows_by_row == []  # the row-by-row write was not entered
