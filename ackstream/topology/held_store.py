@@ -170,6 +170,12 @@ class HeldStore:
                 gone = [self.path(f"{_RELEASED}{b}") for b in log.released]
                 ids = spark.read.schema(f"{HOLD} bigint").parquet(*gone)
                 rows = rows.join(ids, HOLD, "left_anti")
+            if _LOG not in meta:  # saved before rows had ids in every ack mode
+                from pyspark.sql import functions as F
+
+                own = F.col(HOLD) if HOLD in rows.columns else F.lit(None).cast("long")
+                hashed = F.xxhash64(*(F.col(f"`{c}`") for c in rows.columns))
+                rows = rows.withColumn(HOLD, F.coalesce(own, hashed))
         position = json.loads(meta.get(_POSITION, b"null"))
         return HeldState(rows, position, json.loads(meta.get(_CLOCK, b"null")), log)
 
@@ -239,7 +245,7 @@ class HeldStore:
             return meta, ChangeLog(**named)
         if json.loads(meta.get(_SCHEMA, b"null")) is None:
             return meta, ChangeLog()
-        return meta, ChangeLog(batch_id)  # rows unknown: compacted at the next save
+        return meta, ChangeLog(batch_id)  # rows unknown: a new base at the next save
 
     def _drop_unnamed(self) -> None:
         """Remove the pieces no kept state names."""

@@ -208,7 +208,7 @@ def test_a_left_tuple_alone_is_written_with_nulls_and_its_offset_committed(spark
     channel = LocalChannel(str(tmp_path / "channel"))
     sink = MemorySink()
     topology = (
-        Topology("alone", spark, channel, message_timeout_ms=30_000)
+        Topology("alone", spark, channel, message_timeout_ms=120_000)  # slow first batches
         .map(lambda df: df.withColumn("k", F.expr("offset div 2")), name="keyed")
         .filter("offset % 2 = 0", name="left")
         .filter("offset % 2 = 1", name="right", after="keyed")
