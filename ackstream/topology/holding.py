@@ -80,6 +80,7 @@ _HASHED = (
     T.DecimalType,
 )
 _CONTENT = "_content"
+_HOLDING = (HOLD, HELD_MS, FRESH, _CONTENT)
 
 
 def _column(name: str) -> Column:
@@ -88,11 +89,12 @@ def _column(name: str) -> Column:
 
 def content_of(rows: DataFrame) -> Column:
     """A hash of what a row is: its columns of the types a re-run computes alike, and
-    its anchors in order (Spark collects them in no fixed order)."""
+    its anchors in order (Spark collects them in no fixed order); not the columns a
+    holding stage adds (its id, time of coming and mark of the batch's rows)."""
     parts = [
         F.array_sort(_column(f.name)) if f.name == ANCHORS else _column(f.name)
         for f in rows.schema.fields
-        if f.name == ANCHORS or isinstance(f.dataType, _HASHED)
+        if f.name not in _HOLDING and (f.name == ANCHORS or isinstance(f.dataType, _HASHED))
     ]
     return F.xxhash64(*parts) if parts else F.lit(0).cast("long")
 
@@ -172,20 +174,31 @@ class Holding:
             return anchored_to_roots(df, ctx.groups)
         return df
 
-    def stamp(self, new: DataFrame, keys, ctx: BatchContext) -> DataFrame:
-        """The batch's ``new`` rows with their ids (``_hold``) and their time of coming
-        (``_held_ms``). An id is ``xxhash64(stage, batch, content, rank)``: the content
-        as :func:`content_of` hashes it, the rank telling apart rows of one key alike in
-        it (a re-run ranks them in another order, but gives the same set of ids)."""
-        content = F.col(_CONTENT)
-        rank = F.row_number().over(Window.partitionBy(*keys).orderBy(content))
-        stage, batch = F.lit(self.number).cast("long"), F.lit(ctx.batch_id).cast("long")
-        return (
-            new.withColumn(_CONTENT, content_of(new))
-            .withColumn(HOLD, F.xxhash64(stage, batch, content, rank))
-            .withColumn(HELD_MS, F.lit(ctx.now_ms).cast("long"))
-            .drop(_CONTENT)
+    def arriving(self, df: DataFrame, ctx: BatchContext) -> DataFrame:
+        """The batch's rows as the stage takes them in: no id yet (``_hold`` null, see
+        :meth:`stamp`) and their time of coming (``_held_ms``)."""
+        return df.withColumn(HOLD, F.lit(None).cast("long")).withColumn(
+            HELD_MS, F.lit(ctx.now_ms).cast("long")
         )
+
+    def stamp(self, rows: DataFrame, keys, ctx: BatchContext) -> DataFrame:
+        """``rows`` with an id (``_hold``) for each row of the batch: the rows
+        :meth:`arriving` made, or those with the rows held before (``_fresh`` tells
+        them apart; a held row keeps its id). An id is ``xxhash64(stage, batch,
+        content, rank)``: the content as :func:`content_of` hashes it, the rank (among
+        the batch's rows of one key, by content) telling apart rows alike in it; a
+        re-run ranks those in another order, but gives the same set of ids. Ranked by
+        ``keys``, so that a stage that next looks at each key's rows (a count window, a
+        join) shuffles them once."""
+        held = FRESH in rows.columns
+        content = F.col(_CONTENT)
+        order = [F.col(FRESH).desc(), content] if held else [content]
+        rank = F.row_number().over(Window.partitionBy(*keys).orderBy(*order))
+        stage, batch = F.lit(self.number).cast("long"), F.lit(ctx.batch_id).cast("long")
+        given = F.xxhash64(stage, batch, content, rank)
+        if held:
+            given = F.when(F.col(FRESH), given).otherwise(F.col(HOLD))
+        return rows.withColumn(_CONTENT, content_of(rows)).withColumn(HOLD, given).drop(_CONTENT)
 
     def before(self, spark: SparkSession, tracking: bool, ctx: BatchContext) -> Before:
         """What the batch before this one left (see :class:`Before`): held rows whose
@@ -243,7 +256,7 @@ class Holding:
         that came in it; of ``released``, the ids of those held before (with the rows
         :meth:`before` dropped), with ``before``'s position and the closing's
         ``clock``. Telescoped, returns the ``(root, value)`` pairs to ack, of the new
-        holds and of the released ones; otherwise None."""
+        holds and of the released ones, XORed per root; otherwise None."""
         fresh = F.col(FRESH)
         let_go = released.where(~fresh)
         gone = let_go.select(HOLD)
@@ -254,7 +267,10 @@ class Holding:
         self.store(ctx.folder).save(ctx.batch_id, state, Changes(added, gone, before.log))
         if not telescoped:
             return None
-        return hold_pairs(let_go).unionByName(hold_pairs(added))
+        # one record per root: a held count has thousands of roots, and the collect to
+        # the driver costs by the row (the ledger XORs a root's values all the same)
+        pairs = hold_pairs(let_go).unionByName(hold_pairs(added))
+        return pairs.groupBy("root").agg(F.bit_xor("value").alias("value"))
 
 
 def hold_pairs(rows: DataFrame) -> DataFrame:

@@ -186,7 +186,7 @@ class WaitingJoinStage(Stage):
         df = self.holding.holdable(df, tracking, ctx)
         before = self.holding.before(df.sparkSession, tracking, ctx)
         keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
-        new = self.holding.stamp(df.where(keyed), self.keys, ctx)
+        new = self.holding.arriving(df.where(keyed), ctx)
         expired = F.lit(False)
         if self.within_ms is not None:  # the bound passed before this batch: no match now
             expired = ~F.col(FRESH) & (F.col(HELD_MS) <= F.lit(ctx.now_ms - self.within_ms))
@@ -194,7 +194,7 @@ class WaitingJoinStage(Stage):
         live = F.when(~F.col(_EXPIRED), F.col(SIDE))
         both = F.min(live).over(by_key) != F.max(live).over(by_key)
         marked = (
-            before.and_new(new)
+            self.holding.stamp(before.and_new(new), self.keys, ctx)  # one shuffle by key
             .withColumn(_EXPIRED, expired)
             .withColumn(_MATCHED, ~F.col(_EXPIRED) & F.coalesce(both, F.lit(False)))
             .persist()
@@ -253,7 +253,7 @@ class WaitingJoinStage(Stage):
         """Left tuples without a match as output rows: nulls for the right side's
         columns; per stage the child's edge is ``xxhash64(left edge, stage)``."""
         nulls = [F.lit(None).cast(combined.schema[c].dataType).alias(c) for c in columns.right]
-        payload = [*columns.keys, *columns.left, *nulls]
+        payload: list[Column | str] = [*columns.keys, *columns.left, *nulls]
         if not tracking:
             return lefts.select(*payload)
         null = F.lit(None).cast("long")

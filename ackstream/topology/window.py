@@ -77,7 +77,7 @@ class WindowStage(Stage):
         ctx = context
         df = self.holding.holdable(df, tracking, ctx)
         before = self.holding.before(df.sparkSession, tracking, ctx)
-        stamped = self.holding.stamp(df, self.keys, ctx)
+        stamped = self.holding.stamp(self.holding.arriving(df, ctx), self.keys, ctx)
         new = self.closing.stamp(
             stamped.withColumn(SINCE, F.lit(ctx.batch_id).cast("long")), ctx.now_ms, self.name
         )
