@@ -13,7 +13,7 @@ caught); its number of messages is printed.
 Stages that hold tuples across batches are timed against Spark's own stateful operators
 doing the same work, each system reading an input made for it (``INPUT_KIND``): the
 pipeline with a 2 s tumbling window after the count, by processing time and by event
-time (the records' Kafka timestamps, ``EVENT_MS_PER_RECORD`` apart, a watermark
+time (the records' Kafka timestamps, a batch's spanning one window, a watermark
 ``WATERMARK_DELAY`` behind), against Spark's ``withWatermark`` +
 ``groupBy(window, word).count()`` in its state store; records 2k and 2k + 1 of a
 partition joined, then both's words counted, by a waiting join against Spark's
@@ -98,6 +98,7 @@ from e2e_systems import (
     TICK,
     TRACKED,
     UNTRACKED,
+    WINDOW_SECONDS,
     WINDOWED,
     WINDOWED_EVENT,
     spark_kafka_jars,
@@ -242,9 +243,6 @@ def create_topic(bootstrap: str, partitions: int, name: str) -> str:
     return create(bootstrap, partitions, name=name)
 
 
-#: the event time between two records of an input with event times (ms): a batch of
-#: 20,000 spans 2 s, one window of the windowed systems
-EVENT_MS_PER_RECORD = 0.1
 #: how far after the last record the ticks of an event input are (a broker refuses a
 #: timestamp more than an hour ahead of its clock by default)
 TICK_AFTER_MS = 600_000
@@ -286,9 +284,9 @@ def make_input(
     """A topic of ``warm_batches`` then ``timed_batches`` batches of sentences, the
     warm-up produced (and flushed) first so that it holds the lowest offsets. ``kind``
     (``e2e_systems.INPUT_KIND``): ``"plain"``; ``"event"``, each record's timestamp its
-    event time, :data:`EVENT_MS_PER_RECORD` apart from now, then a tick per partition
-    (the word ``TICK``, :data:`TICK_AFTER_MS` later) whose watermark closes every
-    window of the records before it; ``"pairs"``, event times too, and an even number
+    event time, from now on, a batch's records spanning one window, then a tick per
+    partition (the word ``TICK``, :data:`TICK_AFTER_MS` later) whose watermark closes
+    every window of the records before it; ``"pairs"``, event times too, and an even number
     of records in each partition, so that every record 2k has its 2k + 1."""
     topic = create_topic(ctx.bootstrap, ctx.partitions, f"e2e-{ctx.run}-{name}")
     count = (warm_batches + timed_batches) * max_per_batch
@@ -298,7 +296,8 @@ def make_input(
     times = None
     if kind != "plain":
         start = int(time.time() * 1000)
-        times = [start + int(i * EVENT_MS_PER_RECORD) for i in range(count)]
+        step = WINDOW_SECONDS * 1000 / max_per_batch  # a batch's records span one window
+        times = [start + int(i * step) for i in range(count)]
     warm = warm_batches * max_per_batch
     log(f"producing {len(lines):,} sentences to {topic} ({warm:,} of them the warm-up)")
     first, rest = (None, None) if times is None else (times[:warm], times[warm:])
@@ -1107,7 +1106,7 @@ def main(argv=None) -> dict:
                 "repeats": args.repeats,
                 "trigger_ms": args.trigger_ms,
                 "vocabulary": len(vocabulary()),
-                "event_ms_per_record": EVENT_MS_PER_RECORD,
+                "event_time": "a batch's records span one window (2 s)",
                 "message_timeout_ms": MESSAGE_TIMEOUT_MS,
                 "latency_seconds": args.latency_seconds,
                 "latency_lead_s": args.latency_lead_s,

@@ -12,18 +12,23 @@ bytes it wrote (the files under its folder created or changed by the batch):
   a quarter of what is held;
 - ``state_store``: Spark's RocksDB state store through ``transformWithStateInPandas``
   (a ``MapState`` of held rows by id per bucket of ids), a streaming query over files
-  of each batch's changes (the file written before the batch is timed).
+  of each batch's changes (the file written before the batch is timed);
+- ``window``: the changelog as a stage uses it, a count window of two per key
+  (``Topology.run_batch``, tracked, held rows in a folder as a running query keeps
+  them): a first batch of ``--held`` rows of as many keys, then each batch
+  ``--changes`` rows of new keys and as many that fill the windows of the oldest.
 
 For the two file candidates a batch's time is the save (``save_s``) and a count of the
 state read back (``scan_s``: what the next batch of a window or join reads); the state
-store's is its micro-batch (``batch_s``). Candidates alternate ``--repeats`` times;
-each candidate's figure is the median batch after the first. Run with
-``--held 1000000 --changes 10000`` it shows what the changelog writes per batch
-growing with the changes, not with what is held. Prints one JSON line and writes it to
+store's is its micro-batch, the window's its whole batch (``batch_s``). Candidates
+alternate ``--repeats`` times; each candidate's figure is the median batch after the
+first. Run with ``--held 1000000 --changes 10000`` it shows what the changelog writes
+a batch (alone, and in a window) growing with the changes, not with what is held.
+Prints the medians as one JSON line and writes everything to
 ``benchmarks/results/held-store-<date>.json``.
 
     .venv/bin/python benchmarks/held_store.py [--held N] [--changes N] [--batches N]
-        [--repeats N] [--candidates rewrite,changelog,state_store]
+        [--repeats N] [--candidates rewrite,changelog,state_store,window]
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from acker import machine  # noqa: E402
 
-from ackstream import local_session  # noqa: E402
+from ackstream import MemorySink, Topology, local_session  # noqa: E402
+from ackstream.testing import with_lineage  # noqa: E402
 from ackstream.topology.held_store import Changes, HeldState, HeldStore  # noqa: E402
 
-CANDIDATES = ("rewrite", "changelog", "state_store")
+CANDIDATES = ("rewrite", "changelog", "state_store", "window")
 BUCKETS = 64  # the state store's grouping keys: ids spread over them
+T = 1_000_000_000_000  # the window candidate's first batch time (ms)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 CHANGE_DDL = "id long, op string, root long, held_ms long, word string, n long"
 
@@ -204,6 +211,46 @@ def run_state_store(spark, folder: str, held: int, changes: int, batches: int):
     return out
 
 
+def keyed(spark, batch: int, ids: tuple[int, int], keys_from: int):
+    """Tracked rows of ``batch`` (its partition) with key ``k`` = ``keys_from`` onwards."""
+    rows = spark.range(ids[1] - ids[0]).selectExpr(
+        "CAST(NULL AS string) AS key",
+        "'x' AS value",
+        "'t' AS topic",
+        f"{batch} AS partition",
+        "id AS offset",
+        f"id + {keys_from} AS k",
+    )
+    return with_lineage(rows)
+
+
+def run_window(spark, folder: str, held: int, changes: int, batches: int):
+    """The ``window`` candidate."""
+    from pyspark.sql import functions as F
+
+    topology = (
+        Topology("held-store", spark, None, message_timeout_ms=3_600_000)
+        .window("k", F.count("*").alias("n"), count=2, name="w")
+        .sink(MemorySink())
+    )
+    topology.held_folder = folder
+    store = HeldStore(os.path.join(folder, "w"))
+    topology.run_batch(keyed(spark, 0, (0, held), 0), 0, now_ms=T)
+    out = []
+    for b in range(1, batches + 1):
+        new = keyed(spark, b, (0, changes), held + (b - 1) * changes)
+        filling = keyed(spark, b, (changes, 2 * changes), (b - 1) * changes - changes)
+        snapshot = files_of(folder)
+        started = time.perf_counter()
+        topology.run_batch(new.unionByName(filling), b, now_ms=T + 1000 * b)
+        elapsed = time.perf_counter() - started
+        count = store.counts()["tuples"]
+        if count != held:
+            raise RuntimeError(f"batch {b}: {count:,} rows held, expected {held:,}")
+        out.append({"batch_s": elapsed, "bytes": written(folder, snapshot)})
+    return out
+
+
 def summary(batches: list[dict]) -> dict:
     timed = batches[1:] or batches
     return {
@@ -223,6 +270,8 @@ def run(spark, held: int, changes: int, batches: int, repeats: int, candidates) 
                 folder = os.path.join(workdir, f"{candidate}-{repeat}")
                 if candidate == "state_store":
                     batch = run_state_store(spark, folder, held, changes, batches)
+                elif candidate == "window":
+                    batch = run_window(spark, folder, held, changes, batches)
                 else:
                     incremental = candidate == "changelog"
                     batch = run_files(spark, folder, held, changes, batches, incremental)

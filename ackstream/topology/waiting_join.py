@@ -4,7 +4,11 @@
 or earlier stages') on the key column(s) ``on``, as a Storm bolt that subscribes to
 two components and keeps each tuple in memory until its match arrives: a tuple that
 finds no match in its batch is held, in any number of batches, until a tuple of the
-other side with the same key arrives.
+other side with the same key arrives. The batch in which a tuple first gets a match
+releases it: one output row per matching pair among every tuple of that key the
+batch has (held ones and new ones, of both sides), anchored to both of its inputs.
+A released tuple is done, so a tuple of its key arriving later waits for a new
+match: it never meets the released one (its root was acked).
 
 ``within`` bounds the wait, by processing time, as Storm's ``JoinBolt`` joins within
 a window: a tuple still without a match at the first batch ``within`` or more after
@@ -14,16 +18,13 @@ the right side's columns, as it does at once a left tuple with a null key; a rig
 tuple let go is dropped. While tuples wait for their bound, the source runs a batch
 with nothing new every ``within`` (``ackstream.idleBatchInterval``), so a tuple may
 wait up to twice the bound plus a batch: the bound must leave that within the
-message timeout. The batch in which a tuple first gets a match
-releases it: one output row per matching pair among every tuple of that key the
-batch has (held ones and new ones, of both sides), anchored to both of its inputs.
-A released tuple is done, so a tuple of its key arriving later waits for a new
-match: it never meets the released one (its root was acked).
+message timeout.
 
 Output rows have the key columns once, then the left side's other columns, then the
 right side's; a right column whose name the left side (or a key) has too gets
 ``suffix`` (``"_right"`` by default), as in Polars' ``join``. A tuple with a null key
-can never match: it is dropped, and acked, as a filter drops a row.
+can never match: it is dropped, and acked, as a filter drops a row (a left join
+emits a left one with nulls).
 
 Acks, as the count window's (:mod:`ackstream.topology.window`):
 

@@ -12,8 +12,8 @@ held until the last window that holds it has closed. Its tree stays open meanwhi
 Held tuples are acked as :mod:`ackstream.topology.holding` says (a hold id per
 tuple, telescoped), dropped when their root has an outcome elsewhere, and what
 changed is saved per batch beside the checkpoint with the closing's clock, so a
-driver restart keeps them. The window's output row carries ``_group`` as an aggregate's does
-(telescoped): if it fails, every root of its window's tuples fails. Per stage,
+driver restart keeps them. The window's output row carries ``_group`` as an
+aggregate's does (telescoped): if it fails, every root of its window's tuples fails. Per stage,
 every output row is multi-anchored (``_anchors``) to its window's tuples, with a
 child edge per window, so a tuple in several sliding windows anchors each apart.
 
