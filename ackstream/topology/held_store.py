@@ -10,12 +10,12 @@ state, a small file ``<batch id>`` naming those pieces (a :class:`ChangeLog`) wi
 the completion channel's position the stage had read up to, its closing's clock and
 the rows' schema. What a state holds is its base (``rows-<batch id>``, every row
 held after that batch) and its later added rows, less its released ids. Once the
-changes since the base reach a quarter of what is held (:data:`COMPACT_SHARE`), or
-there are :data:`MAX_PIECES` of them, the batch writes every held row as a new base
-instead: each row is written about five times over its life (once added, and about
-four times in bases, since a base follows a quarter's worth of changes), whatever is
-held. The held rows never pass through the driver; it reads the Parquet footers to
-count them.
+rows added (or released) since the base reach a quarter of what is held
+(:data:`COMPACT_SHARE`), or there are :data:`MAX_PIECES` pieces, the batch writes
+every held row as a new base instead: each row is written about five times over its
+life (once added, and about four times in bases, since a base follows a quarter's
+worth of new rows), whatever is held. The held rows never pass through the driver;
+it reads the Parquet footers to count them.
 
 A batch starts from the newest state published by an *earlier* batch, so a batch
 that Spark runs again after a crash starts from the same state, writes the same
@@ -59,8 +59,8 @@ FOLDER = "ackstream-held"
 #: The column naming each held row (see :mod:`ackstream.topology.holding`): what a
 #: batch that releases the row writes in its ``released`` piece.
 HOLD = "_hold"
-#: A batch writes every held row as a new base once the rows added and released since
-#: the last base reach this share of the rows held.
+#: A batch writes every held row as a new base once the rows added, or those released,
+#: since the last base reach this share of the rows held.
 COMPACT_SHARE = 0.25
 #: ... or once a state would name more pieces than this (each is a folder a batch
 #: lists and reads; Spark lists more than 32 paths with a job of its own).
@@ -95,11 +95,12 @@ class ChangeLog:
         return self.base_rows + self.added_rows - self.released_rows
 
     def compact_due(self) -> bool:
-        """Whether the next batch should write a base instead of its changes: the
-        changes since the base reach :data:`COMPACT_SHARE` of what is held, or the
-        pieces :data:`MAX_PIECES`. (A store that holds nothing compacts each batch:
-        its base is then what the batch adds, one write instead of two.)"""
-        changed = self.added_rows + self.released_rows
+        """Whether the next batch should write a base instead of its changes: the rows
+        added, or those released, since the base reach :data:`COMPACT_SHARE` of what
+        is held, or the pieces :data:`MAX_PIECES`. (A store that holds nothing
+        compacts each batch: its base is then what the batch adds, one write instead
+        of two.)"""
+        changed = max(self.added_rows, self.released_rows)
         pieces = len(self.added) + len(self.released)
         return changed >= COMPACT_SHARE * self.rows or pieces + 2 > MAX_PIECES
 

@@ -57,6 +57,7 @@ __all__ = [
     "HOLD",
     "Before",
     "Holding",
+    "content_of",
     "hold_pairs",
     "lost_roots",
     "roots_of",
