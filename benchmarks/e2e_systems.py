@@ -312,9 +312,11 @@ def write_counts(counts, a) -> None:
     )
 
 
-def run_spark_query(spark, a, stop, started, stream, batch_fn, **write) -> dict:
+def run_spark_query(spark, a, stop, started, stream, batch_fn, drain=False, **write) -> dict:
     """Start ``stream`` with ``batch_fn(df, batch_id)`` in ``foreachBatch``, which then
-    commits the batch's offsets; run until told to stop."""
+    commits the batch's offsets; run until told to stop. ``drain``: then first process
+    what is available, and the batches with no data that Spark runs when a batch moved
+    the watermark (where a window's counts are written)."""
     checkpoint = os.path.join(a.workdir, "checkpoint")
     committer = spark_committer(a)
 
@@ -334,6 +336,8 @@ def run_spark_query(spark, a, stop, started, stream, batch_fn, **write) -> dict:
     try:
         started()
         run_until_stopped(query, stop)
+        if drain:
+            query.processAllAvailable()
         return spark_summary(spark, query, a.warmup_batches, compiled_before)
     finally:
         query.stop()
@@ -356,7 +360,9 @@ def work_spark_window(spark, a, stop, started) -> dict:
     """Spark's own windowed count by the records' event time: ``withWatermark`` and
     ``groupBy(window, word).count()`` in its state store, appending each window once
     the watermark passed it; the batch's windows are written, then its offsets
-    committed (they are in the state store by then)."""
+    committed (they are in the state store by then). A window is written in the batch
+    after the one whose watermark passed it: the input's last windows, once the ticks'
+    batch ran, after the commits cover the input (drained when told to stop)."""
     from pyspark.sql import functions as F
 
     words = spark_kafka_stream(spark, a).select(
@@ -368,7 +374,14 @@ def work_spark_window(spark, a, stop, started) -> dict:
         .count()
     )
     return run_spark_query(
-        spark, a, stop, started, counts, lambda df: write_counts(df, a), outputMode="append"
+        spark,
+        a,
+        stop,
+        started,
+        counts,
+        lambda df: write_counts(df, a),
+        drain=True,
+        outputMode="append",
     )
 
 
