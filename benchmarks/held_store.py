@@ -212,8 +212,9 @@ def run_state_store(spark, folder: str, held: int, changes: int, batches: int):
 
 
 def keyed(spark, batch: int, ids: tuple[int, int], keys_from: int):
-    """Tracked rows of ``batch`` (its partition) with key ``k`` = ``keys_from`` onwards."""
-    rows = spark.range(ids[1] - ids[0]).selectExpr(
+    """Tracked rows of ``batch`` (its partition) at the offsets ``ids`` (a range), with
+    key ``k`` = offset + ``keys_from``."""
+    rows = spark.range(*ids).selectExpr(
         "CAST(NULL AS string) AS key",
         "'x' AS value",
         "'t' AS topic",
