@@ -10,6 +10,19 @@ after that write. After every run the output topic is read back: the counts summ
 word must equal the input's, or the run fails (a system doing less, or more, work is
 caught); its number of messages is printed.
 
+Stages that hold tuples across batches are timed against Spark's own stateful operators
+doing the same work, each system reading an input made for it (``INPUT_KIND``): the
+pipeline with a 2 s tumbling window after the count, by processing time and by event
+time (the records' Kafka timestamps, a batch's spanning one window, a watermark
+``WATERMARK_DELAY`` behind), against Spark's ``withWatermark`` +
+``groupBy(window, word).count()`` in its state store; records 2k and 2k + 1 of a
+partition joined, then both's words counted, by a waiting join against Spark's
+stream-stream inner join with watermarks; and the pipeline with ``ack_mode=
+"per_stage"`` against the same telescoped. An event input ends with a tick per
+partition whose event time closes every window before it (its word is not the work's:
+the check leaves it out); a window system commits a record once its window was written
+(ackstream) or was counted into the state store (Spark).
+
 Warm figures. The Spark systems share one long-lived worker process (one Spark
 session); the others run in a fresh process each. Before the timed runs of a batch size,
 a warm-up round runs every Spark system once over that size's input, exactly as a timed
@@ -72,14 +85,22 @@ import uuid
 
 import numpy as np
 from e2e_systems import (
+    INPUT_KIND,
+    JOINED,
     MARK,
     MESSAGE_TIMEOUT_MS,
+    PER_STAGE,
     PYTHON_READER,
+    SPARK_JOIN,
     SPARK_SYSTEMS,
+    SPARK_WINDOW,
     SYSTEMS,
+    TICK,
     TRACKED,
     UNTRACKED,
+    WINDOW_SECONDS,
     WINDOWED,
+    WINDOWED_EVENT,
     spark_kafka_jars,
 )
 
@@ -99,6 +120,10 @@ TARGETS = (
     ("tracking overhead, local channel", "ackstream_local", UNTRACKED, None, None, None),
     ("Spark's reader / Python reader, tracked", TRACKED, PYTHON_READER, None, None, None),
     ("time window overhead, tracked", WINDOWED, TRACKED, None, None, None),
+    ("time window / Spark's windowed count", WINDOWED, SPARK_WINDOW, ">=", 0.6, None),
+    ("event-time window / Spark's windowed count", WINDOWED_EVENT, SPARK_WINDOW, ">=", 0.6, None),
+    ("waiting join / Spark's stream-stream join", JOINED, SPARK_JOIN, ">=", 0.5, None),
+    ("per_stage / telescoped", PER_STAGE, TRACKED, ">=", 0.5, None),
 )
 LATENCY_TARGETS = (("complete_p99_ms", "<=", 1000.0), ("committed_p99_ms", "<=", 2000.0))
 #: the latency run's producer sleeps to its pace once per this many records
@@ -146,8 +171,11 @@ def sentences(count: int, seed: int = 15) -> list[bytes]:
     return out
 
 
-def produce(bootstrap: str, topic: str, lines: list[bytes], partitions: int) -> dict[int, int]:
-    """Send every line (record i to partition i % partitions); returns the end offsets."""
+def produce(
+    bootstrap: str, topic: str, lines: list[bytes], partitions: int, times: list[int] | None = None
+) -> dict[int, int]:
+    """Send every line (record i to partition i % partitions, with the Kafka timestamp
+    ``times[i]`` when given); returns the end offsets."""
     from kafka import KafkaProducer
 
     producer = KafkaProducer(
@@ -155,7 +183,12 @@ def produce(bootstrap: str, topic: str, lines: list[bytes], partitions: int) -> 
     )
     try:
         futures = [
-            producer.send(topic, value=line, partition=i % partitions)
+            producer.send(
+                topic,
+                value=line,
+                partition=i % partitions,
+                timestamp_ms=None if times is None else times[i],
+            )
             for i, line in enumerate(lines)
         ]
         producer.flush()
@@ -210,15 +243,24 @@ def create_topic(bootstrap: str, partitions: int, name: str) -> str:
     return create(bootstrap, partitions, name=name)
 
 
+#: how far after the last record the ticks of an event input are (a broker refuses a
+#: timestamp more than an hour ahead of its clock by default)
+TICK_AFTER_MS = 600_000
+
+
 @dataclasses.dataclass
 class Input:
-    """An input topic: its first ``warm_ends`` offsets are the warm-up, the rest timed."""
+    """An input topic: its first ``warm_ends`` offsets are the warm-up, the rest timed
+    (ticks after ``ends``, if any, are neither)."""
 
     topic: str
     max_per_batch: int
     warm_ends: dict[int, int]
     ends: dict[int, int]
     counts: collections.Counter  # word (bytes) -> occurrences in the whole topic
+    kind: str = "plain"
+    #: a word that is not the work's: the ticks' (counted in windows that may never close)
+    ignored: bytes | None = None
 
     @property
     def records(self) -> int:
@@ -228,18 +270,45 @@ class Input:
     def timed_records(self) -> int:
         return self.records - sum(self.warm_ends.values())
 
+    def figures(self) -> dict:
+        return {
+            "timed_records": self.timed_records,
+            "warmup_records": self.records - self.timed_records,
+            "words": sum(self.counts.values()),
+        }
 
-def make_input(ctx, name: str, max_per_batch: int, warm_batches: int, timed_batches: int):
+
+def make_input(
+    ctx, name: str, max_per_batch: int, warm_batches: int, timed_batches: int, kind="plain"
+):
     """A topic of ``warm_batches`` then ``timed_batches`` batches of sentences, the
-    warm-up produced (and flushed) first so that it holds the lowest offsets."""
+    warm-up produced (and flushed) first so that it holds the lowest offsets. ``kind``
+    (``e2e_systems.INPUT_KIND``): ``"plain"``; ``"event"``, each record's timestamp its
+    event time, from now on, a batch's records spanning one window, then a tick per
+    partition (the word ``TICK``, :data:`TICK_AFTER_MS` later) whose watermark closes
+    every window of the records before it; ``"pairs"``, event times too, and an even number
+    of records in each partition, so that every record 2k has its 2k + 1."""
     topic = create_topic(ctx.bootstrap, ctx.partitions, f"e2e-{ctx.run}-{name}")
-    lines = sentences((warm_batches + timed_batches) * max_per_batch)
+    count = (warm_batches + timed_batches) * max_per_batch
+    if kind == "pairs":
+        count += -count % (2 * ctx.partitions)
+    lines = sentences(count)
+    times = None
+    if kind != "plain":
+        start = int(time.time() * 1000)
+        step = WINDOW_SECONDS * 1000 / max_per_batch  # a batch's records span one window
+        times = [start + int(i * step) for i in range(count)]
     warm = warm_batches * max_per_batch
     log(f"producing {len(lines):,} sentences to {topic} ({warm:,} of them the warm-up)")
-    warm_ends = produce(ctx.bootstrap, topic, lines[:warm], ctx.partitions) if warm else {}
-    ends = {**warm_ends, **produce(ctx.bootstrap, topic, lines[warm:], ctx.partitions)}
+    first, rest = (None, None) if times is None else (times[:warm], times[warm:])
+    warm_ends = produce(ctx.bootstrap, topic, lines[:warm], ctx.partitions, first) if warm else {}
+    ends = {**warm_ends, **produce(ctx.bootstrap, topic, lines[warm:], ctx.partitions, rest)}
     counts = collections.Counter(b" ".join(lines).split(b" "))
-    return Input(topic, max_per_batch, warm_ends, ends, counts)
+    ignored = None
+    if kind == "event":
+        ignored, ticks = TICK.encode(), [times[-1] + TICK_AFTER_MS] * ctx.partitions
+        produce(ctx.bootstrap, topic, [ignored] * ctx.partitions, ctx.partitions, ticks)
+    return Input(topic, max_per_batch, warm_ends, ends, counts, kind, ignored)
 
 
 def read_output(bootstrap: str, topic: str, timeout_s: float = 120) -> tuple[dict, int]:
@@ -572,6 +641,7 @@ def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=Fals
         poller.join(10)
     load_after = loadavg()
     counts, messages = read_output(ctx.bootstrap, output)
+    counts.pop(inp.ignored, None)
     check_same_work(system, inp.counts, counts)
     if cold:
         result = {
@@ -974,14 +1044,22 @@ def main(argv=None) -> dict:
             timeout_s=args.timeout_s or max(300.0, largest / 300),
         )
         timed_sizes = sizes if args.repeats else []
+        kinds = sorted({INPUT_KIND.get(s, "plain") for s in systems})
         inputs = {
-            size: make_input(ctx, f"in-{size}", size, args.warmup_batches, args.batches)
+            (size, kind): make_input(
+                ctx, f"in-{size}-{kind}", size, args.warmup_batches, args.batches, kind
+            )
             for size in (sizes if timed_sizes or cold_systems else ())
+            for kind in kinds
         }
+
+        def input_of(system: str, size: int) -> Input:
+            return inputs[(size, INPUT_KIND.get(system, "plain"))]
+
         cold = {}
         for system in cold_systems:  # before the warm worker's JVM exists
             log(f"cold: {system}")
-            cold[system] = run_fresh(system, inputs[sizes[0]], ctx, "cold", cold=True)
+            cold[system] = run_fresh(system, input_of(system, sizes[0]), ctx, "cold", cold=True)
 
         if any(s in SPARK_SYSTEMS for s in systems):
             warm_worker = Worker(os.path.join(workdir, "spark-worker.log"))
@@ -999,13 +1077,13 @@ def main(argv=None) -> dict:
             if not args.no_warmup_round and warm_worker is not None:
                 for system in [s for s in systems if s in SPARK_SYSTEMS]:
                     log(f"{size:,} per batch, warm-up round (dropped): {system}")
-                    result = run_warm(system, inputs[size], f"b{size}-warmup")
+                    result = run_warm(system, input_of(system, size), f"b{size}-warmup")
                     warmup_runs[size][system] = result["records_per_s"]
             for repeat in range(args.repeats):
                 order = systems if repeat % 2 == 0 else systems[::-1]
                 for position, system in enumerate(order):
                     log(f"{size:,} per batch, run {repeat + 1}/{args.repeats}: {system}")
-                    result = run_warm(system, inputs[size], f"b{size}-r{repeat}")
+                    result = run_warm(system, input_of(system, size), f"b{size}-r{repeat}")
                     runs[size][system].append({**result, "repeat": repeat, "position": position})
         latency = None
         if args.latency_seconds > 0 and warm_worker is not None and TRACKED in systems:
@@ -1028,6 +1106,7 @@ def main(argv=None) -> dict:
                 "repeats": args.repeats,
                 "trigger_ms": args.trigger_ms,
                 "vocabulary": len(vocabulary()),
+                "event_time": "a batch's records span one window (2 s)",
                 "message_timeout_ms": MESSAGE_TIMEOUT_MS,
                 "latency_seconds": args.latency_seconds,
                 "latency_lead_s": args.latency_lead_s,
@@ -1045,9 +1124,9 @@ def main(argv=None) -> dict:
             },
             "sizes": {
                 size: {
-                    "timed_records": inputs[size].timed_records,
-                    "warmup_records": inputs[size].records - inputs[size].timed_records,
-                    "words": sum(inputs[size].counts.values()),
+                    **inputs[(size, kinds[0] if "plain" not in kinds else "plain")].figures(),
+                    "inputs": {kind: inputs[(size, kind)].figures() for kind in kinds},
+                    "input_of": {s: INPUT_KIND.get(s, "plain") for s in systems},
                     "systems": {s: summarize(r) for s, r in runs[size].items()},
                 }
                 for size in timed_sizes

@@ -36,18 +36,49 @@ SYSTEMS = (
     "ackstream_kafka",
     "ackstream_kafka_python_reader",
     "ackstream_kafka_window",
+    "ackstream_kafka_window_event",
+    "ackstream_kafka_join",
+    "ackstream_kafka_per_stage",
     "ackstream_local",
     "ackstream_untracked",
     "spark_kafka",
+    "spark_kafka_window",
+    "spark_kafka_join",
     "quix",
     "kafka_python_loop",
 )
-SPARK_SYSTEMS = SYSTEMS[:6]
+#: the systems the warm worker runs, in its one Spark session
+SPARK_SYSTEMS = tuple(s for s in SYSTEMS if s.startswith(("ackstream_", "spark_")))
 TRACKED, UNTRACKED = "ackstream_kafka", "ackstream_untracked"
-#: the tracked pipeline with a time window after the count: what holding costs
+#: the tracked pipeline with a processing-time window after the count: what holding costs
 WINDOWED = "ackstream_kafka_window"
+#: the same window by event time (the records' Kafka timestamps) with a watermark
+WINDOWED_EVENT = "ackstream_kafka_window_event"
+#: Spark's own windowed count: ``withWatermark`` + ``groupBy(window, word).count()``
+SPARK_WINDOW = "spark_kafka_window"
+#: a waiting join of each record with its neighbour, then the count of both's words
+JOINED = "ackstream_kafka_join"
+#: Spark's own stream-stream inner join with watermarks, then the same count
+SPARK_JOIN = "spark_kafka_join"
+#: the tracked pipeline with every stage's acks sent to the acker, as Storm sends them
+PER_STAGE = "ackstream_kafka_per_stage"
 #: the window's length: its rows' records stay pending this long
-WINDOW_DURATION = "2s"
+WINDOW_SECONDS = 2
+#: how far behind the newest event time the watermark of the event-time systems is
+WATERMARK_DELAY = "2 seconds"
+#: the bound of Spark's join on the pair's event times, each side's watermark delay
+JOIN_BOUND = "10 seconds"
+#: what input each system reads (``e2e.make_input``): plain sentences; sentences with
+#: event times and a tick closing every window at the end; sentences in pairs
+INPUT_KIND = {
+    WINDOWED: "event",
+    WINDOWED_EVENT: "event",
+    SPARK_WINDOW: "event",
+    JOINED: "pairs",
+    SPARK_JOIN: "pairs",
+}
+#: the word of the ticks an event input ends with, counted in windows that never close
+TICK = "~"
 #: the tracked pipeline with every record read by the source's Python read tasks
 PYTHON_READER = "ackstream_kafka_python_reader"
 MARK = "e2e"  # the key of the worker's event lines on its stdout (Spark's JVM shares it)
@@ -93,7 +124,7 @@ def main() -> None:
         print(f"e2e worker: {a.system} over {a.input}", flush=True)
         if a.system in SPARK_SYSTEMS:
             spark = spark or spark_session()
-            work = work_spark_kafka if a.system == "spark_kafka" else work_ackstream
+            work = SPARK_WORK.get(a.system, work_ackstream)
             summary = work(spark, a, stop, started)
         elif a.system == "quix":
             summary = work_quix(a, stop, started)
@@ -149,24 +180,56 @@ def run_until_stopped(query, stop: threading.Event) -> None:
 def work_ackstream(spark, a, stop, started) -> dict:
     """The README's pipeline: tracked with the Kafka or the local channel, or untracked;
     the records read by Spark's Kafka source (``read_stream`` chooses it: the session
-    has the connector), or by the source's Python read tasks."""
+    has the connector), or by the source's Python read tasks. The holding systems
+    add a window after the count, or join each record with its neighbour first."""
     from pyspark.sql import functions as F
 
     from ackstream import KafkaChannel, KafkaSink, LocalChannel, Topology
 
     tracking = a.system != UNTRACKED
-    if a.system in (TRACKED, PYTHON_READER, WINDOWED):
-        channel = KafkaChannel(a.bootstrap, a.name)
-    else:
+    if a.system in (UNTRACKED, "ackstream_local"):
         channel = LocalChannel(os.path.join(a.workdir, "channel"))
-    topology = (
-        Topology(a.name, spark, channel, message_timeout_ms=MESSAGE_TIMEOUT_MS, tracking=tracking)
-        .map(lambda df: df.withColumn("line", F.col("value").cast("string")))
-        .explode(F.split("line", " "), "word")
-        .aggregate("word", F.count("*").alias("n"))
+    else:
+        channel = KafkaChannel(a.bootstrap, a.name)
+    mode = "per_stage" if a.system == PER_STAGE else "telescoped"
+    topology = Topology(
+        a.name,
+        spark,
+        channel,
+        message_timeout_ms=MESSAGE_TIMEOUT_MS,
+        tracking=tracking,
+        ack_mode=mode,
     )
+    if a.system == JOINED:  # records 2k and 2k + 1 of a partition meet, then their words
+        topology = (
+            topology.map(
+                lambda df: df.selectExpr("*", "CAST(value AS STRING) AS line", "offset div 2 AS k"),
+                name="lines",
+            )
+            .filter("offset % 2 = 0", name="even")
+            .filter("offset % 2 = 1", name="odd", after="lines")
+            .join("even", "odd", on=["partition", "k"])
+            .explode(F.split(F.concat_ws(" ", "line", "line_right"), " "), "word")
+        )
+    else:
+        topology = topology.map(lambda df: df.withColumn("line", F.col("value").cast("string")))
+        topology = topology.explode(F.split("line", " "), "word")
+    if a.system == WINDOWED_EVENT:  # per batch, per word and window; then over batches
+        ms = WINDOW_SECONDS * 1000
+        start = F.expr(f"timestamp_millis(unix_millis(timestamp) - unix_millis(timestamp) % {ms})")
+        topology = topology.aggregate(
+            ["word", start.alias("start")], F.count("*").alias("n"), F.max("timestamp").alias("t")
+        ).window(
+            "word",
+            F.sum("n").alias("n"),
+            duration=f"{WINDOW_SECONDS}s",
+            time="t",
+            delay=WATERMARK_DELAY,
+        )
+    else:
+        topology = topology.aggregate("word", F.count("*").alias("n"))
     if a.system == WINDOWED:  # the batch's counts summed per word over 2 s windows
-        topology = topology.window("word", F.sum("n").alias("n"), duration=WINDOW_DURATION)
+        topology = topology.window("word", F.sum("n").alias("n"), duration=f"{WINDOW_SECONDS}s")
     topology = topology.map(
         lambda df: df.selectExpr("*", "word AS key", "CAST(n AS STRING) AS value")
     ).sink(KafkaSink(a.bootstrap, a.output))
@@ -192,45 +255,40 @@ def work_ackstream(spark, a, stop, started) -> dict:
         running.stop()
 
 
-def work_spark_kafka(spark, a, stop, started) -> dict:
-    """Spark's own source and sink: one job per batch, then the batch's end offsets, as
-    Spark logged them before running it, committed to the group."""
+def spark_committer(a):
+    """A consumer of ``a.group`` assigned the input's partitions, to commit with."""
     from kafka import KafkaConsumer, TopicPartition
-    from kafka.structs import OffsetAndMetadata
-    from pyspark.sql import functions as F
 
-    from ackstream.offset_log import source_offsets
-    from ackstream.sources.kafka_ranges import EXECUTOR_DEFAULTS
-
-    checkpoint = os.path.join(a.workdir, "checkpoint")
     committer = KafkaConsumer(
         bootstrap_servers=a.bootstrap, group_id=a.group, enable_auto_commit=False
     )
     parts = committer.partitions_for_topic(a.input) or ()
     committer.assign([TopicPartition(a.input, p) for p in parts])
+    return committer
 
-    def write_then_commit(df, batch_id):
-        words = df.select(F.explode(F.split(F.col("value").cast("string"), " ")).alias("word"))
-        (
-            words.groupBy("word")
-            .count()
-            .selectExpr("word AS key", "CAST(count AS STRING) AS value")
-            .write.format("kafka")
-            .option("kafka.bootstrap.servers", a.bootstrap)
-            .option("topic", a.output)
-            .save()
-        )
-        (ends,) = source_offsets(df.sparkSession, checkpoint, batch_id)  # {topic: {p: next}}
-        committer.commit(
-            {
-                TopicPartition(topic, int(p)): OffsetAndMetadata(offset, "", -1)
-                for topic, offsets in ends.items()
-                for p, offset in offsets.items()
-            }
-        )
 
-    compiled_before = compilations(spark)
-    query = (
+def commit_logged(committer, spark, checkpoint: str, batch_id: int) -> None:
+    """Commit to the group the end offsets Spark logged for ``batch_id`` (of every
+    Kafka source of the query: a self-join may read the topic as two)."""
+    from kafka import TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    from ackstream.offset_log import source_offsets
+
+    ends: dict = {}
+    for source in source_offsets(spark, checkpoint, batch_id):  # {topic: {p: next}}
+        for topic, offsets in (source or {}).items():
+            for p, offset in offsets.items():
+                tp = TopicPartition(topic, int(p))
+                ends[tp] = max(ends.get(tp, 0), offset)
+    committer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in ends.items()})
+
+
+def spark_kafka_stream(spark, a):
+    """Spark's own Kafka source over the job's input."""
+    from ackstream.sources.kafka_ranges import EXECUTOR_DEFAULTS
+
+    return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", a.bootstrap)
         # the records a poll may hand over, as ackstream's reader sets it: at Kafka's
@@ -240,18 +298,129 @@ def work_spark_kafka(spark, a, stop, started) -> dict:
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", a.max_per_batch)
         .load()
-        .writeStream.foreachBatch(write_then_commit)
-        .option("checkpointLocation", checkpoint)
+    )
+
+
+def write_counts(counts, a) -> None:
+    """Counts (``word``, ``count``) to the output topic with Spark's Kafka writer."""
+    (
+        counts.selectExpr("word AS key", "CAST(count AS STRING) AS value")
+        .write.format("kafka")
+        .option("kafka.bootstrap.servers", a.bootstrap)
+        .option("topic", a.output)
+        .save()
+    )
+
+
+def run_spark_query(spark, a, stop, started, stream, batch_fn, drain=False, **write) -> dict:
+    """Start ``stream`` with ``batch_fn(df, batch_id)`` in ``foreachBatch``, which then
+    commits the batch's offsets; run until told to stop. ``drain``: then first process
+    what is available, and the batches with no data that Spark runs when a batch moved
+    the watermark (where a window's counts are written)."""
+    checkpoint = os.path.join(a.workdir, "checkpoint")
+    committer = spark_committer(a)
+
+    def write_then_commit(df, batch_id):
+        batch_fn(df)
+        commit_logged(committer, df.sparkSession, checkpoint, batch_id)
+
+    compiled_before = compilations(spark)
+    writer = stream.writeStream.foreachBatch(write_then_commit)
+    for key, value in write.items():
+        writer = getattr(writer, key)(value)
+    query = (
+        writer.option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{a.trigger_ms} milliseconds")
         .start()
     )
     try:
         started()
         run_until_stopped(query, stop)
+        if drain:
+            query.processAllAvailable()
         return spark_summary(spark, query, a.warmup_batches, compiled_before)
     finally:
         query.stop()
         committer.close()
+
+
+def work_spark_kafka(spark, a, stop, started) -> dict:
+    """Spark's own source and sink: one job per batch, then the batch's end offsets, as
+    Spark logged them before running it, committed to the group."""
+    from pyspark.sql import functions as F
+
+    def count_words(df) -> None:
+        words = df.select(F.explode(F.split(F.col("value").cast("string"), " ")).alias("word"))
+        write_counts(words.groupBy("word").count(), a)
+
+    return run_spark_query(spark, a, stop, started, spark_kafka_stream(spark, a), count_words)
+
+
+def work_spark_window(spark, a, stop, started) -> dict:
+    """Spark's own windowed count by the records' event time: ``withWatermark`` and
+    ``groupBy(window, word).count()`` in its state store, appending each window once
+    the watermark passed it; the batch's windows are written, then its offsets
+    committed (they are in the state store by then). A window is written in the batch
+    after the one whose watermark passed it: the input's last windows, once the ticks'
+    batch ran, after the commits cover the input (drained when told to stop)."""
+    from pyspark.sql import functions as F
+
+    words = spark_kafka_stream(spark, a).select(
+        F.explode(F.split(F.col("value").cast("string"), " ")).alias("word"), "timestamp"
+    )
+    counts = (
+        words.withWatermark("timestamp", WATERMARK_DELAY)
+        .groupBy(F.window("timestamp", f"{WINDOW_SECONDS} seconds"), "word")
+        .count()
+    )
+    return run_spark_query(
+        spark,
+        a,
+        stop,
+        started,
+        counts,
+        lambda df: write_counts(df, a),
+        drain=True,
+        outputMode="append",
+    )
+
+
+def work_spark_join(spark, a, stop, started) -> dict:
+    """Spark's own stream-stream inner join: record 2k and 2k + 1 of each partition, each
+    side with a watermark and the join bounded by their event times (so its state is
+    dropped); each batch's pairs' words counted and written, then its offsets committed."""
+    from pyspark.sql import functions as F
+
+    base = spark_kafka_stream(spark, a).selectExpr(
+        "partition", "offset", "CAST(value AS STRING) AS line", "timestamp"
+    )
+    even = (
+        base.where("offset % 2 = 0")
+        .selectExpr("partition AS ep", "offset div 2 AS ek", "line AS el", "timestamp AS et")
+        .withWatermark("et", JOIN_BOUND)
+    )
+    odd = (
+        base.where("offset % 2 = 1")
+        .selectExpr("partition AS op", "offset div 2 AS ok", "line AS ol", "timestamp AS ot")
+        .withWatermark("ot", JOIN_BOUND)
+    )
+    bound = f"INTERVAL {JOIN_BOUND}"
+    pairs = even.join(
+        odd, F.expr(f"ep = op AND ek = ok AND ot BETWEEN et - {bound} AND et + {bound}")
+    )
+
+    def count_words(df) -> None:
+        words = df.select(F.explode(F.split(F.concat_ws(" ", "el", "ol"), " ")).alias("word"))
+        write_counts(words.groupBy("word").count(), a)
+
+    return run_spark_query(spark, a, stop, started, pairs, count_words)
+
+
+SPARK_WORK = {
+    "spark_kafka": work_spark_kafka,
+    SPARK_WINDOW: work_spark_window,
+    SPARK_JOIN: work_spark_join,
+}
 
 
 def work_kafka_python(a, stop, started) -> dict:

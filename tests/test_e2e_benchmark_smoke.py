@@ -62,10 +62,11 @@ def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, t
     assert {"ackstream_kafka", "ackstream_untracked", "kafka_python_loop"} <= ran
     size = out["sizes"][BATCH]
     assert size["timed_records"] == BATCHES * BATCH and size["warmup_records"] == BATCH
+    assert set(size["inputs"]) == {"plain", "event", "pairs"} <= set(size["input_of"].values())
     assert set(size["systems"]) == ran
     for system, figures in size["systems"].items():
         (run,) = figures["runs"]
-        assert run["words_counted"] == size["words"], system
+        assert run["words_counted"] == size["inputs"][size["input_of"][system]]["words"], system
         assert 0 < run["output_messages"] < size["words"], system
         assert run["records_per_s"] > 0 and len(run["loadavg_before"]) == 3, system
         assert figures["records_per_s"]["min"] <= figures["records_per_s"]["max"], system

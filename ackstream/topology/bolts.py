@@ -222,6 +222,13 @@ def anchored_to_roots(df: DataFrame, groups: Mapping[int, GroupInput]) -> DataFr
     )
 
 
+def _collected_roots(df: DataFrame) -> Column:
+    """An aggregate's expression for the distinct roots of its group's rows."""
+    if is_multi_anchored(df):
+        return F.array_distinct(F.flatten(F.collect_list(_roots_of_row())))
+    return F.collect_set(ROOT)
+
+
 def _roots_of_row() -> Column:
     """The distinct roots a multi-anchored row is anchored to, as an array column."""
     return F.array_distinct(F.transform(F.col(ANCHORS), lambda a: a["root"]))
@@ -283,6 +290,12 @@ class Stage:
         self.name = name or f"{self.kind}#{number}"
         #: the streams it subscribes to (see :mod:`ackstream.topology.graph`)
         self.after: tuple[str, ...] = ()
+
+    def hold_roots(self) -> None:
+        """A stage downstream holds tuples across batches (a window, a waiting join):
+        this stage's rows should carry their roots (``_root`` or ``_anchors``), not a
+        ``_group`` that the batches after cannot look up. Nothing to do for a stage
+        whose rows keep their parents' lineage; an aggregate collects its rows' roots."""
 
     def combine(self, streams: Mapping[str, DataFrame]) -> DataFrame | None:
         """The one frame this stage reads from the streams it subscribes to (by name),
@@ -437,10 +450,25 @@ class AggregateStage(Stage):
         self._group = F.struct(F.lit(number).alias("stage"), self._group_id.alias("id")).alias(
             GROUP
         )
+        #: telescoped: give each output row its roots as ``_anchors`` (null edges) in the
+        #: aggregation itself, instead of ``_group`` (see :meth:`hold_roots`)
+        self.keeps_roots = False
+
+    def hold_roots(self) -> None:
+        self.keeps_roots = True
 
     def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
         if not tracking:
             return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
+        if not edges and self.keeps_roots:  # held downstream: its roots found in this pass
+            roots = _collected_roots(df)
+            anchors = F.transform(
+                roots, lambda r: F.struct(r.alias("root"), self._null.alias("edge"))
+            )
+            out = df.groupBy(*self.keys).agg(
+                *self.aggs, anchors.cast(_ANCHOR_TYPE).alias(ANCHORS), self._no_edge, self._no_root
+            )
+            return StageOutput(out)
         if not edges:  # the roots only if a row fails: see the module doc
             out = df.groupBy(*self.keys).agg(*self.aggs, self._group, self._no_edge, self._no_root)
             return StageOutput(out, groups=GroupInput(df, self._group_id))

@@ -52,9 +52,9 @@ from ackstream.topology.bolts import (
 from ackstream.topology.declared import analyse, record_start
 from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.running import RunningTopology, same_term, start_topology
-from ackstream.topology.waiting_join import WaitingJoinStage
+from ackstream.topology.waiting_join import WaitingJoinStage, check_within
 from ackstream.topology.window import WindowStage
-from ackstream.topology.window_closing import window_closing
+from ackstream.topology.window_closing import positive_ms, window_closing
 
 __all__ = ["Topology"]
 
@@ -284,24 +284,68 @@ class Topology:
         stage_name = name or f"{WindowStage.kind}#{number}"
         closing = window_closing(stage_name, count, duration, slide, time, delay)
         closing.check(stage_name, self.message_timeout_ms, self.tracking)
-        return self._add(WindowStage, keys, aggs, closing, name=name, after=after)
+        return self._add_holding(WindowStage, keys, aggs, closing, name=name, after=after)
 
     def join(
-        self, left: str, right: str, on, *, suffix: str = "_right", name: str | None = None
+        self,
+        left: str,
+        right: str,
+        on,
+        *,
+        how: str = "inner",
+        within: int | str | None = None,
+        suffix: str = "_right",
+        name: str | None = None,
     ) -> Topology:
-        """An inner equi-join of the streams ``left`` and ``right`` (the spout's or earlier
+        """An equi-join of the streams ``left`` and ``right`` (the spout's or earlier
         stages' names) on the key column(s) ``on``, that waits across micro-batches: a
         tuple with no match yet is held, un-acked, until a tuple of the other side with
         its key arrives; the batch where it first gets one emits a row per matching
-        pair (held and new tuples of both sides), anchored to both, and acks it. A
-        tuple that finds no match within the message timeout times out and its record
-        is replayed. Output: the keys, the left's columns, the right's (``suffix`` on
-        the names the left has too). Held tuples are kept beside the checkpoint and
-        survive a restart (see :mod:`ackstream.topology.waiting_join`)."""
+        pair (held and new tuples of both sides), anchored to both, and acks it.
+
+        ``within`` (ms, or ``"10s"``) bounds the wait by processing time (Storm's
+        ``JoinBolt`` over a window): a tuple still without a match at the first batch
+        that long after it came is let go and acked. ``how="left"`` (Storm's
+        ``leftJoin``; needs ``within``) emits such a left tuple, and at once a left
+        tuple with a null key, with nulls for the right side's columns. A tuple may
+        wait up to twice ``within``, which must fit the message timeout; without a
+        bound a tuple that finds no match within the message timeout times out and
+        its record is replayed.
+
+        Output: the keys, the left's columns, the right's (``suffix`` on the names the
+        left has too). Held tuples are kept beside the checkpoint and survive a
+        restart (see :mod:`ackstream.topology.waiting_join`)."""
         keys = [on] if isinstance(on, str) else list(on)
-        return self._add(
-            WaitingJoinStage, left, right, keys, suffix, name=name, after=(left, right)
+        stage_name = name or f"{WaitingJoinStage.kind}#{len(self.stages) + 1}"
+        within_ms = None if within is None else positive_ms(stage_name, "within", within)
+        check_within(stage_name, within_ms, self.message_timeout_ms, self.tracking)
+        return self._add_holding(
+            WaitingJoinStage,
+            left,
+            right,
+            keys,
+            suffix,
+            how,
+            within_ms,
+            name=name,
+            after=(left, right),
         )
+
+    def _add_holding(self, cls, *args, name=None, after=None) -> Topology:
+        """Add a stage that holds tuples across batches, and ask every stage upstream of
+        it to give its rows their roots (``Stage.hold_roots``): a held row keeps them,
+        and an aggregate collects them in its own pass over its input."""
+        self._add(cls, *args, name=name, after=after)
+        by_name = {s.name: s for s in self.stages}
+        todo, seen = list(self.stages[-1].after), set()
+        while todo:
+            stream = todo.pop()
+            if stream in seen or stream not in by_name:  # the spout
+                continue
+            seen.add(stream)
+            by_name[stream].hold_roots()
+            todo.extend(by_name[stream].after)
+        return self
 
     def pandas_bolt(
         self,

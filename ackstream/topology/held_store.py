@@ -1,27 +1,40 @@
-"""The tuples a window stage holds between micro-batches, kept by Spark beside the checkpoint.
+"""The tuples a holding stage keeps between micro-batches, saved as changes beside the checkpoint.
 
 A topology runs in ``foreachBatch``, where Spark keeps no state for it, so a stage
-that holds tuples across batches keeps them itself, where Spark keeps its own
-state: after each batch the executors write the held rows (payload and lineage)
-as Parquet to ``<checkpoint>/topology/ackstream-held/<stage>/rows-<batch id>``;
-then the driver publishes the batch's state, a small file ``<batch id>`` with the
-completion channel's position the stage had read up to, its closing's clock and
-the rows' schema. The held rows never pass through the driver. A batch starts from
-the newest state published by an *earlier* batch, so a batch that Spark runs again
-after a crash starts from the state before it and never holds a tuple twice. The
-two newest states are kept. Without a folder (``Topology.run_batch`` in tests) the
-rows stay in the executors' memory (a local checkpoint), by batch id alike.
+that holds tuples across batches keeps them itself, where Spark keeps its own state,
+in ``<checkpoint>/topology/ackstream-held/<stage>/``. A batch writes what changed,
+not everything held: the executors write the rows it held anew as Parquet
+(``added-<batch id>``) and the ids (``_hold``) of the rows held before that it
+released or dropped (``released-<batch id>``); then the driver publishes the batch's
+state, a small file ``<batch id>`` naming those pieces (a :class:`ChangeLog`) with
+the completion channel's position the stage had read up to, its closing's clock and
+the rows' schema. What a state holds is its base (``rows-<batch id>``, every row
+held after that batch) and its later added rows, less its released ids. Once the
+rows added (or released) since the base reach a quarter of what is held
+(:data:`COMPACT_SHARE`), or there are :data:`MAX_PIECES` pieces, the batch writes
+every held row as a new base instead: each row is written about five times over its
+life (once added, and about four times in bases, since a base follows a quarter's
+worth of new rows), whatever is held. The held rows never pass through the driver;
+it reads the Parquet footers to count them.
+
+A batch starts from the newest state published by an *earlier* batch, so a batch
+that Spark runs again after a crash starts from the same state, writes the same
+pieces over its own, and never holds a tuple twice. The two newest states are kept
+with every piece they name. Without a folder (``Topology.run_batch`` in tests) the
+rows stay in the executors' memory (a local checkpoint), whole, by batch id alike.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from ackstream.files import BatchFiles
@@ -29,24 +42,100 @@ from ackstream.files import BatchFiles
 if TYPE_CHECKING:  # ``ackstream status`` reads the counts without Spark
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FOLDER", "HeldState", "HeldStore", "held_counts"]
+__all__ = [
+    "COMPACT_SHARE",
+    "FOLDER",
+    "HOLD",
+    "MAX_PIECES",
+    "ChangeLog",
+    "Changes",
+    "HeldState",
+    "HeldStore",
+    "held_counts",
+]
 
 #: The folder of the held stores in a topology query's checkpoint.
 FOLDER = "ackstream-held"
+#: The column naming each held row (see :mod:`ackstream.topology.holding`): what a
+#: batch that releases the row writes in its ``released`` piece.
+HOLD = "_hold"
+#: A batch writes every held row as a new base once the rows added, or those released,
+#: since the last base reach this share of the rows held.
+COMPACT_SHARE = 0.25
+#: ... or once a state would name more pieces than this (each is a folder a batch
+#: lists and reads; Spark lists more than 32 paths with a job of its own).
+MAX_PIECES = 24
 _KEEP = 2
-_POSITION, _CLOCK, _SCHEMA = b"ackstream.position", b"ackstream.clock", b"ackstream.schema"
-_ROWS = "rows-"
+_POSITION, _CLOCK, _SCHEMA, _LOG = (
+    b"ackstream.position",
+    b"ackstream.clock",
+    b"ackstream.schema",
+    b"ackstream.log",
+)
+_BASE, _ADDED, _RELEASED = "rows-", "added-", "released-"
+_PIECE_PREFIXES = (_BASE, _ADDED, _RELEASED)
+
+
+@dataclass(frozen=True)
+class ChangeLog:
+    """The pieces a saved state is read from: the base written by batch ``base``
+    (None: none), then the rows each batch of ``added`` held anew and the ids each
+    batch of ``released`` let go, with the rows each kind holds."""
+
+    base: int | None = None
+    added: tuple[int, ...] = ()
+    released: tuple[int, ...] = ()
+    base_rows: int = 0
+    added_rows: int = 0
+    released_rows: int = 0
+
+    @property
+    def rows(self) -> int:
+        """The rows the state holds."""
+        return self.base_rows + self.added_rows - self.released_rows
+
+    def compact_due(self) -> bool:
+        """Whether the next batch should write a base instead of its changes: the rows
+        added, or those released, since the base reach :data:`COMPACT_SHARE` of what
+        is held, or the pieces :data:`MAX_PIECES`. (A store that holds nothing
+        compacts each batch: its base is then what the batch adds, one write instead
+        of two.)"""
+        changed = max(self.added_rows, self.released_rows)
+        pieces = len(self.added) + len(self.released)
+        return changed >= COMPACT_SHARE * self.rows or pieces + 2 > MAX_PIECES
+
+    def pieces(self) -> list[str]:
+        """The folder names of the pieces, base first."""
+        base = [] if self.base is None else [f"{_BASE}{self.base}"]
+        return [
+            *base,
+            *(f"{_ADDED}{b}" for b in self.added),
+            *(f"{_RELEASED}{b}" for b in self.released),
+        ]
 
 
 @dataclass(frozen=True)
 class HeldState:
-    """A window stage's held rows after a batch (a Spark frame: None when it holds
-    none), the completion position it had read up to (None: it has read none yet)
-    and the clock its closing reached (None: none)."""
+    """A holding stage's held rows after a batch (a Spark frame: None when it holds
+    none), the completion position it had read up to (None: it has read none yet),
+    the clock its closing reached (None: none) and the pieces the rows were read
+    from (files only)."""
 
     rows: DataFrame | None
     position: object = None
     clock: int | None = None
+    log: ChangeLog = field(default_factory=ChangeLog)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a batch changed in the rows held before it (``since``): the rows it
+    ``added`` (held for the first time) and the ids (one column, ``_hold``) of the
+    rows held before that it ``released`` or dropped."""
+
+    added: DataFrame
+    released: DataFrame
+    since: ChangeLog
 
 
 class HeldStore:
@@ -67,79 +156,153 @@ class HeldStore:
         earlier = self.files.newest_before(batch_id)
         if earlier is None:
             return None
-        meta = self.files.read(earlier).schema.metadata or {}
+        meta, log = self._published(earlier)
         schema = json.loads(meta.get(_SCHEMA, b"null"))
         rows = None
         if schema is not None:
             from pyspark.sql.types import StructType
 
-            reader = spark.read.schema(StructType.fromJson(schema))
-            rows = reader.parquet(self.rows_path(earlier))
+            struct = StructType.fromJson(schema)
+            data = [self.path(p) for p in log.pieces() if not p.startswith(_RELEASED)]
+            rows = spark.read.schema(struct).parquet(*data) if data else None
+            if rows is None:
+                rows = spark.createDataFrame([], struct)
+            if log.released:
+                gone = [self.path(f"{_RELEASED}{b}") for b in log.released]
+                ids = spark.read.schema(f"{HOLD} bigint").parquet(*gone)
+                rows = rows.join(ids, HOLD, "left_anti")
+            if _LOG not in meta:  # saved before rows had ids in every ack mode
+                from pyspark.sql import functions as F
+
+                own = F.col(HOLD) if HOLD in rows.columns else F.lit(None).cast("long")
+                hashed = F.xxhash64(*(F.col(f"`{c}`") for c in rows.columns))
+                rows = rows.withColumn(HOLD, F.coalesce(own, hashed))
         position = json.loads(meta.get(_POSITION, b"null"))
-        return HeldState(rows, position, json.loads(meta.get(_CLOCK, b"null")))
+        return HeldState(rows, position, json.loads(meta.get(_CLOCK, b"null")), log)
 
     def latest(self, spark: SparkSession) -> HeldState | None:
         """The newest saved state (None if there is none)."""
         saved = list(self._memory) if self.files is None else self.files.batch_ids()
         return self.before(spark, max(saved) + 1) if saved else None
 
-    def save(self, batch_id: int, state: HeldState) -> DataFrame | None:
-        """Save ``state`` as batch ``batch_id`` left it (its rows written by the
-        executors); drop all but the two newest. Returns the rows as saved (read back,
-        so a later job sees what was written, not a recomputation)."""
+    def save(self, batch_id: int, state: HeldState, changes: Changes | None = None) -> ChangeLog:
+        """Save ``state`` as batch ``batch_id`` left it: its ``changes`` when given
+        and no compaction is due, else ``state.rows`` whole as a new base (the rows
+        are written by the executors); drop all but the two newest states and the
+        pieces they name. Returns the log of the state saved."""
         if self.files is None:
             rows = None if state.rows is None else state.rows.localCheckpoint(eager=True)
             self._memory[batch_id] = HeldState(rows, state.position, state.clock)
             for old in sorted(self._memory)[:-_KEEP]:
                 del self._memory[old]
-            return rows
-        schema, rows = None, None
+            return ChangeLog()
+        schema, log = None, ChangeLog()
         if state.rows is not None:
-            state.rows.write.mode("overwrite").parquet(self.rows_path(batch_id))
             schema = state.rows.schema.jsonValue()
-            reader = state.rows.sparkSession.read.schema(state.rows.schema)
-            rows = reader.parquet(self.rows_path(batch_id))
-        meta = {_POSITION: state.position, _CLOCK: state.clock, _SCHEMA: schema}
+            if changes is None or changes.since.compact_due():
+                log = ChangeLog(batch_id, base_rows=self._write(state.rows, _BASE, batch_id))
+            else:
+                log = self._write_changes(batch_id, changes)
+        meta = {_POSITION: state.position, _CLOCK: state.clock, _SCHEMA: schema, _LOG: asdict(log)}
         published = pa.table({}).replace_schema_metadata(
             {k: json.dumps(v).encode() for k, v in meta.items()}
         )
         self.files.write(batch_id, published)
-        kept = {f"{_ROWS}{b}" for b in self.files.batch_ids()}
+        self._drop_unnamed()
+        return log
+
+    def _write_changes(self, batch_id: int, changes: Changes) -> ChangeLog:
+        log = changes.since
+        added = self._write(changes.added, _ADDED, batch_id)
+        if added:
+            log = replace(log, added=(*log.added, batch_id), added_rows=log.added_rows + added)
+        released = self._write(changes.released.select(HOLD), _RELEASED, batch_id)
+        if released:
+            log = replace(
+                log, released=(*log.released, batch_id), released_rows=log.released_rows + released
+            )
+        return log
+
+    def _write(self, rows: DataFrame, prefix: str, batch_id: int) -> int:
+        """Write ``rows`` as the piece ``<prefix><batch id>`` and return its row count
+        (from the Parquet footers); a piece with no rows is removed again."""
+        path = self.path(f"{prefix}{batch_id}")
+        rows.write.mode("overwrite").parquet(path)
+        fs, where = self._fs_path(f"{prefix}{batch_id}")
+        count = ds.dataset(where, filesystem=fs, format="parquet").count_rows()
+        if not count and prefix != _BASE:
+            fs.delete_dir(where)
+        return count
+
+    def _published(self, batch_id: int) -> tuple[dict, ChangeLog]:
+        """A published state's metadata and its log. A state published before states
+        named their pieces holds one base, ``rows-<batch id>``."""
+        assert self.files is not None
+        meta = self.files.read(batch_id).schema.metadata or {}
+        named = json.loads(meta.get(_LOG, b"null"))
+        if named is not None:
+            for kind in ("added", "released"):
+                named[kind] = tuple(named[kind])
+            return meta, ChangeLog(**named)
+        if json.loads(meta.get(_SCHEMA, b"null")) is None:
+            return meta, ChangeLog()
+        return meta, ChangeLog(batch_id)  # rows unknown: a new base at the next save
+
+    def _drop_unnamed(self) -> None:
+        """Remove the pieces no kept state names."""
+        assert self.files is not None
+        named = {p for b in self.files.batch_ids() for p in self._published(b)[1].pieces()}
         fs, root = self.files.filesystem()
         for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
             name = os.path.basename(info.path)
-            if name.startswith(_ROWS) and name not in kept:
+            if name.startswith(_PIECE_PREFIXES) and name not in named:
                 fs.delete_dir(info.path)
-        return rows
 
-    def rows_path(self, batch_id: int) -> str:
-        """Where batch ``batch_id``'s held rows are written (files only)."""
+    def path(self, piece: str) -> str:
+        """Where the piece ``piece`` (e.g. ``rows-3``) is written (files only), for Spark."""
         assert self.directory is not None
         folder = self.directory
         if not urlparse(folder).scheme:
             folder = os.path.abspath(folder)
-        return f"{folder.rstrip('/')}/{_ROWS}{batch_id}"
+        return f"{folder.rstrip('/')}/{piece}"
+
+    def _fs_path(self, piece: str) -> tuple[pafs.FileSystem, str]:
+        assert self.files is not None
+        fs, root = self.files.filesystem()
+        return fs, f"{root}/{piece}"
+
+    def counts(self) -> dict[str, int]:
+        """The ``tuples`` and distinct ``roots`` (``_root``) of the newest saved state,
+        read by pyarrow (files only; no Spark)."""
+        saved = self.files.batch_ids() if self.files is not None else []
+        if not saved:
+            return {"tuples": 0, "roots": 0}
+        _, log = self._published(max(saved))
+        fs = self._fs_path("")[0]
+        tables, gone = [], []
+        for piece in log.pieces():
+            where = self._fs_path(piece)[1]
+            data = ds.dataset(where, filesystem=fs, format="parquet")
+            if piece.startswith(_RELEASED):
+                gone.append(data.to_table(columns=[HOLD]).column(HOLD))
+            elif "_root" in data.schema.names:
+                columns = ["_root", *([HOLD] if HOLD in data.schema.names else [])]
+                tables.append(data.to_table(columns=columns))
+        if not tables:
+            return {"tuples": 0, "roots": 0}
+        rows = pa.concat_tables(tables, promote_options="default")
+        if gone:
+            released = pa.chunked_array(gone).combine_chunks()
+            rows = rows.filter(pc.invert(pc.is_in(rows.column(HOLD), value_set=released)))
+        roots = rows.column("_root").drop_null()
+        return {"tuples": rows.num_rows, "roots": pc.count_distinct(roots).as_py()}
 
 
-def held_counts(folder: str, root_column: str = "_root") -> dict[str, dict[str, int]]:
+def held_counts(folder: str) -> dict[str, dict[str, int]]:
     """Per stage, the ``tuples`` and distinct ``roots`` its newest saved state holds,
     read from a held-store ``folder`` (``<checkpoint>/topology/ackstream-held``); {}
     when there is none. Plain paths only; no Spark."""
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-
-    out: dict[str, dict[str, int]] = {}
     if not os.path.isdir(folder):
-        return out
-    for stage in sorted(os.listdir(folder)):
-        store = HeldStore(os.path.join(folder, stage))
-        saved = store.files.batch_ids() if store.files is not None else []
-        rows = None
-        if saved and os.path.isdir(store.rows_path(max(saved))):
-            rows = ds.dataset(store.rows_path(max(saved)), format="parquet")
-        if rows is None or root_column not in rows.schema.names:
-            out[stage] = {"tuples": 0, "roots": 0}
-            continue
-        roots = rows.to_table(columns=[root_column]).column(root_column)
-        out[stage] = {"tuples": len(roots), "roots": pc.count_distinct(roots.drop_null()).as_py()}
-    return out
+        return {}
+    stages = sorted(os.listdir(folder))
+    return {stage: HeldStore(os.path.join(folder, stage)).counts() for stage in stages}

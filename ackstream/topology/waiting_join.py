@@ -10,10 +10,21 @@ batch has (held ones and new ones, of both sides), anchored to both of its input
 A released tuple is done, so a tuple of its key arriving later waits for a new
 match: it never meets the released one (its root was acked).
 
+``within`` bounds the wait, by processing time, as Storm's ``JoinBolt`` joins within
+a window: a tuple still without a match at the first batch ``within`` or more after
+it came is let go, acked, and meets no tuple of that batch. ``how="left"`` (Storm's
+``leftJoin``, which needs the bound) then emits a left tuple let go with nulls for
+the right side's columns, as it does at once a left tuple with a null key; a right
+tuple let go is dropped. While tuples wait for their bound, the source runs a batch
+with nothing new every ``within`` (``ackstream.idleBatchInterval``), so a tuple may
+wait up to twice the bound plus a batch: the bound must leave that within the
+message timeout.
+
 Output rows have the key columns once, then the left side's other columns, then the
 right side's; a right column whose name the left side (or a key) has too gets
 ``suffix`` (``"_right"`` by default), as in Polars' ``join``. A tuple with a null key
-can never match: it is dropped, and acked, as a filter drops a row.
+can never match: it is dropped, and acked, as a filter drops a row (a left join
+emits a left one with nulls).
 
 Acks, as the count window's (:mod:`ackstream.topology.window`):
 
@@ -47,20 +58,22 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, ROOT
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.graph import join_streams
-from ackstream.topology.holding import HELD_MS, HOLD, Holding, roots_of
+from ackstream.topology.holding import FRESH, HELD_MS, Holding, roots_of
 
-__all__ = ["JoinColumns", "WaitingJoinStage"]
+__all__ = ["HOW", "JoinColumns", "WaitingJoinStage", "check_within"]
 
 #: the side a row of the join's input came from: 0 left, 1 right
 SIDE = "_side"
-_MATCHED = "_matched"
+#: the joins a :class:`WaitingJoinStage` does
+HOW = ("inner", "left")
+_MATCHED, _EXPIRED = "_matched", "_expired"
 _L_ROOTS, _L_EDGE, _R_ROOTS, _R_EDGE = "_l_roots", "_l_edge", "_r_roots", "_r_edge"
 _ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
 
@@ -78,12 +91,24 @@ class JoinColumns:
 
 
 class WaitingJoinStage(Stage):
-    """An inner equi-join of the streams ``left`` and ``right`` on ``keys`` that holds
-    each side's tuples across batches until their match arrives (see the module doc)."""
+    """An equi-join of the streams ``left`` and ``right`` on ``keys`` that holds each
+    side's tuples across batches until their match arrives, or (``within_ms``) until
+    the bound passes; ``how="left"`` then emits the left ones with nulls (see the
+    module doc)."""
 
     kind = "join"
 
-    def __init__(self, number: int, left: str, right: str, keys, suffix: str, name=None):
+    def __init__(
+        self,
+        number: int,
+        left: str,
+        right: str,
+        keys,
+        suffix: str,
+        how: str = "inner",
+        within_ms: int | None = None,
+        name=None,
+    ):
         super().__init__(number, name)
         self.left, self.right, self.keys, self.suffix = left, right, tuple(keys), suffix
         if left == right:
@@ -92,6 +117,16 @@ class WaitingJoinStage(Stage):
             raise StageError(self.name, f"on={keys!r}: give the key column name(s) both sides have")
         if not isinstance(suffix, str) or not suffix:
             raise StageError(self.name, f"suffix={suffix!r}: give a non-empty string")
+        if how not in HOW:
+            raise StageError(self.name, f"how={how!r}: give one of {', '.join(map(repr, HOW))}")
+        if how == "left" and within_ms is None:
+            raise StageError(
+                self.name,
+                "how='left' emits a left tuple without a match once its wait is over: "
+                "give within= (e.g. within='10s')",
+            )
+        self.how, self.within_ms = how, within_ms
+        self.idle_batch_ms = within_ms  # a bound passes without new records too
         self.holding = Holding(self.name, number, self.kind)
         self.columns: JoinColumns | None = None  # set by combine, each batch
 
@@ -139,11 +174,12 @@ class WaitingJoinStage(Stage):
         edges: bool = True,
         context: BatchContext | None = None,
     ) -> StageOutput:
-        """The pairs this batch's and the held tuples make; saves the tuples still
-        without a match (``context`` says where, and which roots finished).
-        ``StageOutput.acked`` is the tuples released or dropped (per-stage acks ack
-        those, not the input), ``holds`` the ``(root, value)`` pairs of the new and
-        released holds (telescoped) and ``fails`` the other roots of held tuples dropped."""
+        """The pairs this batch's and the held tuples make (and, a left join, the left
+        tuples whose wait is over with nulls); saves what changed in the tuples held
+        (``context`` says where, and which roots finished). ``StageOutput.acked`` is
+        the tuples released or dropped (per-stage acks ack those, not the input),
+        ``holds`` the ``(root, value)`` pairs of the new and released holds
+        (telescoped) and ``fails`` the other roots of held tuples dropped."""
         columns = self.columns
         if context is None or columns is None:
             raise StageError(self.name, "a join runs inside a topology batch")
@@ -151,29 +187,37 @@ class WaitingJoinStage(Stage):
         df = self.holding.holdable(df, tracking, ctx)
         before = self.holding.before(df.sparkSession, tracking, ctx)
         keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
-        new = (
-            df.where(keyed)
-            .withColumn(HOLD, F.lit(None).cast("long"))
-            .withColumn(HELD_MS, F.lit(ctx.now_ms).cast("long"))
-        )
+        new = self.holding.arriving(df.where(keyed), ctx)
+        expired = F.lit(False)
+        if self.within_ms is not None:  # the bound passed before this batch: no match now
+            expired = ~F.col(FRESH) & (F.col(HELD_MS) <= F.lit(ctx.now_ms - self.within_ms))
         by_key = Window.partitionBy(*self.keys)
+        live = F.when(~F.col(_EXPIRED), F.col(SIDE))
+        both = F.min(live).over(by_key) != F.max(live).over(by_key)
         marked = (
-            before.and_new(new)
-            .withColumn(_MATCHED, F.min(SIDE).over(by_key) != F.max(SIDE).over(by_key))
+            self.holding.stamp(before.and_new(new), self.keys, ctx)  # one shuffle by key
+            .withColumn(_EXPIRED, expired)
+            .withColumn(_MATCHED, ~F.col(_EXPIRED) & F.coalesce(both, F.lit(False)))
             .persist()
         )  # kept, released and the pairs must come from one evaluation
-        kept = marked.where(~F.col(_MATCHED)).drop(_MATCHED)
-        released = marked.where(F.col(_MATCHED))
+        waits = ~F.col(_MATCHED) & ~F.col(_EXPIRED)
+        kept = marked.where(waits).drop(_MATCHED, _EXPIRED)
+        released = marked.where(~waits)
         holds = self.holding.keep(kept, released, ctx, before, None, tracking and not edges)
-        pairs = self._pairs(released, columns, tracking, edges)
+        out = self._pairs(marked.where(F.col(_MATCHED)), columns, tracking, edges)
+        if self.how == "left":
+            lefts = (F.col(SIDE) == 0) & F.col(_EXPIRED)
+            alone = marked.where(lefts).select(*df.columns)
+            alone = alone.unionByName(df.where(~keyed & (F.col(SIDE) == 0)))
+            out = out.unionByName(self._alone(alone, columns, df, tracking, edges))
         cached = (marked, *before.cached)
         if not tracking:
-            return StageOutput(pairs, cached=cached)
+            return StageOutput(out, cached=cached)
         if not edges:
-            return StageOutput(pairs, cached=cached, fails=before.fails, holds=holds)
+            return StageOutput(out, cached=cached, fails=before.fails, holds=holds)
         lineage = [c for c in (ROOT, EDGE, ANCHORS) if c in df.columns]
         acked = released.select(*lineage).unionByName(df.where(~keyed).select(*lineage))
-        return StageOutput(pairs, cached=cached, acked=acked, fails=before.fails)
+        return StageOutput(out, cached=cached, acked=acked, fails=before.fails)
 
     def _pairs(
         self, released: DataFrame, columns: JoinColumns, tracking: bool, edges: bool
@@ -202,7 +246,39 @@ class WaitingJoinStage(Stage):
             else null
         )
         both = F.array_distinct(F.concat(F.col(_L_ROOTS), F.col(_R_ROOTS)))  # longs: hashed
-        anchors = F.transform(both, lambda r: F.struct(r.alias("root"), edge.alias("edge")))
-        return joined.select(
-            *payload, null.alias(ROOT), edge.alias(EDGE), anchors.cast(_ANCHOR_TYPE).alias(ANCHORS)
+        return joined.select(*payload, null.alias(ROOT), edge.alias(EDGE), _anchors(both, edge))
+
+    def _alone(
+        self, lefts: DataFrame, columns: JoinColumns, combined: DataFrame, tracking, edges
+    ) -> DataFrame:
+        """Left tuples without a match as output rows: nulls for the right side's
+        columns; per stage the child's edge is ``xxhash64(left edge, stage)``."""
+        nulls = [F.lit(None).cast(combined.schema[c].dataType).alias(c) for c in columns.right]
+        payload: list[Column | str] = [*columns.keys, *columns.left, *nulls]
+        if not tracking:
+            return lefts.select(*payload)
+        null = F.lit(None).cast("long")
+        edge = F.xxhash64(F.col(EDGE), F.lit(self.number).cast("long")) if edges else null
+        roots = F.array_distinct(roots_of(lefts))
+        return lefts.select(*payload, null.alias(ROOT), edge.alias(EDGE), _anchors(roots, edge))
+
+
+def check_within(stage: str, within_ms: int | None, message_timeout_ms: int, tracking: bool):
+    """Refuse a bound that lets a tuple wait past its message timeout: it may wait for
+    the bound, then up to one idle batch's interval (the bound) and a batch."""
+    if within_ms is None or not tracking:
+        return
+    held = 2 * within_ms
+    if held > message_timeout_ms:
+        raise StageError(
+            stage,
+            f"within={within_ms} ms: a tuple may wait twice the bound ({held} ms), longer "
+            f"than the message timeout ({message_timeout_ms} ms), and its root would time "
+            "out first; shorten within or raise message_timeout_ms",
         )
+
+
+def _anchors(roots, edge) -> Column:
+    """``_anchors``: one entry per root, each with ``edge``."""
+    anchors = F.transform(roots, lambda r: F.struct(r.alias("root"), edge.alias("edge")))
+    return anchors.cast(_ANCHOR_TYPE).alias(ANCHORS)

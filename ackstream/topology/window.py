@@ -10,10 +10,10 @@ duration windows, Spark's ``window()``, by processing or event time). A tuple st
 held until the last window that holds it has closed. Its tree stays open meanwhile:
 
 Held tuples are acked as :mod:`ackstream.topology.holding` says (a hold id per
-tuple, telescoped), dropped when their root has an outcome elsewhere, and saved per
-batch beside the checkpoint with the closing's clock, so a driver restart keeps
-them. The window's output row carries ``_group`` as an aggregate's does
-(telescoped): if it fails, every root of its window's tuples fails. Per stage,
+tuple, telescoped), dropped when their root has an outcome elsewhere, and what
+changed is saved per batch beside the checkpoint with the closing's clock, so a
+driver restart keeps them. The window's output row carries ``_group`` as an
+aggregate's does (telescoped): if it fails, every root of its window's tuples fails. Per stage,
 every output row is multi-anchored (``_anchors``) to its window's tuples, with a
 child edge per window, so a tuple in several sliding windows anchors each apart.
 
@@ -37,8 +37,8 @@ from ackstream.topology.bolts import (
     StageOutput,
     anchor_list,
 )
-from ackstream.topology.holding import HELD_MS, HOLD, Holding
-from ackstream.topology.window_closing import SEQ, SINCE, Closing
+from ackstream.topology.holding import Holding
+from ackstream.topology.window_closing import SINCE, Closing
 
 __all__ = ["WindowStage"]
 
@@ -77,13 +77,9 @@ class WindowStage(Stage):
         ctx = context
         df = self.holding.holdable(df, tracking, ctx)
         before = self.holding.before(df.sparkSession, tracking, ctx)
+        stamped = self.holding.stamp(self.holding.arriving(df, ctx), self.keys, ctx)
         new = self.closing.stamp(
-            df.withColumn(HOLD, F.lit(None).cast("long"))
-            .withColumn(SINCE, F.lit(ctx.batch_id).cast("long"))
-            .withColumn(SEQ, F.monotonically_increasing_id())
-            .withColumn(HELD_MS, F.lit(ctx.now_ms).cast("long")),
-            ctx.now_ms,
-            self.name,
+            stamped.withColumn(SINCE, F.lit(ctx.batch_id).cast("long")), ctx.now_ms, self.name
         )
         closed = self.closing.close(
             before.and_new(new), self.keys, before.clock, ctx.now_ms, self.name

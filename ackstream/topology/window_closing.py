@@ -4,7 +4,9 @@ A :class:`~ackstream.topology.window.WindowStage` holds tuples across micro-batc
 its :class:`Closing` says, each batch, which windows close and which tuples stay held:
 
 - :class:`CountClosing` is Storm's tumbling count window (``Count.of(k)``): every k
-  tuples of a key, in arrival order, make one window.
+  tuples of a key, in arrival order, make one window (within a batch, the order of
+  the tuples' coordinates, then of their ids: a batch run again fills the same
+  windows).
 - :class:`TimeClosing` is Storm's ``withWindow(Duration, Duration)`` and Spark's
   ``window(time, duration, slide)``: a tuple is in every window ``[start, start +
   duration)`` that holds its time, with ``start`` a multiple of ``slide`` (a
@@ -33,14 +35,26 @@ from pyspark.sql.types import NumericType
 from ackstream.config import parse_duration_ms
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import REASON
+from ackstream.topology.held_store import HOLD
 
-__all__ = ["Closed", "Closing", "CountClosing", "TimeClosing", "WINDOW", "window_closing"]
+__all__ = [
+    "Closed",
+    "Closing",
+    "CountClosing",
+    "TimeClosing",
+    "WINDOW",
+    "positive_ms",
+    "window_closing",
+]
 
 #: The column a time window's output rows carry: ``struct<start, end>`` timestamps,
 #: as Spark's ``window()`` gives.
 WINDOW = "window"
-# a held tuple's time (ms) in a time window; its place in arrival order (a count window)
-TIME, SINCE, SEQ = "_time", "_since", "_seq"
+# a held tuple's time (ms) in a time window; the batch it came in (a count window)
+TIME, SINCE = "_time", "_since"
+#: a batch's tuples arrive in the order of their coordinates when they have them
+#: (a re-run puts them in the same windows), then of their ids
+_ARRIVAL = ("topic", "partition", "offset")
 _COUNT, _RANK, _ORDINAL = "_count", "_rank", "_window"
 _NO_CLOCK = -(2**63)
 
@@ -103,9 +117,10 @@ class CountClosing:
         self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
     ) -> Closed:
         by_key = Window.partitionBy(*keys)
+        order = [SINCE, *(c for c in _ARRIVAL if c in rows.columns), HOLD]
         ranked = (
             rows.withColumn(_COUNT, F.count(F.lit(1)).over(by_key))
-            .withColumn(_RANK, F.row_number().over(by_key.orderBy(SINCE, SEQ)))
+            .withColumn(_RANK, F.row_number().over(by_key.orderBy(*order)))
             .persist()  # arrival order is fixed once: kept and released must agree
         )
         filled = F.col(_RANK) <= F.col(_COUNT) - F.col(_COUNT) % self.count
@@ -227,15 +242,17 @@ def window_closing(stage: str, count, duration, slide, time, delay) -> Closing:
         if slide is not None or time is not None or delay:
             raise StageError(stage, "slide=, time= and delay= go with duration=, not count=")
         return CountClosing(count)
-    duration_ms = _positive_ms(stage, "duration", duration)
-    slide_ms = duration_ms if slide is None else _positive_ms(stage, "slide", slide)
-    delay_ms = 0 if not delay else _positive_ms(stage, "delay", delay)
+    duration_ms = positive_ms(stage, "duration", duration)
+    slide_ms = duration_ms if slide is None else positive_ms(stage, "slide", slide)
+    delay_ms = 0 if not delay else positive_ms(stage, "delay", delay)
     if time is None and delay_ms:
         raise StageError(stage, "delay= is the watermark of an event-time window: give time=")
     return TimeClosing(duration_ms, slide_ms, time, delay_ms)
 
 
-def _positive_ms(stage: str, name: str, value) -> int:
+def positive_ms(stage: str, name: str, value) -> int:
+    """``value`` (ms, or a duration such as ``"10s"``) as a positive number of ms, or a
+    :class:`StageError` of ``stage`` naming the argument ``name``."""
     try:
         ms = parse_duration_ms(name, value)
     except OptionError as e:

@@ -1,11 +1,11 @@
-"""The held store: a window stage's held rows by batch id, written by Spark beside the
-checkpoint or kept in the executors' memory."""
+"""The held store: a holding stage's held rows by batch id, written by Spark beside the
+checkpoint as what changed each batch, or kept in the executors' memory."""
 
 import os
 
 import pytest
 
-from ackstream.topology.held_store import HeldState, HeldStore, held_counts
+from ackstream.topology.held_store import Changes, HeldState, HeldStore, held_counts
 
 
 def frame(spark, roots, value="x"):
@@ -58,3 +58,87 @@ def test_held_counts_reads_each_stages_newest_state(spark, tmp_path):
         "w2": {"tuples": 0, "roots": 0},
     }
     assert held_counts(str(tmp_path / "none")) == {}
+
+
+def held(spark, ids, batch=0):
+    """Held rows with ids ``_hold`` (and a root each, the same number)."""
+    return spark.createDataFrame(
+        [(i, i, f"row {i} of batch {batch}") for i in ids], "_hold long, _root long, v string"
+    )
+
+
+def ids_of(state):
+    return sorted(r["_hold"] for r in state.rows.collect())
+
+
+def written(folder, since):
+    """Bytes of the files under ``folder`` written after the time ``since`` (ns)."""
+    return sum(
+        p.stat().st_size
+        for p in folder.rglob("*")
+        if p.is_file() and p.stat().st_mtime_ns > since and not p.name.startswith(".")
+    )
+
+
+def test_a_batch_writes_the_rows_it_added_and_the_ids_it_released_not_what_is_held(spark, tmp_path):
+    """A base of 20,000 rows; batch 1 adds 100 and releases 50: it writes those, in bytes
+    a small share of the base, which it leaves as it was. The state read back is the
+    base and the rows added, less the released; ``status`` counts it so."""
+    folder = tmp_path / "w"
+    store = HeldStore(str(folder))
+    store.save(0, HeldState(held(spark, range(20_000))))
+    base_bytes = written(folder, 0)
+    before = store.before(spark, 1)
+    since = max(p.stat().st_mtime_ns for p in folder.rglob("*"))
+    added = held(spark, range(100_000, 100_100), batch=1)
+    released = held(spark, range(50)).select("_hold")
+    after = before.rows.join(released, "_hold", "left_anti").unionByName(added)
+    log = store.save(1, HeldState(after, 1), Changes(added, released, before.log))
+    assert (log.base, log.added, log.released) == (0, (1,), (1,))
+    assert (log.base_rows, log.added_rows, log.released_rows, log.rows) == (20_000, 100, 50, 20_050)
+    assert written(folder, since) < base_bytes / 10
+    assert sorted(os.listdir(folder)) == ["0", "1", "added-1", "released-1", "rows-0"]
+    state = store.before(spark, 2)
+    assert ids_of(state) == [*range(50, 20_000), *range(100_000, 100_100)]
+    assert state.position == 1 and state.log == log
+    assert held_counts(str(tmp_path)) == {"w": {"tuples": 20_050, "roots": 20_050}}
+
+
+def test_a_batch_run_again_writes_its_changes_over_the_first_runs(spark, tmp_path):
+    """Batch 2 run twice (Spark re-runs a batch after a crash), adding other rows the
+    second time: the state after it has the second run's rows, never both."""
+    store = HeldStore(str(tmp_path / "w"))
+    store.save(0, HeldState(held(spark, range(1_000))))
+    empty = held(spark, []).select("_hold")
+    one = store.before(spark, 1)
+    store.save(1, HeldState(one.rows), Changes(held(spark, [5_000]), empty, one.log))
+    for run in ([6_000, 6_001], [7_000]):
+        two = store.before(spark, 2)
+        assert ids_of(two) == [*range(1_000), 5_000]
+        rows = held(spark, run)
+        store.save(2, HeldState(two.rows.unionByName(rows)), Changes(rows, empty, two.log))
+    assert ids_of(store.before(spark, 3)) == [*range(1_000), 5_000, 7_000]
+
+
+def test_changes_reaching_a_quarter_of_what_is_held_are_written_as_a_new_base(spark, tmp_path):
+    """Each batch releases 100 of 1,000 rows and adds 100: after the third batch the
+    rows added since the base reach a quarter of what is held, so the fourth writes
+    every row as a new base; pieces no kept state names are removed."""
+    folder = tmp_path / "w"
+    store = HeldStore(str(folder))
+    store.save(0, HeldState(held(spark, range(1_000))))
+    logs = []
+    for batch in range(1, 6):
+        before = store.before(spark, batch)
+        gone = held(spark, range((batch - 1) * 100, batch * 100)).select("_hold")
+        new = held(spark, range(10_000 * batch, 10_000 * batch + 100), batch)
+        after = before.rows.join(gone, "_hold", "left_anti").unionByName(new)
+        logs.append(store.save(batch, HeldState(after), Changes(new, gone, before.log)))
+    assert [log.base for log in logs] == [0, 0, 0, 4, 4]
+    assert [len(log.added) for log in logs] == [1, 2, 3, 0, 1]
+    assert all(log.rows == 1_000 for log in logs)
+    assert sorted(os.listdir(folder)) == ["4", "5", "added-5", "released-5", "rows-4"]
+    assert ids_of(store.before(spark, 6)) == [
+        *range(500, 1_000),
+        *(i for b in range(1, 6) for i in range(10_000 * b, 10_000 * b + 100)),
+    ]

@@ -387,13 +387,67 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
 
 
 def test_two_equal_tuples_of_one_root_held_get_ids_that_do_not_cancel(spark):
-    """A root's XOR would close early if two of its held tuples shared a hold id."""
-    from pyspark.sql import functions as F
-
-    from ackstream.ids import hash_longs
-    from ackstream.topology.holding import hold_id
+    """A root's XOR would close early if two of its held tuples shared a hold id; a tuple
+    without a root gets an id too (the store names it when it is released)."""
+    from ackstream.topology.bolts import BatchContext
+    from ackstream.topology.holding import Holding
 
     rows = spark.createDataFrame([(7, "a"), (7, "a"), (None, "b")], "_root long, v string")
-    rows = rows.coalesce(1).withColumn("h", hold_id(F.array("_root"), 5, 2))
-    got = [r["h"] for r in rows.collect()]
-    assert got[:2] == list(hash_longs([7, 7], 5, 2, [0, 1])) and got[2] is None
+    stamped = Holding("w", 2, "window").stamp(rows, ["v"], BatchContext(5, 0, None, 1, None))
+    ids = [r["_hold"] for r in stamped.collect()]
+    assert None not in ids and len(set(ids)) == 3
+
+
+@MODES
+def test_a_batch_run_again_gives_the_same_hold_ids_and_fills_the_same_windows(spark, ack_mode):
+    """Spark runs batch 1 again after a crash, its rows read in another order: the window
+    of three "a" takes the same three (the batch's arrival order
+    is its offsets'), holds the fourth with the same id, and the batch's ack records are
+    the same (a local channel writes them over the first run's, so no
+    hold is left that no release will match)."""
+    sink = MemorySink()
+    topology = windowed(spark, ack_mode, sink)
+    topology.run_batch(tracked_frame(spark, ["b"], partition=0), 0, now_ms=1_000_000)
+    batch = tracked_frame(spark, ["a", "a", "a", "a", "b"], partition=1)
+    store = topology.stages[0].holding.store(None)
+
+    def held():
+        rows = store.before(spark, 2).rows.orderBy("_hold").collect()
+        return [(r["_hold"], r["value"], r["offset"]) for r in rows]
+
+    def records(frame):  # what a local channel names a file of ack records by: not ts
+        records = topology.run_batch(frame, 1, now_ms=1_001_000)
+        return records.drop_columns(["ts"]).sort_by("root").to_pylist()
+
+    first = records(batch.coalesce(1))
+    held_first = held()
+    backwards = batch.toPandas().iloc[::-1]  # the same rows in the reverse order
+    assert records(spark.createDataFrame(backwards, batch.schema)) == first
+    assert held() == held_first
+    assert sorted(h[1:] for h in held_first) == [("a", 3), ("b", 0), ("b", 4)]
+    assert [r["offsets"] for r in sink.rows()] == [[0, 1, 2]] * 2
+
+
+def test_an_aggregate_a_window_reads_collects_its_rows_roots_itself(spark):
+    """Telescoped, an aggregate's rows carry ``_group`` (their roots are looked up in
+    its input only if one fails); one that a window reads, however far downstream,
+    gives them their roots in its own aggregation, so the window never reads the
+    aggregate's input again."""
+    sink = MemorySink()
+    topology = (
+        Topology("agg-map-win", spark, None)
+        .aggregate("value", F.count("*").alias("n"), name="counts")
+        .map(lambda df: df.withColumn("m", F.col("n") * 2), name="doubled")
+        .window("value", F.sum("m").alias("total"), count=2, name="w")
+        .sink(sink)
+    )
+    plain = Topology("agg", spark, None).aggregate("value", F.count("*").alias("n"))
+    batch = tracked_frame(spark, ["a", "b", "a"])
+    counts = topology.stages[0].run(batch, tracking=True, edges=False)
+    assert counts.groups is None and "_group" not in counts.tuples.columns
+    anchored = {
+        r["value"]: sorted(a["root"] for a in r["_anchors"]) for r in counts.tuples.collect()
+    }
+    a0, b, a2 = roots(batch)
+    assert anchored == {"a": sorted([a0, a2]), "b": [b]}
+    assert "_group" in plain.stages[0].run(batch, tracking=True, edges=False).tuples.columns

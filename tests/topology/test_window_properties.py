@@ -1,10 +1,11 @@
 """A property of held tuples' ack records, through the acker's ledger (no Spark).
 
-A window stage with telescoped acks gives each tuple it still holds at the end of a
-batch a fresh id ``h`` (``holding.hold_id``: xxhash64 of its root, the batch, the
-stage and a number unique in the batch), sends ``ACK (root, h)`` then, and again in
-the batch that releases it. Whatever the mix of roots, tuples per root, batches and
-releases, a root is acked iff every tuple of it that was held got released."""
+A window stage with telescoped acks gives each tuple of a batch an id ``h``
+(``Holding.stamp``: xxhash64 of the stage, the batch, the tuple's content, its root
+included, and its rank among the tuples alike in it), sends ``ACK (root, h)`` for
+each it still holds at the end of the batch, and again in the batch that releases it.
+Whatever the mix of roots, tuples per root, batches and releases, a root is acked iff
+every tuple of it that was held got released."""
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +42,8 @@ def batch_records(tuples, batch, holds):
     newly = [i for i, (_, read, out) in enumerate(tuples) if read == batch and out != batch]
     if newly:
         roots = np.array([tuples[i][0] for i in newly], np.int64)
-        ids = hash_longs(roots, batch, STAGE, np.arange(len(roots)))
+        ranks = [sum(tuples[j][:2] == tuples[i][:2] for j in range(i)) + 1 for i in newly]
+        ids = hash_longs(STAGE, batch, roots, np.array(ranks, np.int64))
         holds.update(zip(newly, ids.tolist()))
         tables.append(ack_table(roots, ids, ACK, batch))
     back = [i for i, (_, read, out) in enumerate(tuples) if out == batch and read < batch]
