@@ -12,6 +12,7 @@
 #   make docs   builds the documentation site from docs/ into site/ (open site/index.html),
 #               strictly: a broken link or a docstring mkdocstrings cannot render fails it
 #   make bench-scale  the same tracked work on 1 and 2 executors of a standalone cluster
+#   make bench-failure  the failure path's cost: 0 to 100 % of each batch failing once
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
@@ -21,7 +22,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-unit test-browser test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-driver bench-scale java kafka spark-kafka clean
+.PHONY: demo test test-unit test-browser test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-failure bench-driver bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -37,6 +38,8 @@ SPARK_KAFKA_VERSION ?= 4.2.0
 SPARK_KAFKA_JARS ?= .cache/spark-kafka-$(SPARK_KAFKA_VERSION)/jars
 # a smaller run: make bench-e2e E2E_ARGS="--batch-sizes 20000 --batches 2 --repeats 1"
 E2E_ARGS ?= --batch-sizes 20000,100000 --batches 10 --repeats 3
+# a smaller run: make bench-failure FAILURE_ARGS="--batch-sizes 20000 --repeats 1"
+FAILURE_ARGS ?=
 
 demo: $(VENV)/.installed java
 	$(PY) -m ackstream demo
@@ -122,6 +125,13 @@ bench-driver: $(VENV)/.installed java kafka spark-kafka
 bench-e2e: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/e2e.py $(E2E_ARGS)
+
+# The failure path's cost (benchmarks/failure_path.py): the same word count with 0, 1,
+# 10 and 100 % of each batch failing on its first attempt, by a fail_where stage and by
+# a raising pandas bolt, at 100,000 and 20,000 records a batch, each against its clean
+# case in the same run. About 15 minutes on 2 idle cores; run it on an idle machine.
+bench-failure: $(VENV)/.installed java kafka spark-kafka
+	$(PY) benchmarks/failure_path.py $(FAILURE_ARGS)
 
 # Scale-out: 1 and 2 executors of one core on a standalone cluster started from
 # the pyspark package on loopback; a ratio only on a machine with at least 4 free cores.

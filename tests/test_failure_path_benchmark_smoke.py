@@ -1,0 +1,86 @@
+"""The failure-path benchmark (benchmarks/failure_path.py) runs at tiny sizes in the
+session's Spark and broker: every case does the same work as its input (the harness
+checks the output's word counts, and that the spout acked every record and failed
+exactly the chosen ones, once each) and the JSON carries every figure and ratio. No
+figure is checked against a bound (the machine is shared); only that every path works."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import failure_path
+
+BATCH = 1_000
+FRACTIONS = (0.0, 0.01, 1.0)
+
+
+@pytest.mark.bench  # a benchmark run end to end: make test-bench
+def test_every_case_settles_every_record_and_the_json_has_every_figure(spark, broker, tmp_path):
+    path = tmp_path / "failure-path.json"
+    out = failure_path.main(
+        [
+            "--batch-sizes",
+            str(BATCH),
+            "--batches",
+            "2",
+            "--warmup-batches",
+            "1",
+            "--repeats",
+            "1",
+            "--fractions",
+            ",".join(str(f) for f in FRACTIONS[1:]),
+            "--no-warmup-round",
+            "--bootstrap",
+            broker.bootstrap,
+            "--output",
+            str(path),
+        ],
+        spark=spark,
+    )
+    assert path.read_text().strip()
+    assert {"cores_usable", "loadavg", "pyspark", "spark_kafka_connector"} <= set(out["machine"])
+    cases = out["sizes"][BATCH]["cases"]
+    assert set(cases) == set(failure_path.VARIANTS)
+    for variant, by_fraction in cases.items():
+        assert list(by_fraction) == list(FRACTIONS), variant
+        for fraction, figures in by_fraction.items():
+            assert figures["errors"] == [], (variant, fraction)
+            (run,) = figures["runs"]
+            assert run["new"] == 2 * BATCH and run["s_per_batch"] > 0, (variant, fraction)
+            assert run["settled_per_s"] > 0 and run["counts"]["dead_lettered"] == 0
+            # 4 batches (warm-up, 2 timed, the window's end) over 2 partitions
+            failing = failure_path.failing_offsets({0: 2 * BATCH, 1: 2 * BATCH}, fraction)
+            assert run["counts"]["failed"] == failing, (variant, fraction)
+            assert (run["replays"] > 0) == (fraction > 0), (variant, fraction)
+    targets = {fraction for fraction, *_ in failure_path.TARGETS}
+    judged = {(r["variant"], r["fraction"]): r for r in out["ratios"]}
+    assert set(judged) == {(v, f) for v in failure_path.VARIANTS for f in FRACTIONS[1:]}
+    for (_, fraction), r in judged.items():
+        assert r["mean"] > 0 and len(r["pairs"]) == 1
+        assert (r["target"] is not None) == (fraction in targets)
+
+
+def test_a_run_whose_counts_miss_a_failure_or_an_ack_fails():
+    inp = type("Input", (), {"ends": {0: 20_000}, "records": 20_000})()
+    failing = failure_path.failing_offsets(inp.ends, 0.01)
+    assert failing == 200  # exactly 1 % of each 10,000 offsets
+    right = {"acked": 20_000, "failed": failing, "replayed": failing}
+    right.update(dead_lettered=0, timed_out=0, rejected=0)
+    failure_path.check_counts("t", right, inp, 0.01)
+    for wrong in ({"failed": failing + 1}, {"acked": 19_999}, {"timed_out": 3}):
+        with pytest.raises(RuntimeError, match="the spout's counts"):
+            failure_path.check_counts("t", {**right, **wrong}, inp, 0.01)
+
+
+def test_the_window_runs_from_the_first_timed_batch_to_the_start_of_the_one_after():
+    rows = [(0, 10, 0, 0), (1, 10, 0, 10), (3, 5, 5, 15), (4, 10, 0, 30), (6, 10, 0, 40)]
+    batches = [
+        {"start_s": t, "new": n, "replays": r, "settled": s, "ms": 1000 * t} for t, n, r, s in rows
+    ]
+    w = failure_path.window(batches, 10, 1, 2)  # batches 1 to 3: 25 new records in 5 s
+    assert (w["new"], w["replays"], w["batches"], w["seconds"]) == (25, 5, 3, 5)
+    assert (w["s_per_batch"], w["settled_per_s"], w["longest_batch_s"]) == (2.0, 6.0, 4.0)
+    assert failure_path.window(batches, 10, 1, 4) is None  # no batch started after them
