@@ -1,4 +1,4 @@
-"""The failure path's cost: the README's word count over Apache Kafka with a share of each
+"""The failure path's cost: e2e.py's word count over Apache Kafka with a share of each
 batch's records failing on their first attempt, against the same pipeline failing none.
 
 The pipeline is e2e.py's tracked one (Spark's Kafka connector in the session, the Kafka
@@ -6,7 +6,7 @@ channel, a ``KafkaSink``), with ``maxOffsetsPerTrigger`` records a batch
 (``--batch-sizes``), and a first stage that fails ``--fractions`` of the records read
 anew, in one of two variants:
 
-- ``fail_where``: ``.fail_where(condition)`` before the README's stages;
+- ``fail_where``: ``.fail_where(condition)`` before the word count's stages;
 - ``pandas_bolt``: a pandas bolt in place of the first map (it decodes the line) that
   raises when its chunk holds a failing record, as a user's bolt calling a service that
   refuses part of a batch would. Raising is how a pandas bolt fails a record: the chunk
@@ -28,7 +28,9 @@ last one: ``s_per_batch``, the wall time per ``maxOffsetsPerTrigger`` new record
 dead-lettered a second (the spout's counts at those two starts). The run then goes on
 until every offset is committed and checks the work: the output's word counts equal the
 input's (nothing lost, nothing counted twice), every record acked, none dead-lettered
-or timed out, and each failing record failed exactly once.
+or timed out, and each failing record failed exactly once. A run still going after
+``--timeout-s`` is cut: its figures are those of the batches it ran (:func:`partial`),
+and its case is not repeated.
 
 Warm, not cold: the session is long-lived; before the timed runs of a batch size a
 warm-up round runs each variant once at 0 % (dropped, its figures kept apart in the
@@ -227,8 +229,9 @@ def committed(admin, group: str, topic: str) -> dict[int, int]:
 
 
 class NotStarted(RuntimeError):
-    """The query failed before its first batch ran: the environment (on a loaded machine
-    Spark's Python workers may not connect back in time), not the failure path."""
+    """The query failed before its first batch ran: the environment, not the failure
+    path (Spark gives a Python worker 10 s, hard-coded, to connect back, which a loaded
+    machine passes)."""
 
 
 def run_case(spark, ctx, inp, variant: str, fraction: float, tag: str) -> dict:
@@ -256,7 +259,7 @@ def run_case(spark, ctx, inp, variant: str, fraction: float, tag: str) -> dict:
     )
     try:
         error, counts = wait_settled(running, admin, name, inp, ctx.timeout_s)
-        progress = running.query.recentProgress
+        progress, ended_s = running.query.recentProgress, time.time()
     finally:
         running.stop()
         admin.close()
@@ -281,7 +284,8 @@ def run_case(spark, ctx, inp, variant: str, fraction: float, tag: str) -> dict:
         except RuntimeError as failed:
             error = str(failed)
     if error is not None:
-        figures = partial(batches, inp.max_per_batch)
+        settled = counts.get("acked", 0) + counts.get("dead_lettered", 0)
+        figures = partial(batches, inp.max_per_batch, ended_s, settled)
         result["error"] = error
     result.update(**(figures or {}), complete=error is None, batch_log=batches)
     what = f"{variant} {100 * fraction:g} %"
@@ -320,32 +324,31 @@ def wait_settled(running, admin, name: str, inp, timeout_s: float) -> tuple[str 
         time.sleep(0.2)
 
 
-def partial(batches: list[dict], size: int) -> dict | None:
-    """The figures of a run stopped short, over the batches it completed after its
-    first (a query's first batch starts it up): warm-up batches included, so rougher
-    than :func:`window`'s; None with fewer than two batches or no new record.
+def partial(batches: list[dict], size: int, cut_s: float, settled: int) -> dict | None:
+    """The figures of a run stopped short at ``cut_s`` (with ``settled`` records settled
+    by then), from the start of its second batch (the first starts the query up): the
+    time up to the cut per new record of the batches it completed, so the batch it was
+    cut in counts its time and not its records. Warm-up batches included: rougher than
+    :func:`window`'s. None with fewer than two batches or no new record in them.
 
     >>> bs = [{"start_s": t, "new": 10, "replays": 0, "settled": s, "ms": 2000}
-    ...       for t, s in [(0, 0), (5, 10), (7, 20), (9, 30)]]
-    >>> f = partial(bs, 10)
+    ...       for t, s in [(0, 0), (5, 10), (7, 20)]]
+    >>> f = partial(bs, 10, cut_s=13, settled=30)  # cut 4 s into a batch after these
     >>> f["s_per_batch"], f["new"], f["settled_per_s"]
-    (2.0, 30, 5.0)
+    (4.0, 20, 2.5)
     """
     done = batches[1:]
     new = sum(b["new"] for b in done)
-    if not done or not new:
+    if not new:
         return None
-    a, z = done[0], done[-1]
-    seconds = z["start_s"] + z["ms"] / 1000 - a["start_s"]
+    seconds = cut_s - done[0]["start_s"]
     return {
         "seconds": seconds,
         "new": new,
         "replays": sum(b["replays"] for b in done),
         "batches": len(done),
         "s_per_batch": seconds * size / new,
-        "settled_per_s": (z["settled"] - a["settled"]) / (z["start_s"] - a["start_s"])
-        if len(done) > 1
-        else None,
+        "settled_per_s": (settled - done[0]["settled"]) / seconds,
         "longest_batch_s": max(b["ms"] for b in done) / 1000,
     }
 
@@ -467,10 +470,15 @@ def print_tables(out: dict) -> None:
 # --- the run ------------------------------------------------------------------------------
 
 
+#: runs of a case whose query never started a batch (see :class:`NotStarted`), at most
+STARTS = 4
+
+
 def recorded(spark, ctx, inp, variant: str, fraction: float, tag: str) -> dict:
-    """:func:`run_case`, once more if its query never started a batch; an error that
-    ends it is recorded as its result (a case that fails is a finding, not the end)."""
-    for attempt in range(2):
+    """:func:`run_case`, again (up to :data:`STARTS` times) while its query never starts
+    a batch; an error that ends it is recorded as its result (a case that fails is a
+    finding, not the end of the benchmark)."""
+    for attempt in range(STARTS):
         try:
             return run_case(spark, ctx, inp, variant, fraction, f"{tag}-{attempt}")
         except NotStarted as error:

@@ -33,6 +33,8 @@ def test_every_case_settles_every_record_and_the_json_has_every_figure(spark, br
             "--fractions",
             ",".join(str(f) for f in FRACTIONS[1:]),
             "--no-warmup-round",
+            "--timeout-s",
+            "900",  # a loaded machine: only a stuck run should reach it
             "--bootstrap",
             broker.bootstrap,
             "--output",
@@ -47,9 +49,10 @@ def test_every_case_settles_every_record_and_the_json_has_every_figure(spark, br
     for variant, by_fraction in cases.items():
         assert list(by_fraction) == list(FRACTIONS), variant
         for fraction, figures in by_fraction.items():
-            assert figures["errors"] == [], (variant, fraction)
+            assert figures["errors"] == [] and figures["complete"], (variant, fraction)
             (run,) = figures["runs"]
-            assert run["new"] == 2 * BATCH and run["s_per_batch"] > 0, (variant, fraction)
+            # at least the timed batches' worth: replays take room, so it may run over
+            assert run["new"] >= 2 * BATCH and run["s_per_batch"] > 0, (variant, fraction)
             assert run["settled_per_s"] > 0 and run["counts"]["dead_lettered"] == 0
             # 4 batches (warm-up, 2 timed, the window's end) over 2 partitions
             failing = failure_path.failing_offsets({0: 2 * BATCH, 1: 2 * BATCH}, fraction)
@@ -84,3 +87,20 @@ def test_the_window_runs_from_the_first_timed_batch_to_the_start_of_the_one_afte
     assert (w["new"], w["replays"], w["batches"], w["seconds"]) == (25, 5, 3, 5)
     assert (w["s_per_batch"], w["settled_per_s"], w["longest_batch_s"]) == (2.0, 6.0, 4.0)
     assert failure_path.window(batches, 10, 1, 4) is None  # no batch started after them
+
+
+def test_a_run_stopped_short_is_figured_up_to_its_cut_and_paired_as_such():
+    batches = [
+        {"start_s": t, "new": n, "replays": 0, "settled": s, "ms": 2000}
+        for t, n, s in [(0, 10, 0), (5, 10, 0), (7, 5, 10), (9, 10, 15)]
+    ]
+    # from batch 1's start to the cut, 5 s into a batch that never reported: 25 new in 9 s
+    cut = failure_path.partial(batches, 10, cut_s=14, settled=18)
+    assert (cut["seconds"], cut["new"], cut["s_per_batch"]) == (9, 25, 3.6)
+    assert cut["settled_per_s"] == 2.0 and cut["longest_batch_s"] == 2.0
+    assert failure_path.partial(batches[:1], 10, cut_s=14, settled=0) is None  # start-up only
+    clean = [{"s_per_batch": 1.2, "complete": True}]
+    short = [{**cut, "complete": False, "error": "cut at --timeout-s 1"}]
+    assert not failure_path.summarize(short)["complete"]
+    (ratio,) = failure_path.ratios({"fail_where": {0.0: clean, 1.0: short}}, 10)
+    assert ratio["pairs"] == [3.0] and ratio["met"] is True  # 3.0 <= 3.0
