@@ -129,7 +129,8 @@ bench-e2e: $(VENV)/.installed java kafka spark-kafka
 # The failure path's cost (benchmarks/failure_path.py): the same word count with 0, 1,
 # 10 and 100 % of each batch failing on its first attempt, by a fail_where stage and by
 # a raising pandas bolt, at 100,000 and 20,000 records a batch, each against its clean
-# case in the same run. About 15 minutes on 2 idle cores; run it on an idle machine.
+# case in the same run; a run that does not keep up is cut at --timeout-s (90 s). Meant to
+# take about 15 minutes on 2 idle cores (it prints its time); run it on an idle machine.
 bench-failure: $(VENV)/.installed java kafka spark-kafka
 	$(PY) benchmarks/failure_path.py $(FAILURE_ARGS)
 

@@ -465,6 +465,7 @@ def print_tables(out: dict) -> None:
                     print(f"    * {error.splitlines()[0][:160]}")
     print("\n  x clean: the mean of the pairs (a case over its clean case, same repeat)")
     print("  *: a run stopped short; its figures are those of the batches it ran")
+    print(f"\n{out['wall_s'] / 60:.1f} minutes; load average at the end {out['loadavg_end']}")
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -522,7 +523,7 @@ def main(argv=None, spark=None) -> dict:
     parser.add_argument("--no-warmup-round", action="store_true", help="no dropped first runs")
     parser.add_argument("--bootstrap", help="an external Kafka (default: start Apache Kafka)")
     parser.add_argument(
-        "--timeout-s", type=float, default=120, help="a run still going then is cut (per run)"
+        "--timeout-s", type=float, default=90, help="a run still going then is cut (per run)"
     )
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--output", help="write the JSON here instead of benchmarks/results/")
