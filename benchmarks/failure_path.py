@@ -432,6 +432,12 @@ def print_tables(out: dict) -> None:
         return "-" if value is None else f"{value:,.{digits}f}"
 
     ratio = {(r["variant"], r["fraction"], r["batch_size"]): r for r in out["ratios"]}
+    m = out["machine"]
+    print(
+        f"\n{m['cpu']}, {m['cores_usable']} cores usable, pyspark {m['pyspark']}, "
+        f"connector {m['spark_kafka_connector']}, Kafka {m['kafka'] or 'external'}, "
+        f"load average at the start {m['loadavg']}"
+    )
     for size, figures in out["sizes"].items():
         print(
             f"\n{int(size):,} records a batch, {out['config']['batches']} timed batches a run, "
@@ -548,7 +554,7 @@ def main(argv=None, spark=None) -> dict:
             log("starting Apache Kafka on loopback")
             broker = KafkaBroker().start()
             bootstrap = broker.bootstrap
-        started = time.time()
+        started, described = time.time(), machine(kafka_version() if broker else None)
         spark = spark or session()
         ctx = types.SimpleNamespace(
             bootstrap=bootstrap,
@@ -584,7 +590,7 @@ def main(argv=None, spark=None) -> dict:
         out = {
             "benchmark": "failure_path",
             "date": dt.datetime.now(dt.UTC).isoformat(),
-            "machine": machine(kafka_version() if broker else None),
+            "machine": described,  # its load average: before the run
             "config": {
                 "batch_sizes": sizes,
                 "batches": args.batches,
