@@ -179,6 +179,7 @@ def run_a_bolt_failing_every_record(spark, broker, new_topic, tmp_path, records,
     assert all("call" in r for r in letters.values())  # the stage is named
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ack_mode", ["telescoped", "per_stage"])
 def test_a_bolt_failing_every_record_dead_letters_each(
     spark, broker, new_topic, tmp_path, ack_mode
@@ -257,6 +258,7 @@ def test_a_one_minute_outage_at_100000_a_batch(spark, broker, new_topic, tmp_pat
     run_an_outage(spark, broker, new_topic, tmp_path, per_batch=100_000, outage_s=60)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("writer", ["spark", "python"])
 def test_stop_returns_while_a_stage_hangs_with_either_kafka_writer(
     spark, broker, new_topic, tmp_path, writer
