@@ -216,7 +216,7 @@ def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: 
         .pandas_bolt(call, "value binary", name="call")
         .sink(KafkaSink(broker.bootstrap, out))
     )
-    held, waited, failing_since = [], [], []
+    held, waited, failing_since, ended = [], [], [], []
 
     def watch(figures):
         held.append(figures["pending"] + figures.get("waiting", 0))
@@ -225,6 +225,7 @@ def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: 
             failing_since.append(time.monotonic())
         if failing_since and time.monotonic() - failing_since[0] > outage_s and down.exists():
             down.unlink()  # the outage ends
+            ended.append(time.monotonic())
 
     running = start(
         topology,
@@ -236,10 +237,16 @@ def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: 
     )
     try:
         figures = settle(running, records, timeout_s=outage_s + 900, watch=watch)
+        settled_at = time.monotonic()
         assert running.is_active()
     finally:
         running.stop()
     assert not down.exists()  # it settled after the outage, not before it ended
+    print(  # the figures of the run, for the reliability page (pytest -s)
+        f"outage of {outage_s} s at {per_batch} a batch: {figures['failed']} failures, "
+        f"at most {max(held)} held of maxPending {max_pending}, every record acked "
+        f"{settled_at - ended[0]:.0f} s after the outage ended"
+    )
     assert figures["acked"] == records and figures["dead_lettered"] == 0
     assert figures["failed"] >= max_pending and max(waited) > 0  # it failed, and backed off
     assert max(held) <= max_pending
@@ -346,8 +353,10 @@ def test_a_topic_deleted_mid_run_stops_the_topology_naming_it(
         )
         topic = {"sink": out, "acks": f"{name}.acks", "done": f"{name}.done"}[deleted]
         delete_topic(bootstrap, topic)
+        deleted_at = time.monotonic()
         produce_many(bootstrap, inbox, 400, 1)  # more to write, ack and complete
         error = stopped_with(running, timeout_s=120)
+        print(f"{deleted} topic deleted: stopped {time.monotonic() - deleted_at:.0f} s after")
     finally:
         running.stop()
     assert repr(topic) in error, error
