@@ -22,7 +22,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-unit test-browser test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-failure bench-driver bench-scale java kafka spark-kafka clean
+.PHONY: demo test test-e2e test-unit test-browser test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-failure bench-driver bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -48,6 +48,12 @@ demo: $(VENV)/.installed java
 # read and write on the JVM record path; the Python reader keeps tests of its own.
 test: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# What make test leaves out for its 20 minutes: Spark started in processes of its own as a
+# user starts it (ackstream run, the docs' worked examples, the notebook) and failure paths
+# run through. CI runs it after make test. About 10 minutes on 2 cores.
+test-e2e: $(VENV)/.installed java kafka spark-kafka
+	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 # The unit tests alone: no Spark session, no broker (conftest marks the tests that use one).
 test-unit: $(VENV)/.installed

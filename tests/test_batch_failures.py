@@ -148,6 +148,7 @@ def test_a_python_worker_exiting_on_one_record_dead_letters_it_naming_the_stage(
     assert "'exiting'" in reasons[2] and "getResult" not in reasons[2], reasons[2]
 
 
+@pytest.mark.e2e
 def test_a_bolt_hanging_on_one_record_is_cancelled_at_the_deadline_and_dead_lettered(
     spark, broker, new_topic, tmp_path
 ):

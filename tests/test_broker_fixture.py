@@ -55,6 +55,7 @@ def produce_and_consume(bootstrap, topic, values, partitions):
         consumer.close()
 
 
+@pytest.mark.e2e
 def test_a_broker_killed_comes_back_from_its_log():
     from broker import KafkaBroker, create_topic
 

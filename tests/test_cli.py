@@ -826,6 +826,7 @@ topology.start(frame, {checkpoint!r})
 
 
 @pytest.mark.spark
+@pytest.mark.e2e
 def test_run_without_a_broker_is_one_line_naming_it_and_exits_3(tmp_path):
     """Not Spark's AnalysisException around it, nor Spark's log: ackstream's line, the
     rest in the log file (here under TMPDIR)."""
@@ -860,6 +861,7 @@ topology.start(frame, {checkpoint!r}, trigger_ms=200)
 
 @pytest.mark.spark
 @pytest.mark.broker
+@pytest.mark.e2e
 def test_ctrl_c_on_a_kafka_run_prints_one_line(broker, new_topic, tmp_path):
     """SIGINT while the queries read: the queries stop, exit 130, and besides progress
     the console shows ackstream's one line (no py4j tracebacks, no Spark log)."""
@@ -916,6 +918,7 @@ def test_ctrl_c_on_a_kafka_run_prints_one_line(broker, new_topic, tmp_path):
     assert not any("py4j" in line or "Traceback" in line for line in lines)
 
 
+@pytest.mark.e2e
 def test_the_acker_command_makes_one_acks_partition_per_shard(broker, tmp_path):
     """``ackstream acker --bootstrap ... --ackers 3`` on a new topology: its channel's
     acks topic gets three partitions, so the shard count it asked for is the one it runs."""

@@ -226,7 +226,19 @@ def kafka_checks(bootstrap: str, reader: Reader) -> dict:
     }
 
 
-@pytest.mark.parametrize("path", DOCUMENTS, ids=[str(p.relative_to(ROOT)) for p in DOCUMENTS])
+#: a shell line that starts Spark in a process of its own, as a reader would: ~15 s each
+STARTS_SPARK = re.compile(r"^(ackstream (run|demo|acker)|python \S+\.py)", re.M)
+
+
+def _example_pages():
+    """The pages, those whose examples start Spark in processes of their own marked e2e
+    (make test-e2e): they take minutes, not seconds."""
+    for path in DOCUMENTS:
+        marks = [pytest.mark.e2e] if STARTS_SPARK.search(path.read_text()) else []
+        yield pytest.param(path, marks=marks, id=str(path.relative_to(ROOT)))
+
+
+@pytest.mark.parametrize("path", list(_example_pages()))
 def test_every_example_runs(path, request, tmp_path, monkeypatch):
     text = path.read_text()
     needs_kafka = EXAMPLE_BROKERS in text

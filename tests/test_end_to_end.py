@@ -14,7 +14,7 @@ from ackstream.testing import wait_until_settled
 
 from helpers import consume, group_commits, sentences
 
-pytestmark = [pytest.mark.spark, pytest.mark.broker]
+pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e]
 
 
 @pytest.mark.parametrize("reader", ["spark", "python"])

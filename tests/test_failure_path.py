@@ -179,6 +179,7 @@ def run_a_bolt_failing_every_record(spark, broker, new_topic, tmp_path, records,
     assert all("call" in r for r in letters.values())  # the stage is named
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ack_mode", ["telescoped", "per_stage"])
 def test_a_bolt_failing_every_record_dead_letters_each(
     spark, broker, new_topic, tmp_path, ack_mode
@@ -215,7 +216,7 @@ def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: 
         .pandas_bolt(call, "value binary", name="call")
         .sink(KafkaSink(broker.bootstrap, out))
     )
-    held, waited, failing_since = [], [], []
+    held, waited, failing_since, ended = [], [], [], []
 
     def watch(figures):
         held.append(figures["pending"] + figures.get("waiting", 0))
@@ -224,6 +225,7 @@ def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: 
             failing_since.append(time.monotonic())
         if failing_since and time.monotonic() - failing_since[0] > outage_s and down.exists():
             down.unlink()  # the outage ends
+            ended.append(time.monotonic())
 
     running = start(
         topology,
@@ -235,10 +237,16 @@ def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: 
     )
     try:
         figures = settle(running, records, timeout_s=outage_s + 900, watch=watch)
+        settled_at = time.monotonic()
         assert running.is_active()
     finally:
         running.stop()
     assert not down.exists()  # it settled after the outage, not before it ended
+    print(  # the figures of the run, for the reliability page (pytest -s)
+        f"outage of {outage_s} s at {per_batch} a batch: {figures['failed']} failures, "
+        f"at most {max(held)} held of maxPending {max_pending}, every record acked "
+        f"{settled_at - ended[0]:.0f} s after the outage ended"
+    )
     assert figures["acked"] == records and figures["dead_lettered"] == 0
     assert figures["failed"] >= max_pending and max(waited) > 0  # it failed, and backed off
     assert max(held) <= max_pending
@@ -257,6 +265,7 @@ def test_a_one_minute_outage_at_100000_a_batch(spark, broker, new_topic, tmp_pat
     run_an_outage(spark, broker, new_topic, tmp_path, per_batch=100_000, outage_s=60)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("writer", ["spark", "python"])
 def test_stop_returns_while_a_stage_hangs_with_either_kafka_writer(
     spark, broker, new_topic, tmp_path, writer
@@ -344,8 +353,10 @@ def test_a_topic_deleted_mid_run_stops_the_topology_naming_it(
         )
         topic = {"sink": out, "acks": f"{name}.acks", "done": f"{name}.done"}[deleted]
         delete_topic(bootstrap, topic)
+        deleted_at = time.monotonic()
         produce_many(bootstrap, inbox, 400, 1)  # more to write, ack and complete
         error = stopped_with(running, timeout_s=120)
+        print(f"{deleted} topic deleted: stopped {time.monotonic() - deleted_at:.0f} s after")
     finally:
         running.stop()
     assert repr(topic) in error, error

@@ -81,6 +81,7 @@ def test_committed_notebook_is_small_and_cleared():
 
 
 @pytest.mark.spark
+@pytest.mark.e2e
 def test_quickstart_notebook_accounts_for_every_record(tmp_path, kernel_name):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from kafka.errors import KafkaTimeoutError
 from kafka.serializer import Serializer, SerializeWrapper
 
 from ackstream.clock import now_ms
@@ -135,8 +136,9 @@ class KafkaSink:
             except Exception as error:
                 if not producer_failed(str(error)):
                     raise
-                if _NO_TOPIC.search(str(error)):
-                    self._check_topic()
+                # a deleted topic shows as records expired unsent when Spark's cached
+                # producer knew it: asked after any producer failure, not by its text
+                self._check_topic()
                 log.warning(
                     "batch %d: Kafka's producer failed writing to %s (%s); writing the "
                     "batch row by row to learn which rows the broker refuses",
@@ -155,11 +157,8 @@ class KafkaSink:
         from kafka.errors import KafkaError
 
         try:
-            consumer = KafkaConsumer(
-                **client_settings(self.kafka_options),
-                bootstrap_servers=self.bootstrap,
-                bootstrap_timeout_ms=5_000,
-            )
+            settings = {**client_settings(self.kafka_options), "bootstrap_timeout_ms": 5_000}
+            consumer = KafkaConsumer(**settings, bootstrap_servers=self.bootstrap)
         except KafkaError:  # the brokers do not answer: that says nothing of the topic
             return
         try:
@@ -326,7 +325,12 @@ class ProduceTask:
         roots: list = batch.column(ROOTS).to_pylist() if edges is not None else [None] * n
         futures: list = []
         reasons: list[str | None] = [None] * n
+        no_metadata = None  # why the topic's metadata could not be had, once it could not
         for i, (key, value) in enumerate(zip(keys, values)):
+            if no_metadata is not None:  # each send would wait max.block.ms again
+                futures.append(None)
+                reasons[i] = no_metadata
+                continue
             continues = edges is not None and roots[i]  # a row anchored to roots
             headers = lineage_headers(roots[i], edges[i]) if continues else None
             value = _NULL if key is None and value is None else _bytes(value)
@@ -334,6 +338,9 @@ class ProduceTask:
                 futures.append(
                     producer.send(self.topic, key=_bytes(key), value=value, headers=headers)
                 )
+            except KafkaTimeoutError as error:  # no metadata for the topic: every row
+                futures.append(None)
+                reasons[i] = no_metadata = _reason("refused by the producer", error)
             except Exception as error:  # e.g. MessageSizeTooLargeError: this row only
                 futures.append(None)
                 reasons[i] = _reason("refused by the producer", error)

@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from ackstream.acker.precombine import precombine, settle
 from ackstream.clock import now_ms
 from ackstream.continued import UpstreamResets, lineage_of, translate
-from ackstream.errors import OptionError, StageError
+from ackstream.errors import EnvironmentProblem, OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.sources.offsets import PlannedRoots
@@ -372,6 +372,8 @@ def _write_sink(
         else:
             unwritten = sink.write(outputs, batch_id)
     except Exception as error:  # a failed write fails its roots, Storm-style
+        if isinstance(error, EnvironmentProblem):  # e.g. the sink's topic is gone
+            raise  # the query stops naming it: replaying cannot mend it
         if isinstance(error, (StageError, PySparkException, Py4JJavaError)) or (
             "StageError:" in str(error)
         ):

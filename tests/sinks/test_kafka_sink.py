@@ -266,3 +266,44 @@ def test_a_stage_error_in_spark_s_write_is_the_batch_s_not_written_again_row_by_
     with pytest.raises(Exception, match="poison"):
         sink.write(bad, 0)
     assert rows_by_row == []  # the row-by-row write was not entered
+
+
+class _NoMetadata:
+    """A producer whose every send waits out max.block.ms for the topic's metadata (the
+    topic is gone), counting the sends."""
+
+    sends = 0
+
+    def send(self, *args, **kw):
+        from kafka.errors import KafkaTimeoutError
+
+        self.sends += 1
+        raise KafkaTimeoutError("Failed to update metadata after 10.0 secs.")
+
+    def flush(self, timeout=None):
+        pass
+
+    def close(self, timeout=None):
+        pass
+
+
+def test_a_topic_without_metadata_fails_the_rest_of_the_task_without_waiting_again():
+    """Each send to a topic whose metadata cannot be had blocks max.block.ms: the first
+    one's answer is every row's, or a task of a few thousand rows waits hours."""
+    import pyarrow as pa
+
+    from ackstream.lineage import REASON
+    from ackstream.sinks.kafka import ProduceTask
+
+    producer = _NoMetadata()
+
+    class Task(ProduceTask):
+        def _producer(self):
+            return producer
+
+    task = Task("127.0.0.1:9", "gone", None, "value", ("value",), {}, 1.0)
+    batch = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c"]})
+    (back,) = list(task(iter([batch])))
+    assert producer.sends == 1
+    reasons = back.column(REASON).to_pylist()
+    assert len(reasons) == 3 and all("Failed to update metadata" in r for r in reasons)

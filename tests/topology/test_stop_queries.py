@@ -1,6 +1,7 @@
 """stop_queries against stand-in queries: when each is stopped, in which order, and when
 its batch's jobs are cancelled first."""
 
+from ackstream.topology import running
 from ackstream.topology.running import stop_queries
 
 PROCESSING = {"message": "Processing new data", "isDataAvailable": True, "isTriggerActive": True}
@@ -49,11 +50,28 @@ def test_a_query_is_stopped_once_its_batch_is_committed_and_before_its_acker():
     ]
 
 
-def test_a_batch_that_does_not_end_has_its_jobs_cancelled_before_the_stop():
+def test_a_batch_that_ends_once_cancelled_is_cancelled_once_then_stopped():
+    events: list = []
+    stuck = Query("stuck", [PROCESSING], events)
+
+    def cancel() -> None:
+        events.append(("cancel",))
+        stuck.statuses = [WAITING]  # the batch's jobs end: the batch fails and ends
+
+    stop_queries([stuck], batch_wait_s=0.1, cancel=cancel)
+    assert events == [("cancel",), ("stop", "stuck", WAITING["message"])]
+
+
+def test_a_batch_that_goes_on_is_cancelled_again_before_the_stop(monkeypatch):
+    """A batch may start another job after its first is cancelled (to report its
+    failure, or a stage's next action): it is cancelled again while it runs, for a
+    bounded time, and the query is stopped all the same."""
+    monkeypatch.setattr(running, "CANCEL_S", 0.6)
     events: list = []
     stuck = Query("stuck", [PROCESSING], events)
     stop_queries([stuck], batch_wait_s=0.1, cancel=lambda: events.append(("cancel",)))
-    assert events == [("cancel",), ("stop", "stuck", PROCESSING["message"])]
+    assert events[-1] == ("stop", "stuck", PROCESSING["message"])
+    assert len(events) >= 3 and set(events[:-1]) == {("cancel",)}, events
 
 
 class Unstoppable(Query):
