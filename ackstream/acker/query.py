@@ -68,7 +68,6 @@ def start_acker(
     ackers: int = 2,
     message_timeout_ms: int = 30_000,
     trigger_ms: int = 500,
-    tick_ms: int | None = None,
     max_files_per_trigger: int | None = None,
     query_name: str | None = None,
 ):
@@ -78,7 +77,7 @@ def start_acker(
     the shard count: a channel that keeps its acks by shard must have as many
     partitions, one ledger each, on the executors; otherwise the shards are kept
     together by one ledger on the driver, where one core handles over a million
-    records a second. ``tick_ms`` is kept for the callers that pass it.
+    records a second.
     """
     check_reach(channel, master_of(spark))  # its file stream reads on the executors
     check_shard_count(spark, checkpoint, ackers)

@@ -35,9 +35,10 @@ def open_channel(config) -> Channel:
 
 def check_reach(channel, master: str) -> None:
     """Refuse a local channel on a master whose executors may run on other hosts, unless
-    its folder is declared shared: the source's read tasks write rejections and gap
-    completions to the channel from the executors, and the acker reads ack records there,
-    so a folder only the driver's host sees would lose them silently. Raises an
+    its folder is declared shared: the acker's file stream reads the ack records on the
+    executors, and a stage that keeps upstream trees alive writes its timeout resets
+    from there, so with a folder only the driver's host sees they would read and write
+    another host's folder, and the trees would time out instead of completing. Raises an
     :class:`~ackstream.errors.OptionError` naming ``ackstream.channel``."""
     if not isinstance(channel, LocalChannel) or channel.shared or is_local_master(master):
         return

@@ -1,12 +1,17 @@
 """The channel: the hub between whoever processes tuples, the acker and the source.
 
 Ack records (``records.ACK_RECORD_SCHEMA``) flow in from the topology's batches,
-the source (ticks) and any other process; the acker query reads them as a stream.
-Completions (``records.COMPLETION_SCHEMA``) flow in from the acker query, the
-topology's batches (trees they settled themselves) and the source's read tasks
-(rejected records, offsets with no record); the source reads them on the driver,
-and so does ``ackstream status``. Every transport keeps the same records and
-passes one contract suite (``tests/channels/test_channel_contract.py``).
+the source (ticks), stages that keep upstream trees alive (timeout resets, from the
+executors) and any other process; the acker query reads them as a stream.
+Completions (``records.COMPLETION_SCHEMA``) flow in from the acker (its ledger on the
+driver, or on the executors, one per acks partition, with a channel that shards its
+acks) and from the topology's batches on the driver (trees they settled themselves,
+the roots of a batch that failed as a whole); the source reads them on the driver,
+and so does ``ackstream status``. The source's read tasks write nothing here: the
+records they hold back (rejected, or offsets with no record) travel in the batch's
+rows, and the topology settles them with ack records (``ackstream.sources.rows``).
+Every transport keeps the same records and passes one contract suite
+(``tests/channels/test_channel_contract.py``).
 
 A *position* is whatever the transport needs to resume reading completions (a
 file number, a ``{partition: offset}`` map): opaque to callers, JSON-able,
