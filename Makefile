@@ -11,6 +11,8 @@
 #   make lint   ruff check, ruff format --check, the import contracts and mypy (CI runs it first)
 #   make docs   builds the documentation site from docs/ into site/ (open site/index.html),
 #               strictly: a broken link or a docstring mkdocstrings cannot render fails it
+#   make options-page  rewrites the tables of docs/reference/options.md from the table
+#               of options in ackstream/config.py (a test fails when they differ)
 #   make bench-scale  the same tracked work on 1 and 2 executors of a standalone cluster
 #   make bench-failure  the failure path's cost: 0 to 100 % of each batch failing once
 VENV ?= .venv
@@ -22,7 +24,7 @@ SHELL := /bin/bash
 
 LINTED := ackstream tests benchmarks
 
-.PHONY: demo test test-e2e test-unit test-browser test-bench test-long test-cluster chaos lint format docs bench bench-e2e bench-failure bench-driver bench-scale java kafka spark-kafka clean
+.PHONY: demo test test-e2e test-unit test-browser test-bench test-long test-cluster chaos lint format docs options-page bench bench-e2e bench-failure bench-driver bench-scale java kafka spark-kafka clean
 
 # Apache Kafka for the broker tests: its jars, resolved from Maven Central by
 # tests/kafka/pom.xml (the version is set there), copied once into KAFKA_LIBS.
@@ -107,6 +109,10 @@ lint: $(VENV)/.installed
 # mkdocs.yml: Material theme, API pages from the docstrings (mkdocstrings), --strict
 docs: $(VENV)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# the options page's tables, made from the options the parser reads (docs/hooks/options_page.py)
+options-page: $(VENV)/.installed
+	$(PY) docs/hooks/options_page.py
 
 $(VENV)/.docs-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[docs]'

@@ -6,6 +6,11 @@ before the query starts, with an :class:`~ackstream.errors.OptionError` naming t
 option, the value and what is allowed. Unknown ``ackstream.*`` keys are rejected;
 nothing falls back silently to a default. Kafka options mirror Spark's Kafka source.
 
+Each option is declared once, as a row of :data:`OPTIONS` (see
+:mod:`ackstream.options`): :func:`parse` reads the rows in order, the did-you-mean
+suggestions come from their names, and the options page of the docs is made from
+them (``docs/hooks/options_page.py``).
+
 >>> cfg = parse({"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "a,b",
 ...              "ackstream.messageTimeout": "2 min"})
 >>> cfg.kafka.topics, cfg.message_timeout_ms
@@ -14,22 +19,42 @@ nothing falls back silently to a default. Kafka options mirror Spark's Kafka sou
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from ackstream.errors import OptionError
+from ackstream.options import (
+    DURATION,
+    FLAG,
+    NAME,
+    TEXT,
+    NotAllowed,
+    Only,
+    Option,
+    Reader,
+    Seen,
+    choice,
+    did_you_mean,
+    parse_duration_ms,
+    whole,
+)
 
 __all__ = [
+    "DEFAULTS",
+    "OPTIONS",
+    "REFUSED",
     "RECORD_READERS",
+    "RecordReader",
     "RetryPolicy",
     "SourceConfig",
+    "Upstream",
     "default_channel_dir",
     "default_tick_ms",
     "option_names",
@@ -37,105 +62,15 @@ __all__ = [
     "parse_duration_ms",
 ]
 
-_UNITS_MS = {
-    "ms": 1,
-    "s": 1000,
-    "sec": 1000,
-    "second": 1000,
-    "seconds": 1000,
-    "secs": 1000,
-    "m": 60_000,
-    "min": 60_000,
-    "mins": 60_000,
-    "minute": 60_000,
-    "minutes": 60_000,
-    "h": 3_600_000,
-    "hour": 3_600_000,
-    "hours": 3_600_000,
-}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
-_DURATION_ALLOWED = 'a duration such as "500ms", "30s", "2 min" or plain milliseconds'
-
-# Our own options, lower-cased (Spark lower-cases keys) -> the name users write.
-_OURS = {
-    k.lower(): k
-    for k in (
-        "ackstream.topology",
-        "ackstream.upstream",
-        "ackstream.channel",
-        "ackstream.channelShared",
-        "ackstream.channelReplication",
-        "ackstream.channelRetention",
-        "ackstream.stateDir",
-        "ackstream.messageTimeout",
-        "ackstream.sourceTimeout",
-        "ackstream.idleBatchInterval",
-        "ackstream.maxPending",
-        "ackstream.retryInitialDelay",
-        "ackstream.retryMaxDelay",
-        "ackstream.retryDelayPeriod",
-        "ackstream.maxRetries",
-        "ackstream.deadLetterTopic",
-        "ackstream.tracking",
-        "ackstream.maxValueBytes",
-        "ackstream.recordReader",
-        "ackstream.generator.count",
-        "ackstream.generator.rate",
-        "ackstream.generator.partitions",
-    )
-}
-_NAMED_STARTS = ("earliest", "latest", "committed")
+#: Where records come from: a Kafka cluster, or the built-in generator (no broker).
+Upstream = Literal["kafka", "generator"]
+#: Who reads a batch's new offset ranges (see ``SourceConfig.record_reader``).
+RecordReader = Literal["python", "spark"]
 #: Values of ``ackstream.recordReader``.
-RECORD_READERS = ("python", "spark")
-#: Options of Spark's Kafka source that ackstream takes (besides ``kafka.*``).
-_SPARK_KAFKA = {
-    k.lower(): k
-    for k in (
-        "subscribe",
-        "assign",
-        "subscribePattern",
-        "startingOffsets",
-        "startingOffsetsByTimestamp",
-        "startingTimestamp",
-        "startingOffsetsByTimestampStrategy",
-        "maxOffsetsPerTrigger",
-        "minPartitions",
-        "maxRecordsPerPartition",
-        "includeHeaders",
-        "failOnDataLoss",
-    )
-}
-#: Of those, the ones that only mean something to a Kafka upstream.
-_KAFKA_ONLY = (
-    "assign",
-    "subscribePattern",
-    "startingTimestamp",
-    "startingOffsetsByTimestamp",
-    "startingOffsetsByTimestampStrategy",
-)
-#: Options of Spark's Kafka source that ackstream does not take yet (the ending ones
-#: bound a batch query; ackstream's source is a stream only).
-_NOT_YET = {
-    k.lower(): k
-    for k in (
-        "endingOffsets",
-        "endingOffsetsByTimestamp",
-        "endingTimestamp",
-        "minOffsetsPerTrigger",
-        "maxTriggerDelay",
-        "groupIdPrefix",
-        "kafkaConsumer.pollTimeoutMs",
-        "fetchOffset.numRetries",
-        "fetchOffset.retryIntervalMs",
-    )
-}
-
-#: Columns of Spark's Kafka source that users sometimes give as options.
-_COLUMNS = {
-    "timestamptype": "no value: timestampType is a column of the source (0: create time, "
-    "1: log append time), as in Spark's Kafka source, not an option",
-    "headers": "no value: to get the headers column, set includeHeaders=true",
-}
+RECORD_READERS: tuple[str, ...] = get_args(RecordReader)
+#: What a partition with no record as late as the starting timestamp does.
+TimestampStrategy = Literal["error", "latest"]
+_NAMED_STARTS = ("earliest", "latest", "committed")
 
 
 @dataclass(frozen=True)
@@ -156,7 +91,7 @@ class RetryPolicy:
     max_retries: int = 5
     delay_period_ms: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.initial_delay_ms < 0:
             raise OptionError(
                 "ackstream.retryInitialDelay", self.initial_delay_ms, "a duration >= 0"
@@ -183,7 +118,7 @@ class RetryPolicy:
         period = self.initial_delay_ms if self.delay_period_ms is None else self.delay_period_ms
         return min(self.max_delay_ms, period * (1 << min(attempt - 1, 40)))
 
-    def delays_ms(self, attempts) -> np.ndarray:
+    def delays_ms(self, attempts: Any) -> np.ndarray:
         """:meth:`delay_ms` of each of ``attempts`` at once.
 
         >>> RetryPolicy(500, 10_000).delays_ms([0, 1, 2, 3, 6]).tolist()
@@ -216,7 +151,7 @@ class KafkaOptions:
     starting_timestamp: int | None = None
     starting_timestamps: str | None = None
     #: a partition with no record that late: "error" (fail the start) or "latest"
-    starting_timestamp_strategy: str = "error"
+    starting_timestamp_strategy: TimestampStrategy = "error"
     #: a ``headers`` column: array<struct<key: string, value: binary>>, null when none
     include_headers: bool = False
     group_id: str = "ackstream-ackstream"
@@ -266,7 +201,7 @@ class GeneratorOptions:
 class SourceConfig:
     """Everything the source needs, validated; picklable (it travels to ``read()``)."""
 
-    upstream: str = "kafka"  #: "kafka" or "generator"
+    upstream: Upstream = "kafka"
     kafka: KafkaOptions = KafkaOptions()
     admission: Admission = Admission()
     generator: GeneratorOptions = GeneratorOptions()
@@ -292,7 +227,7 @@ class SourceConfig:
     #: who reads a batch's new offset ranges: "python" (the source's read tasks) or
     #: "spark" (Spark's own Kafka source, in the topology's batch: the source's tasks
     #: then read replays only; see ``ackstream.sources.spark_reader``)
-    record_reader: str = "python"
+    record_reader: RecordReader = "python"
 
     @property
     def id_namespace(self) -> str:
@@ -327,18 +262,6 @@ class SourceConfig:
         return os.path.join(self.channel, "source_state")
 
 
-def option_names() -> dict[str, tuple[str, ...]]:
-    """The options :func:`parse` knows, as users write them: ``ackstream`` (its own),
-    ``spark`` (options of Spark's Kafka source it takes, besides ``kafka.*``) and
-    ``refused`` (options of Spark's Kafka source it refuses by name). The options page
-    of the docs lists each of them; a test holds the two together."""
-    return {
-        "ackstream": tuple(_OURS.values()),
-        "spark": tuple(_SPARK_KAFKA.values()),
-        "refused": tuple(_NOT_YET.values()),
-    }
-
-
 def default_channel_dir(topology: str) -> str:
     """Where the local completion channel lives when ``ackstream.channel`` is not set."""
     return os.path.join(tempfile.gettempdir(), "ackstream", topology, "channel")
@@ -356,216 +279,591 @@ def default_tick_ms(message_timeout_ms: int) -> int:
     return max(10, min(1000, message_timeout_ms // 4))
 
 
-def parse_duration_ms(option: str, value: str) -> int:
-    """``"30s"``, ``"500ms"``, ``"2 min"`` or ``"1500"`` (ms) -> milliseconds."""
-    match = _DURATION.match(str(value).lower())
-    if not match or match.group(2) not in ("", *_UNITS_MS):
-        raise OptionError(option, value, _DURATION_ALLOWED)
-    ms = float(match.group(1)) * _UNITS_MS.get(match.group(2), 1)
-    if ms != int(ms):
-        raise OptionError(option, value, _DURATION_ALLOWED + " (whole milliseconds)")
-    return int(ms)
+# Readers and checks of the options that need more than a number, a flag or a name.
+
+_ONE_OF = (
+    'subscribe (topics), assign (JSON {"topic": [0, 1]}) or subscribePattern '
+    "(a regex of topic names)"
+)
+_STARTS = (
+    '"earliest", "latest", "committed", or JSON {"topic": {"0": offset}} '
+    "with -2 = earliest and -1 = latest"
+)
+_BY_TIME = 'JSON {"topic": {"0": epoch ms}} naming only topics read'
+
+
+def _topology_name(name: str, seen: Seen) -> str | None:
+    if re.fullmatch(r"[A-Za-z0-9._-]{1,200}", name) and name not in (".", ".."):
+        return None
+    return (
+        "1 to 200 letters, digits, '.', '_' or '-', but not '.' or '..' (it names the "
+        "channel's folder and Kafka topics)"
+    )
+
+
+def _topics(text: str) -> tuple[str, ...]:
+    topics = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not topics:
+        raise NotAllowed("a comma-separated list of one or more topics")
+    twice = sorted({t for t in topics if topics.count(t) > 1})
+    if twice:
+        raise NotAllowed(
+            f"a comma-separated list of distinct topics ({', '.join(map(repr, twice))} twice)"
+        )
+    return topics
+
+
+def _assign(text: str) -> tuple[tuple[str, int], ...]:
+    pairs = sorted({(str(t), int(p)) for t, parts in json.loads(text).items() for p in parts})
+    if not pairs or any(p < 0 for _, p in pairs):
+        raise ValueError(text)
+    return tuple(pairs)
+
+
+def _pattern(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as problem:
+        raise NotAllowed(f"a Python regular expression ({problem})") from None
+    if not text:
+        raise NotAllowed("a regular expression of topic names")
+    return text
+
+
+def _beside(*others: str) -> Callable[[Seen], str | None]:
+    """Refuse a way to name what to read given beside one of ``others``."""
+
+    def conflicts(seen: Seen) -> str | None:
+        given = [name for name in others if seen.gave(name)]
+        return f"no value beside {given[0]}: exactly one of {_ONE_OF}" if given else None
+
+    return conflicts
+
+
+def _read_something(topics: tuple[str, ...], seen: Seen) -> str | None:
+    return None if topics or seen.gave("subscribePattern") else f"one of {_ONE_OF} (required)"
+
+
+def _by_partition(text: str) -> dict[str, dict[int, int]]:
+    """A JSON ``{"topic": {"0": number}}`` map with its keys read."""
+    return {t: {int(p): int(n) for p, n in parts.items()} for t, parts in json.loads(text).items()}
+
+
+def _start(text: str) -> str:
+    if text.strip().lower() in _NAMED_STARTS:
+        return text.strip().lower()
+    _by_partition(text)
+    return json.dumps(json.loads(text), sort_keys=True)
+
+
+def _only_topics_read(at_least: int, allowed: Callable[[list[str]], str]):
+    """Refuse a JSON map naming a topic not read, or a number below ``at_least``."""
+
+    def check(value: str | None, seen: Seen) -> str | None:
+        if value is None or value in _NAMED_STARTS:
+            return None
+        parsed = _by_partition(value)
+        stray = not seen["kafka.subscribe_pattern"] and set(parsed) - set(seen["kafka.topics"])
+        low = any(n < at_least for parts in parsed.values() for n in parts.values())
+        return allowed(sorted(seen["kafka.topics"])) if low or stray else None
+
+    return check
+
+
+def _by_time(text: str) -> str:
+    parsed = _by_partition(text)
+    return json.dumps(
+        {t: {str(p): ms for p, ms in parts.items()} for t, parts in parsed.items()}, sort_keys=True
+    )
+
+
+def _value_bytes(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else whole(1).convert(text)
+
+
+def _rate(text: str) -> float:
+    if not (rate := float(text)) >= 0:
+        raise ValueError(text)
+    return rate
+
+
+def _positive(what: str):
+    return lambda value, seen: None if value is None or value > 0 else what
+
+
+def _no_text(text: str) -> Any:
+    raise ValueError(text)
+
+
+#: The ``kafka.*`` options that are rows of their own, not client settings passed on.
+_NAMED_KAFKA = ("kafka.bootstrap.servers", "kafka.group.id")
+_KAFKA = Only("upstream", "kafka")
+_KAFKA_ONLY = Only("upstream", "kafka", refused="no value with ackstream.upstream=generator")
+_GENERATOR = Only("upstream", "generator")
+_KAFKA_CHANNEL = Only("channel", "kafka", refused="no value without ackstream.channel=kafka")
+_READER = (
+    '"python" or "spark" (Spark\'s Kafka source; a Kafka upstream only; '
+    "topology.read_stream(...) chooses it when the connector is there)"
+)
+
+#: Every option of the source, in the order :func:`parse` reads them: an option's
+#: default and check see the values of the options above it. Options of Spark's Kafka
+#: source say how ackstream's compares (``spark``); the options page lists them apart.
+OPTIONS: tuple[Option[Any], ...] = (
+    Option(
+        "ackstream.topology",
+        "topology",
+        NAME,
+        "the topology's name: it names the ids, the channel topics and the default group",
+        check=_topology_name,
+    ),
+    Option(
+        "ackstream.upstream",
+        "upstream",
+        choice(Upstream, blank=True),
+        "`kafka`, or `generator` for the built-in generator (no broker)",
+    ),
+    Option(
+        "ackstream.channel",
+        "channel",
+        Reader(
+            str, "a name", lambda text: "kafka" if text.lower() == "kafka" else text, blank=True
+        ),
+        "the local channel's folder, or `kafka` for the Kafka channel (`<topology>.acks` and "
+        "`<topology>.done` on the source's brokers)",
+        default=lambda seen: default_channel_dir(seen["topology"]),
+        check=lambda channel, seen: (
+            "a local directory path with ackstream.upstream=generator "
+            "(the Kafka channel lives on the upstream's brokers)"
+            if channel == "kafka" and seen["upstream"] != "kafka"
+            else None
+        ),
+        shown_default="`<tmp>/ackstream/<topology>/channel`",
+    ),
+    Option(
+        "ackstream.channelShared",
+        "channel_shared",
+        FLAG,
+        "`true` declares the local channel's folder a file system every host mounts at the "
+        "same path; without it a local channel on a cluster is refused",
+        check=lambda shared, seen: (
+            "no value with ackstream.channel=kafka (it declares a local channel folder "
+            "shared between hosts)"
+            if shared and seen["channel"] == "kafka"
+            else None
+        ),
+    ),
+    Option(
+        "ackstream.channelReplication",
+        "channel_replication",
+        whole(1),
+        "replication factor of the Kafka channel's topics",
+        only=_KAFKA_CHANNEL,
+        shown_default="the broker's",
+    ),
+    Option(
+        "ackstream.channelRetention",
+        "channel_retention_ms",
+        DURATION,
+        "retention of the Kafka channel's topics, a duration",
+        check=_positive("a positive value"),
+        only=_KAFKA_CHANNEL,
+        shown_default="the broker's",
+    ),
+    Option(
+        "ackstream.stateDir",
+        "state_dir_option",
+        NAME,
+        "where the source keeps the records in flight behind each offset, on the driver; a "
+        "lost folder costs replays, not records",
+        shown_default="`<channel>/source_state`, with the Kafka channel "
+        "`<tmp>/ackstream/<topology>/source_state`",
+    ),
+    Option(
+        "ackstream.tracking",
+        "tracking",
+        FLAG,
+        "`false` reads plain rows and commits what Spark has run",
+    ),
+    Option(
+        "ackstream.messageTimeout",
+        "message_timeout_ms",
+        DURATION,
+        "Storm's message timeout: a record whose tree is not complete by then is failed "
+        "and replayed",
+        check=_positive("a positive duration"),
+    ),
+    Option(
+        "ackstream.sourceTimeout",
+        "source_timeout_ms",
+        DURATION,
+        "a record that got no outcome at all (its acks were never written) is replayed after "
+        "this, once the acker has caught up past its deadline",
+        default=lambda seen: 2 * seen["message_timeout_ms"],
+        check=lambda timeout, seen: (
+            None
+            if timeout > seen["message_timeout_ms"]
+            else "a duration longer than ackstream.messageTimeout "
+            f"({seen['message_timeout_ms']} ms)"
+        ),
+        shown_default="twice the message timeout",
+    ),
+    Option(
+        "ackstream.idleBatchInterval",
+        "idle_batch_ms",
+        DURATION,
+        "while records are in flight, a batch runs this often even when nothing new "
+        "arrived, so a time window closes on time",
+        check=_positive("a positive duration"),
+        shown_default="none; a topology with a processing-time window sets its slide",
+    ),
+    Option(
+        "ackstream.retryInitialDelay",
+        "retry.initial_delay_ms",
+        DURATION,
+        "the wait before the first replay",
+    ),
+    Option(
+        "ackstream.retryDelayPeriod",
+        "retry.delay_period_ms",
+        DURATION,
+        "replay n >= 2 waits this times 2^(n-1)",
+        shown_default="the initial delay",
+    ),
+    Option(
+        "ackstream.retryMaxDelay",
+        "retry.max_delay_ms",
+        DURATION,
+        "the longest wait before a replay",
+    ),
+    Option(
+        "ackstream.maxRetries",
+        "retry.max_retries",
+        whole(0),
+        "replays before a record is dead-lettered",
+    ),
+    Option(
+        "ackstream.maxPending",
+        "admission.max_pending",
+        whole(1),
+        "Storm's max spout pending: no new offsets while this many records are in flight",
+        shown_default="unlimited",
+    ),
+    Option(
+        "ackstream.maxValueBytes",
+        "admission.max_value_bytes",
+        Reader(int, 'a whole number >= 1, or "none" for no limit', _value_bytes),
+        "a larger value is rejected, dead-lettered without its value, never given to a "
+        "stage: the Python reader holds it back as it reads; with Spark's reader the job "
+        "that reads it fails, the batch fails as a whole and is replayed apart, and the "
+        "Python reader then holds it back; `none`: no limit. Untracked there is no limit",
+    ),
+    Option(
+        "ackstream.recordReader",
+        "record_reader",
+        choice(RecordReader, _READER, blank=True),
+        "who reads a batch's new records: `spark`, Spark's own Kafka source inside the "
+        "topology's batch (the records stay in the JVM; the source's Python tasks read only "
+        "replays), or `python`, the source's own read tasks; `spark` needs a topology to "
+        "read the stream (`topology.read_stream`)",
+        check=lambda reader, seen: (
+            _READER if reader == "spark" and seen["upstream"] != "kafka" else None
+        ),
+        shown_default="`spark` from `topology.read_stream` when the session has Spark's "
+        "Kafka connector, else `python`",
+    ),
+    Option(
+        "ackstream.deadLetterTopic",
+        "dead_letter_topic",
+        NAME,
+        "the dead-letter topic; without one, dead letters are Parquet files in "
+        "`<channel>/dead_letters`",
+        default=lambda seen: f"{seen['topology']}.dead" if seen["channel"] == "kafka" else None,
+        only=Only(
+            "upstream",
+            "kafka",
+            refused="no value with ackstream.upstream=generator (its dead letters go "
+            "to <channel>/dead_letters as Parquet)",
+            otherwise=None,
+        ),
+        shown_default="`<topology>.dead` with the Kafka channel, else none",
+    ),
+    Option(
+        "ackstream.generator.count",
+        "generator.count",
+        whole(0),
+        "the generator's number of records",
+        only=_GENERATOR,
+        shown_default="unbounded",
+    ),
+    Option(
+        "ackstream.generator.rate",
+        "generator.rate",
+        Reader(
+            float,
+            "records per second, a number >= 0 (0: as fast as possible)",
+            _rate,
+            lambda rate: f"{rate:g}",
+        ),
+        "the generator's records per second over all partitions; 0 is as fast as it can",
+        only=_GENERATOR,
+    ),
+    Option(
+        "ackstream.generator.partitions",
+        "generator.partitions",
+        whole(1),
+        "the generator's partitions",
+        only=_GENERATOR,
+    ),
+    Option(
+        "kafka.bootstrap.servers",
+        "kafka.bootstrap_servers",
+        TEXT,
+        "the brokers, `host:port[,host:port...]`",
+        check=lambda servers, seen: (
+            None if servers else ("host:port[,host:port...] of the Kafka brokers (required)")
+        ),
+        only=_KAFKA,
+        shown_default="(required)",
+        spark="same",
+    ),
+    Option(
+        "assign",
+        "kafka.assign",
+        Reader(
+            tuple[tuple[str, int], ...],
+            'JSON {"topic": [partition, ...]} naming one or more partitions',
+            _assign,
+        ),
+        'JSON `{"topic": [0, 1]}`: those partitions only',
+        shown_default="",
+        conflicts=_beside("subscribe"),
+        only=_KAFKA_ONLY,
+        spark="same",
+    ),
+    Option(
+        "subscribePattern",
+        "kafka.subscribe_pattern",
+        Reader(str, "a regular expression of topic names", _pattern),
+        "a regular expression matched against whole topic names; topics created later "
+        "that match are read from their start",
+        conflicts=_beside("subscribe", "assign"),
+        only=_KAFKA_ONLY,
+        spark="same; the expression is Python's, not Java's",
+    ),
+    Option(
+        "subscribe",
+        "kafka.topics",
+        Reader(tuple[str, ...], "topics", _topics),
+        "comma-separated topics; one of `subscribe`, `assign`, `subscribePattern` is required",
+        default=lambda seen: tuple(sorted({t for t, _ in seen["kafka.assign"]})),
+        check=_read_something,
+        only=Only("upstream", "kafka", otherwise=("generator",)),
+        shown_default="",
+        spark="same",
+    ),
+    Option(
+        "startingOffsets",
+        "kafka.starting_offsets",
+        Reader(str, _STARTS, _start),
+        "where a new query starts: `committed` (the group's committed offset, else the "
+        'earliest), `earliest`, `latest`, or JSON `{"topic": {"0": offset}}` with -2 for '
+        "earliest and -1 for latest; an offset before a partition's earliest or past its end "
+        "stops the new query at its first planning, naming the partition and its range, "
+        "before anything is committed",
+        check=_only_topics_read(-2, lambda topics: f"{_STARTS}, naming only topics read {topics}"),
+        only=_KAFKA,
+        spark="**differs**: Spark's default is `latest`, and it has no `committed`",
+    ),
+    Option(
+        "startingTimestamp",
+        "kafka.starting_timestamp",
+        whole(0),
+        "epoch ms: every partition starts at its first record at or after it; wins over "
+        "`startingOffsets`",
+        only=_KAFKA_ONLY,
+        spark="same",
+    ),
+    Option(
+        "startingOffsetsByTimestamp",
+        "kafka.starting_timestamps",
+        Reader(str, _BY_TIME, _by_time),
+        'JSON `{"topic": {"0": ms}}`: the same for the partitions named; the others start '
+        "as `startingOffsets` says",
+        check=_only_topics_read(0, lambda topics: _BY_TIME),
+        only=_KAFKA_ONLY,
+        spark="same",
+    ),
+    Option(
+        "startingOffsetsByTimestampStrategy",
+        "kafka.starting_timestamp_strategy",
+        choice(
+            TimestampStrategy,
+            allowed='"error" (fail when a partition has no record that late) or "latest"',
+        ),
+        "a partition with no record that late: `error` stops the start (naming the "
+        "partition and its range), `latest` starts at its end",
+        only=_KAFKA_ONLY,
+        spark="same",
+    ),
+    Option(
+        "maxOffsetsPerTrigger",
+        "admission.max_offsets_per_trigger",
+        whole(1),
+        "at most this many new offsets per batch, split over partitions by their lag",
+        shown_default="none",
+        spark="same; replays come on top",
+    ),
+    Option(
+        "minPartitions",
+        "admission.min_partitions",
+        whole(1),
+        "at least this many read tasks per batch: big ranges are cut",
+        shown_default="none",
+        spark="same",
+    ),
+    Option(
+        "maxRecordsPerPartition",
+        "admission.max_records_per_partition",
+        whole(1),
+        "at most this many records per read task: bigger ranges, and the replays of a "
+        "partition, are cut",
+        shown_default="none",
+        spark="same (Spark 4's); replays are cut too",
+    ),
+    Option(
+        "includeHeaders",
+        "kafka.include_headers",
+        FLAG,
+        "adds a `headers` column, `array<struct<key: string, value: binary>>`",
+        spark="same",
+    ),
+    Option(
+        "failOnDataLoss",
+        "kafka.fail_on_data_loss",
+        FLAG,
+        "stop when offsets not yet read were deleted by retention",
+        spark="**differs**: a topic read that is deleted stops the query either way; "
+        "Spark's, with `subscribePattern` and `false`, goes on without it",
+    ),
+    Option(
+        "kafka.group.id",
+        "kafka.group_id",
+        TEXT,
+        "the consumer group that acked offsets are committed to",
+        default=lambda seen: f"ackstream-{seen['topology']}",
+        check=lambda group, seen: (
+            None
+            if group.strip()
+            else (
+                "a consumer group id, not empty (leave the option out for "
+                f"ackstream-{seen['topology']})"
+            )
+        ),
+        only=_KAFKA,
+        shown_default="`ackstream-<topology>`",
+        spark="**differs**: Spark commits to no group, and makes up a group id per query",
+    ),
+    Option(
+        "kafka.*",
+        "kafka.options",
+        Reader(tuple[tuple[str, str], ...], "other kafka.* settings", _no_text),
+        "any other client setting, passed to kafka-python: `kafka.request.timeout.ms` "
+        "becomes `request_timeout_ms`; with Spark's reader, its executors' consumers read "
+        "records already written, so unless given they wait at most 10 ms for a fetch "
+        "(`kafka.fetch.max.wait.ms`) and take up to 100,000 records a poll "
+        "(`kafka.max.poll.records`)",
+        default=lambda seen: tuple(
+            sorted(
+                (key[len("kafka.") :], value)
+                for key, value in seen.given.items()
+                if key.startswith("kafka.") and key not in _NAMED_KAFKA
+            )
+        ),
+        only=_KAFKA,
+        shown_default="",
+        spark="Java-only settings are translated where the meaning is the same "
+        "(`kafka.sasl.jaas.config` of a PLAIN or SCRAM login) and otherwise refused, naming "
+        "the setting to use (`kafka.ssl.truststore.location`: use `kafka.ssl.cafile`, a PEM "
+        "file)",
+    ),
+)
+
+#: Options of Spark's Kafka source that ackstream refuses by name, and why.
+REFUSED: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp"),
+        "they bound a batch query, and the `ackstream` source is a stream only",
+    ),
+    (("minOffsetsPerTrigger", "maxTriggerDelay"), "not implemented yet"),
+    (("groupIdPrefix",), "ackstream commits to one named group, `kafka.group.id`"),
+    (
+        ("kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs"),
+        "settings of Spark's own consumer; ackstream's reads are bounded by the `kafka.*` "
+        "client settings and ride out a broker outage of up to two minutes",
+    ),
+)
+
+#: Columns of Spark's Kafka source that users sometimes give as options.
+_COLUMNS = {
+    "timestamptype": "no value: timestampType is a column of the source (0: create time, "
+    "1: log append time), as in Spark's Kafka source, not an option",
+    "headers": "no value: to get the headers column, set includeHeaders=true",
+}
+
+_GROUPS = {
+    "": SourceConfig,
+    "kafka": KafkaOptions,
+    "admission": Admission,
+    "generator": GeneratorOptions,
+    "retry": RetryPolicy,
+}
+#: The config fields' own defaults, by the ``Option.field`` that names them.
+DEFAULTS: dict[str, Any] = {
+    f"{group}.{f.name}".lstrip("."): f.default
+    for group, kind in _GROUPS.items()
+    for f in fields(kind)
+    if f.default is not MISSING
+}
+_BY_NAME = {option.name.lower(): option for option in OPTIONS if option.name != "kafka.*"}
+_REFUSED = {name.lower(): name for names, _ in REFUSED for name in names}
+
+
+def option_names() -> dict[str, tuple[str, ...]]:
+    """The options :func:`parse` knows, as users write them: ``ackstream`` (its own),
+    ``spark`` (options of Spark's Kafka source it takes) and ``refused`` (options of
+    Spark's Kafka source it refuses by name)."""
+    named = [option.name for option in _BY_NAME.values()]
+    return {
+        "ackstream": tuple(n for n in named if n.startswith("ackstream.")),
+        "spark": tuple(n for n in named if not n.startswith("ackstream.")),
+        "refused": tuple(_REFUSED.values()),
+    }
 
 
 def parse(options: Mapping[str, str]) -> SourceConfig:
     """Parse and validate the options of one ``readStream.format("ackstream")``."""
-    opts = {str(k).lower(): str(v) for k, v in options.items()}
     for key, value in options.items():
         _check_name(str(key), str(value))
-
-    def ours(name):
-        return opts.get(name.lower())
-
-    kw: dict = {}
-    topology = ours("ackstream.topology") or "ackstream"
-    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", topology) or topology in (".", ".."):
-        raise OptionError(
-            "ackstream.topology",
-            topology,
-            "1 to 200 letters, digits, '.', '_' or '-', but not '.' or '..' (it names the "
-            "channel's folder and Kafka topics)",
-        )
-    kw["topology"] = topology
-    upstream = (ours("ackstream.upstream") or "kafka").lower()
-    if upstream not in ("kafka", "generator"):
-        raise OptionError("ackstream.upstream", upstream, '"kafka" or "generator"')
-    kw["upstream"] = upstream
-
-    channel = ours("ackstream.channel") or default_channel_dir(topology)
-    if channel.lower() == "kafka":
-        if upstream != "kafka":
-            raise OptionError(
-                "ackstream.channel",
-                channel,
-                "a local directory path with ackstream.upstream=generator "
-                "(the Kafka channel lives on the upstream's brokers)",
-            )
-        channel = "kafka"
-    kw["channel"] = channel
-    shared = ours("ackstream.channelShared")
-    kw["channel_shared"] = _bool("ackstream.channelShared", shared, False)
-    if kw["channel_shared"] and channel == "kafka":
-        raise OptionError(
-            "ackstream.channelShared",
-            shared,
-            "no value with ackstream.channel=kafka (it declares a local channel folder "
-            "shared between hosts)",
-        )
-    for name, field in (
-        ("ackstream.channelReplication", "channel_replication"),
-        ("ackstream.channelRetention", "channel_retention_ms"),
-    ):
-        if ours(name) is None:
-            continue
-        if channel != "kafka":
-            raise OptionError(name, ours(name), "no value without ackstream.channel=kafka")
-        kw[field] = (
-            _int(name, ours(name), 1)
-            if field == "channel_replication"
-            else parse_duration_ms(name, ours(name))
-        )
-        if kw[field] < 1:
-            raise OptionError(name, ours(name), "a positive value")
-    kw["state_dir_option"] = ours("ackstream.stateDir") or ""
-    kw["tracking"] = _bool("ackstream.tracking", ours("ackstream.tracking"), True)
-
-    if ours("ackstream.messageTimeout") is not None:
-        kw["message_timeout_ms"] = parse_duration_ms(
-            "ackstream.messageTimeout", ours("ackstream.messageTimeout")
-        )
-    if kw.get("message_timeout_ms", 1) <= 0:
-        raise OptionError(
-            "ackstream.messageTimeout", ours("ackstream.messageTimeout"), "a positive duration"
-        )
-    timeout = kw.get("message_timeout_ms", SourceConfig.message_timeout_ms)
-    kw["source_timeout_ms"] = 2 * timeout
-    if ours("ackstream.sourceTimeout") is not None:
-        kw["source_timeout_ms"] = parse_duration_ms(
-            "ackstream.sourceTimeout", ours("ackstream.sourceTimeout")
-        )
-        if kw["source_timeout_ms"] <= timeout:
-            raise OptionError(
-                "ackstream.sourceTimeout",
-                ours("ackstream.sourceTimeout"),
-                f"a duration longer than ackstream.messageTimeout ({timeout} ms)",
-            )
-    idle = ours("ackstream.idleBatchInterval")
-    if idle is not None:
-        kw["idle_batch_ms"] = parse_duration_ms("ackstream.idleBatchInterval", idle)
-        if kw["idle_batch_ms"] <= 0:
-            raise OptionError("ackstream.idleBatchInterval", idle, "a positive duration")
-    retry = {}
-    for name, field in (
-        ("ackstream.retryInitialDelay", "initial_delay_ms"),
-        ("ackstream.retryMaxDelay", "max_delay_ms"),
-        ("ackstream.retryDelayPeriod", "delay_period_ms"),
-    ):
-        if ours(name) is not None:
-            retry[field] = parse_duration_ms(name, ours(name))
-
-    kw["max_pending"] = _int("ackstream.maxPending", ours("ackstream.maxPending"), 1)
-    if ours("ackstream.maxValueBytes") is not None:
-        kw["max_value_bytes"] = _max_value_bytes(ours("ackstream.maxValueBytes"))
-    retries = _int("ackstream.maxRetries", ours("ackstream.maxRetries"), 0)
-    if retries is not None:
-        retry["max_retries"] = retries
+    seen = Seen({str(k).lower(): str(v) for k, v in options.items()}, DEFAULTS)
+    for option in OPTIONS:
+        seen.values[option.field] = option.value(seen)
+    groups: dict[str, dict[str, Any]] = {group: {} for group in _GROUPS}
+    for path, value in seen.values.items():
+        group, _, name = path.rpartition(".")
+        groups[group][name] = value
     try:
-        kw["retry"] = RetryPolicy(**retry)
+        retry = RetryPolicy(**groups.pop("retry"))
     except OptionError as problem:  # the value as the user wrote it
-        raise OptionError(problem.option, ours(problem.option), problem.allowed) from None
-    kw["max_offsets_per_trigger"] = _int(
-        "maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), 1
-    )
-    kw["fail_on_data_loss"] = _bool("failOnDataLoss", opts.get("failondataloss"), True)
-    kw["min_partitions"] = _int("minPartitions", opts.get("minpartitions"), 1)
-    kw["max_records_per_partition"] = _int(
-        "maxRecordsPerPartition", opts.get("maxrecordsperpartition"), 1
-    )
-    kw["include_headers"] = _bool("includeHeaders", opts.get("includeheaders"), False)
-    reader = (ours("ackstream.recordReader") or "python").strip().lower()
-    if reader not in RECORD_READERS or (reader == "spark" and upstream != "kafka"):
         raise OptionError(
-            "ackstream.recordReader",
-            ours("ackstream.recordReader"),
-            '"python" or "spark" (Spark\'s Kafka source; a Kafka upstream only; '
-            "topology.read_stream(...) chooses it when the connector is there)",
-        )
-    kw["record_reader"] = reader
-    kw["dead_letter_topic"] = ours("ackstream.deadLetterTopic") or (
-        f"{topology}.dead" if channel == "kafka" else None
-    )
-
-    if upstream == "generator":
-        kw["generator_count"] = _int(
-            "ackstream.generator.count", ours("ackstream.generator.count"), 0
-        )
-        parts = _int("ackstream.generator.partitions", ours("ackstream.generator.partitions"), 1)
-        kw["generator_partitions"] = parts or GeneratorOptions.partitions
-        rate = ours("ackstream.generator.rate")
-        if rate is not None:
-            try:
-                kw["generator_rate"] = float(rate)
-            except ValueError:
-                kw["generator_rate"] = -1.0
-            if not kw["generator_rate"] >= 0:
-                raise OptionError(
-                    "ackstream.generator.rate",
-                    rate,
-                    "records per second, a number >= 0 (0: as fast as possible)",
-                )
-        kw["topics"] = ("generator",)
-        for name in _KAFKA_ONLY:
-            if name.lower() in opts:
-                raise OptionError(
-                    name, opts[name.lower()], "no value with ackstream.upstream=generator"
-                )
-        if kw["dead_letter_topic"]:
-            raise OptionError(
-                "ackstream.deadLetterTopic",
-                kw["dead_letter_topic"],
-                "no value with ackstream.upstream=generator (its dead letters go "
-                "to <channel>/dead_letters as Parquet)",
-            )
-    else:
-        bootstrap = opts.get("kafka.bootstrap.servers")
-        if not bootstrap:
-            raise OptionError(
-                "kafka.bootstrap.servers",
-                bootstrap,
-                "host:port[,host:port...] of the Kafka brokers (required)",
-            )
-        kw["bootstrap_servers"] = bootstrap
-        kw.update(_what_to_read(opts))
-        named = set(kw.get("topics", ())) | {t for t, _ in kw.get("assign", ())}
-        kw["starting_offsets"] = _starting(opts.get("startingoffsets"), named, kw)
-        kw.update(_starting_by_time(opts, named, kw))
-        kw["group_id"] = _group_id(opts.get("kafka.group.id"), topology)
-        kw["kafka_options"] = tuple(
-            sorted(
-                (k[len("kafka.") :], v)
-                for k, v in opts.items()
-                if k.startswith("kafka.") and k not in ("kafka.bootstrap.servers", "kafka.group.id")
-            )
-        )
-    return _grouped(kw)
-
-
-def _grouped(kw: dict) -> SourceConfig:
-    """The options :func:`parse` gathered by name, in their groups."""
-    kafka = {f.name: kw.pop(f.name) for f in fields(KafkaOptions) if f.name in kw}
-    if "kafka_options" in kw:
-        kafka["options"] = kw.pop("kafka_options")
-    admission = {f.name: kw.pop(f.name) for f in fields(Admission) if f.name in kw}
-    generator = {
-        f.name: kw.pop(f"generator_{f.name}")
-        for f in fields(GeneratorOptions)
-        if f"generator_{f.name}" in kw
-    }
+            problem.option, seen.given.get(problem.option.lower()), problem.allowed
+        ) from None
     return SourceConfig(
-        **kw,
-        kafka=KafkaOptions(**kafka),
-        admission=Admission(**admission),
-        generator=GeneratorOptions(**generator),
+        **groups[""],
+        retry=retry,
+        kafka=KafkaOptions(**groups["kafka"]),
+        admission=Admission(**groups["admission"]),
+        generator=GeneratorOptions(**groups["generator"]),
     )
 
 
@@ -573,9 +871,9 @@ def _check_name(given: str, value: str) -> None:
     """Refuse an option ackstream does not take, named as the user wrote it, with the
     nearest name it does take."""
     key = given.lower()
-    if key in _OURS or key in _SPARK_KAFKA or key.startswith("kafka."):
+    if key in _BY_NAME or key.startswith("kafka."):
         return
-    if key in _NOT_YET:
+    if key in _REFUSED:
         raise OptionError(
             given,
             value,
@@ -584,159 +882,4 @@ def _check_name(given: str, value: str) -> None:
         )
     if key in _COLUMNS:
         raise OptionError(given, value, _COLUMNS[key])
-    known = {k.lower(): k for k in (*_OURS.values(), *_SPARK_KAFKA.values())}
-    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    allowed = (
-        f"a known option: did you mean {known[near[0]]!r}?"
-        if near
-        else f"a known option: one of {', '.join(sorted(known.values()))}, or kafka.*"
-    )
-    raise OptionError(given, value, allowed)
-
-
-def _group_id(value: str | None, topology: str) -> str:
-    """The consumer group acked offsets are committed to (Spark's source commits none)."""
-    if value is None:
-        return f"ackstream-{topology}"
-    if not value.strip():
-        raise OptionError(
-            "kafka.group.id",
-            value,
-            f"a consumer group id, not empty (leave the option out for ackstream-{topology})",
-        )
-    return value
-
-
-def _int(option: str, value: str | None, minimum: int) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = int(value.strip())
-    except ValueError:
-        number = None
-    if number is None or number < minimum:
-        raise OptionError(option, value, f"a whole number >= {minimum}")
-    return number
-
-
-def _max_value_bytes(value: str) -> int | None:
-    if value.strip().lower() == "none":
-        return None
-    try:
-        return _int("ackstream.maxValueBytes", value, 1)
-    except OptionError:
-        raise OptionError(
-            "ackstream.maxValueBytes", value, 'a whole number >= 1, or "none" for no limit'
-        ) from None
-
-
-def _bool(option: str, value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    if value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise OptionError(option, value, '"true" or "false"')
-
-
-def _what_to_read(opts: dict) -> dict:
-    """``subscribe``, ``assign`` or ``subscribePattern``: exactly one, as Spark's."""
-    given = [name for name in ("subscribe", "assign", "subscribePattern") if name.lower() in opts]
-    one_of = (
-        'subscribe (topics), assign (JSON {"topic": [0, 1]}) or subscribePattern '
-        "(a regex of topic names)"
-    )
-    if not given:
-        raise OptionError("subscribe", None, f"one of {one_of} (required)")
-    if len(given) > 1:
-        raise OptionError(
-            given[1], opts[given[1].lower()], f"no value beside {given[0]}: exactly one of {one_of}"
-        )
-    value = opts[given[0].lower()]
-    if given[0] == "subscribe":
-        topics = tuple(t.strip() for t in value.split(",") if t.strip())
-        if not topics:
-            raise OptionError("subscribe", value, "a comma-separated list of one or more topics")
-        twice = sorted({t for t in topics if topics.count(t) > 1})
-        if twice:
-            raise OptionError(
-                "subscribe",
-                value,
-                f"a comma-separated list of distinct topics ({', '.join(map(repr, twice))} twice)",
-            )
-        return {"topics": topics}
-    if given[0] == "assign":
-        allowed = 'JSON {"topic": [partition, ...]} naming one or more partitions'
-        try:
-            raw = json.loads(value)
-            pairs = sorted({(str(t), int(p)) for t, parts in raw.items() for p in parts})
-        except (ValueError, AttributeError, TypeError):
-            raise OptionError("assign", value, allowed) from None
-        if not pairs or any(p < 0 for _, p in pairs):
-            raise OptionError("assign", value, allowed)
-        return {"assign": tuple(pairs), "topics": tuple(sorted({t for t, _ in pairs}))}
-    try:
-        re.compile(value)
-    except re.error as problem:
-        raise OptionError(
-            "subscribePattern", value, f"a Python regular expression ({problem})"
-        ) from None
-    if not value:
-        raise OptionError("subscribePattern", value, "a regular expression of topic names")
-    return {"subscribe_pattern": value}
-
-
-def _starting(value: str | None, topics: set, kw: dict) -> str:
-    allowed = (
-        '"earliest", "latest", "committed", or JSON {"topic": {"0": offset}} '
-        "with -2 = earliest and -1 = latest"
-    )
-    if value is None:
-        return "committed"
-    if value.strip().lower() in _NAMED_STARTS:
-        return value.strip().lower()
-    try:
-        raw = json.loads(value)
-        parsed = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
-    except (ValueError, AttributeError, TypeError):
-        raise OptionError("startingOffsets", value, allowed) from None
-    if any(o < -2 for parts in parsed.values() for o in parts.values()) or (
-        not kw.get("subscribe_pattern") and set(parsed) - topics
-    ):
-        raise OptionError(
-            "startingOffsets", value, allowed + f", naming only topics read {sorted(topics)}"
-        )
-    return json.dumps(raw, sort_keys=True)
-
-
-def _starting_by_time(opts: dict, topics: set, kw: dict) -> dict:
-    """``startingTimestamp``, ``startingOffsetsByTimestamp`` and their strategy."""
-    out: dict = {}
-    single = opts.get("startingtimestamp")
-    if single is not None:
-        out["starting_timestamp"] = _int("startingTimestamp", single, 0)
-    by_partition = opts.get("startingoffsetsbytimestamp")
-    if by_partition is not None:
-        allowed = 'JSON {"topic": {"0": epoch ms}} naming only topics read'
-        try:
-            raw = json.loads(by_partition)
-            parsed = {t: {int(p): int(ms) for p, ms in parts.items()} for t, parts in raw.items()}
-        except (ValueError, AttributeError, TypeError):
-            raise OptionError("startingOffsetsByTimestamp", by_partition, allowed) from None
-        if any(ms < 0 for parts in parsed.values() for ms in parts.values()) or (
-            not kw.get("subscribe_pattern") and set(parsed) - topics
-        ):
-            raise OptionError("startingOffsetsByTimestamp", by_partition, allowed)
-        out["starting_timestamps"] = json.dumps(
-            {t: {str(p): ms for p, ms in parts.items()} for t, parts in parsed.items()},
-            sort_keys=True,
-        )
-    strategy = opts.get("startingoffsetsbytimestampstrategy")
-    if strategy is not None:
-        if strategy.strip().lower() not in ("error", "latest"):
-            raise OptionError(
-                "startingOffsetsByTimestampStrategy",
-                strategy,
-                '"error" (fail when a partition has no record that late) or "latest"',
-            )
-        out["starting_timestamp_strategy"] = strategy.strip().lower()
-    return out
+    raise OptionError(given, value, did_you_mean(given, [o.name for o in _BY_NAME.values()]))

@@ -51,7 +51,8 @@ class BatchFiles:
 
     def __init__(self, folder: str, keep: int = 2):
         self.folder, self.keep = folder, keep
-        self._fs, self._root = None, ""
+        self._fs: pafs.FileSystem | None = None
+        self._root = ""
 
     def __getstate__(self):  # pickled to Spark Connect's server: no file system handle
         return {**self.__dict__, "_fs": None}
@@ -84,15 +85,16 @@ class BatchFiles:
         """The file system the folder is on and the folder's path there."""
         return self._filesystem(), self._root
 
-    def _path(self, name) -> str:
+    def _path(self, name: object) -> str:
         self._filesystem()
         return f"{self._root}/{name}" if name != "" else self._root
 
-    def _filesystem(self):
+    def _filesystem(self) -> pafs.FileSystem:
         if self._fs is None:
+            fs: pafs.FileSystem
             if urlparse(self.folder).scheme:
                 try:
-                    self._fs, base = pafs.FileSystem.from_uri(self.folder)
+                    fs, base = pafs.FileSystem.from_uri(self.folder)
                 except (pa.ArrowException, ValueError) as problem:
                     raise OptionError(
                         "checkpoint",
@@ -100,7 +102,8 @@ class BatchFiles:
                         f"a local path or a file system URL pyarrow can write to ({problem})",
                     ) from None
             else:
-                self._fs, base = pafs.LocalFileSystem(), os.path.abspath(self.folder)
+                fs, base = pafs.LocalFileSystem(), os.path.abspath(self.folder)
             self._root = base.rstrip("/")
-            self._fs.create_dir(self._root, recursive=True)
+            fs.create_dir(self._root, recursive=True)
+            self._fs = fs
         return self._fs

@@ -21,7 +21,9 @@ __all__ = [
     "LINEAGE_COLUMNS",
     "NO_RECORD",
     "REASON",
+    "REASON_LIMIT",
     "ROOT",
+    "ROOTS",
     "TRACKED_COLUMNS",
 ]
 
@@ -33,6 +35,12 @@ ANCHORS = "_anchors"  #: ``array<struct<root, edge>>`` of a multi-anchored row
 #: a row came from; its roots are found from that stage's input when it fails
 GROUP = "_group"
 REASON = "_reason"  #: on failed or rejected rows: why, for the dead letter
+#: Characters of an exception's text (or a sink's refusal) kept as a ``_reason``.
+REASON_LIMIT = 500
+#: ``array<bigint>``: every root a row belongs to, its own and its anchors' (added by
+#: ``topology.bolts.with_tree_roots``; a continuing sink hands it back with the rows
+#: it wrote)
+ROOTS = "_roots"
 #: ``_reason`` of a source row held back because its offset holds no record (compacted
 #: away, a transaction marker): nothing to process, its tree is done
 NO_RECORD = "no record at this offset"

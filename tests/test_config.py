@@ -285,3 +285,27 @@ def test_max_records_per_partition_is_sparks_option():
         == 5000
     )
     assert parse(KAFKA).admission.max_records_per_partition is None
+
+
+def test_each_option_row_sets_a_config_field_of_its_readers_type():
+    """The table's rows name real fields, once each, read as the field's type."""
+    from dataclasses import fields
+    from typing import get_args, get_type_hints
+
+    from ackstream import config
+
+    declared = {}
+    for group, kind in [
+        ("", config.SourceConfig),
+        ("kafka", config.KafkaOptions),
+        ("admission", config.Admission),
+        ("generator", config.GeneratorOptions),
+        ("retry", config.RetryPolicy),
+    ]:
+        hints = get_type_hints(kind, vars(config))
+        declared.update({f"{group}.{f.name}".lstrip("."): hints[f.name] for f in fields(kind)})
+    named = [option.field for option in config.OPTIONS]
+    assert len(named) == len(set(named))
+    for option in config.OPTIONS:
+        hint = declared[option.field]
+        assert option.reader.type == hint or option.reader.type in get_args(hint), option.name

@@ -5,6 +5,7 @@ refused ones are listed as refused, and the defaults the page gives are the pars
 from __future__ import annotations
 
 import re
+import runpy
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,11 @@ def test_the_default_on_the_page_is_the_parsers(page, option):
         assert float(written.group(1)) == default
     else:
         assert written.group(1) == default
+
+
+def test_the_page_tables_are_the_ones_the_option_table_makes(page):
+    """The tables are made from ackstream.config.OPTIONS (docs/hooks/options_page.py):
+    a row changed in one and not the other fails here; `make options-page` rewrites."""
+    hook = runpy.run_path(str(PAGE.parents[1] / "hooks" / "options_page.py"))
+    assert page.count("<!-- options: ") == 3
+    assert hook["render"](page) == page, "the options page is stale: run make options-page"

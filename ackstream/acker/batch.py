@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream.acker.ledger import notices, step
+from ackstream.acker.ledger import Pending, notices, step
 from ackstream.acker.pending_store import PendingStore
 from ackstream.records import (
     ACK_RECORD_SCHEMA,
@@ -76,7 +76,7 @@ def caught_up(tick_ms: int | None) -> pa.Table | None:
     return None if tick_ms is None else completion_table([0], CAUGHT_UP, completed_ms=tick_ms)
 
 
-def _alive(records: pa.Table, pending, now_ms: int) -> pa.Table | None:
+def _alive(records: pa.Table, pending: Pending, now_ms: int) -> pa.Table | None:
     """``alive`` notices for the roots a reset record of this batch kept pending, so that
     the source restarts its own timeout for them too (Storm's resetTimeout); each names
     its record's coordinates, which the source finds it by without minting ids."""

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -119,7 +120,7 @@ class Pending:
         return (self.epoch_ms, "\n".join(self.topics), self.table.tobytes())
 
     @classmethod
-    def from_state(cls, row) -> Pending:
+    def from_state(cls, row: tuple[int, str, bytes]) -> Pending:
         epoch_ms, topics, blob = row
         table = np.frombuffer(blob, dtype=PENDING_DTYPE).copy()
         return cls(table, int(epoch_ms), tuple(topics.split("\n")) if topics else ())
@@ -188,11 +189,16 @@ def combine(records: pa.Table | pd.DataFrame) -> Combined:
     return Combined(roots, value, kind, init_odd, topic, partition, offset, attempt, ts, reason)
 
 
-def _names(records) -> list[str]:
+def _names(records: pa.Table | pd.DataFrame) -> list[str]:
     return records.column_names if isinstance(records, pa.Table) else list(records.columns)
 
 
-def _column(records, name: str, dtype, rows: np.ndarray | None = None) -> np.ndarray:
+def _column(
+    records: pa.Table | pd.DataFrame,
+    name: str,
+    dtype: npt.DTypeLike,
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
     """Column ``name`` of an Arrow table or a pandas frame as numpy (at ``rows`` only, if
     given); a null reads 0 in a number column and None in a string column."""
     if isinstance(records, pa.Table):
@@ -248,7 +254,14 @@ def step(
     return Pending(remaining, pending.epoch_ms, topics, held), completions
 
 
-def _merge(table, topics, batch: Combined, now: int, timeout_ms: int, epoch_ms: int):
+def _merge(
+    table: np.ndarray,
+    topics: tuple[str, ...],
+    batch: Combined,
+    now: int,
+    timeout_ms: int,
+    epoch_ms: int,
+) -> tuple[np.ndarray, tuple[str, ...]]:
     has_init = (batch.kind & INIT) != 0
     topic_codes, topics = _topic_codes(batch.topic[has_init], topics)
     codes = np.full(len(batch.root), -1, np.int16)
@@ -314,7 +327,7 @@ def _reasons(roots: np.ndarray, held: Mapping[int, str]) -> np.ndarray:
     return out
 
 
-def _flags(kind: np.ndarray, init_odd) -> np.ndarray:
+def _flags(kind: np.ndarray, init_odd: npt.ArrayLike) -> np.ndarray:
     """Table flags for a batch's kinds; the parity bit is set from ``init_odd``."""
     flags = (
         np.where(kind & INIT, _KNOWN, 0)
@@ -324,7 +337,7 @@ def _flags(kind: np.ndarray, init_odd) -> np.ndarray:
     return (flags | np.where(init_odd, _INIT_ODD, 0)).astype(np.uint8)
 
 
-def _topic_codes(names: np.ndarray, topics: tuple[str, ...]):
+def _topic_codes(names: np.ndarray, topics: tuple[str, ...]) -> tuple[np.ndarray, tuple[str, ...]]:
     """Index of each topic name in ``topics``, appending names not seen before."""
     if not len(names):
         return np.empty(0, np.int16), topics
@@ -353,7 +366,7 @@ def _rebased(pending: Pending, now_ms: int) -> Pending:
     return replace(pending, table=table, epoch_ms=int(now_ms))
 
 
-def notices(pending: Pending, roots, status: str, now_ms: int) -> pd.DataFrame:
+def notices(pending: Pending, roots: npt.ArrayLike, status: str, now_ms: int) -> pd.DataFrame:
     """A ``status`` notice (no outcome, e.g. ``alive``) for each of ``roots`` that is
     pending, with its record's coordinates when its init came, so that the source finds
     it by them instead of by its id (columns as ``COMPLETION_SCHEMA``, no latency)."""
@@ -364,10 +377,17 @@ def notices(pending: Pending, roots, status: str, now_ms: int) -> pd.DataFrame:
     return frame
 
 
-def _completions(out, status, reason, topics, epoch_ms: int, now_ms: int) -> pd.DataFrame:
+def _completions(
+    out: np.ndarray,
+    status: np.ndarray | str,
+    reason: np.ndarray | None,
+    topics: tuple[str, ...],
+    epoch_ms: int,
+    now_ms: int,
+) -> pd.DataFrame:
     unknown = (out["flags"] & _KNOWN) == 0  # never saw the init: no coordinates
 
-    def nullable(values, dtype):
+    def nullable(values: np.ndarray, dtype: npt.DTypeLike) -> pd.arrays.IntegerArray:
         return pd.arrays.IntegerArray(np.asarray(values, dtype), mask=unknown.copy())
 
     names = np.array(list(topics) + [None], dtype=object)

@@ -38,14 +38,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from ackstream.acker.batch import Acker, caught_up, latest_tick_ms
 from ackstream.acker.file_batch import batch_records
 from ackstream.acker.shards import ShardLedger
 from ackstream.channels import check_reach
+from ackstream.channels.base import Channel
 from ackstream.checkpoint_files import read_text, write_text
 from ackstream.errors import OptionError
 from ackstream.offset_log import batch_timestamp_ms, clear_unfinished_first_entry
@@ -61,24 +64,23 @@ log = logging.getLogger(__name__)
 
 
 def start_acker(
-    spark,
-    channel,
+    spark: SparkSession,
+    channel: Channel,
     *,
     checkpoint: str,
     ackers: int = 2,
     message_timeout_ms: int = 30_000,
     trigger_ms: int = 500,
-    tick_ms: int | None = None,
     max_files_per_trigger: int | None = None,
     query_name: str | None = None,
-):
+) -> StreamingQuery:
     """Start the acker query: ack records from ``channel`` in, completions to ``channel`` out.
 
     Restarting with the same ``checkpoint`` resumes every pending root. ``ackers`` is
     the shard count: a channel that keeps its acks by shard must have as many
     partitions, one ledger each, on the executors; otherwise the shards are kept
     together by one ledger on the driver, where one core handles over a million
-    records a second. ``tick_ms`` is kept for the callers that pass it.
+    records a second.
     """
     check_reach(channel, master_of(spark))  # its file stream reads on the executors
     check_shard_count(spark, checkpoint, ackers)
@@ -104,7 +106,11 @@ def start_acker(
     return writer.start()
 
 
-def _running_the_ledger(channel, checkpoint: str, message_timeout_ms: int):
+#: What ``foreachBatch`` runs on each batch of a streaming query.
+BatchWriter = Callable[[DataFrame, int], None]
+
+
+def _running_the_ledger(channel: Channel, checkpoint: str, message_timeout_ms: int) -> BatchWriter:
     """The ``foreachBatch`` function that brings each batch's records to the driver and
     runs one ledger over them."""
     acker = Acker(checkpoint, message_timeout_ms)
@@ -123,7 +129,7 @@ def _running_the_ledger(channel, checkpoint: str, message_timeout_ms: int):
     return write
 
 
-def _writing_shard_summaries(channel):
+def _writing_shard_summaries(channel: Channel) -> BatchWriter:
     """The ``foreachBatch`` function of a sharded acker: its shards ran where they read
     their records and wrote their completions; it logs what they could not use and
     then writes the ``caught_up`` echo of the batch's latest tick."""
@@ -149,7 +155,7 @@ def _writing_shard_summaries(channel):
     return write
 
 
-def check_shard_count(spark, checkpoint: str, ackers: int) -> None:
+def check_shard_count(spark: SparkSession, checkpoint: str, ackers: int) -> None:
     """Refuse a shard count other than the one ``checkpoint`` was started with: a pending
     root lives in the state of shard ``pmod(root, ackers)``, so another count would lose
     track of it (its acks would reach a shard that never saw its init). The count is
@@ -184,7 +190,7 @@ def report(table: pa.Table, batch_id: int) -> None:
             _warn(batch_id, kind, count, table.column("root")[first].as_py(), reason)
 
 
-def _warn(batch_id: int, kind: str, count: int, root, reason: str | None) -> None:
+def _warn(batch_id: int, kind: str, count: int, root: int | None, reason: str | None) -> None:
     log.warning(
         "ackstream acker batch %d: %d %s record(s) ignored, e.g. root %s: %s",
         batch_id,

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream.acker.batch import Acker, latest_tick_ms
+from ackstream.channels.base import Channel
 from ackstream.records import INVALID, UNKNOWN
 
 __all__ = ["SUMMARY_DDL", "ShardLedger"]
@@ -51,7 +52,7 @@ class ShardLedger:
 
     ddl = SUMMARY_DDL
 
-    def __init__(self, channel, checkpoint: str, message_timeout_ms: int):
+    def __init__(self, channel: Channel, checkpoint: str, message_timeout_ms: int) -> None:
         self.channel, self.checkpoint = channel, checkpoint.rstrip("/")
         self.message_timeout_ms = message_timeout_ms
 

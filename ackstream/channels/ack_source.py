@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from ackstream.channels.base import ShardRunner
 from ackstream.channels.messages import (
     channel_consumer,
     check_not_deleted,
@@ -38,6 +40,10 @@ from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import TopicListing
 from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.datasource import ReadLimit
+    from pyspark.sql.types import StructType
 
 __all__ = ["ChannelSource", "ShardSource"]
 
@@ -64,7 +70,7 @@ class ChannelSource(DataSource):
     def schema(self) -> str:
         return ACK_RECORD_DDL
 
-    def streamReader(self, schema):
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         settings = client_settings(
             {k: v for k, v in self.options.items() if str(k).lower().startswith("kafka.")}
         )
@@ -74,19 +80,19 @@ class ChannelSource(DataSource):
 
 
 class _ChannelReader(DataSourceStreamReader):
-    def __init__(self, bootstrap: str, topic: str, settings: dict | None = None):
+    def __init__(self, bootstrap: str, topic: str, settings: dict | None = None) -> None:
         self.bootstrap, self.topic, self.settings = bootstrap, topic, dict(settings or {})
         self._consumer = None  # the planner's, made by the first latestOffset
         self._listing = TopicListing()
         self._outage = Outage(bootstrap)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         return {**self.__dict__, "_consumer": None, "_listing": TopicListing()}
 
     def initialOffset(self) -> dict:
         return {}
 
-    def latestOffset(self, start: dict, limit) -> dict:
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The acks topic's end offsets. While the brokers do not answer (a lost leader,
         a stall), the acker sees no new acks rather than dying: each trigger tries a
         fresh client, and only an outage longer than ``OUTAGE_LIMIT_S`` fails it
@@ -113,14 +119,16 @@ class _ChannelReader(DataSourceStreamReader):
             ends[str(partition)] = end
         return ends
 
-    def partitions(self, start: dict, end: dict):
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         return [
             MessageRange(int(p), int(start.get(p, 0)), int(e))
             for p, e in sorted(end.items())
             if int(e) > int(start.get(p, 0))
         ]
 
-    def read(self, partition: MessageRange):  # type: ignore[override]  # ours, from partitions()
+    def read(  # type: ignore[override]  # ours, from partitions()
+        self, partition: MessageRange
+    ) -> Iterator[pa.RecordBatch]:
         yield from _records(self, partition).to_batches()
 
     def commit(self, end: dict) -> None:
@@ -174,7 +182,7 @@ class ShardSource(ChannelSource):
     run_shard: Any = None  # set by :meth:`running`
 
     @classmethod
-    def running(cls, run_shard, name: str) -> type[ShardSource]:
+    def running(cls, run_shard: ShardRunner, name: str) -> type[ShardSource]:
         """A source class, registered as ``name``, that runs ``run_shard``."""
         return type(
             "ShardSource",
@@ -185,7 +193,7 @@ class ShardSource(ChannelSource):
     def schema(self) -> str:
         return self.run_shard.ddl
 
-    def streamReader(self, schema):
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         settings = client_settings(
             {k: v for k, v in self.options.items() if str(k).lower().startswith("kafka.")}
         )
@@ -199,11 +207,13 @@ class ShardSource(ChannelSource):
 
 
 class _ShardReader(_ChannelReader):
-    def __init__(self, bootstrap: str, topic: str, settings: dict, *, run_shard, shards: int):
+    def __init__(
+        self, bootstrap: str, topic: str, settings: dict, *, run_shard: ShardRunner, shards: int
+    ) -> None:
         super().__init__(bootstrap, topic, settings)
         self.run_shard, self.shards = run_shard, shards
 
-    def latestOffset(self, start: dict, limit) -> dict:
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The partitions' end offsets, and the next batch's number and time once any
         partition has new messages (the same offsets otherwise: no batch)."""
         positions = {p: e for p, e in start.items() if p not in (_BATCH, _NOW)}
@@ -222,7 +232,7 @@ class _ShardReader(_ChannelReader):
             return dict(start)
         return {**ends, _BATCH: int(start.get(_BATCH, -1)) + 1, _NOW: int(time.time() * 1000)}
 
-    def partitions(self, start: dict, end: dict):
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         batch, now_ms = int(end.get(_BATCH, 0)), int(end.get(_NOW, 0))
         return [
             ShardRange(int(p), int(start.get(p, 0)), int(e), batch, now_ms)
@@ -230,6 +240,8 @@ class _ShardReader(_ChannelReader):
             if p not in (_BATCH, _NOW)
         ]
 
-    def read(self, partition: ShardRange):  # type: ignore[override]  # ours, from partitions()
+    def read(  # type: ignore[override]  # ours, from partitions()
+        self, partition: ShardRange
+    ) -> Iterator[tuple]:
         records = _records(self, partition)
         yield self.run_shard(records, partition.partition, partition.batch, partition.now_ms)

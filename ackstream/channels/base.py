@@ -1,12 +1,17 @@
 """The channel: the hub between whoever processes tuples, the acker and the source.
 
 Ack records (``records.ACK_RECORD_SCHEMA``) flow in from the topology's batches,
-the source (ticks) and any other process; the acker query reads them as a stream.
-Completions (``records.COMPLETION_SCHEMA``) flow in from the acker query, the
-topology's batches (trees they settled themselves) and the source's read tasks
-(rejected records, offsets with no record); the source reads them on the driver,
-and so does ``ackstream status``. Every transport keeps the same records and
-passes one contract suite (``tests/channels/test_channel_contract.py``).
+the source (ticks), stages that keep upstream trees alive (timeout resets, from the
+executors) and any other process; the acker query reads them as a stream.
+Completions (``records.COMPLETION_SCHEMA``) flow in from the acker (its ledger on the
+driver, or on the executors, one per acks partition, with a channel that shards its
+acks) and from the topology's batches on the driver (trees they settled themselves,
+the roots of a batch that failed as a whole); the source reads them on the driver,
+and so does ``ackstream status``. The source's read tasks write nothing here: the
+records they hold back (rejected, or offsets with no record) travel in the batch's
+rows, and the topology settles them with ack records (``ackstream.sources.rows``).
+Every transport keeps the same records and passes one contract suite
+(``tests/channels/test_channel_contract.py``).
 
 A *position* is whatever the transport needs to resume reading completions (a
 file number, a ``{partition: offset}`` map): opaque to callers, JSON-able,
@@ -15,13 +20,29 @@ because the source keeps it in its Spark offset.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-__all__ = ["Channel", "Position", "ShardedAcks"]
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["Channel", "Position", "ShardRunner", "ShardedAcks"]
 
 Position = Any  #: JSON-able; None means "from the first completion"
+
+
+class ShardRunner(Protocol):
+    """What runs one shard's records of a batch where they are read (the acker's
+    ledger, :class:`~ackstream.acker.shards.ShardLedger`)."""
+
+    #: the Spark DDL of the row it returns
+    ddl: str
+
+    def __call__(self, records: pa.Table, shard: int, batch_id: int, now_ms: int) -> tuple:
+        """Run shard ``shard`` over its ``records`` of batch ``batch_id`` at ``now_ms``."""
 
 
 @runtime_checkable
@@ -29,7 +50,7 @@ class ShardedAcks(Protocol):
     """Acks kept by shard: every ack record of a root is in partition
     ``pmod(root, partitions)``, so one task can run the ledger of a partition alone."""
 
-    def shard_stream(self, spark, run_shard, shards: int):
+    def shard_stream(self, spark: SparkSession, run_shard: ShardRunner, shards: int) -> DataFrame:
         """A streaming DataFrame whose every batch calls ``run_shard(records, partition,
         batch, now_ms)`` once for each partition that ever held records, in the task
         that reads that partition's new records (an Arrow table, ``ACK_RECORD_SCHEMA``);
@@ -60,16 +81,18 @@ class Channel(Protocol):
         """The options a source that reads this channel is given: ``ackstream.channel``
         (a folder, or ``kafka``) and what else must agree with the topology's channel."""
 
-    def agreeing_with(self, source_options) -> Channel:
+    def agreeing_with(self, source_options: Mapping[str, str]) -> Channel:
         """This channel as a source given ``source_options`` must see it (the same
         channel, or one that takes the source's client settings it lacks); an
         :class:`~ackstream.errors.OptionError` when they disagree."""
 
-    def write_acks(self, records) -> None:
+    def write_acks(self, records: pa.Table | pd.DataFrame) -> None:
         """Append ack records (a pandas frame or Arrow table of ``ACK_RECORD_SCHEMA``
         columns, ``reason`` optional); durable when it returns. Any process may call it."""
 
-    def ack_stream(self, spark, max_files_per_trigger: int | None = None):
+    def ack_stream(
+        self, spark: SparkSession, max_files_per_trigger: int | None = None
+    ) -> DataFrame:
         """The ack records as a streaming DataFrame (``ACK_RECORD_DDL``), for the acker."""
 
     def ack_records(self) -> pa.Table:

@@ -33,8 +33,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,13 @@ from ackstream.kafka.settings import client_options, client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics, shared_listing
 from ackstream.ranges import expand
 from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer, KafkaProducer
+    from pyspark.sql import DataFrame, SparkSession
+
+    from ackstream.channels.ack_source import ChannelSource
+    from ackstream.channels.base import ShardRunner
 
 __all__ = ["KafkaChannel"]
 
@@ -120,7 +127,7 @@ class KafkaChannel:
         """The channel itself: its acks topic's partitions are the acker's shards."""
         return self
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         return {
             **self.__dict__,
             "_producer": None,
@@ -168,7 +175,7 @@ class KafkaChannel:
             retention_ms=self.retention_ms,
         )
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reading = threading.Lock()
         self._listing = shared_listing()
@@ -216,7 +223,7 @@ class KafkaChannel:
         the broker confirmed every message."""
         self._send(self.acks_topic, as_table(records, ACK_RECORD_SCHEMA), key=None, by_root=True)
 
-    def shard_stream(self, spark, run_shard, shards: int):
+    def shard_stream(self, spark: SparkSession, run_shard: ShardRunner, shards: int) -> DataFrame:
         """The acks topic as a stream of what ``run_shard(records, partition, batch,
         now_ms)`` returns for each partition's records of a batch, run in the task that
         reads them (see :class:`~ackstream.channels.ack_source.ShardSource`). An
@@ -235,7 +242,9 @@ class KafkaChannel:
         source = ShardSource.running(run_shard, f"ackstream-acker-{self.acks_topic}")
         return self._acks_stream(spark, source, shards=str(shards))
 
-    def ack_stream(self, spark, max_files_per_trigger: int | None = None):
+    def ack_stream(
+        self, spark: SparkSession, max_files_per_trigger: int | None = None
+    ) -> DataFrame:
         """The ack records as a streaming DataFrame."""
         from ackstream.channels.ack_source import ChannelSource
 
@@ -252,7 +261,9 @@ class KafkaChannel:
                 return found
             time.sleep(0.2)
 
-    def _acks_stream(self, spark, source, **options: str):
+    def _acks_stream(
+        self, spark: SparkSession, source: type[ChannelSource], **options: str
+    ) -> DataFrame:
         """The acks topic read by the Python data source ``source``, registered first.
         pyspark's data source API is imported only here: the channel's other users (the
         source's planner, the sinks, ``ackstream status``) do not need it."""
@@ -317,7 +328,7 @@ class KafkaChannel:
             self._check_not_deleted(topic)
             raise
 
-    def _read_ranges(self, topic: str, schema: pa.Schema, position: dict):
+    def _read_ranges(self, topic: str, schema: pa.Schema, position: dict) -> tuple[pa.Table, dict]:
         tables = [schema.empty_table()]
         with self._reader() as consumer:
             for partition, start, end in message_ranges(
@@ -333,7 +344,7 @@ class KafkaChannel:
         return pa.concat_tables(tables), position
 
     @contextlib.contextmanager
-    def _reader(self):
+    def _reader(self) -> Iterator[KafkaConsumer]:
         """The channel's own consumer, one reader at a time; a read that failed drops
         it, so the next one starts from a fresh client."""
         with self._reading:
@@ -358,7 +369,7 @@ class KafkaChannel:
 
     # --- plumbing ---------------------------------------------------------------
 
-    def _send(self, topic: str, table: pa.Table, key: bytes | None, by_root=False) -> None:
+    def _send(self, topic: str, table: pa.Table, key: bytes | None, by_root: bool = False) -> None:
         """Produce ``table`` to ``topic``, waiting for every broker ack; ``by_root``: each
         row to partition ``pmod(root, partitions)``. However many rows, each message
         stays under the topic's message size (:meth:`_send_within`). A deleted topic
@@ -393,7 +404,7 @@ class KafkaChannel:
             self._drop_producer(producer)  # refused for their size: the producer is spent
             self._shrink(topic, budget)
 
-    def _producer_now(self):
+    def _producer_now(self) -> KafkaProducer:
         """The channel's producer, made on first use (and after one was dropped)."""
         with _PRODUCER_LOCK:
             if self._producer is None:
@@ -410,7 +421,9 @@ class KafkaChannel:
                 )
             return self._producer
 
-    def _send_within(self, producer, topic: str, key: bytes | None, pieces: list, budget: int):
+    def _send_within(
+        self, producer: KafkaProducer, topic: str, key: bytes | None, pieces: list, budget: int
+    ) -> list:
         """Send each ``(partition, rows)`` of ``pieces`` as messages of at most ``budget``
         bytes; return those the brokers refused for their size (kafka-python's producer
         then fails every message it held: they are all sent again, by a new producer)."""
@@ -453,7 +466,7 @@ class KafkaChannel:
             smaller,
         )
 
-    def _drop_producer(self, producer) -> None:
+    def _drop_producer(self, producer: KafkaProducer) -> None:
         with _PRODUCER_LOCK:
             if self._producer is producer:
                 self._producer = None
@@ -486,7 +499,7 @@ def _too_small(topic: str, size: int, budget: int) -> EnvironmentProblem:
     )
 
 
-def _knows_partitions(producer, topic: str) -> bool:
+def _knows_partitions(producer: KafkaProducer, topic: str) -> bool:
     """Whether ``producer``'s cached metadata holds ``topic``'s partitions, so that a send
     cannot wait for them; asked without a request (kafka-python keeps that cache under
     a private name: where it is not found, the answer is no, and the brokers are asked)."""
@@ -499,7 +512,7 @@ def _knows_partitions(producer, topic: str) -> bool:
         return False
 
 
-def _close_now(producer) -> None:
+def _close_now(producer: KafkaProducer) -> None:
     """Close ``producer`` dropping the records it still holds. kafka-python's
     ``close(timeout)`` flushes first and raises when the flush does not end in time,
     before it would force the close: a record for a deleted topic's partition held it

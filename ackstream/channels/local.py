@@ -26,6 +26,8 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
@@ -42,6 +44,9 @@ from ackstream.records import (
     RESET,
     as_table,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["SOURCE_METRICS_FILE", "LocalChannel"]
 
@@ -84,7 +89,7 @@ class LocalChannel:
             "ackstream.channelShared": str(self.shared).lower(),  # one host's, or all
         }
 
-    def agreeing_with(self, source_options) -> LocalChannel:
+    def agreeing_with(self, source_options: Mapping[str, str]) -> LocalChannel:
         """A folder needs nothing of the source's settings: itself."""
         return self
 
@@ -109,7 +114,9 @@ class LocalChannel:
             os.path.join(self.acks_dir, name), lambda path: pq.write_table(table, path)
         )
 
-    def ack_stream(self, spark, max_files_per_trigger: int | None = None):
+    def ack_stream(
+        self, spark: SparkSession, max_files_per_trigger: int | None = None
+    ) -> DataFrame:
         """The ack records as a streaming DataFrame, for the acker query."""
         # a file some other writer got wrong is skipped (and logged by Spark), not fatal;
         # rows with missing columns come as nulls, which the acker reports as invalid

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -17,6 +19,9 @@ from ackstream.kafka.reading import read_ranges, topic_ranges
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import TopicListing, deleted_topics, never_create_topics
 from ackstream.records import as_table
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
 
 __all__ = [
     "MESSAGE_BYTES",
@@ -89,7 +94,9 @@ class MessageTooLarge(ValueError):
         self.size, self.budget = size, budget
 
 
-def decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
+def decode(
+    message: bytes, schema: pa.Schema, topic: str, partition: int, offset: int
+) -> pa.Table | str:
     """The records of one message, or a reason string when it is not an Arrow IPC
     stream of ``schema``: a foreign or corrupt message is reported, never fatal.
     Any exception counts: pyarrow raises ``OSError`` for about half of random byte
@@ -103,7 +110,7 @@ def decode(message, schema: pa.Schema, topic: str, partition: int, offset: int):
         return reason
 
 
-def channel_consumer(bootstrap: str, settings: dict | None = None):
+def channel_consumer(bootstrap: str, settings: dict | None = None) -> KafkaConsumer:
     """A consumer that reads channel topics by offset: no group, no commits. Its
     fetches wait at most 50 ms for data: a prefetch left pending at a partition's end
     would otherwise hold the next read of a reused consumer for the broker's wait. A
@@ -125,7 +132,9 @@ def channel_consumer(bootstrap: str, settings: dict | None = None):
     return never_create_topics(consumer)  # the channel makes its topics (prepare)
 
 
-def check_not_deleted(bootstrap: str, topic: str, consumer, listing: TopicListing) -> None:
+def check_not_deleted(
+    bootstrap: str, topic: str, consumer: KafkaConsumer | None, listing: TopicListing
+) -> None:
     """Stop, naming it, if the channel's ``topic`` was deleted from the brokers while the
     query ran (see :mod:`ackstream.kafka.topics`): kafka-python would wait for it as for
     brokers that are down, then time out. Without a client (the brokers did not answer
@@ -141,7 +150,12 @@ def check_not_deleted(bootstrap: str, topic: str, consumer, listing: TopicListin
 
 
 def message_ranges(
-    bootstrap: str, topic: str, position: dict, *, consumer=None, settings: dict | None = None
+    bootstrap: str,
+    topic: str,
+    position: dict,
+    *,
+    consumer: KafkaConsumer | None = None,
+    settings: dict | None = None,
 ) -> list[tuple[int, int, int]]:
     """(partition, start, end) for each partition of ``topic`` with messages past
     ``position``; with ``consumer`` (see :func:`channel_consumer`), through it, else
@@ -157,7 +171,7 @@ def fetch_messages(
     start: int,
     end: int,
     *,
-    consumer=None,
+    consumer: KafkaConsumer | None = None,
     settings: dict | None = None,
 ) -> list[tuple[int, bytes]]:
     """``(offset, value)`` of the messages ``start`` (inclusive) to ``end`` (exclusive) of
@@ -173,7 +187,9 @@ def fetch_messages(
 
 
 @contextlib.contextmanager
-def _using(bootstrap: str, consumer, settings: dict | None):
+def _using(
+    bootstrap: str, consumer: KafkaConsumer | None, settings: dict | None
+) -> Iterator[KafkaConsumer]:
     if consumer is not None:
         yield consumer
         return

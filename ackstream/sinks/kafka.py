@@ -34,7 +34,7 @@ from ackstream.continued import lineage_headers, mint_edges
 from ackstream.errors import EnvironmentProblem, OptionError, cause_of
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import deleted_topics, shared_listing
-from ackstream.lineage import LINEAGE_COLUMNS, REASON
+from ackstream.lineage import LINEAGE_COLUMNS, REASON, REASON_LIMIT, ROOTS
 from ackstream.records import ACK, ack_table
 from ackstream.session import has_kafka_connector, kafka_through_v2
 
@@ -42,17 +42,13 @@ __all__ = ["WRITERS", "KafkaSink", "ProduceTask", "carried_columns"]
 
 log = logging.getLogger(__name__)
 
-#: Characters of a ``_reason`` kept, as ``topology.bolts.REASON_LIMIT`` (not imported:
-#: executors unpickling the task would import the whole topology package).
-REASON_CHARS = 500
 #: How long a producer waits for a topic's metadata (or room to buffer a row): a topic
 #: that does not exist is asked for once a write has waited this long.
 BLOCK_MS = 10_000
 #: Values of ``KafkaSink(writer=...)``.
 WRITERS = ("auto", "spark", "python")
-#: roots of a row (``topology.bolts.ROOTS``) and the edge id of its message, on the rows
-#: a continuing write hands back
-ROOTS, SENT_EDGE = "_roots", "_sent_edge"
+#: the edge id of a row's message, on the rows a continuing write hands back (with ROOTS)
+SENT_EDGE = "_sent_edge"
 
 
 class KafkaSink:
@@ -363,7 +359,7 @@ class ProduceTask:
         ``edges`` (a continuing write) every row, the confirmed ones with their edge
         (null for a row with no roots: nothing tracks it)."""
         failed = np.array([r is not None for r in reasons], dtype=bool)
-        why = [f"KafkaSink to {self.topic}: {r}"[:REASON_CHARS] if r else None for r in reasons]
+        why = [f"KafkaSink to {self.topic}: {r}"[:REASON_LIMIT] if r else None for r in reasons]
         if edges is None:
             rows = batch.select(list(self.carried)).filter(pa.array(failed))
             why = [w for w in why if w is not None]

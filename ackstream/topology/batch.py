@@ -38,12 +38,10 @@ from ackstream.acker.precombine import precombine, settle
 from ackstream.clock import now_ms
 from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
-from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
+from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, REASON_LIMIT, ROOT, ROOTS
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.bolts import (
-    REASON_LIMIT,
-    ROOTS,
     BatchContext,
     GroupInput,
     anchor_pairs,

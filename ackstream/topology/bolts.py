@@ -44,10 +44,18 @@ from pyspark.sql import functions as F
 from ackstream.channels.base import Channel
 from ackstream.continued import UpstreamResets
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, EDGE, GROUP, LINEAGE_COLUMNS, REASON, ROOT
+from ackstream.lineage import (
+    ANCHORS,
+    EDGE,
+    GROUP,
+    LINEAGE_COLUMNS,
+    REASON,
+    REASON_LIMIT,
+    ROOT,
+    ROOTS,
+)
 
 __all__ = [
-    "REASON_LIMIT",
     "GroupInput",
     "BatchContext",
     "StageOutput",
@@ -71,10 +79,6 @@ __all__ = [
 
 _ORDINAL, _ERROR, _GROUP_ID = "_ordinal", "_error", "_group_id"
 _GROUP_ROOTS, _GROUP_STAGE = "_group_roots", "_group_stage"
-#: the column :func:`with_tree_roots` adds
-ROOTS = "_roots"
-#: Characters of an exception's text kept as a reason.
-REASON_LIMIT = 500
 _ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
 
 

@@ -24,6 +24,7 @@ from ackstream.acker.query import start_acker
 from ackstream.clock import now_ms
 from ackstream.config import parse_duration_ms
 from ackstream.errors import OptionError
+from ackstream.lineage import REASON_LIMIT
 from ackstream.offset_log import clear_unfinished_first_entry, logged_offsets
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import PlannedRoots
@@ -38,7 +39,6 @@ from ackstream.topology.batch_failure import (
     isolates,
     job_tag,
 )
-from ackstream.topology.bolts import REASON_LIMIT
 from ackstream.topology.held_store import FOLDER
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import StageCounts
