@@ -188,6 +188,7 @@ def test_a_bolt_hanging_on_one_record_is_cancelled_at_the_deadline_and_dead_lett
     assert "slow" in reasons[2]
 
 
+@pytest.mark.e2e  # test_failure_path's stop tests and test_stop_queries cover it too
 def test_stop_returns_while_a_stage_hangs(spark, broker, new_topic, tmp_path):
     """No deadline, a stage that never returns: stop() cancels the batch's jobs and
     returns (bounded by a generous poll, not a timing assertion)."""

@@ -74,6 +74,7 @@ def test_a_bolt_of_a_topology_with_its_own_records_resets_nothing(spark, tmp_pat
 
 
 @pytest.mark.broker
+@pytest.mark.e2e  # waits out two and a half message timeouts
 def test_a_slow_bolt_keeps_alive_the_trees_it_resets_and_only_those(
     spark, broker, new_topic, tmp_path
 ):

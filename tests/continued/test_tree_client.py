@@ -201,6 +201,7 @@ def test_a_message_never_acked_times_out_and_is_replayed(pipeline):
     assert p.seen == Counter({f"R{i}": 2 if i == 5 else 1 for i in range(N)})
 
 
+@pytest.mark.e2e  # waits out message timeouts
 def test_a_consumer_resetting_the_timeout_keeps_a_slow_message_alive(pipeline):
     """Storm's resetTimeout from a plain consumer: R5's work takes 2.5 message timeouts,
     the consumer resets its tree's timeout every quarter of one, then acks: acked at its
