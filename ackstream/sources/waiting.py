@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ackstream.sources.in_flight import Spans
+
 __all__ = ["NO_GROUP", "Replays", "Scheduled", "UnchargedCounts", "packed"]
 
 #: ``group`` of a scheduled record that is replayed with any other due records.
@@ -52,22 +54,14 @@ class Replays(NamedTuple):
         if not len(self.offset):
             return []
         order = np.lexsort((self.offset, self.attempt, self.part))
-        part, offset, attempt = self.part[order], self.offset[order], self.attempt[order]
-        cut = np.ones(len(offset), bool)
-        cut[1:] = (
-            (part[1:] != part[:-1])
-            | (attempt[1:] != attempt[:-1])
-            | (offset[1:] != offset[:-1] + 1)
-        )
-        first = np.flatnonzero(cut)
-        last = np.append(first[1:], len(offset)) - 1
+        spans = Spans.of_rows(self.part[order], self.offset[order], self.attempt[order])
         return [
-            [*self.tps[p], lo, hi + 1, att]
-            for p, lo, hi, att in zip(
-                part[first].tolist(),
-                offset[first].tolist(),
-                offset[last].tolist(),
-                attempt[first].tolist(),
+            [*self.tps[p], start, end, att]
+            for p, start, end, att in zip(
+                spans.part.tolist(),
+                spans.start.tolist(),
+                spans.end.tolist(),
+                spans.attempt.tolist(),
             )
         ]
 
