@@ -174,3 +174,20 @@ def through_ledger(batches, timeout_ms: int = 60_000):
         pending, done = step(pending, records.to_pandas(), i, timeout_ms)
         outcome.update(zip(done["root"], done["status"]))
     return outcome, set(pending.values())
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    """Delete ``topic`` and wait until the brokers no longer list it."""
+    from kafka import KafkaConsumer
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.delete_topics([topic])
+    finally:
+        admin.close()
+    lister = KafkaConsumer(bootstrap_servers=bootstrap, allow_auto_create_topics=False)
+    try:
+        wait_for(lambda: topic not in lister.topics(), timeout=30, what=f"{topic} deleted")
+    finally:
+        lister.close()

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from ackstream import KafkaChannel, KafkaSink, Topology
 from ackstream.status import source_metrics
 
-from helpers import consume, group_commits, wait_for
+from helpers import consume, delete_topic, group_commits, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -308,16 +308,6 @@ def strict_broker():
     running = KafkaBroker(**{"auto.create.topics.enable": "false"}).start()
     yield running
     running.stop()
-
-
-def delete_topic(bootstrap: str, topic: str) -> None:
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.delete_topics([topic])
-    finally:
-        admin.close()
 
 
 def stopped_with(running, timeout_s: float):

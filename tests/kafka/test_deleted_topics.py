@@ -21,28 +21,12 @@ from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.tracking import DeadLetter
 from ackstream.testing import FakeClock, ack, ack_records
 
-from helpers import wait_for
+from helpers import delete_topic, wait_for
 
 pytestmark = pytest.mark.broker
 
 #: A generous poll bound on the error: well under kafka-python's own waits.
 RAISED_WITHIN_S = 30
-
-
-def delete_topic(bootstrap: str, topic: str) -> None:
-    from kafka import KafkaConsumer
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.delete_topics([topic])
-    finally:
-        admin.close()
-    lister = KafkaConsumer(bootstrap_servers=bootstrap, allow_auto_create_topics=False)
-    try:
-        wait_for(lambda: topic not in lister.topics(), timeout=30, what=f"{topic} deleted")
-    finally:
-        lister.close()
 
 
 def raised_by(call):
