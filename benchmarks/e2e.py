@@ -1150,12 +1150,18 @@ def main(argv=None) -> dict:
             shutil.rmtree(workdir, ignore_errors=True)
     print_tables(out)
     if not args.no_save:
-        path = args.output or unused(os.path.join(RESULTS, f"e2e-{dt.date.today()}.json"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(json.dumps(out, indent=1) + "\n")
-        log(f"written to {path}")
+        log(f"written to {save(out, args.output, 'e2e')}")
     return out
+
+
+def save(out: dict, output: str | None, name: str) -> str:
+    """Write a run's figures to ``output``, or to ``results/<name>-<date>.json`` (never
+    over an earlier run's file)."""
+    path = output or unused(os.path.join(RESULTS, f"{name}-{dt.date.today()}.json"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(json.dumps(out, indent=1) + "\n")
+    return path
 
 
 def unused(path: str) -> str:

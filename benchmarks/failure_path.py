@@ -73,8 +73,8 @@ from e2e import (  # noqa: E402
     machine,
     make_input,
     read_output,
+    save,
     spread,
-    unused,
 )
 from e2e_systems import MESSAGE_TIMEOUT_MS, SPARK_CONF, spark_kafka_jars  # noqa: E402
 
@@ -641,13 +641,7 @@ def main(argv=None, spark=None) -> dict:
             shutil.rmtree(workdir, ignore_errors=True)
     print_tables(out)
     if not args.no_save:
-        path = args.output or unused(
-            os.path.join(HERE, "results", f"failure-path-{dt.date.today()}.json")
-        )
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(json.dumps(out, indent=1) + "\n")
-        log(f"written to {path}")
+        log(f"written to {save(out, args.output, 'failure-path')}")
     return out
 
 
