@@ -3,6 +3,7 @@
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -720,7 +721,11 @@ def test_status_watch_reads_again_until_ctrl_c(monkeypatch, capsys, tmp_path):
         if len(naps) % 3 == 0:  # the third nap of each watch: Ctrl-C
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(time, "sleep", nap)
+    # the watch's own clock only: patching time.sleep for the whole process would also
+    # interrupt the threads that other tests' clients, queries and brokers left running
+    import ackstream.cli.status as status_command
+
+    monkeypatch.setattr(status_command, "time", SimpleNamespace(sleep=nap, strftime=time.strftime))
     argv = ["status", "--channel", str(tmp_path / "ch"), "--watch", "0.5"]
     assert main(argv) == 0
     out = capsys.readouterr().out
