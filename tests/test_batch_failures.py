@@ -54,6 +54,7 @@ def letters(bootstrap: str, topic: str) -> dict[int, str]:
     return found
 
 
+@pytest.mark.e2e
 def test_a_sql_stage_raising_on_one_record_dead_letters_only_that_record(
     spark, broker, new_topic, tmp_path
 ):
@@ -94,6 +95,7 @@ def test_a_sql_stage_raising_on_one_record_dead_letters_only_that_record(
     assert reasons[6].startswith("batch_failed:") and "poison in SQL" in reasons[6]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("reader", ["python", "spark"])
 def test_a_python_worker_exiting_on_one_record_dead_letters_it_naming_the_stage(
     spark, broker, new_topic, tmp_path, reader

@@ -140,6 +140,7 @@ def run_every_record_failing_in_sql(spark, broker, new_topic, tmp_path, records:
     assert group_commits(broker.bootstrap, name, inbox) == {0: records // 2, 1: records // 2}
 
 
+@pytest.mark.e2e
 def test_a_sql_stage_failing_every_record_ends_in_dead_letters(spark, broker, new_topic, tmp_path):
     run_every_record_failing_in_sql(spark, broker, new_topic, tmp_path, SMALL)
 
@@ -256,6 +257,7 @@ def run_an_outage(spark, broker, new_topic, tmp_path, per_batch: int, outage_s: 
     }
 
 
+@pytest.mark.e2e
 def test_a_downstream_outage_then_its_end_loses_nothing(spark, broker, new_topic, tmp_path):
     run_an_outage(spark, broker, new_topic, tmp_path, per_batch=1_000, outage_s=15)
 

@@ -82,6 +82,7 @@ def test_a_downstream_batch_acks_or_fails_the_upstream_roots(spark, broker, new_
     assert settle(up_records) == {root: "pending" for root in r}
 
 
+@pytest.mark.e2e
 def test_two_queries_every_upstream_record_is_acked_once_downstream_wrote_it(
     spark, broker, new_topic, tmp_path
 ):
@@ -232,6 +233,7 @@ def test_a_topology_continuing_trees_may_write_them_on_with_a_continuing_sink():
     assert topology.source_options()["ackstream.tracking"] == "false"
 
 
+@pytest.mark.e2e
 def test_three_processes_the_last_one_acks_or_fails_the_first_ones_records(
     spark, broker, new_topic, tmp_path
 ):

@@ -231,6 +231,7 @@ def test_idle_batches_close_a_processing_time_window_after_the_records_stop(spar
     assert offsets == [0, 1, 2, 3, 4, 5]
 
 
+@pytest.mark.e2e
 @pytest.mark.broker
 def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
     spark, broker, new_topic, tmp_path

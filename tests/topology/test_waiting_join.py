@@ -324,6 +324,7 @@ def test_a_held_tuple_survives_a_restart_and_is_acked_with_its_match(spark, tmp_
     assert held_in(checkpoint) == {"j": {"tuples": 0, "roots": 0}}
 
 
+@pytest.mark.e2e
 def test_a_tuple_that_never_finds_its_match_times_out_and_is_replayed(spark, tmp_path):
     """One record, left side, whose right never comes: its root times out in the acker
     (3 s), the record is replayed and held again (its first attempt's row dropped),
@@ -356,6 +357,7 @@ def test_a_tuple_that_never_finds_its_match_times_out_and_is_replayed(spark, tmp
     assert {r["_attempt"] for r in state.rows.collect()} <= {1}
 
 
+@pytest.mark.e2e
 @pytest.mark.broker
 def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
     spark, broker, new_topic, tmp_path
@@ -429,6 +431,7 @@ def model(batches):
 
 
 # each example runs three batches on Spark: few examples, and no shrinking (minutes)
+@pytest.mark.e2e
 @settings(
     max_examples=8,
     deadline=None,

@@ -304,6 +304,7 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mod
     assert held_in(checkpoint) == {"w": {"tuples": 0, "roots": 0}}
 
 
+@pytest.mark.e2e
 def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spark, tmp_path):
     """Two records for a window of three: both time out in the acker (3 s), are replayed
     and held again (not beside their first attempts: that would fill the window), time
@@ -336,6 +337,7 @@ def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spa
     assert sink.rows() == []
 
 
+@pytest.mark.e2e
 @pytest.mark.broker
 def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
     spark, broker, new_topic, tmp_path
