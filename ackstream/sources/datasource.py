@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -27,10 +30,15 @@ from ackstream.sources.rows import ReadTask, source_ddl
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import check_options, open_upstream
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.datasource import ReadLimit
+    from pyspark.sql.types import StructType
+
 __all__ = ["AckstreamDataSource", "AckstreamStreamReader", "register"]
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """Make ``spark.readStream.format("ackstream")`` available in this session."""
     spark.dataSource.register(AckstreamDataSource)
 
@@ -38,7 +46,7 @@ def register(spark) -> None:
 class AckstreamDataSource(DataSource):
     """The ``ackstream`` source; options are parsed (and checked) on construction."""
 
-    def __init__(self, options):
+    def __init__(self, options: MutableMapping[str, str]) -> None:
         super().__init__(options)
         self.config = check_options(options)
         open_upstream(self.config).check()  # brokers up, topics there: say so before the start
@@ -50,7 +58,7 @@ class AckstreamDataSource(DataSource):
     def schema(self) -> str:
         return source_ddl(self.config.kafka.include_headers)
 
-    def streamReader(self, schema) -> AckstreamStreamReader:
+    def streamReader(self, schema: StructType) -> AckstreamStreamReader:
         return AckstreamStreamReader(self.config)
 
 
@@ -87,12 +95,12 @@ class AckstreamStreamReader(DataSourceStreamReader):
             upstream.close()
             channel.close()
 
-    def getDefaultReadLimit(self):
+    def getDefaultReadLimit(self) -> ReadLimit:
         if self.config.admission.max_offsets_per_trigger:
             return ReadMaxRows(self.config.admission.max_offsets_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit) -> dict:
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return self._spout_from(start).next_offset(max_rows) or start
 
@@ -110,7 +118,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
             write_atomically(path, lambda hidden: _write_json(hidden, metrics))
         return metrics
 
-    def partitions(self, start: dict, end: dict):
+    def partitions(self, start: dict, end: dict) -> list[TaskPartition]:
         if self.config.tracking:
             self._spout_from(end)  # a restart re-running its last batch starts here
         tasks = read_tasks(
@@ -131,7 +139,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
 
     # --- executor side --------------------------------------------------------------
 
-    def read(self, partition: TaskPartition):  # type: ignore[override]  # ours, from partitions()
+    def read(self, partition: TaskPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]  # ours, from partitions()
         yield from open_upstream(self.config).read(partition.task)
 
 

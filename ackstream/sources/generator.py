@@ -15,13 +15,18 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ackstream import ids
 from ackstream.config import SourceConfig
 from ackstream.files import write_atomically
-from ackstream.sources.rows import ReadTask, spout_batch
+from ackstream.sources.rows import TP, ReadTask, spout_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["TOPIC", "UNBOUNDED_STEP", "WORDS", "GeneratorUpstream", "committed_count", "sentence"]
 
@@ -138,10 +143,10 @@ class GeneratorUpstream:
     def partitions(self) -> list[tuple[str, int]]:
         return [(TOPIC, p) for p in range(self.config.generator.partitions)]
 
-    def earliest(self, tps):
+    def earliest(self, tps: list[TP]) -> dict[TP, int]:
         return {tp: 0 for tp in tps}
 
-    def latest(self, tps, positions: dict | None = None):
+    def latest(self, tps: list[TP], positions: dict[TP, int] | None = None) -> dict[TP, int]:
         """Per partition: ``count`` records, released at ``rate`` per second from the
         position the reader first asked at; with neither, :data:`UNBOUNDED_STEP` beyond
         the reader's position at a time."""
@@ -158,11 +163,11 @@ class GeneratorUpstream:
             out[tp] = avail if count is None else min(count, avail)
         return out
 
-    def committed(self, tps):
+    def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
         saved = _saved(self.config.channel)
         return {tp: tuple(saved[f"{tp[0]}/{tp[1]}"]) for tp in tps if f"{tp[0]}/{tp[1]}" in saved}
 
-    def commit(self, offsets) -> None:
+    def commit(self, offsets: dict[TP, tuple[int, str]]) -> None:
         if not offsets:
             return
         saved = self.committed(self.partitions())
@@ -171,7 +176,7 @@ class GeneratorUpstream:
         text = json.dumps({f"{t}/{p}": list(v) for (t, p), v in saved.items()})
         write_atomically(self._commits, lambda path: _write_text(path, text))
 
-    def fetch(self, coords):
+    def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
         out = {}
         for tp, off in coords:
             out[(tp, off)] = (
@@ -182,7 +187,7 @@ class GeneratorUpstream:
             )
         return out
 
-    def read(self, task: ReadTask):
+    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
         """Arrow batches of one task, generated (no I/O)."""
         pairs = [(o, 0) for o in range(task.start, task.end)] + sorted(task.replays)
         step = 10_000

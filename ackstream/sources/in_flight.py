@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from ackstream.arrays import distinct
 
@@ -47,6 +48,9 @@ LONG_RUN = 32
 #: a packed key holds a partition index below 2**15, an attempt below 255 and an
 #: offset below 2**40 (see :func:`_key`)
 _PARTS, _ATTEMPTS, _OFFSETS = 1 << 15, 255, 1 << 40
+
+#: a root id per record from its partition index, offset and attempt (columns)
+Mint = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 def _own(col: np.ndarray, shape: tuple, size: int) -> np.ndarray:
@@ -70,7 +74,15 @@ class Roots(NamedTuple):
     batch: np.ndarray
 
     @classmethod
-    def of(cls, root, part, offset, attempt, emitted_ms, batch=0) -> Roots:
+    def of(
+        cls,
+        root: npt.ArrayLike,
+        part: npt.ArrayLike,
+        offset: npt.ArrayLike,
+        attempt: npt.ArrayLike,
+        emitted_ms: npt.ArrayLike,
+        batch: npt.ArrayLike = 0,
+    ) -> Roots:
         """Columns of the right types, the rows' own (copies); scalars are repeated to
         the length of the others."""
         values = (root, part, offset, attempt, emitted_ms, batch)
@@ -84,7 +96,7 @@ class Roots(NamedTuple):
         order = np.lexsort([getattr(self, k) for k in reversed(keys)])
         return self.at(order)
 
-    def at(self, index) -> Roots:
+    def at(self, index: np.ndarray) -> Roots:
         """The rows at ``index`` (positions or a mask)."""
         return Roots(*(col[index] for col in self))
 
@@ -108,7 +120,7 @@ class Spans(NamedTuple):
     end: np.ndarray
 
     @classmethod
-    def of_rows(cls, part, offset, attempt) -> Spans:
+    def of_rows(cls, part: npt.ArrayLike, offset: npt.ArrayLike, attempt: npt.ArrayLike) -> Spans:
         """The runs of records given a row each: a row whose offset follows the row
         before it (same partition and attempt) continues its run, so rows ordered by
         partition, attempt and offset give the fewest runs."""
@@ -142,7 +154,7 @@ class Spans(NamedTuple):
     def records(self) -> int:
         return int((self.end - self.start).sum())
 
-    def at(self, index) -> Spans:
+    def at(self, index: np.ndarray) -> Spans:
         """The runs at ``index`` (positions or a mask)."""
         return Spans(*(col[index] for col in self))
 
@@ -186,7 +198,7 @@ class _Runs(NamedTuple):
     batch: np.ndarray
     new: np.ndarray
 
-    def at(self, index) -> _Runs:
+    def at(self, index: np.ndarray) -> _Runs:
         return _Runs(*(col[index] for col in self))
 
     def keys(self) -> tuple[np.ndarray, np.ndarray]:
@@ -267,14 +279,14 @@ class _Chunk:
         self._by_root: np.ndarray | None = None  # the rows' order by root id
         self._sorted_roots = np.empty(0, np.int64)
 
-    def minted_rows(self, mint) -> Roots:
+    def minted_rows(self, mint: Mint) -> Roots:
         if not self.minted:
             root = np.asarray(mint(self.rows.part, self.rows.offset, self.rows.attempt), np.int64)
             self.rows = self.rows._replace(root=root)
             self.minted = True
         return self.rows
 
-    def find_roots(self, roots: np.ndarray, mint) -> np.ndarray:
+    def find_roots(self, roots: np.ndarray, mint: Mint) -> np.ndarray:
         """Positions of the live rows whose id is in sorted ``roots``."""
         rows = self.minted_rows(mint)
         if self._by_root is None:
@@ -284,7 +296,9 @@ class _Chunk:
         hit = self._by_root[at[self._sorted_roots[at] == roots]]
         return hit[self.live[hit]]
 
-    def find_keys(self, keys: np.ndarray | None, part, offset, attempt) -> np.ndarray:
+    def find_keys(
+        self, keys: np.ndarray | None, part: np.ndarray, offset: np.ndarray, attempt: np.ndarray
+    ) -> np.ndarray:
         """Positions of the live rows at the coordinates given (``keys`` their packed
         keys, sorted, or None where some have none)."""
         if self.keys is not None and keys is not None:
@@ -350,7 +364,7 @@ class InFlight:
     """Roots in flight (see the module doc). A root id names one record at one
     attempt, so it is in the table at most once."""
 
-    def __init__(self, mint: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]):
+    def __init__(self, mint: Mint):
         self._runs = _NO_RUNS
         self._chunks: list[_Chunk] = []
         self._mint = mint
@@ -379,7 +393,14 @@ class InFlight:
             ]
         )
 
-    def add_runs(self, part, start, end, emitted_ms: int, batch: int) -> None:
+    def add_runs(
+        self,
+        part: npt.ArrayLike,
+        start: npt.ArrayLike,
+        end: npt.ArrayLike,
+        emitted_ms: int,
+        batch: int,
+    ) -> None:
         """Put the offsets ``[start, end)`` of partitions ``part`` in flight at attempt 0:
         a row per run; their ids are minted when needed."""
         part, start, end = (np.asarray(v, np.int64).reshape(-1) for v in (part, start, end))
@@ -398,7 +419,14 @@ class InFlight:
         )
         self._runs = _Runs.sorted([self._runs, new])
 
-    def add_unminted(self, part, offset, attempt, emitted_ms, batch) -> None:
+    def add_unminted(
+        self,
+        part: npt.ArrayLike,
+        offset: npt.ArrayLike,
+        attempt: npt.ArrayLike,
+        emitted_ms: npt.ArrayLike,
+        batch: npt.ArrayLike,
+    ) -> None:
         """Put records in flight by coordinates, a row each; their ids are minted when
         needed."""
         self._add_rows(Roots.of(0, part, offset, attempt, emitted_ms, batch), new=None)
@@ -411,7 +439,7 @@ class InFlight:
         if len(self._chunks) > MAX_CHUNKS:
             self._merge_smallest()
 
-    def take(self, roots) -> Roots:
+    def take(self, roots: npt.ArrayLike) -> Roots:
         """Remove those of ``roots`` that are in flight and return their rows (ids set)."""
         roots = distinct(roots)
         if not len(roots):
@@ -419,7 +447,7 @@ class InFlight:
         self._runs_to_rows()
         return self._take_each(lambda c: c.find_roots(roots, self._mint))
 
-    def take_at(self, part, offset, attempt) -> Roots:
+    def take_at(self, part: npt.ArrayLike, offset: npt.ArrayLike, attempt: npt.ArrayLike) -> Roots:
         """Remove the rows of these coordinates (``part`` indexes the partitions) and
         return them, without minting an id."""
         part, offset, attempt = np.broadcast_arrays(
@@ -438,7 +466,7 @@ class InFlight:
             [runs, self._take_each(lambda c: c.find_keys(keys, part, offset, attempt))]
         )
 
-    def take_runs(self, spans) -> Spans:
+    def take_runs(self, spans: npt.ArrayLike) -> Spans:
         """Remove the records at attempt 0 whose offsets lie in ``spans`` (``(part, from,
         to)``, ``to`` exclusive) and return them as runs, without minting an id."""
         spans = np.array(spans, np.int64).reshape(-1, 3)
@@ -459,7 +487,7 @@ class InFlight:
         chunks = self._take_where(lambda rows: started_at_or_before(rows, ms))
         return Roots.concat([rows, chunks])
 
-    def take_offsets(self, part: int, offsets) -> Roots:
+    def take_offsets(self, part: int, offsets: npt.ArrayLike) -> Roots:
         """Remove the roots of these offsets of partition ``part``, at any attempt."""
         offsets = np.asarray(offsets, np.int64)
         cuts = Spans.of_rows(part, distinct(offsets), 0)
@@ -467,7 +495,7 @@ class InFlight:
         chunks = self._take_where(lambda rows: (rows.part == part) & np.isin(rows.offset, offsets))
         return Roots.concat([runs, chunks])
 
-    def _cut(self, part, lo, hi) -> _Runs:
+    def _cut(self, part: npt.ArrayLike, lo: npt.ArrayLike, hi: npt.ArrayLike) -> _Runs:
         """Take the offsets ``[lo, hi)`` of partitions ``part`` out of the runs and return
         them as runs; pieces of a run left shorter than :data:`LONG_RUN` become rows."""
         part, lo, hi = (np.asarray(v, np.int64) for v in (part, lo, hi))
@@ -535,7 +563,7 @@ class InFlight:
         new = np.concatenate([c.new[c.live] for c in small])
         self._chunks.append(_Chunk(rows, minted, new))
 
-    def restart(self, roots, now_ms: int) -> None:
+    def restart(self, roots: npt.ArrayLike, now_ms: int) -> None:
         """Those of ``roots`` in flight whose timeout has started start it again at
         ``now_ms`` (the acker reported a reset of their trees)."""
         roots = distinct(roots)
@@ -547,7 +575,9 @@ class InFlight:
             emitted = chunk.rows.emitted_ms
             emitted[hit[emitted[hit] != NOT_STARTED]] = now_ms
 
-    def restart_at(self, part, offset, attempt, now_ms: int) -> None:
+    def restart_at(
+        self, part: npt.ArrayLike, offset: npt.ArrayLike, attempt: npt.ArrayLike, now_ms: int
+    ) -> None:
         """Those of these coordinates in flight whose timeout has started start it again
         at ``now_ms``, found without minting an id: their offsets are cut out of their
         runs and put back as rows with the new start."""
@@ -616,7 +646,7 @@ def _all_packable(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray | in
     )
 
 
-def _key(part, offset, attempt) -> np.ndarray:
+def _key(part: npt.ArrayLike, offset: npt.ArrayLike, attempt: npt.ArrayLike) -> np.ndarray:
     """One int64 per (partition index, offset, attempt) within the widths of
     :func:`_all_packable`, ordered by partition, then attempt, then offset."""
     return (np.asarray(part) << 48) | (np.asarray(attempt) << 40) | np.asarray(offset)

@@ -25,6 +25,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
@@ -39,12 +40,16 @@ from ackstream.kafka.topics import deleted_topics, never_create_topics, shared_l
 from ackstream.sources.rows import (
     NO_RECORD,
     TP,
+    Headers,
     ReadTask,
     held_batch,
     spout_batch,
     too_big_reason,
 )
 from ackstream.sources.tracking import ranges
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["KafkaUpstream"]
 
@@ -57,6 +62,10 @@ BYTES_PER_BATCH = 64 << 20
 #: The pause between two attempts at a driver-side broker call, each with a new consumer.
 RETRY_PAUSE_S = 1.0
 
+_T = TypeVar("_T")
+#: a record as read: offset, attempt, key, value, timestamp (ms), its type, headers
+_Record = tuple[int, int, bytes | None, bytes | None, int, int, Headers | None]
+
 
 class KafkaUpstream:
     """The subscribed topics and the consumer group (see the module doc)."""
@@ -64,13 +73,13 @@ class KafkaUpstream:
     def __init__(self, config: SourceConfig):
         self.config = config
         self.settings = consumer_settings(config)  # an unknown kafka.* option fails here
-        self._client = None
+        self._client: KafkaConsumer | None = None
         self._matched: tuple[float, list[str]] = (float("-inf"), [])  # subscribePattern
         self._ever_matched: set[str] = set()  # every topic subscribePattern matched
         self._listing = shared_listing()  # asked in each plan and in the commit() after it
 
     @property
-    def _consumer(self):
+    def _consumer(self) -> KafkaConsumer:
         """The driver's consumer with the group id, made on first use (executors that
         only ``read`` never make one)."""
         if self._client is None:
@@ -78,7 +87,7 @@ class KafkaUpstream:
             self._client = never_create_topics(consumer)
         return self._client
 
-    def _retried(self, what: str, call: Callable[[KafkaConsumer], object]):
+    def _retried(self, what: str, call: Callable[[KafkaConsumer], _T]) -> _T:
         """``call(consumer)``; after a Kafka error, again with a new consumer every
         ``RETRY_PAUSE_S`` until the brokers have failed for longer than
         :data:`~ackstream.kafka.settings.OUTAGE_LIMIT_S` (see :class:`Outage`)."""
@@ -165,7 +174,7 @@ class KafkaUpstream:
             consumer.close(autocommit=False)
         outcome.append(problem)
 
-    def _starts_not_read(self, consumer) -> OptionError | None:
+    def _starts_not_read(self, consumer: KafkaConsumer) -> OptionError | None:
         """A start position (``startingOffsets``, ``startingOffsetsByTimestamp``) for a
         partition that is not read: one the topic lacks, or not among ``assign``'s
         (a topic a ``subscribePattern`` may match later is not checked)."""
@@ -299,7 +308,7 @@ class KafkaUpstream:
             self._client.close(autocommit=False)
             self._client = None
 
-    def read(self, task: ReadTask) -> Iterator:
+    def read(self, task: ReadTask) -> Iterator[pa.RecordBatch]:
         """Arrow batches of one task: the range at attempt 0, then the replays.
 
         Batches are bounded by rows and bytes (an Arrow binary column holds at most
@@ -390,7 +399,7 @@ def _return_reader(settings: dict, consumer: KafkaConsumer, keep: bool) -> None:
         consumer.close(autocommit=False)
 
 
-def _batch(config, task, rows):
+def _batch(config: SourceConfig, task: ReadTask, rows: list[_Record]) -> pa.RecordBatch:
     offsets, attempts, keys, values, stamps, types, headers = zip(*rows)
     return spout_batch(
         config.id_namespace,

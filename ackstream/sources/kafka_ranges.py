@@ -22,11 +22,19 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 
 from ackstream.config import SourceConfig
 from ackstream.session import is_connect, kafka_through_v2
+
+if TYPE_CHECKING:
+    from py4j.java_gateway import JavaObject, JVMView
+    from pyspark.sql import SparkSession
+
+#: ``(topic, partition, from, to)``, ``to`` exclusive
+Range = tuple[str, int, int, int]
 
 __all__ = ["read_ranges"]
 
@@ -49,7 +57,7 @@ EXECUTOR_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "100000"}
 _unavailable: list[str] = []  # why the record RDD cannot be used in this process
 
 
-def read_ranges(spark, config: SourceConfig, ranges: list[tuple[str, int, int, int]]) -> DataFrame:
+def read_ranges(spark: SparkSession, config: SourceConfig, ranges: list[Range]) -> DataFrame:
     """The records of ``ranges`` (``(topic, partition, from, to)``, ``to`` exclusive) as
     the rows of Spark's Kafka source, headers included when ``config`` asks for them."""
     records = _through_record_rdd(spark, config, ranges)
@@ -64,7 +72,9 @@ def _kafka_params(config: SourceConfig) -> dict[str, str]:
     }
 
 
-def _through_record_rdd(spark, config: SourceConfig, ranges) -> DataFrame | None:
+def _through_record_rdd(
+    spark: SparkSession, config: SourceConfig, ranges: list[Range]
+) -> DataFrame | None:
     """The ranges read by the connector's record RDD; None where that path is closed."""
     admission = config.admission
     if _unavailable or is_connect(spark):
@@ -91,8 +101,9 @@ class RecordRdd:
 
     _made: dict[tuple, RecordRdd] = {}
 
-    def __init__(self, spark, config: SourceConfig):
-        jvm = spark._jvm  # noqa: SLF001 - no Python API reads exact ranges
+    def __init__(self, spark: SparkSession, config: SourceConfig):
+        # never None here: a Spark Connect session (no JVM) is turned away before
+        jvm: JVMView = spark._jvm  # noqa: SLF001 - no Python API reads exact ranges
         self.kafka = jvm.org.apache.spark.sql.kafka010
         self.utils = jvm.org.apache.spark.api.python.PythonUtils
         self.partitions: dict[tuple[str, int], object] = {}
@@ -118,7 +129,7 @@ class RecordRdd:
         self.topic_partition = jvm.org.apache.kafka.common.TopicPartition
 
     @classmethod
-    def of(cls, spark, config: SourceConfig) -> RecordRdd:
+    def of(cls, spark: SparkSession, config: SourceConfig) -> RecordRdd:
         # the JVM objects live as long as the gateway; the settings are the Kafka options
         key = (spark._sc._gateway, config.kafka)  # noqa: SLF001
         made = cls._made.get(key)
@@ -126,7 +137,7 @@ class RecordRdd:
             made = cls._made[key] = cls(spark, config)
         return made
 
-    def read(self, spark, ranges):
+    def read(self, spark: SparkSession, ranges: list[Range]) -> JavaObject:
         """The JVM DataFrame of ``ranges``."""
         offset_ranges = self.utils.toSeq(
             [
@@ -142,14 +153,16 @@ class RecordRdd:
         rows = records.map(self.to_row, self.row_tag)
         return spark._jsparkSession.internalCreateDataFrame(rows, self.schema, False)  # noqa: SLF001
 
-    def _partition(self, topic: str, partition: int):
+    def _partition(self, topic: str, partition: int) -> JavaObject:
         key = (topic, partition)
         if key not in self.partitions:
             self.partitions[key] = self.topic_partition(topic, partition)
         return self.partitions[key]
 
 
-def _through_kafka_source(spark, config: SourceConfig, ranges) -> DataFrame:
+def _through_kafka_source(
+    spark: SparkSession, config: SourceConfig, ranges: list[Range]
+) -> DataFrame:
     """The ranges read by ``spark.read.format("kafka")`` with exact offsets."""
     assign: dict[str, list[int]] = {}
     starts: dict[str, dict[str, int]] = {}

@@ -32,6 +32,7 @@ Spark's offset log (:mod:`ackstream.offset_log`) under its batch id.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -126,7 +127,7 @@ def read_tasks(
     return tasks
 
 
-def _ranges(end: dict):
+def _ranges(end: dict) -> Iterator[tuple[str, int, int, int]]:
     """(topic, partition, from, to) of each partition that advanced in the batch (none
     in a query's initial offset, which Spark runs as a first batch when nothing was
     there to read)."""
@@ -146,7 +147,7 @@ def replay_runs(end: dict) -> list[tuple[str, int, int, int, int]]:
     ]
 
 
-def runs_of(replays) -> list[list]:
+def runs_of(replays: Iterable[tuple[str, int, int, int]]) -> list[list]:
     """Replays given one per record, ``(topic, partition, offset, attempt)``, as the runs of
     consecutive offsets at one attempt an offset logs: a batch that replays a whole
     failed batch logs a run per partition, not an entry per record."""
@@ -276,7 +277,9 @@ def _cut(runs: list, settled: pa.Table) -> list:
     return out
 
 
-def _inits(namespace: str, topic: str, partition: int, offsets, attempt: int, now_ms: int):
+def _inits(
+    namespace: str, topic: str, partition: int, offsets: np.ndarray, attempt: int, now_ms: int
+) -> pa.Table:
     """Init records (value 0) of ``offsets`` of one partition at one attempt."""
     n = len(offsets)
     return pa.table(

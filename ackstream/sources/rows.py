@@ -18,9 +18,11 @@ cluster the driver may not see an executor's files."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from ackstream import ids
@@ -40,6 +42,8 @@ __all__ = [
 ]
 
 TP = tuple[str, int]  #: an upstream partition: (topic, partition)
+#: a record's Kafka headers: ``(key, value)`` pairs
+Headers = Sequence[tuple[str, bytes | None]]
 
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _KAFKA_FIELDS = [
@@ -100,13 +104,13 @@ def spout_batch(
     source: str,
     topic: str,
     partition: int,
-    offsets,
-    attempts,
-    keys,
-    values,
-    timestamps_ms,
-    timestamp_types=None,
-    headers=None,
+    offsets: npt.ArrayLike,
+    attempts: npt.ArrayLike,
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None],
+    timestamps_ms: npt.ArrayLike,
+    timestamp_types: npt.ArrayLike | None = None,
+    headers: Sequence[Headers | None] | None = None,
 ) -> pa.RecordBatch:
     """One Arrow batch of spout tuples; ids by hash, so a re-read gives the same rows.
     ``timestamp_types`` None: all create time; ``headers`` (a list per record of
@@ -141,8 +145,14 @@ def spout_batch(
 
 
 def held_batch(
-    source: str, topic: str, partition: int, offsets, attempts, reasons, include_headers=False
-):
+    source: str,
+    topic: str,
+    partition: int,
+    offsets: Sequence[int],
+    attempts: Sequence[int],
+    reasons: Sequence[str],
+    include_headers: bool = False,
+) -> pa.RecordBatch:
     """One Arrow batch of held-back rows (see the module doc): no key, value or time."""
     n = len(offsets)
     none = [None] * n
@@ -158,7 +168,7 @@ def held_batch(
     return rows
 
 
-def too_big_reason(size, limit: int) -> str:
+def too_big_reason(size: int | str, limit: int) -> str:
     """The ``_reason`` of a value of ``size`` bytes held back as over ``limit``
     (``ackstream.maxValueBytes``); both readers say the same."""
     return (

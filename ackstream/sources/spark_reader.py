@@ -27,6 +27,8 @@ over the limit instead of failing the batch on it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame
@@ -39,10 +41,13 @@ from ackstream.sources.kafka_ranges import read_ranges
 from ackstream.sources.offsets import covering, new_ranges, replay_runs
 from ackstream.sources.rows import kafka_columns, too_big_reason
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 __all__ = ["read_new_ranges", "read_replays"]
 
 
-def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | None:
+def read_new_ranges(spark: SparkSession, config: SourceConfig, offset: dict) -> DataFrame | None:
     """The records of the new ranges ``offset`` names, as the ``ackstream`` source's rows
     (its columns and lineage), or None when it names none."""
     ranges = new_ranges(offset)
@@ -51,7 +56,7 @@ def read_new_ranges(spark, config: SourceConfig, offset: dict) -> DataFrame | No
     return _with_lineage(read_ranges(spark, config, ranges), config, offset, 0)
 
 
-def read_replays(spark, config: SourceConfig, offset: dict) -> DataFrame | None:
+def read_replays(spark: SparkSession, config: SourceConfig, offset: dict) -> DataFrame | None:
     """The records ``offset`` replays, as the source's rows, when Spark's reader reads them
     (``"replays_by": "spark"``, see :func:`~ackstream.sources.offsets.spark_reads_replays`);
     else None. Per attempt, ranges that cover its runs
@@ -78,7 +83,9 @@ def read_replays(spark, config: SourceConfig, offset: dict) -> DataFrame | None:
 _BOUNDED_RUNS = 32
 
 
-def _within_runs(spark, records: DataFrame, runs) -> DataFrame:
+def _within_runs(
+    spark: SparkSession, records: DataFrame, runs: list[tuple[str, int, int, int]]
+) -> DataFrame:
     """The rows of ``records`` whose offsets are in one of ``runs``."""
     if len(runs) <= _BOUNDED_RUNS:
         return records.where(
@@ -99,7 +106,9 @@ def _within_runs(spark, records: DataFrame, runs) -> DataFrame:
     return records.join(F.broadcast(replayed), ["topic", "partition", "offset"], "left_semi")
 
 
-def _with_lineage(records: DataFrame, config: SourceConfig, offset: dict, attempt: int):
+def _with_lineage(
+    records: DataFrame, config: SourceConfig, offset: dict, attempt: int
+) -> DataFrame:
     """``records`` (Spark's Kafka rows) with the source's lineage columns at ``attempt``,
     in one projection of SQL text: each Column built in Python is a call into the JVM,
     and each further DataFrame call another analysis of the plan."""

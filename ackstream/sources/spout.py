@@ -31,6 +31,8 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
 
 from ackstream.channels.base import Channel
 from ackstream.clock import Clock, now_ms
@@ -41,9 +43,13 @@ from ackstream.records import caught_up_ms, tick
 from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
 from ackstream.sources.offsets import spark_reads_replays
+from ackstream.sources.rows import TP
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
+
+if TYPE_CHECKING:
+    from ackstream.sources.kafka import KafkaUpstream
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +82,7 @@ def _new_tracker(config: SourceConfig) -> Tracker:
     )
 
 
-def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
+def _starting_positions(config: SourceConfig, upstream: Upstream, tps: list[TP]) -> dict:
     earliest, latest = upstream.earliest(tps), upstream.latest(tps, {})
     explicit = config.kafka.starting_map()
     if explicit is not None:
@@ -103,23 +109,29 @@ def _starting_positions(config: SourceConfig, upstream, tps) -> dict:
     return out
 
 
-def _holds(tp, earliest: dict, latest: dict) -> str:
+def _holds(tp: TP, earliest: dict, latest: dict) -> str:
     """What partition ``tp`` holds, for an error: a start may be any offset from its
     earliest to its end."""
     return f"{tp[0]}[{tp[1]}] starts at {earliest[tp]} and ends at {latest[tp]}"
 
 
-def _positions_by_time(config: SourceConfig, upstream, tps, earliest, latest) -> dict:
+def _positions_by_time(
+    config: SourceConfig,
+    upstream: Upstream,
+    tps: list[TP],
+    earliest: dict[TP, int],
+    latest: dict[TP, int],
+) -> dict:
     """Where ``startingTimestamp`` (every partition) or ``startingOffsetsByTimestamp``
     (the partitions it names; the others start as ``startingOffsets`` says) start."""
     by_partition = config.kafka.timestamp_map() or {}
-    times = {
+    asked = {
         tp: config.kafka.starting_timestamp
         if config.kafka.starting_timestamp is not None
         else by_partition.get(tp[0], {}).get(tp[1])
         for tp in tps
     }
-    times = {tp: ms for tp, ms in times.items() if ms is not None}
+    times = {tp: ms for tp, ms in asked.items() if ms is not None}
     if not times:
         return {}
     out = {}
@@ -128,7 +140,10 @@ def _positions_by_time(config: SourceConfig, upstream, tps, earliest, latest) ->
         if config.kafka.starting_timestamp is not None
         else ("startingOffsetsByTimestamp", config.kafka.starting_timestamps)
     )
-    for tp, offset in upstream.offsets_for_times(times).items():
+    # only a Kafka upstream gets here: the options that set times are Kafka-only
+    # (config.py), and the Upstream protocol declares no offsets_for_times
+    by_time = cast("KafkaUpstream", upstream).offsets_for_times(times)
+    for tp, offset in by_time.items():
         if offset is None and config.kafka.starting_timestamp_strategy == "error":
             raise OptionError(
                 option,
@@ -225,7 +240,7 @@ class Spout:
             return self._next_offset(max_rows)
 
     @contextlib.contextmanager
-    def _blocked_time_not_charged(self):
+    def _blocked_time_not_charged(self) -> Iterator[None]:
         """A driver call that took longer than ``BLOCKED_MS`` waited for brokers that did
         not answer (a restart, an election, a stall: Kafka calls are retried for up to
         ``OUTAGE_LIMIT_S``); no completion could be heard meanwhile, so that time is not
@@ -361,7 +376,7 @@ class Spout:
             for tp in new:
                 self.tracker.add_partition(tp, earliest[tp])
 
-    def _check_retention(self, tps) -> None:
+    def _check_retention(self, tps: list[TP]) -> None:
         earliest = self.upstream.earliest(tps)
         for tp in tps:
             part = self.tracker.parts[tp]

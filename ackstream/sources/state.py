@@ -34,13 +34,16 @@ import contextlib
 import logging
 import os
 import re
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from ackstream.files import write_atomically
 from ackstream.sources.in_flight import EMPTY_SPANS, Changes, Spans
 from ackstream.sources.rows import TP
+
+if TYPE_CHECKING:
+    from numpy.lib.npyio import NpzFile
 
 __all__ = ["DEAD", "SourceState", "Uncharged", "Unfinished", "Waiting"]
 
@@ -71,6 +74,9 @@ class Uncharged(NamedTuple):
     part: np.ndarray
     offset: np.ndarray
     attempts: np.ndarray
+
+
+_Rows = TypeVar("_Rows", Waiting, Uncharged)
 
 
 class Unfinished(NamedTuple):
@@ -231,7 +237,7 @@ def _runs(name: str, spans: Spans) -> dict[str, np.ndarray]:
     )
 
 
-def _spans_of_runs(f, name: str) -> Spans:
+def _spans_of_runs(f: NpzFile, name: str) -> Spans:
     """The runs :func:`_runs` wrote."""
     part, attempt, first, runs, step, length = (
         f[f"{name}.{k}"].astype(np.int64)
@@ -243,7 +249,7 @@ def _spans_of_runs(f, name: str) -> Spans:
     return Spans(np.repeat(part, runs), np.repeat(attempt, runs), start, start + length)
 
 
-def _unfinished(f) -> Unfinished:
+def _unfinished(f: NpzFile) -> Unfinished:
     """What a file holds, but for the changes of a file that has a base."""
     tps = list(zip(f["topics"].tolist(), f["partitions"].tolist()))
     waiting, uncharged = _rows_of(f, "waiting", Waiting), _rows_of(f, "uncharged", Uncharged)
@@ -256,7 +262,7 @@ def _columns(name: str, rows: Waiting | Uncharged) -> dict[str, np.ndarray]:
     return _narrow({f"{name}.{k}": np.asarray(v, np.int64) for k, v in rows._asdict().items()})
 
 
-def _rows_of(f, name: str, kind):
+def _rows_of(f: NpzFile, name: str, kind: type[_Rows]) -> _Rows:
     return kind(*(f[f"{name}.{k}"].astype(np.int64) for k in kind._fields))
 
 

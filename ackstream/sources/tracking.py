@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -100,7 +102,9 @@ class DoneRuns:
     waiting for its backoff, a tree kept alive by resetTimeout) costs a run per batch,
     not an entry per offset."""
 
-    def __init__(self, starts=None, ends=None) -> None:
+    def __init__(
+        self, starts: npt.ArrayLike | None = None, ends: npt.ArrayLike | None = None
+    ) -> None:
         self.starts = np.empty(0, np.int64) if starts is None else np.asarray(starts, np.int64)
         self.ends = np.empty(0, np.int64) if ends is None else np.asarray(ends, np.int64)
         self._count: int | None = None
@@ -124,7 +128,7 @@ class DoneRuns:
     def tolist(self) -> list[int]:
         return self.offsets().tolist()
 
-    def merged(self, starts, ends) -> DoneRuns:
+    def merged(self, starts: npt.ArrayLike, ends: npt.ArrayLike) -> DoneRuns:
         """These runs and ``[starts, ends)`` (any order, overlapping or not) as one set:
         the new runs are sorted and put in place, then touching runs are joined, in
         one pass over the runs (no sort of those already here)."""
@@ -184,7 +188,7 @@ class _Partition:
     _metadata: tuple[int, int, float, str] = (-1, -1, 0, "")
     _lowest_new: float = np.inf  # the lowest offset marked done since it was made
 
-    def mark_done(self, offsets) -> None:
+    def mark_done(self, offsets: npt.ArrayLike) -> None:
         """These offsets are done; the watermark moves over any run of done ones."""
         offsets = np.asarray(offsets, np.int64)
         offsets = offsets[offsets >= self.watermark]
@@ -364,7 +368,14 @@ class Tracker:
         """The source plans its next batch: the roots put in flight from now are in it."""
         self.batch += 1
 
-    def _add_roots(self, part, offsets, attempts, now_ms: int, started=False) -> None:
+    def _add_roots(
+        self,
+        part: npt.ArrayLike,
+        offsets: npt.ArrayLike,
+        attempts: npt.ArrayLike,
+        now_ms: int,
+        started: bool = False,
+    ) -> None:
         """Put records in flight (``part`` indexes the partitions); their root ids are
         minted when a lookup needs them. Their timeout starts now if ``started`` or the
         clock does not wait for Spark."""
@@ -695,7 +706,7 @@ class Tracker:
         self.counts["replayed"] += int(live.sum())
         return letters
 
-    def _forget(self, tp: TP, offsets) -> None:
+    def _forget(self, tp: TP, offsets: npt.ArrayLike) -> None:
         """The records at ``offsets`` of ``tp`` leave every state (in flight, scheduled, dead)."""
         offsets = np.asarray(offsets, np.int64)
         part = self._index[tp]
@@ -723,12 +734,14 @@ class Tracker:
             return self._replay(*(np.empty(0, np.int64),) * 3, now_ms)
         return self._replay(*taken[1:], now_ms)
 
-    def _replay(self, part, offset, attempt, now_ms: int) -> Replays:
+    def _replay(
+        self, part: np.ndarray, offset: np.ndarray, attempt: np.ndarray, now_ms: int
+    ) -> Replays:
         """Put the scheduled records taken out (``part``, ``offset``, ``attempt``) in flight."""
         self._add_roots(part, offset, attempt, now_ms)
         return Replays(self._tps, part, offset, attempt)
 
-    def dead_lettered(self, letters) -> None:
+    def dead_lettered(self, letters: Sequence[DeadLetter]) -> None:
         """The dead letters were written: their records are done."""
         self.counts["dead_lettered"] += len(letters)
         for letter in letters:
@@ -740,7 +753,7 @@ class Tracker:
             self._forget(tp, offsets)
             self.parts[tp].mark_done(offsets)
 
-    def mark_done(self, tp: TP, offsets) -> None:
+    def mark_done(self, tp: TP, offsets: npt.ArrayLike) -> None:
         """Offsets known to be done from elsewhere (the consumer group's commit)."""
         offsets = np.asarray(offsets, np.int64)
         offsets = offsets[offsets < self.parts[tp].end]
@@ -1021,7 +1034,7 @@ def _why(outcome: str, reason: str | None) -> str:
     return outcome + (f": {reason}" if reason else "")
 
 
-def ranges(offsets) -> list[list[int]]:
+def ranges(offsets: Iterable[int]) -> list[list[int]]:
     """Offsets as sorted half-open ``[start, end)`` runs.
 
     >>> ranges({1, 2, 3, 7})

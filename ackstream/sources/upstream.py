@@ -8,7 +8,7 @@ same config. Both implementations pass one contract suite
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -56,7 +56,7 @@ class Upstream(Protocol):
         """Release clients."""
 
 
-def check_options(options) -> SourceConfig:
+def check_options(options: Mapping[str, str]) -> SourceConfig:
     """The parsed options of ``format("ackstream")``, every one checked without I/O.
 
     ``load()`` checks them too, but Spark wraps what a data source raises in its own

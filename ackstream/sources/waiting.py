@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from ackstream.sources.in_flight import Spans
 
@@ -22,7 +23,7 @@ __all__ = ["NO_GROUP", "Replays", "Scheduled", "UnchargedCounts", "packed"]
 NO_GROUP = -1
 
 
-def packed(part, offset) -> np.ndarray:
+def packed(part: npt.ArrayLike, offset: npt.ArrayLike) -> np.ndarray:
     """One int64 key per record: its partition index and offset."""
     return (np.asarray(part, np.int64) << 48) | np.asarray(offset, np.int64)
 
@@ -80,7 +81,14 @@ class Scheduled:
         self._settle()
         return len(self.offset)
 
-    def add(self, part, offset, attempt, due, group=NO_GROUP) -> None:
+    def add(
+        self,
+        part: npt.ArrayLike,
+        offset: npt.ArrayLike,
+        attempt: npt.ArrayLike,
+        due: npt.ArrayLike,
+        group: npt.ArrayLike = NO_GROUP,
+    ) -> None:
         """Schedule records (scalars are repeated); a record must not be scheduled yet."""
         offset = np.asarray(offset, np.int64).reshape(-1)
         if len(offset):
@@ -127,7 +135,7 @@ class Scheduled:
         group = int(self.group[at[np.lexsort((self.group[at], self.due[at]))[0]]])
         return (group, *self.take_groups([group]))
 
-    def take_groups(self, groups) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def take_groups(self, groups: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``part, offset, attempt`` of the members of ``groups``, due or not, sorted by
         partition and offset; they leave the schedule."""
         self._settle()
@@ -141,7 +149,7 @@ class Scheduled:
             self._keep(~np.isin(np.arange(len(self.offset)), rows))
         return taken
 
-    def drop(self, part: int, offsets) -> None:
+    def drop(self, part: int, offsets: npt.ArrayLike) -> None:
         """Records of partition ``part`` at ``offsets`` leave the schedule."""
         self._settle()
         if len(self.offset):
@@ -181,7 +189,7 @@ class UnchargedCounts:
         at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
         return np.where(self.keys[at] == keys, self.counts[at], 0)
 
-    def add(self, keys: np.ndarray, counts=1) -> None:
+    def add(self, keys: np.ndarray, counts: npt.ArrayLike = 1) -> None:
         """Add ``counts`` (one each, or an array) to the keys' counts."""
         keys = np.asarray(keys, np.int64)
         if not len(keys):
