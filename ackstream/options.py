@@ -100,7 +100,7 @@ DURATION = Reader(
 )
 
 
-def parse_duration_ms(option: str, value: str) -> int:
+def parse_duration_ms(option: str, value: object) -> int:
     """``"30s"``, ``"500ms"``, ``"2 min"`` or ``"1500"`` (ms) -> milliseconds."""
     return DURATION.read(option, str(value))
 

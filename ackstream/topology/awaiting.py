@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from ackstream.console import interrupts
+
+if TYPE_CHECKING:
+    from ackstream.topology.running import RunningTopology
 
 __all__ = ["await_topology"]
 
@@ -24,7 +28,7 @@ __all__ = ["await_topology"]
 POLL_S = 0.5
 
 
-def await_topology(running, timeout_s: float | None = None) -> bool:
+def await_topology(running: RunningTopology, timeout_s: float | None = None) -> bool:
     """Block until the topology query of ``running`` (a
     :class:`~ackstream.topology.RunningTopology`) stops (True; its error raised if it
     failed) or ``timeout_s`` passes (False). Ctrl-C: see the module doc."""

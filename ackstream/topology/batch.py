@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,6 +36,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.acker.precombine import precombine, settle
+from ackstream.channels.base import Channel
 from ackstream.clock import now_ms
 from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
@@ -44,13 +46,25 @@ from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.bolts import (
     BatchContext,
     GroupInput,
+    Stage,
+    StageOutput,
     anchor_pairs,
     failed_roots,
     with_tree_roots,
 )
-from ackstream.topology.graph import SPOUT, join_streams, subscriber_copies, subscribers
+from ackstream.topology.graph import (
+    SPOUT,
+    SinkNode,
+    join_streams,
+    subscriber_copies,
+    subscribers,
+)
 from ackstream.topology.held_watch import HeldWatch
 from ackstream.topology.stage_counts import StageCounts
+
+if TYPE_CHECKING:
+    from ackstream.sinks.base import ContinuingSink
+    from ackstream.topology.dsl import Topology
 
 __all__ = [
     "ACK_MODES",
@@ -83,7 +97,7 @@ class AckMode:
         """The ack records of the tuples the sink wrote."""
         return []
 
-    def report(self, records: BatchRecords, channel, batch_id: int) -> None:
+    def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         """Send the batch's ack records where they belong."""
         raise NotImplementedError
 
@@ -91,7 +105,7 @@ class AckMode:
 class Telescoped(AckMode):
     name, edges, plans_inits = "telescoped", False, True
 
-    def report(self, records: BatchRecords, channel, batch_id: int) -> None:
+    def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         now = now_ms()
         planned = records.planned
         if planned is None:
@@ -120,7 +134,7 @@ class PerStage(AckMode):
     def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
         return [ack_records(anchor_pairs(outputs), ACK, now)]
 
-    def report(self, records: BatchRecords, channel, batch_id: int) -> None:
+    def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         table = records.table()
         if table.num_rows:
             channel.write_acks(precombine(table))
@@ -153,7 +167,7 @@ class BatchRecords:
 
 
 def run_batch(
-    topology,
+    topology: Topology,
     batch: DataFrame,
     batch_id: int,
     planned: PlannedRoots | None,
@@ -184,7 +198,14 @@ class BatchRun:
     handed on, the ack records gathered so far (Spark frames to collect at the end,
     Arrow tables made on the driver), and the frames persisted on the way."""
 
-    def __init__(self, topology, batch_id: int, planned: PlannedRoots | None, counts, now=None):
+    def __init__(
+        self,
+        topology: Topology,
+        batch_id: int,
+        planned: PlannedRoots | None,
+        counts: StageCounts | None,
+        now: int | None = None,
+    ):
         self.topology, self.batch_id, self.planned = topology, batch_id, planned
         self.mode, self.tracking = topology.mode, topology.tracking
         self.edges = self.tracking and self.mode.edges
@@ -241,7 +262,7 @@ class BatchRun:
             spout = spout.where(f"{REASON} IS NULL").drop(REASON)
         self._publish(spout, SPOUT, 0)
 
-    def run_stage(self, stage) -> None:
+    def run_stage(self, stage: Stage) -> None:
         """Run ``stage`` on the streams it subscribes to; gather its acks and fails."""
         streams = self.copies.pop(stage.name)
         tuples = stage.combine(streams)
@@ -260,7 +281,7 @@ class BatchRun:
             self._gather_stage_acks(tuples, out, children)
         self._publish(children, stage.name, stage.number)
 
-    def write_sink(self, node) -> None:
+    def write_sink(self, node: SinkNode) -> None:
         streams = list(self.copies.pop(node.name).values())
         outputs = self._count(join_streams(streams), node, "in")
         written = _write_sink(
@@ -298,7 +319,7 @@ class BatchRun:
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _gather_stage_acks(self, tuples: DataFrame, out, children: DataFrame) -> None:
+    def _gather_stage_acks(self, tuples: DataFrame, out: StageOutput, children: DataFrame) -> None:
         acked = tuples if out.acked is None else out.acked
         self.frames += self.mode.stage_acks(acked, children, self.now)
         if out.holds is not None:
@@ -328,7 +349,7 @@ class BatchRun:
         self.kept.append(df)
         return df
 
-    def _count(self, df: DataFrame, node, side: str) -> DataFrame:
+    def _count(self, df: DataFrame, node: Stage | SinkNode, side: str) -> DataFrame:
         return df if self.counts is None else self.counts.watch(df, node.name, side)
 
 
@@ -344,8 +365,8 @@ class SinkAcks:
 
 
 def _write_sink(
-    topology,
-    node,
+    topology: Topology,
+    node: SinkNode,
     outputs: DataFrame,
     batch_id: int,
     now: int,
@@ -366,7 +387,9 @@ def _write_sink(
             rooted = with_tree_roots(outputs, groups)  # the sink writes each row's roots
             if upstream is not None:
                 rooted = with_upstream_roots(rooted, upstream)
-            unwritten, continued = sink.write_continued(rooted, batch_id)
+            # continues_trees: Topology.sink found the sink's continue_trees true
+            continuing = cast("ContinuingSink", sink)
+            unwritten, continued = continuing.write_continued(rooted, batch_id)
         else:
             unwritten = sink.write(outputs, batch_id)
     except Exception as error:  # a failed write fails its roots, Storm-style

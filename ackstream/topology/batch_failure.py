@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException
@@ -27,6 +28,9 @@ from pyspark.errors import AnalysisException
 from ackstream.errors import AckstreamError, cause_of, worker_exit
 from ackstream.records import BATCH_FAILED, completions_of
 from ackstream.session import is_connect
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = [
     "BatchDeadline",
@@ -54,7 +58,7 @@ class BatchDeadline:
     ``deadline_ms`` passes they are cancelled and :attr:`passed` is set. No deadline
     (None): only the tag, so that :func:`cancel_batches` can still end them."""
 
-    def __init__(self, spark, tag: str, deadline_ms: int | None):
+    def __init__(self, spark: SparkSession, tag: str, deadline_ms: int | None):
         self.spark, self.tag, self.deadline_ms = spark, tag, deadline_ms
         self.passed = False
         self._done = threading.Event()
@@ -85,12 +89,12 @@ class BatchDeadline:
             if self._done.wait(1.0):
                 return
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._done.set()
         _tags(self.spark).remove(self.tag)
 
 
-def cancel_batches(spark, tag: str) -> None:
+def cancel_batches(spark: SparkSession, tag: str) -> None:
     """Cancel the running Spark jobs that carry ``tag`` (a no-op when none does)."""
     _tags(spark).cancel(tag)
 
@@ -99,7 +103,7 @@ class _ContextTags:
     """Job tags of a classic session's SparkContext: they reach every session of the
     application, so a stream's own session (a clone of the user's) is tagged alike."""
 
-    def __init__(self, spark):
+    def __init__(self, spark: SparkSession):
         self.context = spark.sparkContext
 
     def add(self, tag: str) -> None:
@@ -115,7 +119,7 @@ class _ContextTags:
 class _SessionTags:
     """Operation tags of a Spark Connect session (it has no SparkContext)."""
 
-    def __init__(self, spark):
+    def __init__(self, spark: SparkSession):
         self.spark = spark
 
     def add(self, tag: str) -> None:
@@ -128,7 +132,7 @@ class _SessionTags:
         self.spark.interruptTag(tag)
 
 
-def _tags(spark) -> _ContextTags | _SessionTags:
+def _tags(spark: SparkSession) -> _ContextTags | _SessionTags:
     return _SessionTags(spark) if is_connect(spark) else _ContextTags(spark)
 
 
@@ -145,7 +149,7 @@ def isolates(error: BaseException, deadline: BatchDeadline) -> bool:
     return not any(word in text.lower() for word in _CANCELLED)
 
 
-def failure_reason(error: BaseException, deadline: BatchDeadline, stages) -> str:
+def failure_reason(error: BaseException, deadline: BatchDeadline, stages: list[str]) -> str:
     """Why a batch failed, for its roots' completions (and a dead letter's reason)."""
     if deadline.passed:
         return (

@@ -32,10 +32,12 @@ replay), never fewer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
@@ -54,6 +56,9 @@ from ackstream.lineage import (
     ROOT,
     ROOTS,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 __all__ = [
     "GroupInput",
@@ -328,7 +333,9 @@ class MapStage(Stage):
 
     kind = "map"
 
-    def __init__(self, number: int, fn: Callable[[DataFrame], DataFrame] | None, name=None):
+    def __init__(
+        self, number: int, fn: Callable[[DataFrame], DataFrame] | None, name: str | None = None
+    ):
         super().__init__(number, name)
         self.fn = fn  # None: a subclass overrides apply
 
@@ -336,7 +343,13 @@ class MapStage(Stage):
         assert self.fn is not None, "a map stage without fn overrides apply"
         return self.fn(df)
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
+    def run(
+        self,
+        df: DataFrame,
+        tracking: bool,
+        edges: bool = True,
+        context: BatchContext | None = None,
+    ) -> StageOutput:
         out = self.apply(df)
         if not tracking:
             return StageOutput(out)
@@ -349,7 +362,7 @@ class FilterStage(MapStage):
 
     kind = "filter"
 
-    def __init__(self, number: int, condition: Column | str, name=None):
+    def __init__(self, number: int, condition: Column | str, name: str | None = None):
         super().__init__(number, lambda df: df.where(condition), name)
 
 
@@ -359,7 +372,7 @@ class SqlStage(MapStage):
 
     kind = "sql"
 
-    def __init__(self, number: int, text: str, view: str = "tuples", name=None):
+    def __init__(self, number: int, text: str, view: str = "tuples", name: str | None = None):
         super().__init__(number, None, name)
         self.text, self.view = text, view
 
@@ -375,13 +388,25 @@ class FailWhereStage(Stage):
 
     kind = "fail_where"
 
-    def __init__(self, number: int, condition: Column | str, reason=None, name=None):
+    def __init__(
+        self,
+        number: int,
+        condition: Column | str,
+        reason: Column | str | None = None,
+        name: str | None = None,
+    ):
         super().__init__(number, name)
         self.condition = F.expr(condition) if isinstance(condition, str) else condition
         reason = f"{self.name}: {condition}" if reason is None else reason
         self.reason = reason if isinstance(reason, Column) else F.lit(str(reason))
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
+    def run(
+        self,
+        df: DataFrame,
+        tracking: bool,
+        edges: bool = True,
+        context: BatchContext | None = None,
+    ) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
         if not tracking:
             return StageOutput(df.where(~failing))
@@ -414,7 +439,7 @@ class ExplodeStage(Stage):
 
     kind = "explode"
 
-    def __init__(self, number: int, column: Column | str, alias: str, name=None):
+    def __init__(self, number: int, column: Column | str, alias: str, name: str | None = None):
         super().__init__(number, name)
         self.column = F.col(column) if isinstance(column, str) else column
         self.alias = alias
@@ -422,7 +447,13 @@ class ExplodeStage(Stage):
         self._elements = F.explode(self.column).alias(alias)
         self._positioned = F.posexplode(self.column).alias(_ORDINAL, alias)
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
+    def run(
+        self,
+        df: DataFrame,
+        tracking: bool,
+        edges: bool = True,
+        context: BatchContext | None = None,
+    ) -> StageOutput:
         if not (tracking and edges):  # no edge ids: the element's position is not needed
             return StageOutput(df.select("*", self._elements))
         out = df.select("*", self._positioned)
@@ -438,7 +469,13 @@ class AggregateStage(Stage):
 
     kind = "aggregate"
 
-    def __init__(self, number: int, keys, aggs, name=None):
+    def __init__(
+        self,
+        number: int,
+        keys: Iterable[str | Column],
+        aggs: Iterable[Column],
+        name: str | None = None,
+    ):
         super().__init__(number, name)
         self.keys, self.aggs = list(keys), list(aggs)
         if not self.aggs:
@@ -461,7 +498,13 @@ class AggregateStage(Stage):
     def hold_roots(self) -> None:
         self.keeps_roots = True
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
+    def run(
+        self,
+        df: DataFrame,
+        tracking: bool,
+        edges: bool = True,
+        context: BatchContext | None = None,
+    ) -> StageOutput:
         if not tracking:
             return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
         if not edges and self.keeps_roots:  # held downstream: its roots found in this pass
@@ -495,7 +538,7 @@ class Collector:
     def __init__(self, roots: pd.Series | None, resets: UpstreamResets | None):
         self._roots, self._resets = roots, resets
 
-    def reset_timeout(self, rows=None) -> int:
+    def reset_timeout(self, rows: npt.ArrayLike | None = None) -> int:
         """Storm's ``collector.resetTimeout``: restart the message timeout of the trees of
         ``rows`` (the chunk's index labels: a position, a list of them or a boolean
         mask; None: every row), for work that outlasts the timeout. Call it more often
@@ -530,12 +573,25 @@ class PandasBoltStage(Stage):
 
     kind = "pandas_bolt"
 
-    def __init__(self, number: int, fn: Callable, schema: str, collector: bool = False, name=None):
+    def __init__(
+        self,
+        number: int,
+        fn: Callable[..., pd.DataFrame],
+        schema: str,
+        collector: bool = False,
+        name: str | None = None,
+    ):
         super().__init__(number, name)
         self.fn, self.schema, self.collector = fn, schema, collector
         self._output: BoltOutput | None = None  # the schema's columns, found on first use
 
-    def run(self, df: DataFrame, tracking: bool, edges: bool = True, context=None) -> StageOutput:
+    def run(
+        self,
+        df: DataFrame,
+        tracking: bool,
+        edges: bool = True,
+        context: BatchContext | None = None,
+    ) -> StageOutput:
         if is_multi_anchored(df) or GROUP in df.columns:
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
@@ -546,7 +602,7 @@ class PandasBoltStage(Stage):
         output = self._output
         if not tracking:  # no root to fail: output that does not fit stops the query
 
-            def plain(frames):
+            def plain(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
                 for frame in frames:
                     given = (Collector(None, None),) if collector else ()
                     out = fn(frame[payload].reset_index(drop=True), *given)
@@ -559,7 +615,7 @@ class PandasBoltStage(Stage):
 
         schema = f"{self.schema}, {ROOT} long, {EDGE} long, {_ORDINAL} long, {_ERROR} string"
 
-        def tracked(frames):
+        def tracked(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             try:
                 for frame in frames:
                     chunk = frame.reset_index(drop=True)
@@ -604,7 +660,7 @@ class BoltOutput:
     types: tuple[tuple[str, pa.DataType], ...]
 
     @classmethod
-    def of(cls, schema) -> BoltOutput:
+    def of(cls, schema: StructType) -> BoltOutput:
         types = [(f.name, _CHECKED_TYPES.get(f.dataType.typeName())) for f in schema.fields]
         return cls(tuple(schema.names), tuple((c, t) for c, t in types if t is not None))
 
@@ -644,7 +700,7 @@ class BoltOutput:
 
 
 def _run_bolt(
-    fn,
+    fn: Callable[..., pd.DataFrame],
     frame: pd.DataFrame,
     payload: list[str],
     name: str,

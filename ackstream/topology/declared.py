@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -32,16 +33,20 @@ from ackstream.topology.bolts import (
     MapStage,
     PandasBoltStage,
     SqlStage,
+    Stage,
     check_lineage,
 )
 from ackstream.topology.graph import SPOUT, join_streams
+
+if TYPE_CHECKING:
+    from ackstream.topology.dsl import Topology
 
 __all__ = ["analyse", "record_start", "started"]
 
 _started: list[tuple[object, str]] = []
 
 
-def record_start(topology, checkpoint: str) -> None:
+def record_start(topology: Topology, checkpoint: str) -> None:
     """Note that ``topology`` was started with ``checkpoint`` in this process."""
     _started.append((topology, checkpoint))
 
@@ -51,7 +56,7 @@ def started() -> list[tuple[object, str]]:
     return list(_started)
 
 
-def analyse(topology, tuples: DataFrame) -> None:
+def analyse(topology: Topology, tuples: DataFrame) -> None:
     """Raise :class:`StageError` naming the first stage of ``topology`` whose code does
     not fit the stream it reads, starting from the schema of ``tuples`` (see the
     module doc)."""
@@ -88,7 +93,7 @@ def _empty_like(tuples: DataFrame) -> DataFrame:
 _ANALYSED = (MapStage, FailWhereStage, ExplodeStage, AggregateStage, PandasBoltStage)
 
 
-def _output(stage, frame: DataFrame, tracking: bool) -> DataFrame:
+def _output(stage: Stage, frame: DataFrame, tracking: bool) -> DataFrame:
     """What ``stage`` (one of :data:`_ANALYSED`) makes of ``frame``, without persisting
     or running anything."""
     if isinstance(stage, FailWhereStage):

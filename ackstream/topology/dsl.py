@@ -23,13 +23,15 @@ streams joins them (see :mod:`ackstream.topology.graph`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 
 from ackstream.acker.precombine import precombine
 from ackstream.channels import check_reach
+from ackstream.channels.base import Channel
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import TRACKED_COLUMNS
@@ -56,7 +58,15 @@ from ackstream.topology.waiting_join import WaitingJoinStage, check_within
 from ackstream.topology.window import WindowStage
 from ackstream.topology.window_closing import positive_ms, window_closing
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ackstream.sinks.base import Sink
+
 __all__ = ["Topology"]
+
+#: the stream(s) a stage or sink reads: a name, several, or None (the last declared)
+After = str | Iterable[str] | None
 
 
 class Topology:
@@ -110,8 +120,8 @@ class Topology:
     def __init__(
         self,
         name: str,
-        spark,
-        channel,
+        spark,  # not annotated yet: see the mypy override in pyproject.toml
+        channel: Channel,
         *,
         message_timeout_ms: int = 30_000,
         tracking: bool = True,
@@ -163,14 +173,16 @@ class Topology:
 
     # --- declaring stages -----------------------------------------------------------
 
-    def _add(self, cls, *args, name=None, after=None) -> Topology:
+    def _add(
+        self, cls: Callable[..., Stage], *args: object, name: str | None = None, after: After = None
+    ) -> Topology:
         stage = cls(len(self.stages) + 1, *args, name=name)
-        stage.after = self._subscribe(stage.name, after, cls.kind)
+        stage.after = self._subscribe(stage.name, after, stage.kind)
         self.stages.append(stage)
         self._ends_in_sink = False
         return self
 
-    def _subscribe(self, name: str, after, kind: str) -> tuple[str, ...]:
+    def _subscribe(self, name: str, after: After, kind: str) -> tuple[str, ...]:
         """The streams a new stage or sink called ``name`` reads: ``after`` checked, or
         by default the stream of the last stage declared (the spout's if none)."""
         known = [SPOUT, *(s.name for s in self.stages)]
@@ -194,13 +206,17 @@ class Topology:
             )
         return streams
 
-    def map(self, fn, *, name: str | None = None, after=None) -> Topology:
+    def map(
+        self, fn: Callable[[DataFrame], DataFrame], *, name: str | None = None, after: After = None
+    ) -> Topology:
         """Row-wise DataFrame code, ``fn(df) -> df`` (``withColumn``, ``select('*', ...)``):
         at most one output row per input row, lineage columns kept. For one-to-many
         use :meth:`explode` or :meth:`pandas_bolt`."""
         return self._add(MapStage, fn, name=name, after=after)
 
-    def filter(self, condition: Column | str, *, name: str | None = None, after=None) -> Topology:
+    def filter(
+        self, condition: Column | str, *, name: str | None = None, after: After = None
+    ) -> Topology:
         """Keep the rows where ``condition`` holds; every other row is acked."""
         return self._add(FilterStage, condition, name=name, after=after)
 
@@ -212,7 +228,7 @@ class Topology:
         reason: Column | str | None = None,
         *,
         name: str | None = None,
-        after=None,
+        after: After = None,
     ) -> Topology:
         """Fail the tuples where ``condition`` holds: their roots are replayed (after the
         last retry, dead-lettered with ``reason``; default: the stage and condition)."""
@@ -224,7 +240,7 @@ class Topology:
         reason: Column | str | None = None,
         *,
         name: str | None = None,
-        after=None,
+        after: After = None,
     ) -> Topology:
         """Dead-letter the records whose tuples match ``condition`` at once, with
         ``reason``, without replays: for input that can never succeed (undecodable,
@@ -232,19 +248,25 @@ class Topology:
         return self._add(RejectWhereStage, condition, reason, name=name, after=after)
 
     def explode(
-        self, column: Column | str, alias: str, *, name: str | None = None, after=None
+        self, column: Column | str, alias: str, *, name: str | None = None, after: After = None
     ) -> Topology:
         """One child row per element of the array ``column``, in a new column ``alias``."""
         return self._add(ExplodeStage, column, alias, name=name, after=after)
 
     def sql(
-        self, text: str, *, view: str = "tuples", name: str | None = None, after=None
+        self, text: str, *, view: str = "tuples", name: str | None = None, after: After = None
     ) -> Topology:
         """Row-wise SQL over the stage input, visible as the view ``view``; select the
         lineage columns along (``SELECT *, upper(word) AS w FROM tuples``)."""
         return self._add(SqlStage, text, view, name=name, after=after)
 
-    def aggregate(self, keys, *aggs: Column, name: str | None = None, after=None) -> Topology:
+    def aggregate(
+        self,
+        keys: str | Column | Iterable[str | Column],
+        *aggs: Column,
+        name: str | None = None,
+        after: After = None,
+    ) -> Topology:
         """``groupBy(keys).agg(*aggs)`` within each batch; each output row is anchored
         to all of its input tuples (multi-anchoring, across roots)."""
         keys = [keys] if isinstance(keys, str | Column) else list(keys)
@@ -252,7 +274,7 @@ class Topology:
 
     def window(
         self,
-        keys,
+        keys: str | Column | Iterable[str | Column],
         *aggs: Column,
         count: int | None = None,
         duration: int | str | None = None,
@@ -260,7 +282,7 @@ class Topology:
         time: str | Column | None = None,
         delay: int | str = 0,
         name: str | None = None,
-        after=None,
+        after: After = None,
     ) -> Topology:
         """A window per key: hold the tuples of each key, across micro-batches, until
         their window closes; then emit ``groupBy(keys).agg(*aggs)`` over the window,
@@ -290,7 +312,7 @@ class Topology:
         self,
         left: str,
         right: str,
-        on,
+        on: str | Iterable[str],
         *,
         how: str = "inner",
         within: int | str | None = None,
@@ -331,7 +353,9 @@ class Topology:
             after=(left, right),
         )
 
-    def _add_holding(self, cls, *args, name=None, after=None) -> Topology:
+    def _add_holding(
+        self, cls: Callable[..., Stage], *args: object, name: str | None = None, after: After = None
+    ) -> Topology:
         """Add a stage that holds tuples across batches, and ask every stage upstream of
         it to give its rows their roots (``Stage.hold_roots``): a held row keeps them,
         and an aggregate collects them in its own pass over its input."""
@@ -349,12 +373,12 @@ class Topology:
 
     def pandas_bolt(
         self,
-        fn,
+        fn: Callable[..., pd.DataFrame],
         schema: str,
         *,
         collector: bool = False,
         name: str | None = None,
-        after=None,
+        after: After = None,
     ) -> Topology:
         """A pandas bolt, ``fn(frame) -> frame`` indexed by parent row position (Storm's
         ``emit(anchor, values)``; -1: unanchored); ``schema`` is its output DDL. An
@@ -365,7 +389,7 @@ class Topology:
         trees an upstream topology keeps open (see :class:`~ackstream.topology.bolts.Collector`)."""
         return self._add(PandasBoltStage, fn, schema, collector, name=name, after=after)
 
-    def sink(self, sink, *, name: str | None = None, after=None) -> Topology:
+    def sink(self, sink: Sink, *, name: str | None = None, after: After = None) -> Topology:
         """Write a stream to ``sink`` (``MemorySink``, ``ConsoleSink``, ``KafkaSink``, or
         anything with ``write(outputs, batch_id)``): its tuples are acked once it
         returns, except the rows it hands back as not written, whose roots fail.

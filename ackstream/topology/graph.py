@@ -19,12 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.lineage import ANCHORS, EDGE, ROOT
 from ackstream.topology.bolts import anchor_list, is_multi_anchored, mint
+
+if TYPE_CHECKING:
+    from ackstream.sinks.base import Sink
 
 __all__ = ["SPOUT", "SinkNode", "join_streams", "subscriber_copies", "subscribers"]
 
@@ -39,7 +43,7 @@ class SinkNode:
     batch calls its ``write_continued``."""
 
     name: str
-    sink: object
+    sink: Sink
     after: tuple[str, ...]
     continues_trees: bool = False
 

@@ -37,6 +37,7 @@ roots are its ``_root`` and the roots of its ``_anchors`` (:func:`roots_of`).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -182,7 +183,7 @@ class Holding:
             HELD_MS, F.lit(ctx.now_ms).cast("long")
         )
 
-    def stamp(self, rows: DataFrame, keys, ctx: BatchContext) -> DataFrame:
+    def stamp(self, rows: DataFrame, keys: Sequence[str | Column], ctx: BatchContext) -> DataFrame:
         """``rows`` with an id (``_hold``) for each row of the batch: the rows
         :meth:`arriving` made, or those with the rows held before (``_fresh`` tells
         them apart; a held row keeps its id). An id is ``xxhash64(stage, batch,
@@ -211,6 +212,7 @@ class Holding:
         held, position = state.rows, state.position
         if not tracking:
             return Before(held, position, state.clock, log=state.log)
+        cached: tuple[DataFrame, ...]  # none, or the held rows persisted
         fails, dropped, cached = None, [], ()
         if ctx.channel is not None:
             if position is None:  # our roots' completions all come after this
@@ -230,7 +232,9 @@ class Holding:
             gone_ids = part if gone_ids is None else gone_ids.unionByName(part)
         return Before(held, position, state.clock, fails, gone_ids, state.log, cached)
 
-    def _without_lost(self, spark: SparkSession, held: DataFrame, lost: pa.Array):
+    def _without_lost(
+        self, spark: SparkSession, held: DataFrame, lost: pa.Array
+    ) -> tuple[DataFrame, DataFrame, DataFrame, tuple[DataFrame]]:
         """``held`` without the rows that have a lost root, the ``(root, reason)`` fails
         of those rows' other roots, the ids of the rows dropped, and the frame
         persisted to read the held rows once."""
@@ -250,7 +254,7 @@ class Holding:
         released: DataFrame,
         ctx: BatchContext,
         before: Before,
-        clock,
+        clock: int | None,
         telescoped: bool,
     ) -> DataFrame | None:
         """Save what changed: of ``kept``, the rows still held after this batch, those

@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -43,6 +44,12 @@ from ackstream.topology.held_store import FOLDER
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import StageCounts
 
+if TYPE_CHECKING:
+    from pyspark.errors import StreamingQueryException
+    from pyspark.sql.streaming import StreamingQuery
+
+    from ackstream.topology.dsl import Topology
+
 __all__ = [
     "BatchFunction",
     "RunningTopology",
@@ -55,7 +62,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def check_source_terms(topology, offset: dict) -> None:
+def check_source_terms(topology: Topology, offset: dict) -> None:
     """Raise an :class:`OptionError` naming both values if the ``ackstream`` source that
     wrote ``offset`` was given another topology name, channel or message timeout than
     ``topology`` (an offset written with tracking off says none)."""
@@ -81,7 +88,7 @@ def check_source_terms(topology, offset: dict) -> None:
             )
 
 
-def same_term(option: str, given, wanted) -> bool:
+def same_term(option: str, given: object, wanted: object) -> bool:
     """Whether a source's value of ``option`` says the same as its topology's."""
     if option in ("ackstream.messageTimeout", "ackstream.channelRetention"):
         try:
@@ -106,7 +113,7 @@ class BatchFunction:
     so it holds the topology without its session (each batch brings its own,
     ``batch.sparkSession``) and nothing else of the client's."""
 
-    def __init__(self, topology, offset_log: str):
+    def __init__(self, topology: Topology, offset_log: str):
         self.topology, self.offset_log = topology.without_session(), offset_log
         self.topology.held_folder = os.path.join(offset_log, FOLDER)  # window stages' state
 
@@ -238,7 +245,7 @@ class BatchFunction:
 
 
 def start_topology(
-    topology,
+    topology: Topology,
     tuples: DataFrame,
     checkpoint: str,
     *,
@@ -290,13 +297,13 @@ class RunningTopology:
     tag: str | None = None  # the Spark job tag of the topology's batches
 
     @property
-    def queries(self) -> list:
+    def queries(self) -> list[StreamingQuery]:
         return [q for q in (self.query, self.acker) if q is not None]
 
     def is_active(self) -> bool:
         return all(q.isActive for q in self.queries)
 
-    def exception(self):
+    def exception(self) -> StreamingQueryException | None:
         """The first query's error, if one stopped with an error."""
         return next((e for e in (q.exception() for q in self.queries) if e), None)
 
@@ -326,7 +333,7 @@ class RunningTopology:
 _RUNNING_A_BATCH = ("Processing new data", "No new data but cleaning up state")
 
 
-def _running_a_batch(query) -> bool:
+def _running_a_batch(query: StreamingQuery) -> bool:
     """Whether ``query`` is between the start and the commit of a batch."""
     status = query.status
     return bool(status.get("isTriggerActive")) and status.get("message") in _RUNNING_A_BATCH
@@ -336,7 +343,7 @@ def _running_a_batch(query) -> bool:
 CANCEL_S = 4.0
 
 
-def _cancel_while_busy(query, cancel) -> None:
+def _cancel_while_busy(query: StreamingQuery, cancel: Callable[[], None]) -> None:
     deadline = time.monotonic() + CANCEL_S
     while True:
         cancel()
@@ -345,7 +352,11 @@ def _cancel_while_busy(query, cancel) -> None:
         time.sleep(0.5)
 
 
-def stop_queries(queries, batch_wait_s: float = 10.0, cancel=None) -> None:
+def stop_queries(
+    queries: Iterable[StreamingQuery],
+    batch_wait_s: float = 10.0,
+    cancel: Callable[[], None] | None = None,
+) -> None:
     """Stop streaming queries, topology queries before ackers (so an acker sees the last
     ack records), each once the batch it is running has been committed.
 

@@ -40,7 +40,7 @@ SIDES = ("in", "out")
 class StageCounts:
     """The tuples counted in one batch, per stage or sink name and side."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._watched: list[tuple[str, str, Observed]] = []
 
     def watch(self, df: DataFrame, node: str, side: str) -> DataFrame:

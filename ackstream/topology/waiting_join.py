@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
@@ -103,11 +103,11 @@ class WaitingJoinStage(Stage):
         number: int,
         left: str,
         right: str,
-        keys,
+        keys: Iterable[str],
         suffix: str,
         how: str = "inner",
         within_ms: int | None = None,
-        name=None,
+        name: str | None = None,
     ):
         super().__init__(number, name)
         self.left, self.right, self.keys, self.suffix = left, right, tuple(keys), suffix
@@ -249,7 +249,12 @@ class WaitingJoinStage(Stage):
         return joined.select(*payload, null.alias(ROOT), edge.alias(EDGE), _anchors(both, edge))
 
     def _alone(
-        self, lefts: DataFrame, columns: JoinColumns, combined: DataFrame, tracking, edges
+        self,
+        lefts: DataFrame,
+        columns: JoinColumns,
+        combined: DataFrame,
+        tracking: bool,
+        edges: bool,
     ) -> DataFrame:
         """Left tuples without a match as output rows: nulls for the right side's
         columns; per stage the child's edge is ``xxhash64(left edge, stage)``."""
@@ -263,7 +268,9 @@ class WaitingJoinStage(Stage):
         return lefts.select(*payload, null.alias(ROOT), edge.alias(EDGE), _anchors(roots, edge))
 
 
-def check_within(stage: str, within_ms: int | None, message_timeout_ms: int, tracking: bool):
+def check_within(
+    stage: str, within_ms: int | None, message_timeout_ms: int, tracking: bool
+) -> None:
     """Refuse a bound that lets a tuple wait past its message timeout: it may wait for
     the bound, then up to one idle batch's interval (the bound) and a batch."""
     if within_ms is None or not tracking:
@@ -278,7 +285,7 @@ def check_within(stage: str, within_ms: int | None, message_timeout_ms: int, tra
         )
 
 
-def _anchors(roots, edge) -> Column:
+def _anchors(roots: Column, edge: Column) -> Column:
     """``_anchors``: one entry per root, each with ``edge``."""
     anchors = F.transform(roots, lambda r: F.struct(r.alias("root"), edge.alias("edge")))
     return anchors.cast(_ANCHOR_TYPE).alias(ANCHORS)

@@ -25,7 +25,9 @@ so the window keeps its own.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from collections.abc import Iterable
+
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
@@ -51,7 +53,14 @@ class WindowStage(Stage):
 
     kind = "window"
 
-    def __init__(self, number: int, keys, aggs, closing: Closing, name=None):
+    def __init__(
+        self,
+        number: int,
+        keys: Iterable[str | Column],
+        aggs: Iterable[Column],
+        closing: Closing,
+        name: str | None = None,
+    ):
         super().__init__(number, name)
         self.keys, self.aggs, self.closing = list(keys), list(aggs), closing
         self.idle_batch_ms = closing.idle_batch_ms

@@ -143,7 +143,9 @@ class TimeClosing:
     (``time`` None) or by the column ``time`` (event time: a timestamp, or a number
     of epoch milliseconds) with a watermark ``delay_ms`` behind the largest seen."""
 
-    def __init__(self, duration_ms: int, slide_ms: int, time=None, delay_ms: int = 0):
+    def __init__(
+        self, duration_ms: int, slide_ms: int, time: str | Column | None = None, delay_ms: int = 0
+    ):
         self.duration_ms, self.slide_ms = duration_ms, slide_ms
         self.time, self.delay_ms = time, delay_ms
         self.idle_batch_ms = slide_ms if time is None else None
@@ -231,7 +233,14 @@ class TimeClosing:
         )
 
 
-def window_closing(stage: str, count, duration, slide, time, delay) -> Closing:
+def window_closing(
+    stage: str,
+    count: int | None,
+    duration: int | str | None,
+    slide: int | str | None,
+    time: str | Column | None,
+    delay: int | str,
+) -> Closing:
     """The closing ``Topology.window`` asks for: ``count`` or ``duration`` (with
     ``slide``, ``time`` and ``delay``), checked."""
     if (count is None) == (duration is None):
@@ -250,7 +259,7 @@ def window_closing(stage: str, count, duration, slide, time, delay) -> Closing:
     return TimeClosing(duration_ms, slide_ms, time, delay_ms)
 
 
-def positive_ms(stage: str, name: str, value) -> int:
+def positive_ms(stage: str, name: str, value: object) -> int:
     """``value`` (ms, or a duration such as ``"10s"``) as a positive number of ms, or a
     :class:`StageError` of ``stage`` naming the argument ``name``."""
     try:
