@@ -24,6 +24,7 @@ __all__ = [
     "client_options",
     "client_settings",
     "consumer_settings",
+    "jvm_client_settings",
     "kafka_options_of",
     "properties_file_options",
 ]
@@ -185,6 +186,50 @@ def kafka_options_of(config: SourceConfig) -> dict[str, str]:
     """The source's ``kafka.*`` options (but bootstrap servers and group id), prefixed:
     the form a :class:`~ackstream.channels.kafka.KafkaChannel` and a ``KafkaSink`` take."""
     return {f"kafka.{key}": value for key, value in config.kafka.options}
+
+
+def jvm_client_settings(settings: Mapping[str, str]) -> dict[str, str]:
+    """``settings`` (``kafka.*`` options without the prefix, as ackstream takes them) in
+    the names Java's Kafka client reads, for Spark's own Kafka reader and writer: the
+    same meaning where kafka-python's name differs, the rest as they are.
+
+    ``ssl.cafile`` (a PEM file) becomes a PEM truststore given by its certificates, read
+    here on the driver, so that executors on other machines need no copy of the file;
+    ``ssl.check.hostname=false`` turns off the JVM's host name check; a SASL login given
+    as ``sasl.plain.username`` and ``sasl.plain.password`` becomes the JAAS config of its
+    mechanism (PLAIN or SCRAM). Java's client
+    ignores a setting it does not know: untranslated, the reader and writer would meet
+    a TLS listener with no trusted certificate (``PKIX path building failed``).
+
+    >>> jvm_client_settings({"security.protocol": "SSL", "ssl.check.hostname": "false"})
+    {'security.protocol': 'SSL', 'ssl.endpoint.identification.algorithm': ''}
+    """
+    translated: dict[str, str] = {}
+    for key, value in settings.items():
+        if key == "ssl.cafile":
+            try:
+                with open(value, encoding="ascii") as pem:
+                    certificates = pem.read()
+            except OSError as error:
+                why = f"a readable PEM file ({error.strerror})"
+                raise OptionError("kafka.ssl.cafile", value, why) from None
+            translated["ssl.truststore.type"] = "PEM"
+            translated["ssl.truststore.certificates"] = certificates
+        elif key == "ssl.check.hostname":
+            if str(value).strip().lower() == "false":
+                translated["ssl.endpoint.identification.algorithm"] = ""
+        elif key not in ("sasl.plain.username", "sasl.plain.password"):
+            translated[key] = value
+    user, password = settings.get("sasl.plain.username"), settings.get("sasl.plain.password")
+    if user is not None and "sasl.jaas.config" not in settings:
+        scram = str(settings.get("sasl.mechanism", "")).upper().startswith("SCRAM")
+        module = "scram.ScramLoginModule" if scram else "plain.PlainLoginModule"
+        quoted = [str(v).replace("\\", "\\\\").replace('"', '\\"') for v in (user, password or "")]
+        translated["sasl.jaas.config"] = (
+            f"org.apache.kafka.common.security.{module} required "
+            f'username="{quoted[0]}" password="{quoted[1]}";'
+        )
+    return translated
 
 
 def properties_file_options(path: str) -> dict[str, str]:

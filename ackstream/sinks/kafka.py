@@ -32,7 +32,7 @@ from kafka.serializer import Serializer, SerializeWrapper
 from ackstream.clock import now_ms
 from ackstream.continued import lineage_headers, mint_edges
 from ackstream.errors import EnvironmentProblem, OptionError, cause_of
-from ackstream.kafka.settings import client_settings
+from ackstream.kafka.settings import client_settings, jvm_client_settings
 from ackstream.kafka.topics import deleted_topics, shared_listing
 from ackstream.lineage import LINEAGE_COLUMNS, REASON, REASON_LIMIT, ROOTS
 from ackstream.records import ACK, ack_table
@@ -190,7 +190,7 @@ class KafkaSink:
             "kafka.delivery.timeout.ms": str(wait_ms),
             "kafka.request.timeout.ms": str(min(wait_ms, 30_000)),
             "kafka.max.block.ms": str(min(wait_ms, BLOCK_MS)),
-            **self.kafka_options,
+            **{f"kafka.{k}": v for k, v in jvm_client_settings(self._settings()).items()},
             "kafka.bootstrap.servers": self.bootstrap,
             "topic": self.topic,
         }
@@ -204,6 +204,10 @@ class KafkaSink:
         writer = outputs.selectExpr(*columns).write.format("kafka").mode("append")
         with kafka_through_v2(outputs.sparkSession):
             writer.options(**options).save()
+
+    def _settings(self) -> dict[str, str]:
+        """The ``kafka.*`` options without their prefix."""
+        return {k.removeprefix("kafka."): v for k, v in self.kafka_options.items()}
 
     def write_continued(self, outputs, batch_id: int):
         """Write ``outputs`` with their lineage as headers, leaving their trees open:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame
 
 from ackstream.config import SourceConfig
+from ackstream.kafka.settings import jvm_client_settings
 from ackstream.session import is_connect, kafka_through_v2
 
 if TYPE_CHECKING:
@@ -65,10 +66,11 @@ def read_ranges(spark: SparkSession, config: SourceConfig, ranges: list[Range]) 
 
 
 def _kafka_params(config: SourceConfig) -> dict[str, str]:
-    """The Kafka client settings the source was given (its ``kafka.*`` options)."""
+    """The Kafka client settings the source was given (its ``kafka.*`` options), in the
+    names Java's client reads."""
     return {
         "bootstrap.servers": config.kafka.bootstrap_servers or "",
-        **dict(config.kafka.options),
+        **jvm_client_settings(dict(config.kafka.options)),
     }
 
 

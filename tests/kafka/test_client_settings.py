@@ -272,3 +272,38 @@ def test_a_setting_kafka_or_spark_would_refuse_is_refused_naming_it(option, valu
 def test_a_settings_case_is_taken_as_kafkas_clients_take_it():
     settings = consumer_settings(parse(SOURCE_OPTIONS | {"kafka.security.protocol": "sasl_ssl"}))
     assert settings["security_protocol"] == "SASL_SSL"
+
+
+def test_spark_s_java_clients_get_the_settings_in_their_own_names(tmp_path):
+    """Spark's Kafka reader and writer are Java clients, which ignore kafka-python's
+    names: given as they are, a TLS listener met no trusted certificate and every read
+    and write of a telescoped topology failed."""
+    from ackstream.kafka.settings import jvm_client_settings
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    jvm = jvm_client_settings(
+        {
+            "security.protocol": "SASL_SSL",
+            "ssl.cafile": str(ca),
+            "ssl.check.hostname": "false",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.plain.username": "ann",
+            "sasl.plain.password": 'p"w',
+        }
+    )
+    assert jvm == {
+        "security.protocol": "SASL_SSL",
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.certificates": ca.read_text(),
+        "ssl.endpoint.identification.algorithm": "",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+        'required username="ann" password="p\\"w";',
+    }
+    jaas = "org.apache.kafka.common.security.plain.PlainLoginModule required a;"
+    assert jvm_client_settings({"sasl.jaas.config": jaas, "ssl.check.hostname": "true"}) == {
+        "sasl.jaas.config": jaas
+    }
+    with pytest.raises(OptionError, match="kafka.ssl.cafile"):
+        jvm_client_settings({"ssl.cafile": str(tmp_path / "missing.pem")})
