@@ -76,7 +76,7 @@ test-browser: $(VENV)/.installed java kafka spark-kafka
 
 # The runs marked `long` (chaos seeds, broker failures, scale), left out of make test.
 test-long: $(VENV)/.installed java kafka spark-kafka
-	$(PY) -m pytest -m long $(PYTEST_ARGS)
+	$(PY) -m pytest -m long --timeout=3600 $(PYTEST_ARGS)
 
 # What CI runs after make test: the runs only a real cluster allows, at small sizes:
 # the three-broker cluster's failures, a standalone Spark cluster

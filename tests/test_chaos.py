@@ -450,6 +450,7 @@ def chaos_run(broker, cluster, size: Size, seed: int, workdir: Path) -> None:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(1200)
 def test_chaos_small(chaos_broker, chaos_cluster, tmp_path):
     """One seed at a small size, in ``make test-cluster`` (which CI runs; about five
     minutes, too long for the 20-minute suite): random unless ``ACKSTREAM_CHAOS_SEED``
@@ -460,6 +461,7 @@ def test_chaos_small(chaos_broker, chaos_cluster, tmp_path):
 
 
 @pytest.mark.long
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("seed", chaos_seeds())
 def test_chaos_full(chaos_broker, chaos_cluster, seed, tmp_path):
     chaos_run(chaos_broker, chaos_cluster, full_size(), seed, tmp_path)

@@ -28,6 +28,7 @@ BATCHES = 8
 COLD = "ackstream_untracked"
 
 
+@pytest.mark.timeout(1200)
 def test_every_system_does_the_same_work_and_the_json_has_every_figure(broker, tmp_path):
     path = tmp_path / "e2e.json"
     out = e2e.main(
