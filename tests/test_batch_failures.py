@@ -13,6 +13,8 @@ from pyspark.sql import functions as F
 
 from ackstream import MemorySink, Topology
 from ackstream.channels.local import LocalChannel
+from ackstream.session import has_kafka_connector
+from ackstream.sinks.kafka import KafkaSink
 from ackstream.testing import wait_until_settled
 
 from helpers import consume, group_commits, wait_for
@@ -191,9 +193,14 @@ def test_a_bolt_hanging_on_one_record_is_cancelled_at_the_deadline_and_dead_lett
 
 
 @pytest.mark.e2e  # test_failure_path's stop tests and test_stop_queries cover it too
-def test_stop_returns_while_a_stage_hangs(spark, broker, new_topic, tmp_path):
-    """No deadline, a stage that never returns: stop() cancels the batch's jobs and
-    returns (bounded by a generous poll, not a timing assertion)."""
+@pytest.mark.parametrize("writer", ["python", "spark"])
+def test_stop_returns_while_a_stage_hangs(spark, broker, new_topic, tmp_path, writer):
+    """No deadline, a stage that never returns before a Kafka sink: stop() cancels the
+    batch's jobs and returns, whichever writer's job was computing the stage (Spark's
+    writer once wrote the batch again row by row after the cancel, in a job nothing
+    cancelled). Bounded by a generous poll, not a timing assertion."""
+    if writer == "spark" and not has_kafka_connector(spark):
+        pytest.skip("Spark's Kafka connector is not on this session's class path")
     inbox, name = new_topic(partitions=1), f"stuck-{uuid.uuid4().hex[:8]}"
     produce(broker.bootstrap, inbox, ["hang"])
     started = tmp_path / "started"
@@ -207,12 +214,14 @@ def test_stop_returns_while_a_stage_hangs(spark, broker, new_topic, tmp_path):
     running = (
         Topology(name, spark, LocalChannel(tmp_path / "channel"), batch_deadline_ms=None)
         .pandas_bolt(bolt, "text string", name="stuck")
-        .sink(MemorySink())
+        .sink(KafkaSink(broker.bootstrap, new_topic(), key=None, value="text", writer=writer))
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
     wait_for(started.exists, timeout=120, what="the stage to start hanging")
     stopping = threading.Thread(target=running.stop, daemon=True)
+    asked = time.monotonic()
     stopping.start()
     stopping.join(timeout=120)
+    print(f"stop() with the {writer} writer returned in {time.monotonic() - asked:.1f} s")
     assert not stopping.is_alive(), "stop() did not return while a stage hung"
     assert not any(q.isActive for q in running.queries)
