@@ -115,9 +115,7 @@ class KafkaSink:
         did (a row too big for a request, one the broker refused or did not confirm),
         the rows are written again by the executors' Python producers, which say which
         rows were not written, and why: rows the failed job had written are then
-        written twice, a replay's duplicates. The rows are kept while Spark's job writes
-        them, so that write reads what the job computed: the stages run again only for
-        the partitions whose task failed (or was stopped when it did).
+        written twice, a replay's duplicates, and the stages run again for that write.
         So a batch pays for a row that does not fit only when one is there, not by
         counting such rows in every job. Any other failure of the job (a stage's error,
         a cancellation) is the batch's, raised as it is: writing row by row would run
@@ -128,33 +126,25 @@ class KafkaSink:
         replayed for ever."""
         if self._spark_writes is None:
             self._spark_writes = has_kafka_connector(outputs.sparkSession)
-        if not self._spark_writes:
-            return self._write(outputs, batch_id, continued=False)[0]
-        # kept while Spark's job writes: the row-by-row write after a producer failure
-        # then reads the partitions that job computed, and computes again only those
-        # whose task failed or was stopped with it
-        ours = not outputs.storageLevel.useMemory  # a frame the batch keeps is the batch's
-        kept = outputs.persist() if ours else outputs
-        try:
-            self._write_with_spark(kept)
-        except Exception as error:
-            if not producer_failed(str(error)):
-                raise
-            # a deleted topic shows as records expired unsent when Spark's cached
-            # producer knew it: asked after any producer failure, not by its text
-            self._check_topic()
-            log.warning(
-                "batch %d: Kafka's producer failed writing to %s (%s); writing the "
-                "batch row by row to learn which rows the broker refuses",
-                batch_id,
-                self.topic,
-                cause_of(str(error))[:300],
-            )
-            return self._write(kept, batch_id, continued=False)[0]
-        finally:
-            if ours:
-                kept.unpersist()
-        return None
+        if self._spark_writes:
+            try:
+                self._write_with_spark(outputs)
+            except Exception as error:
+                if not producer_failed(str(error)):
+                    raise
+                # a deleted topic shows as records expired unsent when Spark's cached
+                # producer knew it: asked after any producer failure, not by its text
+                self._check_topic()
+                log.warning(
+                    "batch %d: Kafka's producer failed writing to %s (%s); writing the "
+                    "batch row by row to learn which rows the broker refuses",
+                    batch_id,
+                    self.topic,
+                    cause_of(str(error))[:300],
+                )
+            else:
+                return None
+        return self._write(outputs, batch_id, continued=False)[0]
 
     def _check_topic(self) -> None:
         """Raise, naming the topic, when the brokers answer without it (asked only once

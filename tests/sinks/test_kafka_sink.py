@@ -214,31 +214,6 @@ def test_a_row_too_big_for_a_request_fails_spark_s_write_and_alone_comes_back(
     assert set(read_topic(broker.bootstrap, topic)) == {"a", "b"}
 
 
-def test_the_row_by_row_write_reads_what_spark_s_failed_job_computed(spark, broker, new_topic):
-    """After Spark's job fails on a row too big, the rows are written again from what
-    that job computed: a stage before the sink runs again only for the partitions whose
-    task failed or was stopped with it, not for the whole batch (it used to: every row
-    computed twice)."""
-    if not has_kafka_connector(spark):
-        pytest.skip("Spark's Kafka connector is not on this session's class path")
-    runs = spark.sparkContext.accumulator(0)
-
-    def stage(value):
-        runs.add(1)  # counted from the tasks that finished
-        return value
-
-    values = [*"abcdefg", "x" * (1 << 20)]  # a task a row, the one too big the last
-    rows = frame(spark, values).repartitionByRange(len(values), "_edge")
-    rows = rows.withColumn("value", F.udf(stage, "string")("value"))
-    sink = KafkaSink(broker.bootstrap, new_topic(), writer="spark", flush_timeout_s=5)
-    unwritten = sink.write(rows, 0)
-    assert unwritten is not None and unwritten.column("_edge").to_pylist() == [107]
-    # the failed job's finished tasks (at most 7) and the row-by-row write's again
-    # computed ones (the failed task and one stopped beside it at most): never 2 x 8
-    assert len(values) <= runs.value <= len(values) + 2
-    assert not rows.storageLevel.useMemory  # the frame kept for the write is let go
-
-
 @pytest.mark.parametrize("writer", ["python", "spark"])
 def test_a_record_with_neither_key_nor_value_is_written_beside_a_row_too_big(
     spark, broker, new_topic, writer
