@@ -53,7 +53,7 @@ test: $(VENV)/.installed java kafka spark-kafka
 
 # What make test leaves out for its 20 minutes: Spark started in processes of its own as a
 # user starts it (ackstream run, the docs' worked examples, the notebook) and failure paths
-# run through. CI runs it after make test. About 10 minutes on 2 cores.
+# run through. CI runs it after make test. About 20 minutes on 2 cores.
 test-e2e: $(VENV)/.installed java kafka spark-kafka
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
