@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ackstream.console import interrupts
-
-if TYPE_CHECKING:
-    from ackstream.topology.running import RunningTopology
 
 __all__ = ["await_topology"]
 
@@ -28,7 +25,16 @@ __all__ = ["await_topology"]
 POLL_S = 0.5
 
 
-def await_topology(running: RunningTopology, timeout_s: float | None = None) -> bool:
+class Stoppable(Protocol):
+    """What waiting reads of a started topology (``RunningTopology`` is one)."""
+
+    query: Any
+    spark: Any
+
+    def stop(self) -> None: ...
+
+
+def await_topology(running: Stoppable, timeout_s: float | None = None) -> bool:
     """Block until the topology query of ``running`` (a
     :class:`~ackstream.topology.RunningTopology`) stops (True; its error raised if it
     failed) or ``timeout_s`` passes (False). Ctrl-C: see the module doc."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -64,7 +64,6 @@ from ackstream.topology.stage_counts import StageCounts
 
 if TYPE_CHECKING:
     from ackstream.sinks.base import ContinuingSink
-    from ackstream.topology.dsl import Topology
 
 __all__ = [
     "ACK_MODES",
@@ -166,8 +165,25 @@ class BatchRecords:
         return pa.concat_tables([self.planned.inits, self.rest])
 
 
+class DeclaredTopology(Protocol):
+    """What a batch reads of the topology it runs (``Topology`` is one): declared
+    here, below the declaration, so that the batch imports nothing above it."""
+
+    name: str
+    mode: AckMode
+    tracking: bool
+    continue_trees: bool
+    message_timeout_ms: int
+    held_folder: str | None
+    stages: list[Stage]
+    sinks: list[SinkNode]
+
+    @property
+    def channel(self) -> Channel | None: ...
+
+
 def run_batch(
-    topology: Topology,
+    topology: DeclaredTopology,
     batch: DataFrame,
     batch_id: int,
     planned: PlannedRoots | None,
@@ -200,7 +216,7 @@ class BatchRun:
 
     def __init__(
         self,
-        topology: Topology,
+        topology: DeclaredTopology,
         batch_id: int,
         planned: PlannedRoots | None,
         counts: StageCounts | None,
@@ -365,7 +381,7 @@ class SinkAcks:
 
 
 def _write_sink(
-    topology: Topology,
+    topology: DeclaredTopology,
     node: SinkNode,
     outputs: DataFrame,
     batch_id: int,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -26,6 +25,7 @@ from pyspark.sql import functions as F
 from ackstream.console import pyspark_error_loggers
 from ackstream.errors import AckstreamError, StageError
 from ackstream.lineage import LINEAGE_COLUMNS
+from ackstream.topology.batch import DeclaredTopology
 from ackstream.topology.bolts import (
     AggregateStage,
     ExplodeStage,
@@ -38,15 +38,12 @@ from ackstream.topology.bolts import (
 )
 from ackstream.topology.graph import SPOUT, join_streams
 
-if TYPE_CHECKING:
-    from ackstream.topology.dsl import Topology
-
 __all__ = ["analyse", "record_start", "started"]
 
 _started: list[tuple[object, str]] = []
 
 
-def record_start(topology: Topology, checkpoint: str) -> None:
+def record_start(topology: object, checkpoint: str) -> None:
     """Note that ``topology`` was started with ``checkpoint`` in this process."""
     _started.append((topology, checkpoint))
 
@@ -56,7 +53,7 @@ def started() -> list[tuple[object, str]]:
     return list(_started)
 
 
-def analyse(topology: Topology, tuples: DataFrame) -> None:
+def analyse(topology: DeclaredTopology, tuples: DataFrame) -> None:
     """Raise :class:`StageError` naming the first stage of ``topology`` whose code does
     not fit the stream it reads, starting from the schema of ``tuples`` (see the
     module doc)."""

@@ -15,15 +15,16 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from ackstream.acker.precombine import precombine
 from ackstream.acker.query import start_acker
+from ackstream.channels.base import Channel
 from ackstream.clock import now_ms
-from ackstream.config import parse_duration_ms
+from ackstream.config import SourceConfig, parse_duration_ms
 from ackstream.errors import OptionError
 from ackstream.lineage import REASON_LIMIT
 from ackstream.offset_log import clear_unfinished_first_entry, logged_offsets
@@ -31,7 +32,7 @@ from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.spark_reader import read_new_ranges, read_replays
 from ackstream.topology.awaiting import await_topology
-from ackstream.topology.batch import run_batch
+from ackstream.topology.batch import DeclaredTopology, run_batch
 from ackstream.topology.batch_failure import (
     BatchDeadline,
     batch_failed_completions,
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from pyspark.errors import StreamingQueryException
     from pyspark.sql.streaming import StreamingQuery
 
-    from ackstream.topology.dsl import Topology
 
 __all__ = [
     "BatchFunction",
@@ -62,7 +62,23 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def check_source_terms(topology: Topology, offset: dict) -> None:
+class StartedTopology(DeclaredTopology, Protocol):
+    """What starting and running the queries read of a topology (``Topology`` is one),
+    beyond what its batches read."""
+
+    spark: Any
+    ackers: int
+    batch_deadline_ms: int | None
+    source_config: SourceConfig | None
+    stage_counts: bool
+
+    @property
+    def channel(self) -> Channel: ...
+
+    def without_session(self) -> StartedTopology: ...
+
+
+def check_source_terms(topology: StartedTopology, offset: dict) -> None:
     """Raise an :class:`OptionError` naming both values if the ``ackstream`` source that
     wrote ``offset`` was given another topology name, channel or message timeout than
     ``topology`` (an offset written with tracking off says none)."""
@@ -113,7 +129,7 @@ class BatchFunction:
     so it holds the topology without its session (each batch brings its own,
     ``batch.sparkSession``) and nothing else of the client's."""
 
-    def __init__(self, topology: Topology, offset_log: str):
+    def __init__(self, topology: StartedTopology, offset_log: str):
         self.topology, self.offset_log = topology.without_session(), offset_log
         self.topology.held_folder = os.path.join(offset_log, FOLDER)  # window stages' state
 
@@ -245,7 +261,7 @@ class BatchFunction:
 
 
 def start_topology(
-    topology: Topology,
+    topology: StartedTopology,
     tuples: DataFrame,
     checkpoint: str,
     *,
