@@ -175,12 +175,13 @@ class KafkaSink:
         JVM's names: the source's ``kafka.*`` ones, acks from every replica, and the
         sink's flush timeout as the longest a record may take to be confirmed."""
         wait_ms = max(1, int(self.flush_timeout_s * 1000))
+        given = {k.removeprefix("kafka."): v for k, v in self.kafka_options.items()}
         options = {
             "kafka.acks": "all",
             "kafka.delivery.timeout.ms": str(wait_ms),
             "kafka.request.timeout.ms": str(min(wait_ms, 30_000)),
             "kafka.max.block.ms": str(min(wait_ms, BLOCK_MS)),
-            **{f"kafka.{k}": v for k, v in jvm_client_settings(self._settings()).items()},
+            **{f"kafka.{k}": v for k, v in jvm_client_settings(given).items()},
             "kafka.bootstrap.servers": self.bootstrap,
             "topic": self.topic,
         }
@@ -194,10 +195,6 @@ class KafkaSink:
         writer = outputs.selectExpr(*columns).write.format("kafka").mode("append")
         with kafka_through_v2(outputs.sparkSession):
             writer.options(**options).save()
-
-    def _settings(self) -> dict[str, str]:
-        """The ``kafka.*`` options without their prefix."""
-        return {k.removeprefix("kafka."): v for k, v in self.kafka_options.items()}
 
     def write_continued(self, outputs, batch_id: int):
         """Write ``outputs`` with their lineage as headers, leaving their trees open:
