@@ -13,7 +13,7 @@ run is the median batch after the first two (Spark's first jobs of a plan are sl
 Prints one JSON line and writes it to ``benchmarks/results/holding-<date>.json``.
 
     .venv/bin/python benchmarks/holding.py [--records N] [--batches N] [--repeats N]
-        [--held-in files|memory]
+        [--held-in files|memory] [--variants NAME...]
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--held-in", choices=("files", "memory"), default="files")
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument(
+        "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="(count always runs)"
+    )
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="ackstream-holding-") if args.held_in == "files" else None
     spark = local_session("ackstream-holding-bench")
@@ -80,9 +83,9 @@ def main() -> None:
     for frame in frames:
         frame.count()
     load_before = os.getloadavg()
-    runs: dict[str, list] = {v: [] for v in VARIANTS}
+    runs: dict[str, list] = {v: [] for v in VARIANTS if v == "count" or v in args.variants}
     for repeat in range(args.repeats):
-        for variant in VARIANTS:
+        for variant in [v for v in VARIANTS if v == "count" or v in args.variants]:
             built = topology(spark, variant)
             if folder is not None:
                 built.held_folder = os.path.join(folder, f"{repeat}-{VARIANTS.index(variant)}")
