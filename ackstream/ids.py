@@ -17,6 +17,7 @@ __all__ = [
     "hash_longs",
     "hash_text",
     "root_ids",
+    "partition_seeds",
     "spout_edges",
     "child_edges",
     "spark_root_id",
@@ -38,24 +39,30 @@ _M64 = (1 << 64) - 1
 SPOUT_STAGE = 0
 
 
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
-
-
-def _fmix(h: np.ndarray) -> np.ndarray:
-    h = h ^ (h >> np.uint64(33))
-    h = h * np.uint64(_P2)
-    h = h ^ (h >> np.uint64(29))
-    h = h * np.uint64(_P3)
-    return h ^ (h >> np.uint64(32))
+def _rotl_in_place(x: np.ndarray, r: int, spare: np.ndarray) -> None:
+    np.right_shift(x, np.uint64(64 - r), out=spare)
+    x <<= np.uint64(r)
+    x |= spare
 
 
 def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    """XXH64 of one 8-byte value per row (Spark's ``XXH64.hashLong``), uint64 in and out."""
+    """XXH64 of one 8-byte value per row (Spark's ``XXH64.hashLong``), uint64 in and out;
+    written in place over two arrays (the rows are millions: each temporary costs)."""
+    lane = values * np.uint64(_P2)
+    spare = np.empty_like(lane)
+    _rotl_in_place(lane, 31, spare)
+    lane *= np.uint64(_P1)
     h = seed + np.uint64(_P5 + 8)
-    h = h ^ (_rotl(values * np.uint64(_P2), 31) * np.uint64(_P1))
-    h = _rotl(h, 27) * np.uint64(_P1) + np.uint64(_P4)
-    return _fmix(h)
+    h ^= lane
+    _rotl_in_place(h, 27, spare)
+    h *= np.uint64(_P1)
+    h += np.uint64(_P4)
+    for shift, prime in ((33, _P2), (29, _P3), (32, None)):  # the final mix
+        np.right_shift(h, np.uint64(shift), out=spare)
+        h ^= spare
+        if prime is not None:
+            h *= np.uint64(prime)
+    return h
 
 
 def hash_longs(*columns, seed=SEED) -> np.ndarray:
@@ -66,11 +73,12 @@ def hash_longs(*columns, seed=SEED) -> np.ndarray:
     """
     arrays = [np.asarray(c, dtype=np.int64) for c in columns]
     n = np.broadcast_shapes(*(a.shape for a in arrays), np.shape(seed))
-    h = np.broadcast_to(np.asarray(seed, dtype=np.int64), n).view(np.uint64).copy()
+    rows = np.atleast_1d(np.empty(n, np.int8)).shape  # a scalar as one row: hashed in place
+    h = np.broadcast_to(np.asarray(seed, dtype=np.int64), rows).view(np.uint64).copy()
     with np.errstate(over="ignore"):
         for a in arrays:
-            h = _hash_long(np.broadcast_to(a, n).view(np.uint64), h)
-    return h.view(np.int64)
+            h = _hash_long(np.broadcast_to(a, rows).view(np.uint64), h)
+    return h.view(np.int64).reshape(n)
 
 
 def _round(acc: int, lane: int) -> int:
@@ -142,6 +150,16 @@ def root_ids(source: str, topic, partition, offset, attempt) -> np.ndarray:
         seeds = np.array([hash_text(t, source_seed) for t in names], dtype=np.int64)
         seed = seeds[codes.reshape(-1)] if len(names) else np.empty(0, np.int64)
     return hash_longs(partition, offset, attempt, seed=seed)
+
+
+def partition_seeds(source: str, topics, partitions) -> np.ndarray:
+    """``xxhash64(source, topic, partition)`` of each pair given: what a root id
+    (:func:`root_ids`) goes on hashing with its offset and attempt, as
+    ``hash_longs(offset, attempt, seed=...)``; so the ids of millions of records of a
+    few partitions hash that prefix once a partition."""
+    source_seed = hash_text(source)
+    seeds = np.array([hash_text(t, source_seed) for t in topics], dtype=np.int64)
+    return hash_longs(partitions, seed=seeds)
 
 
 def spout_edges(roots) -> np.ndarray:

@@ -73,7 +73,11 @@ def main() -> None:
     parser.add_argument("--held-in", choices=("files", "memory"), default="files")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument(
-        "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="(count always runs)"
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=list(VARIANTS),
+        help="(count always runs)",
     )
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="ackstream-holding-") if args.held_in == "files" else None

@@ -82,6 +82,20 @@ def test_topology_benchmark_run_accounts_for_every_record(spark):
     assert off["batches"] >= 1 and on["batches"] >= 1 and on["batch_ms_median"] > 0
 
 
+def test_outcomes_benchmark_applies_every_outcome_and_times_out_the_rest():
+    """The per-root outcomes benchmark at a tiny size: every completion acks its root
+    and the offsets left without one time out (the benchmark itself stops on a
+    mismatch; checked here against the sizes asked for)."""
+    import outcomes
+
+    out = outcomes.main(
+        ["--partitions", "3", "--records", "700", "--every", "7", "--repeats", "2", "--no-save"]
+    )
+    assert out["outcomes"] == 3 * 600
+    assert [(r["acked"], r["timed_out"]) for r in out["runs"]] == [(1800, 300)] * 2
+    assert out["outcomes_per_cpu_s"]["min"] <= out["outcomes_per_cpu_s"]["max"]
+
+
 @pytest.mark.bench  # Spark's state store in a streaming query of its own: make test-bench
 def test_held_store_benchmark_runs_every_candidate_on_the_same_changes(spark):
     """Each candidate holds the same rows batch after batch (each checks its count);

@@ -246,6 +246,8 @@ class Tracker:
         self.source_timeout_ms, self.max_pending = source_timeout_ms, max_pending
         self.parts: dict[TP, _Partition] = {}
         self._tps: list[TP] = []  # the partition of each index in the in-flight ``part`` column
+        #: ``xxhash64(source, topic, partition)`` of each of ``_tps``: what its ids go on from
+        self._seeds = np.empty(0, np.int64)
         self._index: dict[TP, int] = {}
         self.flights = InFlight(self._mint)
         #: records waiting for their replay; those of a group (suspects, records that
@@ -394,12 +396,10 @@ class Tracker:
         """The root ids of records in flight (``part`` indexes the partitions)."""
         if not len(offset):
             return np.empty(0, np.int64)
-        topics = np.array([t for t, _ in self._tps], dtype=object)
-        partition = np.array([p for _, p in self._tps], np.int64)[part]
-        topic = topics[part]
-        if (topic == topic[0]).all():  # one topic: hashed once
-            topic = topic[0]
-        return ids.root_ids(self.source, topic, partition, offset, attempt)
+        if len(self._seeds) < len(self._tps):  # partitions added since: hashed once each
+            topics, partitions = zip(*self._tps)
+            self._seeds = ids.partition_seeds(self.source, topics, np.array(partitions))
+        return ids.hash_longs(offset, attempt, seed=self._seeds[part])
 
     # --- completions, timeouts, replays ---------------------------------------------
 
@@ -448,10 +448,11 @@ class Tracker:
                 Roots(*(col[whole] for col in failed)), outcome.select(whole), now_ms
             )
         acks = _rows(completions, acked)
-        done = self._take(acks)
-        self._acked(Spans.of_rows(done.part, done.offset, done.attempt))
-        if len(done.root) < acks.num_rows:  # some were not in flight
-            found = pc.is_in(acks.column("root"), pa.array(done.root))
+        by_id, at = self._take_acked(acks)
+        self._acked(Spans.concat([Spans.of_rows(by_id.part, by_id.offset, by_id.attempt), at]))
+        if len(by_id.root) + at.records < acks.num_rows:  # some were not in flight
+            taken = np.concatenate([by_id.root, self._mint(*at.rows())])
+            found = pc.is_in(acks.column("root"), pa.array(taken))
             self._late_acks(acks.filter(pc.invert(found)))
         if runs is not None:
             self._complete_runs(runs, failed)
@@ -468,6 +469,15 @@ class Tracker:
             rows = self.flights.take_at(part, offset, attempt)
             taken.append(rows._replace(root=self._mint(rows.part, rows.offset, rows.attempt)))
         return Roots.concat(taken)
+
+    def _take_acked(self, acks: pa.Table) -> tuple[Roots, Spans]:
+        """Take the roots of ``acks`` out of flight: the rows of those found by id, and
+        those found by their coordinates as runs (no id minted: an ack needs none)."""
+        if not acks.num_rows or not len(self.flights):
+            return EMPTY, EMPTY_SPANS
+        by_id, (part, offset, attempt) = self._placed(acks)
+        found = self.flights.take(by_id) if len(by_id) else EMPTY
+        return found, self.flights.take_spans_at(part, offset, attempt)
 
     def _restart(self, notices: pa.Table, now_ms: int) -> None:
         """Restart the timeout of the roots of ``alive`` ``notices`` that are in flight
@@ -499,22 +509,27 @@ class Tracker:
 
     def _parts_of(self, topic: pa.ChunkedArray, partition: pa.ChunkedArray) -> np.ndarray:
         """The in-flight table's partition index of each ``(topic, partition)``, -1 where
-        not tracked (or null): a look-up per distinct pair, not per row."""
-        names = pc.dictionary_encode(topic.combine_chunks())
-        codes = pc.fill_null(names.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        not tracked (or null): looked up in a table by topic and partition number, a
+        gather per row and no sort or hash."""
+        tracked = {t for t, _ in self._index}
+        if len(tracked) == 1:  # the usual source: a string compare per row, no hash
+            column = {tracked.pop(): 0}
+            same = pc.fill_null(pc.equal(topic, next(iter(column))), False)
+            codes = same.to_numpy(zero_copy_only=False).astype(np.int64) - 1
+        else:
+            names = pc.dictionary_encode(topic.combine_chunks())
+            codes = pc.fill_null(names.indices, -1).to_numpy(zero_copy_only=False)
+            codes = codes.astype(np.int64)
+            column = {name: i for i, name in enumerate(names.dictionary.to_pylist())}
         number = pc.fill_null(partition, -1).to_numpy().astype(np.int64)
-        pairs, where = np.unique(((codes + 1) << 32) | (number & 0xFFFFFFFF), return_inverse=True)
-        dictionary = names.dictionary.to_pylist()
-        index = np.array(
-            [
-                self._index.get((dictionary[(k >> 32) - 1], _signed32(k & 0xFFFFFFFF)), -1)
-                if k >> 32
-                else -1
-                for k in pairs.tolist()
-            ],
-            np.int64,
-        )
-        return index[where.reshape(-1)] if len(pairs) else np.empty(0, np.int64)
+        known = [(column[t], p, i) for (t, p), i in self._index.items() if t in column and p >= 0]
+        width = 2 + max((p for _, p, _ in known), default=-1)
+        # row 0 (no topic) and column 0 (no tracked partition number) hold -1
+        table = np.full((len(column) + 1, width), -1, np.int64)
+        for code, p, i in known:
+            table[code + 1, p + 1] = i
+        at = np.where((number >= 0) & (number < width - 1), number + 1, 0)
+        return np.take(table.ravel(), (codes + 1) * width + at)
 
     def _acked(self, done: Spans) -> None:
         """The records of ``done`` (taken out of flight) were acked: they are done, at a
@@ -1019,10 +1034,6 @@ class Rounds:
         self._systematic &= live
         for old in [b for b in self.group_of_batch if b < batch - 1_000]:
             del self.group_of_batch[old]
-
-
-def _signed32(value: int) -> int:
-    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def _concat_roots(*parts: Roots) -> Roots:
