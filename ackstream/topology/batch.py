@@ -43,12 +43,11 @@ from ackstream.errors import EnvironmentProblem, OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, REASON_LIMIT, ROOT, ROOTS
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.sources.offsets import PlannedRoots
+from ackstream.topology.anchoring import GroupInput, anchor_pairs
 from ackstream.topology.bolts import (
     BatchContext,
-    GroupInput,
     Stage,
     StageOutput,
-    anchor_pairs,
     failed_roots,
     with_tree_roots,
 )

@@ -1,15 +1,6 @@
 """Bolt stages over tracked DataFrames: anchoring, acking and failing, vectorised.
 
-A tracked row is a tuple. Its lineage lives in columns:
-
-- ``_root``, ``_edge``: a tuple anchored to one root (every row the source emits);
-- ``_anchors`` (``array<struct<root long, edge long>>``), ``_root`` null: a tuple
-  anchored to several parents, possibly of several roots (an aggregation's
-  output); it keeps, per parent, the root and the edge id of that
-  (parent, child) pair, as Storm's ``MessageId.anchorsToIds`` does per root.
-  ``_edge`` is then only the tuple's own id, from which its children's ids derive;
-- ``_root`` null and no anchors: an unanchored tuple; nothing tracks it.
-
+A tracked row is a tuple, its lineage in columns (:mod:`ackstream.topology.anchoring`).
 Every stage turns input tuples into children with fresh edge ids
 ``xxhash64(parent edge, stage, ordinal)`` and yields the ack contributions
 Storm's bolt would send: each input tuple's anchor pairs (its own edges) plus
@@ -25,9 +16,9 @@ stages mint no edge ids and children inherit ``_root``. An aggregation's output
 row then needs its roots only if it fails (a later stage fails it, or the sink
 cannot write it), so it keeps no anchor list, only ``_group``: its stage and a
 hash of its group keys. :func:`failed_roots` finds the roots of failed groups
-from the aggregate's input in that batch (:class:`GroupInput`); a clean batch
-never computes them. A hash shared by two groups only fails more roots (they
-replay), never fewer.
+from the aggregate's input in that batch (:class:`~ackstream.topology.anchoring.
+GroupInput`); a clean batch never computes them. A hash shared by two groups only
+fails more roots (they replay), never fewer.
 """
 
 from __future__ import annotations
@@ -56,12 +47,21 @@ from ackstream.lineage import (
     ROOT,
     ROOTS,
 )
+from ackstream.topology.anchoring import (
+    ANCHOR_TYPE,
+    GroupInput,
+    anchor_list,
+    child_edge,
+    collected_roots,
+    is_multi_anchored,
+    mint,
+    roots_of_row,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "GroupInput",
     "BatchContext",
     "StageOutput",
     "Stage",
@@ -73,27 +73,13 @@ __all__ = [
     "ExplodeStage",
     "AggregateStage",
     "PandasBoltStage",
-    "anchor_list",
-    "anchor_pairs",
     "anchored_to_roots",
     "failed_roots",
-    "is_multi_anchored",
-    "mint",
     "with_tree_roots",
 ]
 
 _ORDINAL, _ERROR, _GROUP_ID = "_ordinal", "_error", "_group_id"
 _GROUP_ROOTS, _GROUP_STAGE = "_group_roots", "_group_stage"
-_ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
-
-
-@dataclass(frozen=True)
-class GroupInput:
-    """An aggregate stage's input in one batch, and the id of each row's group there:
-    where the roots of a failed output row (``_group``) are found."""
-
-    tuples: DataFrame
-    group_id: Column
 
 
 @dataclass(frozen=True)
@@ -137,20 +123,6 @@ class StageOutput:
     holds: DataFrame | None = None
 
 
-def is_multi_anchored(df: DataFrame) -> bool:
-    return ANCHORS in df.columns
-
-
-def anchor_pairs(df: DataFrame) -> DataFrame:
-    """``(root, value)``: one row per (root, edge) a tuple is anchored with; acking a
-    tuple contributes exactly these (unanchored tuples contribute nothing)."""
-    if is_multi_anchored(df):
-        pairs = df.select(F.inline(ANCHORS)).select("root", F.col("edge").alias("value"))
-    else:
-        pairs = df.select(F.col(ROOT).alias("root"), F.col(EDGE).alias("value"))
-    return pairs.where(F.col("root").isNotNull())
-
-
 def failed_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) -> DataFrame:
     """``(root, reason)``: the roots the given tuples are anchored to, a row per anchor,
     with the tuple's reason (``_reason``; null if none). A row that carries ``_group``
@@ -188,7 +160,7 @@ def with_tree_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) 
     own = F.when(F.col(ROOT).isNotNull(), F.array(F.col(ROOT))) if ROOT in df.columns else None
     own = empty if own is None else own.otherwise(empty)
     if is_multi_anchored(df):
-        own = F.array_distinct(F.concat(F.coalesce(_roots_of_row(), empty), own))
+        own = F.array_distinct(F.concat(F.coalesce(roots_of_row(), empty), own))
     out = df.withColumn(ROOTS, own)
     if GROUP not in df.columns:
         return out
@@ -229,48 +201,6 @@ def anchored_to_roots(df: DataFrame, groups: Mapping[int, GroupInput]) -> DataFr
         .withColumn(ROOT, F.lit(None).cast("long"))
         .drop(GROUP, ROOTS)
     )
-
-
-def _collected_roots(df: DataFrame) -> Column:
-    """An aggregate's expression for the distinct roots of its group's rows."""
-    if is_multi_anchored(df):
-        return F.array_distinct(F.flatten(F.collect_list(_roots_of_row())))
-    return F.collect_set(ROOT)
-
-
-def _roots_of_row() -> Column:
-    """The distinct roots a multi-anchored row is anchored to, as an array column."""
-    return F.array_distinct(F.transform(F.col(ANCHORS), lambda a: a["root"]))
-
-
-def anchor_list(df: DataFrame, edge: Column) -> Column:
-    """The anchor list a child gets from this row when their pair has edge ``edge``:
-    one entry per root of the row (empty for an unanchored row)."""
-    if is_multi_anchored(df):
-        return F.transform(_roots_of_row(), lambda r: F.struct(r.alias("root"), edge.alias("edge")))
-    return F.when(
-        F.col(ROOT).isNotNull(),
-        F.array(F.struct(F.col(ROOT).alias("root"), edge.alias("edge"))),
-    ).otherwise(F.array().cast(_ANCHOR_TYPE))
-
-
-def _child_edge(stage: int, ordinal: Column | int = 0) -> Column:
-    ordinal = ordinal if isinstance(ordinal, Column) else F.lit(int(ordinal))
-    return F.xxhash64(F.col(EDGE).cast("long"), F.lit(stage).cast("long"), ordinal.cast("long"))
-
-
-def mint(df: DataFrame, stage: int, ordinal: Column | int = 0, edges: bool = True) -> DataFrame:
-    """Give each row of ``df`` (still carrying its parent's lineage) a fresh edge id
-    ``xxhash64(parent edge, stage, ordinal)``; a multi-anchored child is anchored to
-    each of its parent's roots with that edge. ``edges=False``: ``df`` as it is (the
-    telescoped topology needs only the roots, which children inherit)."""
-    if not edges:
-        return df
-    edge = _child_edge(stage, ordinal)
-    if is_multi_anchored(df):
-        df = df.withColumn(EDGE, edge)
-        return df.withColumn(ANCHORS, anchor_list(df, F.col(EDGE)))
-    return df.withColumn(EDGE, edge)
 
 
 def check_lineage(stage: Stage, before: DataFrame, after: DataFrame) -> None:
@@ -508,18 +438,18 @@ class AggregateStage(Stage):
         if not tracking:
             return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
         if not edges and self.keeps_roots:  # held downstream: its roots found in this pass
-            roots = _collected_roots(df)
+            roots = collected_roots(df)
             anchors = F.transform(
                 roots, lambda r: F.struct(r.alias("root"), self._null.alias("edge"))
             )
             out = df.groupBy(*self.keys).agg(
-                *self.aggs, anchors.cast(_ANCHOR_TYPE).alias(ANCHORS), self._no_edge, self._no_root
+                *self.aggs, anchors.cast(ANCHOR_TYPE).alias(ANCHORS), self._no_edge, self._no_root
             )
             return StageOutput(out)
         if not edges:  # the roots only if a row fails: see the module doc
             out = df.groupBy(*self.keys).agg(*self.aggs, self._group, self._no_edge, self._no_root)
             return StageOutput(out, groups=GroupInput(df, self._group_id))
-        pair = _child_edge(self.number)
+        pair = child_edge(self.number)
         anchors = F.flatten(F.collect_list(anchor_list(df, pair)))
         edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
         # the null root in the same call: each further DataFrame call is another analysis

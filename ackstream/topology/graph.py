@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.lineage import ANCHORS, EDGE, ROOT
-from ackstream.topology.bolts import anchor_list, is_multi_anchored, mint
+from ackstream.topology.anchoring import anchor_list, is_multi_anchored, mint
 
 if TYPE_CHECKING:
     from ackstream.sinks.base import Sink

@@ -32,13 +32,8 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, GROUP, REASON, ROOT
-from ackstream.topology.bolts import (
-    BatchContext,
-    GroupInput,
-    Stage,
-    StageOutput,
-    anchor_list,
-)
+from ackstream.topology.anchoring import GroupInput, anchor_list
+from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.holding import Holding
 from ackstream.topology.window_closing import SINCE, Closing
 

@@ -14,9 +14,10 @@ from ackstream.records import ACK_RECORD_SCHEMA, FAIL, INIT
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import TupleGraph, settle, tracked_frame
 from ackstream.topology import Topology
+from ackstream.topology.anchoring import anchor_pairs
 from ackstream.topology.batch import ACK_MODES, init_records
 from ackstream.topology.batch import ack_records as records_of
-from ackstream.topology.bolts import AggregateStage, ExplodeStage, anchor_pairs
+from ackstream.topology.bolts import AggregateStage, ExplodeStage
 
 pytestmark = pytest.mark.spark
 
