@@ -10,8 +10,15 @@ A tracked row is a tuple. Its lineage lives in columns:
   ``_edge`` is then only the tuple's own id, from which its children's ids derive;
 - ``_root`` null and no anchors: an unanchored tuple; nothing tracks it.
 
-A child's edge id is ``xxhash64(parent edge, stage, ordinal)`` (:func:`mint`), so
-children are distinct and the same on every re-run.
+How a stage anchors its output is its topology's :class:`Anchoring`, one per mode
+(:mod:`ackstream.topology.modes`):
+
+- :data:`UNANCHORED` (untracked): no lineage at all;
+- :data:`BY_ROOTS` (telescoped acks, which never send an edge's ack): children
+  inherit their parents' ``_root`` (or ``_anchors``) and get no edge ids;
+- :data:`BY_EDGES` (per-stage acks): each child gets an edge id of its own,
+  ``xxhash64(parent edge, stage, ordinal)`` (:func:`mint`), so children are
+  distinct and the same on every re-run.
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ from ackstream.lineage import ANCHORS, EDGE, ROOT
 
 __all__ = [
     "ANCHOR_TYPE",
+    "BY_EDGES",
+    "BY_ROOTS",
+    "UNANCHORED",
+    "Anchoring",
     "GroupInput",
     "anchor_list",
     "anchor_pairs",
@@ -103,3 +114,36 @@ def mint(df: DataFrame, stage: int, ordinal: Column | int = 0, edges: bool = Tru
         df = df.withColumn(EDGE, edge)
         return df.withColumn(ANCHORS, anchor_list(df, F.col(EDGE)))
     return df.withColumn(EDGE, edge)
+
+
+class Anchoring:
+    """How a topology's stages anchor their output to their input (see the module
+    doc); stages ask it, never its class."""
+
+    #: each child gets an edge id of its own, which the stage that reads it acks
+    edges: bool = False
+
+    def children(self, rows: DataFrame, stage: int, ordinal: Column | int = 0) -> DataFrame:
+        """``rows`` (still carrying their parents' lineage) as the children of stage
+        number ``stage``; ``ordinal`` tells apart the children of one parent."""
+        return rows
+
+
+class Unanchored(Anchoring):
+    """Untracked: rows carry no lineage."""
+
+
+class ByRoots(Anchoring):
+    """Telescoped acks: children inherit their parents' roots, no edge ids."""
+
+
+class ByEdges(Anchoring):
+    """Per-stage acks: every child gets an edge id of its own (:func:`mint`)."""
+
+    edges = True
+
+    def children(self, rows: DataFrame, stage: int, ordinal: Column | int = 0) -> DataFrame:
+        return mint(rows, stage, ordinal)
+
+
+UNANCHORED, BY_ROOTS, BY_EDGES = Unanchored(), ByRoots(), ByEdges()

@@ -66,7 +66,7 @@ def analyse(topology: DeclaredTopology, tuples: DataFrame) -> None:
             continue  # a stage that holds rows, or what reads it: not known here
         try:
             with _quiet():
-                out = _output(stage, join_streams(inputs), topology.tracking)
+                out = _output(stage, join_streams(inputs), topology.mode.tracks)
                 out.schema  # noqa: B018 - asking for it is what makes Spark analyse the plan
         except AckstreamError:
             raise

@@ -38,7 +38,6 @@ from ackstream.lineage import TRACKED_COLUMNS
 from ackstream.session import has_kafka_connector, is_connect, master_of
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.upstream import check_options, open_upstream
-from ackstream.topology.batch import ack_mode as ack_mode_named
 from ackstream.topology.batch import run_batch
 from ackstream.topology.bolts import (
     AggregateStage,
@@ -53,6 +52,7 @@ from ackstream.topology.bolts import (
 )
 from ackstream.topology.declared import analyse, record_start
 from ackstream.topology.graph import SPOUT, SinkNode
+from ackstream.topology.modes import Mode, mode_of
 from ackstream.topology.running import RunningTopology, same_term, start_topology
 from ackstream.topology.waiting_join import WaitingJoinStage, check_within
 from ackstream.topology.window import WindowStage
@@ -148,10 +148,11 @@ class Topology:
                 batch_deadline_ms,
                 "a positive number of ms, or None: no deadline",
             )
-        self.ackers, self.tracking = ackers, tracking and ackers > 0
+        self.ackers = ackers
         self.batch_deadline_ms = batch_deadline_ms
         self.message_timeout_ms = message_timeout_ms
-        self.mode = ack_mode_named(ack_mode)
+        #: how it tracks its tuples (see :mod:`ackstream.topology.modes`)
+        self.mode: Mode = mode_of(tracking and ackers > 0, ack_mode, continue_trees)
         self.continue_trees = continue_trees
         self.stage_counts = stage_counts
         self.stages: list[Stage] = []
@@ -163,6 +164,11 @@ class Topology:
         #: the options of the stream :meth:`read_stream` made, parsed: a batch whose new
         #: records Spark's Kafka source reads takes its brokers and settings from them
         self.source_config: SourceConfig | None = None
+
+    @property
+    def tracking(self) -> bool:
+        """Whether its tuples are tracked: ``tracking=True`` and ackers."""
+        return self.mode.tracks
 
     def without_session(self) -> Topology:
         """A copy that holds no session: what a ``foreachBatch`` function may carry (under
@@ -413,7 +419,7 @@ class Topology:
             "ackstream.topology": self.name,
             **self.channel.source_options(),
             "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
-            "ackstream.tracking": str(self.tracking and not self.continue_trees).lower(),
+            "ackstream.tracking": str(self.mode.own_roots).lower(),
         }
         idle = [s.idle_batch_ms for s in self.stages if s.idle_batch_ms is not None]
         if idle:  # a processing-time window closes on time: batches while roots wait
@@ -504,7 +510,7 @@ class Topology:
 
     def _check_input(self, tuples: DataFrame) -> None:
         missing = [c for c in TRACKED_COLUMNS if c not in tuples.columns]
-        if self.tracking and missing:
+        if self.mode.tracks and missing:
             raise StageError(
                 "input",
                 f"the input stream lacks the tracked column(s) {missing}; "
@@ -536,7 +542,7 @@ class Topology:
             tuples,
             checkpoint,
             trigger_ms=trigger_ms,
-            acker=acker and not self.continue_trees,  # the upstream topology's acker acks
+            acker=acker,
             acker_trigger_ms=acker_trigger_ms,
         )
         record_start(self, checkpoint)

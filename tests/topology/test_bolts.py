@@ -15,9 +15,10 @@ from ackstream.sinks.memory import MemorySink
 from ackstream.testing import TupleGraph, settle, tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.anchoring import anchor_pairs
-from ackstream.topology.batch import ACK_MODES, init_records
-from ackstream.topology.batch import ack_records as records_of
+from ackstream.topology.batch import init_records
 from ackstream.topology.bolts import AggregateStage, ExplodeStage
+from ackstream.topology.modes import ACK_MODES
+from ackstream.topology.modes import ack_records as records_of
 
 pytestmark = pytest.mark.spark
 
