@@ -128,6 +128,11 @@ class Anchoring:
         number ``stage``; ``ordinal`` tells apart the children of one parent."""
         return rows
 
+    def edge(self, *parts: Column) -> Column:
+        """A child's edge id, hashed from ``parts`` (its parents' edges and the stage)
+        when children get edge ids; else null."""
+        return F.lit(None).cast("long")
+
 
 class Unanchored(Anchoring):
     """Untracked: rows carry no lineage."""
@@ -144,6 +149,9 @@ class ByEdges(Anchoring):
 
     def children(self, rows: DataFrame, stage: int, ordinal: Column | int = 0) -> DataFrame:
         return mint(rows, stage, ordinal)
+
+    def edge(self, *parts: Column) -> Column:
+        return F.xxhash64(*parts)
 
 
 UNANCHORED, BY_ROOTS, BY_EDGES = Unanchored(), ByRoots(), ByEdges()

@@ -128,6 +128,7 @@ class BatchRun:
         self.upstream: dict | None = None  # continued trees: the upstream lineage
         self.read_inits = self.mode.tracks and (planned is None or not self.mode.plans_inits)
         self.context = BatchContext(
+            self.mode,
             batch_id,
             self.now,
             topology.channel,
@@ -169,7 +170,7 @@ class BatchRun:
         if tuples is None:
             tuples = join_streams(list(streams.values()))
         tuples = self._count(tuples, stage, "in")
-        out = stage.run(tuples, self.mode.tracks, self.mode.anchoring.edges, self.context)
+        out = stage.run(tuples, self.context)
         self.kept.extend(out.cached)
         if out.groups is not None:
             self.groups[stage.number] = out.groups

@@ -54,9 +54,9 @@ from ackstream.topology.anchoring import (
     child_edge,
     collected_roots,
     is_multi_anchored,
-    mint,
     roots_of_row,
 )
+from ackstream.topology.modes import Mode
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -84,12 +84,13 @@ _GROUP_ROOTS, _GROUP_STAGE = "_group_roots", "_group_stage"
 
 @dataclass(frozen=True)
 class BatchContext:
-    """What a stage may need of its batch beyond the rows (a window does: see
-    :mod:`ackstream.topology.window`): the batch id, the time, the completion channel
-    (None: none to read), the message timeout, the folder of held tuples (None:
-    in memory) and the resets of trees a stage keeps alive (a pandas bolt's
-    :class:`Collector`)."""
+    """What a stage may need of its batch beyond the rows: its topology's mode (how it
+    tracks tuples), and for a stage that holds tuples (see :mod:`ackstream.topology.
+    window`) the batch id, the time, the completion channel (None: none to read), the
+    message timeout, the folder of held tuples (None: in memory) and the resets of
+    trees a stage keeps alive (a pandas bolt's :class:`Collector`)."""
 
+    mode: Mode
     batch_id: int
     now_ms: int
     channel: Channel | None
@@ -243,17 +244,9 @@ class Stage:
         (:func:`ackstream.topology.graph.join_streams`)."""
         return None
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
-        """The stage's output for ``df``. ``tracking=False``: no lineage at all;
-        ``edges=False``: lineage by roots only, no fresh edge ids (enough to fail
-        roots; the telescoped topology never sends an edge's ack). ``context``: the
-        batch's, for a stage that holds tuples across batches (others need none)."""
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
+        """The stage's output for ``df`` in the batch ``ctx``, its lineage as the batch's
+        mode says (``ctx.mode``: none, roots only, or fresh edge ids)."""
         raise NotImplementedError
 
 
@@ -273,18 +266,11 @@ class MapStage(Stage):
         assert self.fn is not None, "a map stage without fn overrides apply"
         return self.fn(df)
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         out = self.apply(df)
-        if not tracking:
-            return StageOutput(out)
-        check_lineage(self, df, out)
-        return StageOutput(mint(out, self.number, edges=edges))
+        if ctx.mode.tracks:
+            check_lineage(self, df, out)
+        return StageOutput(ctx.mode.anchoring.children(out, self.number))
 
 
 class FilterStage(MapStage):
@@ -330,20 +316,14 @@ class FailWhereStage(Stage):
         reason = f"{self.name}: {condition}" if reason is None else reason
         self.reason = reason if isinstance(reason, Column) else F.lit(str(reason))
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
-        if not tracking:
+        if not ctx.mode.tracks:
             return StageOutput(df.where(~failing))
         df = df.persist()  # kept and failed rows must come from one evaluation of the input
         caught = df.where(failing).withColumn(REASON, self.reason.cast("string"))
         return self._output(
-            mint(df.where(~failing), self.number, edges=edges), caught, cached=(df,)
+            ctx.mode.anchoring.children(df.where(~failing), self.number), caught, cached=(df,)
         )
 
     def _output(self, kept: DataFrame, caught: DataFrame, cached: tuple) -> StageOutput:
@@ -377,17 +357,12 @@ class ExplodeStage(Stage):
         self._elements = F.explode(self.column).alias(alias)
         self._positioned = F.posexplode(self.column).alias(_ORDINAL, alias)
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
-        if not (tracking and edges):  # no edge ids: the element's position is not needed
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
+        anchoring = ctx.mode.anchoring
+        if not anchoring.edges:  # no edge ids: the element's position is not needed
             return StageOutput(df.select("*", self._elements))
-        out = df.select("*", self._positioned)
-        return StageOutput(mint(out, self.number, F.col(_ORDINAL), edges).drop(_ORDINAL))
+        out = anchoring.children(df.select("*", self._positioned), self.number, F.col(_ORDINAL))
+        return StageOutput(out.drop(_ORDINAL))
 
 
 class AggregateStage(Stage):
@@ -428,13 +403,8 @@ class AggregateStage(Stage):
     def hold_roots(self) -> None:
         self.keeps_roots = True
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
+        tracking, edges = ctx.mode.tracks, ctx.mode.anchoring.edges
         if not tracking:
             return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
         if not edges and self.keeps_roots:  # held downstream: its roots found in this pass
@@ -515,22 +485,16 @@ class PandasBoltStage(Stage):
         self.fn, self.schema, self.collector = fn, schema, collector
         self._output: BoltOutput | None = None  # the schema's columns, found on first use
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         if is_multi_anchored(df) or GROUP in df.columns:
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
         fn, name, collector = self.fn, self.name, self.collector
-        resets = context.resets if collector and tracking and context is not None else None
+        resets = ctx.resets if collector and ctx.mode.tracks else None
         if self._output is None:  # once: each DataFrame call is a trip to the JVM
             self._output = BoltOutput.of(df.sparkSession.createDataFrame([], self.schema).schema)
         output = self._output
-        if not tracking:  # no root to fail: output that does not fit stops the query
+        if not ctx.mode.tracks:  # no root to fail: output that does not fit stops the query
 
             def plain(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
                 for frame in frames:
@@ -557,7 +521,8 @@ class PandasBoltStage(Stage):
         out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
         failed = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
         good = out.where(F.col(_ERROR).isNull())
-        good = mint(good, self.number, F.col(_ORDINAL), edges).drop(_ORDINAL, _ERROR)
+        good = ctx.mode.anchoring.children(good, self.number, F.col(_ORDINAL))
+        good = good.drop(_ORDINAL, _ERROR)
         return StageOutput(good, failed=failed.drop(_ORDINAL), cached=(out,))
 
 

@@ -311,7 +311,7 @@ class Topology:
         number = len(self.stages) + 1
         stage_name = name or f"{WindowStage.kind}#{number}"
         closing = window_closing(stage_name, count, duration, slide, time, delay)
-        closing.check(stage_name, self.message_timeout_ms, self.tracking)
+        closing.check(stage_name, self.message_timeout_ms, self.mode)
         return self._add_holding(WindowStage, keys, aggs, closing, name=name, after=after)
 
     def join(
@@ -346,7 +346,7 @@ class Topology:
         keys = [on] if isinstance(on, str) else list(on)
         stage_name = name or f"{WaitingJoinStage.kind}#{len(self.stages) + 1}"
         within_ms = None if within is None else positive_ms(stage_name, "within", within)
-        check_within(stage_name, within_ms, self.message_timeout_ms, self.tracking)
+        check_within(stage_name, within_ms, self.message_timeout_ms, self.mode)
         return self._add_holding(
             WaitingJoinStage,
             left,

@@ -63,24 +63,16 @@ class WindowStage(Stage):
             raise StageError(self.name, "needs at least one aggregate expression")
         self.holding = Holding(self.name, number, self.kind)
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         """The windows this batch closes, from the tuples held before it and ``df``;
         saves what stays held (``context`` says where, and which roots finished).
         ``StageOutput.acked`` is the tuples released (per-stage acks ack those, not the
         input), ``holds`` the ``(root, value)`` pairs of the new and released holds
         (telescoped), ``fails`` the other roots of held tuples dropped and ``rejected``
         the late tuples."""
-        if context is None:
-            raise StageError(self.name, "a window runs inside a topology batch")
-        ctx = context
-        df = self.holding.holdable(df, tracking, ctx)
-        before = self.holding.before(df.sparkSession, tracking, ctx)
+        tracking, edges = ctx.mode.tracks, ctx.mode.anchoring.edges
+        df = self.holding.holdable(df, ctx)
+        before = self.holding.before(df.sparkSession, ctx)
         stamped = self.holding.stamp(self.holding.arriving(df, ctx), self.keys, ctx)
         new = self.closing.stamp(
             stamped.withColumn(SINCE, F.lit(ctx.batch_id).cast("long")), ctx.now_ms, self.name
@@ -88,9 +80,7 @@ class WindowStage(Stage):
         closed = self.closing.close(
             before.and_new(new), self.keys, before.clock, ctx.now_ms, self.name
         )
-        holds = self.holding.keep(
-            closed.kept, closed.released, ctx, before, closed.clock, tracking and not edges
-        )
+        holds = self.holding.keep(closed.kept, closed.released, ctx, before, closed.clock)
         windows = closed.windows
         grouped = windows.groupBy(*self.keys, *closed.group_columns)
         cached = (*closed.cached, *before.cached)
