@@ -11,14 +11,10 @@ root at once (it is replayed), a ``REJECT`` record dead-letters it without a
 replay; both carry the tuple's ``_reason``. All of it is Spark SQL in the JVM;
 only pandas bolts call Python.
 
-With ``edges=False`` (the telescoped topology, which never sends an edge's ack)
-stages mint no edge ids and children inherit ``_root``. An aggregation's output
-row then needs its roots only if it fails (a later stage fails it, or the sink
-cannot write it), so it keeps no anchor list, only ``_group``: its stage and a
-hash of its group keys. :func:`failed_roots` finds the roots of failed groups
-from the aggregate's input in that batch (:class:`~ackstream.topology.anchoring.
-GroupInput`); a clean batch never computes them. A hash shared by two groups only
-fails more roots (they replay), never fewer.
+How a stage anchors its children (roots only, edge ids, or no lineage at all) is
+asked of its topology's mode, ``BatchContext.mode``. :func:`failed_roots` finds the
+roots of a failed row that carries ``_group`` (telescoped acks) from the
+aggregation's input in that batch.
 """
 
 from __future__ import annotations
@@ -48,11 +44,8 @@ from ackstream.lineage import (
     ROOTS,
 )
 from ackstream.topology.anchoring import (
-    ANCHOR_TYPE,
+    Grouping,
     GroupInput,
-    anchor_list,
-    child_edge,
-    collected_roots,
     is_multi_anchored,
     roots_of_row,
 )
@@ -385,17 +378,7 @@ class AggregateStage(Stage):
         self.keys, self.aggs = list(keys), list(aggs)
         if not self.aggs:
             raise StageError(self.name, "needs at least one aggregate expression")
-        # Built once per stage: every Column is a few JVM calls, which on every batch
-        # cost about as much as the aggregation's own analysis.
-        self._null = F.lit(None).cast("long")
-        self._no_edge, self._no_root = self._null.alias(EDGE), self._null.alias(ROOT)
-        # the group's id from its key values: computed once per output row (Spark takes
-        # an expression of the grouping keys among the aggregates), the same on an
-        # input row, where a failed output row's roots are looked up
-        self._group_id = F.xxhash64(*(F.col(k) if isinstance(k, str) else k for k in self.keys))
-        self._group = F.struct(F.lit(number).alias("stage"), self._group_id.alias("id")).alias(
-            GROUP
-        )
+        self.grouping = Grouping(number, self.keys, self.aggs)  # its Columns built once
         #: telescoped: give each output row its roots as ``_anchors`` (null edges) in the
         #: aggregation itself, instead of ``_group`` (see :meth:`hold_roots`)
         self.keeps_roots = False
@@ -404,30 +387,8 @@ class AggregateStage(Stage):
         self.keeps_roots = True
 
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
-        tracking, edges = ctx.mode.tracks, ctx.mode.anchoring.edges
-        if not tracking:
-            return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
-        if not edges and self.keeps_roots:  # held downstream: its roots found in this pass
-            roots = collected_roots(df)
-            anchors = F.transform(
-                roots, lambda r: F.struct(r.alias("root"), self._null.alias("edge"))
-            )
-            out = df.groupBy(*self.keys).agg(
-                *self.aggs, anchors.cast(ANCHOR_TYPE).alias(ANCHORS), self._no_edge, self._no_root
-            )
-            return StageOutput(out)
-        if not edges:  # the roots only if a row fails: see the module doc
-            out = df.groupBy(*self.keys).agg(*self.aggs, self._group, self._no_edge, self._no_root)
-            return StageOutput(out, groups=GroupInput(df, self._group_id))
-        pair = child_edge(self.number)
-        anchors = F.flatten(F.collect_list(anchor_list(df, pair)))
-        edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
-        # the null root in the same call: each further DataFrame call is another analysis
-        return StageOutput(
-            df.groupBy(*self.keys).agg(
-                *self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), self._no_root
-            )
-        )
+        out, groups = ctx.mode.anchoring.grouped(self.grouping, df, held=self.keeps_roots)
+        return StageOutput(out, groups=groups)
 
 
 class Collector:

@@ -88,7 +88,7 @@ class Topology:
 
     ``ack_mode`` says how a batch's acks are computed, ``"telescoped"`` (the
     default) or ``"per_stage"`` (Storm-faithful, every edge through the acker);
-    both give the same outcome for every root (see :mod:`ackstream.topology.batch`).
+    both give the same outcome for every root (see :mod:`ackstream.topology.modes`).
 
     ``ackers`` is Storm's ``topology.acker.executors``: the shards of the acker query
     that :meth:`start` runs. ``ackers=0`` is ``tracking=False``, as Storm with no
@@ -528,7 +528,8 @@ class Topology:
     ) -> RunningTopology:
         """Start the topology query over the tracked stream ``tuples`` (best made by
         :meth:`read_stream`) and, unless ``acker=False`` (an acker runs elsewhere) or
-        tracking is off, the acker query with the topology's ``ackers`` shards.
+        its roots are not its own (tracking off, or ``continue_trees``: the upstream
+        topology's acker acks), the acker query with the topology's ``ackers`` shards.
         Checkpoints go to ``<checkpoint>/topology`` and ``<checkpoint>/acker``.
 
         Before any query starts, every SQL and DataFrame stage is analysed against an

@@ -63,6 +63,7 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, ROOT
+from ackstream.topology.anchoring import ANCHOR_TYPE
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.graph import join_streams
 from ackstream.topology.holding import FRESH, HELD_MS, Holding, roots_of
@@ -76,7 +77,6 @@ SIDE = "_side"
 HOW = ("inner", "left")
 _MATCHED, _EXPIRED = "_matched", "_expired"
 _L_ROOTS, _L_EDGE, _R_ROOTS, _R_EDGE = "_l_roots", "_l_edge", "_r_roots", "_r_edge"
-_ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ class WaitingJoinStage(Stage):
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         """The pairs this batch's and the held tuples make (and, a left join, the left
         tuples whose wait is over with nulls); saves what changed in the tuples held
-        (``context`` says where, and which roots finished). ``StageOutput.acked`` is
+        (``ctx`` says where, and which roots finished). ``StageOutput.acked`` is
         the tuples released or dropped (per-stage acks ack those, not the input),
         ``holds`` the ``(root, value)`` pairs of the new and released holds
         (telescoped) and ``fails`` the other roots of held tuples dropped."""
@@ -215,21 +215,21 @@ class WaitingJoinStage(Stage):
 
     def _pairs(self, released: DataFrame, columns: JoinColumns, mode: Mode) -> DataFrame:
         """One row per (left, right) pair of the released tuples with equal keys."""
-        tracking, sides = mode.tracks, F.col(SIDE)
+        sides = F.col(SIDE)
         roots = roots_of(released)
         left = released.where(sides == 0).select(
             *columns.keys,
             *columns.left,
-            *((roots.alias(_L_ROOTS), F.col(EDGE).alias(_L_EDGE)) if tracking else ()),
+            *((roots.alias(_L_ROOTS), F.col(EDGE).alias(_L_EDGE)) if mode.tracks else ()),
         )
         right = released.where(sides == 1).select(
             *columns.keys,
             *columns.right,
-            *((roots.alias(_R_ROOTS), F.col(EDGE).alias(_R_EDGE)) if tracking else ()),
+            *((roots.alias(_R_ROOTS), F.col(EDGE).alias(_R_EDGE)) if mode.tracks else ()),
         )
         joined = left.join(right, list(columns.keys))
         payload = [*columns.keys, *columns.left, *columns.right]
-        if not tracking:
+        if not mode.tracks:
             return joined.select(*payload)
         null = F.lit(None).cast("long")
         edge = mode.anchoring.edge(F.col(_L_EDGE), F.lit(self.number).cast("long"), F.col(_R_EDGE))
@@ -273,4 +273,4 @@ def check_within(stage: str, within_ms: int | None, message_timeout_ms: int, mod
 def _anchors(roots: Column, edge: Column) -> Column:
     """``_anchors``: one entry per root, each with ``edge``."""
     anchors = F.transform(roots, lambda r: F.struct(r.alias("root"), edge.alias("edge")))
-    return anchors.cast(_ANCHOR_TYPE).alias(ANCHORS)
+    return anchors.cast(ANCHOR_TYPE).alias(ANCHORS)

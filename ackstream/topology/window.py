@@ -31,15 +31,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, EDGE, GROUP, REASON, ROOT
-from ackstream.topology.anchoring import GroupInput, anchor_list
+from ackstream.lineage import REASON
+from ackstream.topology.anchoring import Grouping
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.holding import Holding
 from ackstream.topology.window_closing import SINCE, Closing
 
 __all__ = ["WindowStage"]
-
-_GROUP_ID = "_group_id"
 
 
 class WindowStage(Stage):
@@ -65,12 +63,11 @@ class WindowStage(Stage):
 
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         """The windows this batch closes, from the tuples held before it and ``df``;
-        saves what stays held (``context`` says where, and which roots finished).
+        saves what stays held (``ctx`` says where, and which roots finished).
         ``StageOutput.acked`` is the tuples released (per-stage acks ack those, not the
         input), ``holds`` the ``(root, value)`` pairs of the new and released holds
         (telescoped), ``fails`` the other roots of held tuples dropped and ``rejected``
         the late tuples."""
-        tracking, edges = ctx.mode.tracks, ctx.mode.anchoring.edges
         df = self.holding.holdable(df, ctx)
         before = self.holding.before(df.sparkSession, ctx)
         stamped = self.holding.stamp(self.holding.arriving(df, ctx), self.keys, ctx)
@@ -81,44 +78,20 @@ class WindowStage(Stage):
             before.and_new(new), self.keys, before.clock, ctx.now_ms, self.name
         )
         holds = self.holding.keep(closed.kept, closed.released, ctx, before, closed.clock)
-        windows = closed.windows
-        grouped = windows.groupBy(*self.keys, *closed.group_columns)
+        grouping = Grouping(
+            self.number, self.keys, self.aggs, closed.group_columns, closed.window_id
+        )
+        out, groups = ctx.mode.anchoring.grouped(grouping, closed.windows)
+        out = out.drop(*closed.hidden)
         cached = (*closed.cached, *before.cached)
-        if not tracking:
-            return StageOutput(grouped.agg(*self.aggs).drop(*closed.hidden), cached=cached)
-        rejected = None if closed.late is None else closed.late.select(*df.columns, REASON)
-        null = F.lit(None).cast("long")
-        if not edges:  # telescoped: roots only if the row fails, as an aggregate's
-            group_id = F.xxhash64(
-                *(F.col(k) if isinstance(k, str) else k for k in self.keys), closed.window_id
-            )
-            group = F.struct(F.lit(self.number).alias("stage"), F.first(_GROUP_ID).alias("id"))
-            out = (
-                windows.withColumn(_GROUP_ID, group_id)
-                .groupBy(*self.keys, *closed.group_columns)
-                .agg(*self.aggs, group.alias(GROUP), null.alias(EDGE), null.alias(ROOT))
-            )
-            return StageOutput(
-                out.drop(*closed.hidden),
-                rejected=rejected,
-                cached=cached,
-                groups=GroupInput(windows, group_id),
-                fails=before.fails,
-                holds=holds,
-            )
-        # a tuple in several windows gets a child edge per window, so no two cancel
-        pair = F.xxhash64(
-            F.col(EDGE).cast("long"), F.lit(self.number).cast("long"), closed.window_id
-        )
-        anchors = F.flatten(F.collect_list(anchor_list(windows, pair)))
-        edge = F.xxhash64(
-            F.bit_xor(EDGE), F.lit(self.number).cast("long"), F.first(closed.window_id)
-        )
-        out = grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT))
+        if not ctx.mode.tracks:
+            return StageOutput(out, cached=cached)
         return StageOutput(
-            out.drop(*closed.hidden),
-            rejected=rejected,
+            out,
+            rejected=None if closed.late is None else closed.late.select(*df.columns, REASON),
             cached=cached,
+            groups=groups,
             acked=closed.released,
             fails=before.fails,
+            holds=holds,
         )
