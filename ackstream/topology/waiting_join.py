@@ -177,7 +177,7 @@ class WaitingJoinStage(Stage):
         (telescoped) and ``fails`` the other roots of held tuples dropped."""
         columns = self.columns
         if columns is None:
-            raise StageError(self.name, "a join runs on the streams it combined")
+            raise StageError(self.name, "a join runs inside a topology batch")
         df = self.holding.holdable(df, ctx)
         before = self.holding.before(df.sparkSession, ctx)
         keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
