@@ -4,22 +4,8 @@ Order within a batch is the guarantee: outputs go to the sink first, completions
 and ack records after. A crash in between replays the batch's roots; nothing is
 acked unwritten.
 
-How the batch's acks are computed is its :class:`AckMode`; both modes give the
-same outcome for every root (tests hold them to it):
-
-- :class:`Telescoped` (the default) makes each root's init with value 0, plus the
-  fails. Inside one batch Storm's acks telescope: what a stage emits, the next
-  stage acks, and what the sink writes, it acks; each root's XOR of them equals
-  its init's value, so only the init (the root was read) and the fails (a stage
-  or the sink failed one of its tuples) carry information. Rows a stage drops,
-  unanchored emits and multi-anchored aggregate rows cancel out alike. Stages
-  then carry roots only, no edge ids, and the batch settles its own trees: a tree
-  it closed goes straight to the completion channel, and only trees left open go
-  to the acker query.
-- :class:`PerStage` is Storm-faithful: it computes every stage's acks as Storm's
-  bolts would send them (persisting each stage's output so that both sides of an
-  edge see the same rows), and sends them all to the acker query. It costs a few
-  times the batch time; use it to watch the XOR ledger at work.
+How the batch's acks are computed, and where they go, is its topology's mode
+(:mod:`ackstream.topology.modes`).
 """
 
 from __future__ import annotations
@@ -29,13 +15,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, cast
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.acker.precombine import precombine, settle
+from ackstream.acker.precombine import precombine
 from ackstream.channels.base import Channel
 from ackstream.clock import now_ms
 from ackstream.continued import UpstreamResets, lineage_of, translate
@@ -43,12 +28,11 @@ from ackstream.errors import EnvironmentProblem, OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, REASON_LIMIT, ROOT, ROOTS
 from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
 from ackstream.sources.offsets import PlannedRoots
+from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import (
     BatchContext,
-    GroupInput,
     Stage,
     StageOutput,
-    anchor_pairs,
     failed_roots,
     with_tree_roots,
 )
@@ -60,109 +44,15 @@ from ackstream.topology.graph import (
     subscribers,
 )
 from ackstream.topology.held_watch import HeldWatch
+from ackstream.topology.modes import BatchRecords, Mode, ack_records
 from ackstream.topology.stage_counts import StageCounts
 
 if TYPE_CHECKING:
     from ackstream.sinks.base import ContinuingSink
 
-__all__ = [
-    "ACK_MODES",
-    "AckMode",
-    "BatchRecords",
-    "BatchRun",
-    "PerStage",
-    "Telescoped",
-    "ack_mode",
-    "run_batch",
-]
+__all__ = ["BatchRun", "DeclaredTopology", "run_batch"]
 
 log = logging.getLogger(__name__)
-
-
-class AckMode:
-    """How a batch computes and reports its acks (see the module doc)."""
-
-    name: str
-    #: stages mint an edge id per child (else children inherit their roots only)
-    edges: bool
-    #: the batch's inits may come from the source's logged offset, not from its rows
-    plans_inits: bool
-
-    def stage_acks(self, inputs: DataFrame, children: DataFrame, now: int) -> list[DataFrame]:
-        """The ack records a stage sends for its inputs, given the children it emitted."""
-        return []
-
-    def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
-        """The ack records of the tuples the sink wrote."""
-        return []
-
-    def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
-        """Send the batch's ack records where they belong."""
-        raise NotImplementedError
-
-
-class Telescoped(AckMode):
-    name, edges, plans_inits = "telescoped", False, True
-
-    def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
-        now = now_ms()
-        planned = records.planned
-        if planned is None:
-            done, still_open = settle(records.rest, now)
-        else:  # a planned root no other record names is acked: its init's value is 0
-            named = planned.inits_of(pc.unique(records.rest.column("root")))
-            done, still_open = settle(pa.concat_tables([named, records.rest]), now)
-            done = pa.concat_tables([planned.acked(now, named), done])
-        if done.num_rows:
-            channel.write_completions(done, batch_id)
-        if still_open.num_rows:  # open trees: one record per root for the acker
-            channel.write_acks(precombine(still_open))
-
-
-class PerStage(AckMode):
-    name, edges, plans_inits = "per_stage", True, False
-
-    def stage_acks(self, inputs: DataFrame, children: DataFrame, now: int) -> list[DataFrame]:
-        # Storm's ack of every input tuple: its own anchor pairs, XOR the edges of the
-        # children it emitted (the children's anchor pairs)
-        return [
-            ack_records(anchor_pairs(inputs), ACK, now),
-            ack_records(anchor_pairs(children), ACK, now),
-        ]
-
-    def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
-        return [ack_records(anchor_pairs(outputs), ACK, now)]
-
-    def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
-        table = records.table()
-        if table.num_rows:
-            channel.write_acks(precombine(table))
-
-
-ACK_MODES = {mode.name: mode for mode in (Telescoped(), PerStage())}
-
-
-def ack_mode(name: str) -> AckMode:
-    """The ack mode called ``name``, or an :class:`OptionError` naming the choices."""
-    if name not in ACK_MODES:
-        raise OptionError("ack_mode", name, " or ".join(repr(n) for n in ACK_MODES))
-    return ACK_MODES[name]
-
-
-@dataclass
-class BatchRecords:
-    """A batch's ack records: the init records of the roots its offsets planned (made
-    only if asked for) and every other record (not pre-combined: the ledger combines
-    them)."""
-
-    planned: PlannedRoots | None  #: None: the inits were read from the rows, in ``rest``
-    rest: pa.Table
-
-    def table(self) -> pa.Table:
-        """Every record of the batch."""
-        if self.planned is None:
-            return self.rest
-        return pa.concat_tables([self.planned.inits, self.rest])
 
 
 class DeclaredTopology(Protocol):
@@ -170,9 +60,7 @@ class DeclaredTopology(Protocol):
     here, below the declaration, so that the batch imports nothing above it."""
 
     name: str
-    mode: AckMode
-    tracking: bool
-    continue_trees: bool
+    mode: Mode
     message_timeout_ms: int
     held_folder: str | None
     stages: list[Stage]
@@ -223,8 +111,7 @@ class BatchRun:
         now: int | None = None,
     ):
         self.topology, self.batch_id, self.planned = topology, batch_id, planned
-        self.mode, self.tracking = topology.mode, topology.tracking
-        self.edges = self.tracking and self.mode.edges
+        self.mode = topology.mode
         self.now = now_ms() if now is None else now
         self.subs = subscribers(topology.stages, topology.sinks)
         #: nothing planned: no job may read the batch to count it
@@ -239,11 +126,9 @@ class BatchRun:
         self.kept: list[DataFrame] = []
         self.watch: HeldWatch | None = None
         self.upstream: dict | None = None  # continued trees: the upstream lineage
-        continues = self.tracking and topology.continue_trees
-        self.read_inits = self.tracking and (
-            planned is None or not self.mode.plans_inits or continues
-        )
+        self.read_inits = self.mode.tracks and (planned is None or not self.mode.plans_inits)
         self.context = BatchContext(
+            self.mode,
             batch_id,
             self.now,
             topology.channel,
@@ -257,7 +142,7 @@ class BatchRun:
     def read_spout(self, batch: DataFrame) -> None:
         """The spout's stream: the batch without the rows the source held back, whose
         acks (and the batch's inits, when they must be read) are gathered here."""
-        held = self.tracking and REASON in batch.columns  # the source's held-back rows
+        held = self.mode.tracks and REASON in batch.columns  # the source's held-back rows
         readers = len(self.subs[SPOUT])
         if held and not self.read_inits and readers == 1:
             planned = 0 if self.planned is None else self.planned.num_rows
@@ -266,12 +151,12 @@ class BatchRun:
         else:  # the batch is read more than once (init records, held rows): read it once
             several = self.read_inits or held or readers > 1
             spout = self._keep(batch) if several else batch
-        if self.tracking and self.topology.continue_trees:
+        if self.mode.continues_trees:
             self.upstream = continued_lineage(spout, self.topology.name)
             resets = UpstreamResets(self.topology.channel, self.upstream)
             self.context = replace(self.context, resets=resets)
         if self.read_inits:
-            self.frames.append(init_records(spout, self.now, self.mode.edges))
+            self.frames.append(init_records(spout, self.now, self.mode.anchoring.edges))
         if held and self.watch is None:
             self.frames += held_back_acks(spout.where(f"{REASON} IS NOT NULL"), self.mode, self.now)
         if REASON in batch.columns:  # no stage sees a held-back row or the column
@@ -285,15 +170,15 @@ class BatchRun:
         if tuples is None:
             tuples = join_streams(list(streams.values()))
         tuples = self._count(tuples, stage, "in")
-        out = stage.run(tuples, self.tracking, self.mode.edges, self.context)
+        out = stage.run(tuples, self.context)
         self.kept.extend(out.cached)
         if out.groups is not None:
             self.groups[stage.number] = out.groups
         # both sides of an edge must see the same rows; subscribers share them
         children = self._count(out.tuples, stage, "out")
-        if self.edges or len(self.subs[stage.name]) > 1:
+        if self.mode.anchoring.edges or len(self.subs[stage.name]) > 1:
             children = self._keep(children)
-        if self.tracking:
+        if self.mode.tracks:
             self._gather_stage_acks(tuples, out, children)
         self._publish(children, stage.name, stage.number)
 
@@ -317,7 +202,7 @@ class BatchRun:
         """The batch's ack records, in one Spark job; when this topology continues
         upstream trees, translated for their acker (the inits are then read from the
         rows: nothing is planned)."""
-        if not self.tracking:
+        if not self.mode.tracks:
             return BatchRecords(None, ACK_RECORD_SCHEMA.empty_table())
         tables = list(self.tables)
         if self.frames:
@@ -351,10 +236,11 @@ class BatchRun:
     def _publish(self, stream: DataFrame, name: str, number: int) -> None:
         """Hand ``stream`` to its subscribers; a stream nobody reads is acked."""
         names = self.subs[name]
-        if self.tracking and not names:
+        if not names:
             self.frames += self.mode.sink_acks(stream, self.now)
-        handed = subscriber_copies(stream, number, names, self.edges)
-        if self.edges and len(names) > 1:  # the fan-out acks the stream, emits the copies
+        handed = subscriber_copies(stream, number, names, self.mode.anchoring)
+        if self.mode.anchoring.edges and len(names) > 1:
+            # the fan-out acks the stream and emits the copies
             copies = _union_all(list(handed.values()))
             self.frames += self.mode.stage_acks(stream, copies, self.now)
         for subscriber, copy in handed.items():
@@ -399,7 +285,7 @@ def _write_sink(
     unwritten, reason = None, f"sink {type(sink).__name__}: not written"
     continued = None  # a sink that continues the trees: its messages' (root, edge) acks
     try:
-        if topology.tracking and node.continues_trees:
+        if topology.mode.tracks and node.continues_trees:
             rooted = with_tree_roots(outputs, groups)  # the sink writes each row's roots
             if upstream is not None:
                 rooted = with_upstream_roots(rooted, upstream)
@@ -420,7 +306,7 @@ def _write_sink(
         log.exception("topology %s: sink write of batch %d failed", topology.name, batch_id)
         unwritten = outputs
         reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"
-    if not topology.tracking:
+    if not topology.mode.tracks:
         return SinkAcks([], [], [])
     acks = SinkAcks(topology.mode.sink_acks(outputs, now), [], [])
     if isinstance(unwritten, pa.Table) and unwritten.num_rows:
@@ -481,7 +367,7 @@ def continued_lineage(spout: DataFrame, name: str) -> dict:
     return found
 
 
-def held_back_acks(held: DataFrame, mode: AckMode, now: int) -> list[DataFrame]:
+def held_back_acks(held: DataFrame, mode: Mode, now: int) -> list[DataFrame]:
     """The ack records of the rows the source held back from the bolts (see
     ``ackstream.sources.rows``): an offset with no record is acked as if the sink had
     written it; any other is rejected with its ``_reason`` (no replay)."""
@@ -504,25 +390,6 @@ def init_records(tuples: DataFrame, now: int, with_edges: bool = True) -> DataFr
         f"{ATTEMPT} AS attempt",
         f"{now}L AS ts",
         "CAST(NULL AS string) AS reason",
-    )
-
-
-def ack_records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
-    """Ack records from ``(root, value)`` rows (``(root, reason)`` for fails and rejects),
-    no coordinates. SQL text, and no casts but of constants: each Column object is a
-    call to the JVM, and a cast of a column costs the collecting job (up to a third at
-    10,000 rows); the union widens the types and pre-combination fixes them."""
-    acking = kind not in (FAIL, REJECT)
-    return pairs.selectExpr(
-        "root",
-        f"{'value' if acking else '0L'} AS value",
-        f"CAST({kind} AS byte) AS kind",
-        "CAST(NULL AS string) AS topic",
-        "CAST(NULL AS int) AS partition",
-        "CAST(NULL AS long) AS offset",
-        "CAST(NULL AS long) AS attempt",
-        f"{now}L AS ts",
-        f"{'CAST(NULL AS string)' if acking else 'reason'} AS reason",
     )
 
 

@@ -1,15 +1,6 @@
 """Bolt stages over tracked DataFrames: anchoring, acking and failing, vectorised.
 
-A tracked row is a tuple. Its lineage lives in columns:
-
-- ``_root``, ``_edge``: a tuple anchored to one root (every row the source emits);
-- ``_anchors`` (``array<struct<root long, edge long>>``), ``_root`` null: a tuple
-  anchored to several parents, possibly of several roots (an aggregation's
-  output); it keeps, per parent, the root and the edge id of that
-  (parent, child) pair, as Storm's ``MessageId.anchorsToIds`` does per root.
-  ``_edge`` is then only the tuple's own id, from which its children's ids derive;
-- ``_root`` null and no anchors: an unanchored tuple; nothing tracks it.
-
+A tracked row is a tuple, its lineage in columns (:mod:`ackstream.topology.anchoring`).
 Every stage turns input tuples into children with fresh edge ids
 ``xxhash64(parent edge, stage, ordinal)`` and yields the ack contributions
 Storm's bolt would send: each input tuple's anchor pairs (its own edges) plus
@@ -20,14 +11,10 @@ root at once (it is replayed), a ``REJECT`` record dead-letters it without a
 replay; both carry the tuple's ``_reason``. All of it is Spark SQL in the JVM;
 only pandas bolts call Python.
 
-With ``edges=False`` (the telescoped topology, which never sends an edge's ack)
-stages mint no edge ids and children inherit ``_root``. An aggregation's output
-row then needs its roots only if it fails (a later stage fails it, or the sink
-cannot write it), so it keeps no anchor list, only ``_group``: its stage and a
-hash of its group keys. :func:`failed_roots` finds the roots of failed groups
-from the aggregate's input in that batch (:class:`GroupInput`); a clean batch
-never computes them. A hash shared by two groups only fails more roots (they
-replay), never fewer.
+How a stage anchors its children (roots only, edge ids, or no lineage at all) is
+asked of its topology's mode, ``BatchContext.mode``. :func:`failed_roots` finds the
+roots of a failed row that carries ``_group`` (telescoped acks) from the
+aggregation's input in that batch.
 """
 
 from __future__ import annotations
@@ -56,12 +43,18 @@ from ackstream.lineage import (
     ROOT,
     ROOTS,
 )
+from ackstream.topology.anchoring import (
+    Grouping,
+    GroupInput,
+    is_multi_anchored,
+    roots_of_row,
+)
+from ackstream.topology.modes import Mode
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "GroupInput",
     "BatchContext",
     "StageOutput",
     "Stage",
@@ -73,37 +66,24 @@ __all__ = [
     "ExplodeStage",
     "AggregateStage",
     "PandasBoltStage",
-    "anchor_list",
-    "anchor_pairs",
     "anchored_to_roots",
     "failed_roots",
-    "is_multi_anchored",
-    "mint",
     "with_tree_roots",
 ]
 
 _ORDINAL, _ERROR, _GROUP_ID = "_ordinal", "_error", "_group_id"
 _GROUP_ROOTS, _GROUP_STAGE = "_group_roots", "_group_stage"
-_ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
-
-
-@dataclass(frozen=True)
-class GroupInput:
-    """An aggregate stage's input in one batch, and the id of each row's group there:
-    where the roots of a failed output row (``_group``) are found."""
-
-    tuples: DataFrame
-    group_id: Column
 
 
 @dataclass(frozen=True)
 class BatchContext:
-    """What a stage may need of its batch beyond the rows (a window does: see
-    :mod:`ackstream.topology.window`): the batch id, the time, the completion channel
-    (None: none to read), the message timeout, the folder of held tuples (None:
-    in memory) and the resets of trees a stage keeps alive (a pandas bolt's
-    :class:`Collector`)."""
+    """What a stage may need of its batch beyond the rows: its topology's mode (how it
+    tracks tuples), and for a stage that holds tuples (see :mod:`ackstream.topology.
+    window`) the batch id, the time, the completion channel (None: none to read), the
+    message timeout, the folder of held tuples (None: in memory) and the resets of
+    trees a stage keeps alive (a pandas bolt's :class:`Collector`)."""
 
+    mode: Mode
     batch_id: int
     now_ms: int
     channel: Channel | None
@@ -135,20 +115,6 @@ class StageOutput:
     acked: DataFrame | None = None
     fails: DataFrame | None = None
     holds: DataFrame | None = None
-
-
-def is_multi_anchored(df: DataFrame) -> bool:
-    return ANCHORS in df.columns
-
-
-def anchor_pairs(df: DataFrame) -> DataFrame:
-    """``(root, value)``: one row per (root, edge) a tuple is anchored with; acking a
-    tuple contributes exactly these (unanchored tuples contribute nothing)."""
-    if is_multi_anchored(df):
-        pairs = df.select(F.inline(ANCHORS)).select("root", F.col("edge").alias("value"))
-    else:
-        pairs = df.select(F.col(ROOT).alias("root"), F.col(EDGE).alias("value"))
-    return pairs.where(F.col("root").isNotNull())
 
 
 def failed_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) -> DataFrame:
@@ -188,7 +154,7 @@ def with_tree_roots(df: DataFrame, groups: dict[int, GroupInput] | None = None) 
     own = F.when(F.col(ROOT).isNotNull(), F.array(F.col(ROOT))) if ROOT in df.columns else None
     own = empty if own is None else own.otherwise(empty)
     if is_multi_anchored(df):
-        own = F.array_distinct(F.concat(F.coalesce(_roots_of_row(), empty), own))
+        own = F.array_distinct(F.concat(F.coalesce(roots_of_row(), empty), own))
     out = df.withColumn(ROOTS, own)
     if GROUP not in df.columns:
         return out
@@ -231,48 +197,6 @@ def anchored_to_roots(df: DataFrame, groups: Mapping[int, GroupInput]) -> DataFr
     )
 
 
-def _collected_roots(df: DataFrame) -> Column:
-    """An aggregate's expression for the distinct roots of its group's rows."""
-    if is_multi_anchored(df):
-        return F.array_distinct(F.flatten(F.collect_list(_roots_of_row())))
-    return F.collect_set(ROOT)
-
-
-def _roots_of_row() -> Column:
-    """The distinct roots a multi-anchored row is anchored to, as an array column."""
-    return F.array_distinct(F.transform(F.col(ANCHORS), lambda a: a["root"]))
-
-
-def anchor_list(df: DataFrame, edge: Column) -> Column:
-    """The anchor list a child gets from this row when their pair has edge ``edge``:
-    one entry per root of the row (empty for an unanchored row)."""
-    if is_multi_anchored(df):
-        return F.transform(_roots_of_row(), lambda r: F.struct(r.alias("root"), edge.alias("edge")))
-    return F.when(
-        F.col(ROOT).isNotNull(),
-        F.array(F.struct(F.col(ROOT).alias("root"), edge.alias("edge"))),
-    ).otherwise(F.array().cast(_ANCHOR_TYPE))
-
-
-def _child_edge(stage: int, ordinal: Column | int = 0) -> Column:
-    ordinal = ordinal if isinstance(ordinal, Column) else F.lit(int(ordinal))
-    return F.xxhash64(F.col(EDGE).cast("long"), F.lit(stage).cast("long"), ordinal.cast("long"))
-
-
-def mint(df: DataFrame, stage: int, ordinal: Column | int = 0, edges: bool = True) -> DataFrame:
-    """Give each row of ``df`` (still carrying its parent's lineage) a fresh edge id
-    ``xxhash64(parent edge, stage, ordinal)``; a multi-anchored child is anchored to
-    each of its parent's roots with that edge. ``edges=False``: ``df`` as it is (the
-    telescoped topology needs only the roots, which children inherit)."""
-    if not edges:
-        return df
-    edge = _child_edge(stage, ordinal)
-    if is_multi_anchored(df):
-        df = df.withColumn(EDGE, edge)
-        return df.withColumn(ANCHORS, anchor_list(df, F.col(EDGE)))
-    return df.withColumn(EDGE, edge)
-
-
 def check_lineage(stage: Stage, before: DataFrame, after: DataFrame) -> None:
     """A user function must keep the lineage columns it was given."""
     wanted = [c for c in LINEAGE_COLUMNS if c in before.columns]
@@ -313,17 +237,9 @@ class Stage:
         (:func:`ackstream.topology.graph.join_streams`)."""
         return None
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
-        """The stage's output for ``df``. ``tracking=False``: no lineage at all;
-        ``edges=False``: lineage by roots only, no fresh edge ids (enough to fail
-        roots; the telescoped topology never sends an edge's ack). ``context``: the
-        batch's, for a stage that holds tuples across batches (others need none)."""
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
+        """The stage's output for ``df`` in the batch ``ctx``, its lineage as the batch's
+        mode says (``ctx.mode``: none, roots only, or fresh edge ids)."""
         raise NotImplementedError
 
 
@@ -343,18 +259,11 @@ class MapStage(Stage):
         assert self.fn is not None, "a map stage without fn overrides apply"
         return self.fn(df)
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         out = self.apply(df)
-        if not tracking:
-            return StageOutput(out)
-        check_lineage(self, df, out)
-        return StageOutput(mint(out, self.number, edges=edges))
+        if ctx.mode.tracks:
+            check_lineage(self, df, out)
+        return StageOutput(ctx.mode.anchoring.children(out, self.number))
 
 
 class FilterStage(MapStage):
@@ -400,20 +309,14 @@ class FailWhereStage(Stage):
         reason = f"{self.name}: {condition}" if reason is None else reason
         self.reason = reason if isinstance(reason, Column) else F.lit(str(reason))
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
-        if not tracking:
+        if not ctx.mode.tracks:
             return StageOutput(df.where(~failing))
         df = df.persist()  # kept and failed rows must come from one evaluation of the input
         caught = df.where(failing).withColumn(REASON, self.reason.cast("string"))
         return self._output(
-            mint(df.where(~failing), self.number, edges=edges), caught, cached=(df,)
+            ctx.mode.anchoring.children(df.where(~failing), self.number), caught, cached=(df,)
         )
 
     def _output(self, kept: DataFrame, caught: DataFrame, cached: tuple) -> StageOutput:
@@ -447,17 +350,12 @@ class ExplodeStage(Stage):
         self._elements = F.explode(self.column).alias(alias)
         self._positioned = F.posexplode(self.column).alias(_ORDINAL, alias)
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
-        if not (tracking and edges):  # no edge ids: the element's position is not needed
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
+        anchoring = ctx.mode.anchoring
+        if not anchoring.edges:  # no edge ids: the element's position is not needed
             return StageOutput(df.select("*", self._elements))
-        out = df.select("*", self._positioned)
-        return StageOutput(mint(out, self.number, F.col(_ORDINAL), edges).drop(_ORDINAL))
+        out = anchoring.children(df.select("*", self._positioned), self.number, F.col(_ORDINAL))
+        return StageOutput(out.drop(_ORDINAL))
 
 
 class AggregateStage(Stage):
@@ -480,17 +378,7 @@ class AggregateStage(Stage):
         self.keys, self.aggs = list(keys), list(aggs)
         if not self.aggs:
             raise StageError(self.name, "needs at least one aggregate expression")
-        # Built once per stage: every Column is a few JVM calls, which on every batch
-        # cost about as much as the aggregation's own analysis.
-        self._null = F.lit(None).cast("long")
-        self._no_edge, self._no_root = self._null.alias(EDGE), self._null.alias(ROOT)
-        # the group's id from its key values: computed once per output row (Spark takes
-        # an expression of the grouping keys among the aggregates), the same on an
-        # input row, where a failed output row's roots are looked up
-        self._group_id = F.xxhash64(*(F.col(k) if isinstance(k, str) else k for k in self.keys))
-        self._group = F.struct(F.lit(number).alias("stage"), self._group_id.alias("id")).alias(
-            GROUP
-        )
+        self.grouping = Grouping(number, self.keys, self.aggs)  # its Columns built once
         #: telescoped: give each output row its roots as ``_anchors`` (null edges) in the
         #: aggregation itself, instead of ``_group`` (see :meth:`hold_roots`)
         self.keeps_roots = False
@@ -498,36 +386,9 @@ class AggregateStage(Stage):
     def hold_roots(self) -> None:
         self.keeps_roots = True
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
-        if not tracking:
-            return StageOutput(df.groupBy(*self.keys).agg(*self.aggs))
-        if not edges and self.keeps_roots:  # held downstream: its roots found in this pass
-            roots = _collected_roots(df)
-            anchors = F.transform(
-                roots, lambda r: F.struct(r.alias("root"), self._null.alias("edge"))
-            )
-            out = df.groupBy(*self.keys).agg(
-                *self.aggs, anchors.cast(_ANCHOR_TYPE).alias(ANCHORS), self._no_edge, self._no_root
-            )
-            return StageOutput(out)
-        if not edges:  # the roots only if a row fails: see the module doc
-            out = df.groupBy(*self.keys).agg(*self.aggs, self._group, self._no_edge, self._no_root)
-            return StageOutput(out, groups=GroupInput(df, self._group_id))
-        pair = _child_edge(self.number)
-        anchors = F.flatten(F.collect_list(anchor_list(df, pair)))
-        edge = F.xxhash64(F.bit_xor(EDGE), F.lit(self.number).cast("long"))
-        # the null root in the same call: each further DataFrame call is another analysis
-        return StageOutput(
-            df.groupBy(*self.keys).agg(
-                *self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), self._no_root
-            )
-        )
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
+        out, groups = ctx.mode.anchoring.grouped(self.grouping, df, held=self.keeps_roots)
+        return StageOutput(out, groups=groups)
 
 
 class Collector:
@@ -585,22 +446,16 @@ class PandasBoltStage(Stage):
         self.fn, self.schema, self.collector = fn, schema, collector
         self._output: BoltOutput | None = None  # the schema's columns, found on first use
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         if is_multi_anchored(df) or GROUP in df.columns:
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
         fn, name, collector = self.fn, self.name, self.collector
-        resets = context.resets if collector and tracking and context is not None else None
+        resets = ctx.resets if collector and ctx.mode.tracks else None
         if self._output is None:  # once: each DataFrame call is a trip to the JVM
             self._output = BoltOutput.of(df.sparkSession.createDataFrame([], self.schema).schema)
         output = self._output
-        if not tracking:  # no root to fail: output that does not fit stops the query
+        if not ctx.mode.tracks:  # no root to fail: output that does not fit stops the query
 
             def plain(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
                 for frame in frames:
@@ -627,7 +482,8 @@ class PandasBoltStage(Stage):
         out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
         failed = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
         good = out.where(F.col(_ERROR).isNull())
-        good = mint(good, self.number, F.col(_ORDINAL), edges).drop(_ORDINAL, _ERROR)
+        good = ctx.mode.anchoring.children(good, self.number, F.col(_ORDINAL))
+        good = good.drop(_ORDINAL, _ERROR)
         return StageOutput(good, failed=failed.drop(_ORDINAL), cached=(out,))
 
 

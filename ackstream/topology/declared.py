@@ -28,6 +28,7 @@ from ackstream.lineage import LINEAGE_COLUMNS
 from ackstream.topology.batch import DeclaredTopology
 from ackstream.topology.bolts import (
     AggregateStage,
+    BatchContext,
     ExplodeStage,
     FailWhereStage,
     MapStage,
@@ -37,6 +38,7 @@ from ackstream.topology.bolts import (
     check_lineage,
 )
 from ackstream.topology.graph import SPOUT, join_streams
+from ackstream.topology.modes import UNTRACKED, Mode
 
 __all__ = ["analyse", "record_start", "started"]
 
@@ -66,7 +68,7 @@ def analyse(topology: DeclaredTopology, tuples: DataFrame) -> None:
             continue  # a stage that holds rows, or what reads it: not known here
         try:
             with _quiet():
-                out = _output(stage, join_streams(inputs), topology.tracking)
+                out = _output(stage, join_streams(inputs), topology.mode)
                 out.schema  # noqa: B018 - asking for it is what makes Spark analyse the plan
         except AckstreamError:
             raise
@@ -90,7 +92,7 @@ def _empty_like(tuples: DataFrame) -> DataFrame:
 _ANALYSED = (MapStage, FailWhereStage, ExplodeStage, AggregateStage, PandasBoltStage)
 
 
-def _output(stage: Stage, frame: DataFrame, tracking: bool) -> DataFrame:
+def _output(stage: Stage, frame: DataFrame, mode: Mode) -> DataFrame:
     """What ``stage`` (one of :data:`_ANALYSED`) makes of ``frame``, without persisting
     or running anything."""
     if isinstance(stage, FailWhereStage):
@@ -102,12 +104,12 @@ def _output(stage: Stage, frame: DataFrame, tracking: bool) -> DataFrame:
         return frame.select(*lineage, declared).select(*lineage, f"{_DECLARED}.*")
     if isinstance(stage, MapStage):  # the user's code, and the lineage it must keep
         out = stage.apply(frame)
-        if tracking:
+        if mode.tracks:
             check_lineage(stage, frame, out)
         return out
     # an explode's or aggregate's own expressions, without the lineage ackstream adds
     # to its output (its ids cannot fail on the user's columns)
-    return stage.run(frame, tracking=False).tuples
+    return stage.run(frame, BatchContext(UNTRACKED, 0, 0, None, 0, None)).tuples
 
 
 _DECLARED = "_declared"

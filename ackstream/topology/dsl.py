@@ -38,7 +38,6 @@ from ackstream.lineage import TRACKED_COLUMNS
 from ackstream.session import has_kafka_connector, is_connect, master_of
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.upstream import check_options, open_upstream
-from ackstream.topology.batch import ack_mode as ack_mode_named
 from ackstream.topology.batch import run_batch
 from ackstream.topology.bolts import (
     AggregateStage,
@@ -53,6 +52,7 @@ from ackstream.topology.bolts import (
 )
 from ackstream.topology.declared import analyse, record_start
 from ackstream.topology.graph import SPOUT, SinkNode
+from ackstream.topology.modes import Mode, mode_of
 from ackstream.topology.running import RunningTopology, same_term, start_topology
 from ackstream.topology.waiting_join import WaitingJoinStage, check_within
 from ackstream.topology.window import WindowStage
@@ -88,7 +88,7 @@ class Topology:
 
     ``ack_mode`` says how a batch's acks are computed, ``"telescoped"`` (the
     default) or ``"per_stage"`` (Storm-faithful, every edge through the acker);
-    both give the same outcome for every root (see :mod:`ackstream.topology.batch`).
+    both give the same outcome for every root (see :mod:`ackstream.topology.modes`).
 
     ``ackers`` is Storm's ``topology.acker.executors``: the shards of the acker query
     that :meth:`start` runs. ``ackers=0`` is ``tracking=False``, as Storm with no
@@ -148,10 +148,11 @@ class Topology:
                 batch_deadline_ms,
                 "a positive number of ms, or None: no deadline",
             )
-        self.ackers, self.tracking = ackers, tracking and ackers > 0
+        self.ackers = ackers
         self.batch_deadline_ms = batch_deadline_ms
         self.message_timeout_ms = message_timeout_ms
-        self.mode = ack_mode_named(ack_mode)
+        #: how it tracks its tuples (see :mod:`ackstream.topology.modes`)
+        self.mode: Mode = mode_of(tracking and ackers > 0, ack_mode, continue_trees)
         self.continue_trees = continue_trees
         self.stage_counts = stage_counts
         self.stages: list[Stage] = []
@@ -163,6 +164,11 @@ class Topology:
         #: the options of the stream :meth:`read_stream` made, parsed: a batch whose new
         #: records Spark's Kafka source reads takes its brokers and settings from them
         self.source_config: SourceConfig | None = None
+
+    @property
+    def tracking(self) -> bool:
+        """Whether its tuples are tracked: ``tracking=True`` and ackers."""
+        return self.mode.tracks
 
     def without_session(self) -> Topology:
         """A copy that holds no session: what a ``foreachBatch`` function may carry (under
@@ -305,7 +311,7 @@ class Topology:
         number = len(self.stages) + 1
         stage_name = name or f"{WindowStage.kind}#{number}"
         closing = window_closing(stage_name, count, duration, slide, time, delay)
-        closing.check(stage_name, self.message_timeout_ms, self.tracking)
+        closing.check(stage_name, self.message_timeout_ms, self.mode)
         return self._add_holding(WindowStage, keys, aggs, closing, name=name, after=after)
 
     def join(
@@ -340,7 +346,7 @@ class Topology:
         keys = [on] if isinstance(on, str) else list(on)
         stage_name = name or f"{WaitingJoinStage.kind}#{len(self.stages) + 1}"
         within_ms = None if within is None else positive_ms(stage_name, "within", within)
-        check_within(stage_name, within_ms, self.message_timeout_ms, self.tracking)
+        check_within(stage_name, within_ms, self.message_timeout_ms, self.mode)
         return self._add_holding(
             WaitingJoinStage,
             left,
@@ -413,7 +419,7 @@ class Topology:
             "ackstream.topology": self.name,
             **self.channel.source_options(),
             "ackstream.messageTimeout": f"{self.message_timeout_ms}ms",
-            "ackstream.tracking": str(self.tracking and not self.continue_trees).lower(),
+            "ackstream.tracking": str(self.mode.own_roots).lower(),
         }
         idle = [s.idle_batch_ms for s in self.stages if s.idle_batch_ms is not None]
         if idle:  # a processing-time window closes on time: batches while roots wait
@@ -504,7 +510,7 @@ class Topology:
 
     def _check_input(self, tuples: DataFrame) -> None:
         missing = [c for c in TRACKED_COLUMNS if c not in tuples.columns]
-        if self.tracking and missing:
+        if self.mode.tracks and missing:
             raise StageError(
                 "input",
                 f"the input stream lacks the tracked column(s) {missing}; "
@@ -522,7 +528,8 @@ class Topology:
     ) -> RunningTopology:
         """Start the topology query over the tracked stream ``tuples`` (best made by
         :meth:`read_stream`) and, unless ``acker=False`` (an acker runs elsewhere) or
-        tracking is off, the acker query with the topology's ``ackers`` shards.
+        its roots are not its own (tracking off, or ``continue_trees``: the upstream
+        topology's acker acks), the acker query with the topology's ``ackers`` shards.
         Checkpoints go to ``<checkpoint>/topology`` and ``<checkpoint>/acker``.
 
         Before any query starts, every SQL and DataFrame stage is analysed against an
@@ -536,7 +543,7 @@ class Topology:
             tuples,
             checkpoint,
             trigger_ms=trigger_ms,
-            acker=acker and not self.continue_trees,  # the upstream topology's acker acks
+            acker=acker,
             acker_trigger_ms=acker_trigger_ms,
         )
         record_start(self, checkpoint)

@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.lineage import ANCHORS, EDGE, ROOT
-from ackstream.topology.bolts import anchor_list, is_multi_anchored, mint
+from ackstream.topology.anchoring import Anchoring, anchor_list, is_multi_anchored
 
 if TYPE_CHECKING:
     from ackstream.sinks.base import Sink
@@ -60,14 +60,15 @@ def subscribers(stages: Sequence, sinks: Sequence[SinkNode]) -> dict[str, list[s
 
 
 def subscriber_copies(
-    stream: DataFrame, producer: int, names: list[str], edges: bool
+    stream: DataFrame, producer: int, names: list[str], anchoring: Anchoring
 ) -> dict[str, DataFrame]:
     """Each subscriber's copy of ``stream`` (made by stage number ``producer``, 0 for
-    the spout): with edges and several subscribers, re-minted with an edge id of its
-    own, so that each subscriber's ack is needed; else the stream itself."""
-    if not edges or len(names) < 2:
+    the spout): with several subscribers, a child of the stream each (``anchoring``'s:
+    with edges, re-minted with an edge id of its own, so that each subscriber's ack is
+    needed); else the stream itself."""
+    if len(names) < 2:
         return {name: stream for name in names}
-    return {name: mint(stream, producer, -(i + 1)) for i, name in enumerate(names)}
+    return {name: anchoring.children(stream, producer, -(i + 1)) for i, name in enumerate(names)}
 
 
 def join_streams(streams: list[DataFrame]) -> DataFrame:

@@ -167,12 +167,12 @@ class Holding:
             )
         return self._stores[folder]
 
-    def holdable(self, df: DataFrame, tracking: bool, ctx: BatchContext) -> DataFrame:
+    def holdable(self, df: DataFrame, ctx: BatchContext) -> DataFrame:
         """``df`` as rows that can be held past the batch: a row that carries ``_group``
         (after an aggregate that was not asked for its roots) is anchored to its roots
         instead, as the aggregate's input that the group points to is gone after the
         batch."""
-        if tracking and GROUP in df.columns:
+        if ctx.mode.tracks and GROUP in df.columns:
             return anchored_to_roots(df, ctx.groups)
         return df
 
@@ -202,7 +202,7 @@ class Holding:
             given = F.when(F.col(FRESH), given).otherwise(F.col(HOLD))
         return rows.withColumn(_CONTENT, content_of(rows)).withColumn(HOLD, given).drop(_CONTENT)
 
-    def before(self, spark: SparkSession, tracking: bool, ctx: BatchContext) -> Before:
+    def before(self, spark: SparkSession, ctx: BatchContext) -> Before:
         """What the batch before this one left (see :class:`Before`): held rows whose
         root ended without an ack since the saved position, or held longer than the
         message timeout, are left out (their ids in ``Before.dropped``)."""
@@ -210,7 +210,7 @@ class Holding:
         if state is None:
             state = HeldState(None)
         held, position = state.rows, state.position
-        if not tracking:
+        if not ctx.mode.tracks:
             return Before(held, position, state.clock, log=state.log)
         cached: tuple[DataFrame, ...]  # none, or the held rows persisted
         fails, dropped, cached = None, [], ()
@@ -255,13 +255,13 @@ class Holding:
         ctx: BatchContext,
         before: Before,
         clock: int | None,
-        telescoped: bool,
     ) -> DataFrame | None:
         """Save what changed: of ``kept``, the rows still held after this batch, those
         that came in it; of ``released``, the ids of those held before (with the rows
         :meth:`before` dropped), with ``before``'s position and the closing's
-        ``clock``. Telescoped, returns the ``(root, value)`` pairs to ack, of the new
-        holds and of the released ones, XORed per root; otherwise None."""
+        ``clock``. When the mode's held tuples send hold records (telescoped), returns
+        the ``(root, value)`` pairs to ack, of the new holds and of the released ones,
+        XORed per root; otherwise None."""
         fresh = F.col(FRESH)
         let_go = released.where(~fresh)
         gone = let_go.select(HOLD)
@@ -270,7 +270,7 @@ class Holding:
         added = kept.where(fresh).drop(FRESH)
         state = HeldState(kept.drop(FRESH), before.position, clock)
         self.store(ctx.folder).save(ctx.batch_id, state, Changes(added, gone, before.log))
-        if not telescoped:
+        if not ctx.mode.hold_records:
             return None
         # one record per root: a held count has thousands of roots, and the collect to
         # the driver costs by the row (the ledger XORs a root's values all the same)

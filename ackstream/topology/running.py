@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
-from ackstream.acker.precombine import precombine
 from ackstream.acker.query import start_acker
 from ackstream.channels.base import Channel
 from ackstream.clock import now_ms
@@ -135,7 +134,8 @@ class BatchFunction:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         topology = self.topology
-        plans = topology.tracking and not topology.continue_trees  # its source tracks roots
+        mode = topology.mode
+        plans = mode.own_roots  # its source tracks roots: its offsets name them
         offsets = self._offsets(batch, batch_id, plans)
         batch = self._with_new_records(batch, offsets or [])
         planned = self._planned(offsets) if plans else None
@@ -149,7 +149,7 @@ class BatchFunction:
                     topology,
                     batch,
                     batch_id,
-                    planned if topology.mode.plans_inits else None,
+                    planned if mode.plans_inits else None,
                     counts,
                 )
         except Exception as error:
@@ -158,12 +158,7 @@ class BatchFunction:
             reason = failure_reason(error, deadline, self._stages())
             self._fail_batch(planned.inits, batch_id, reason)
             return
-        if topology.continue_trees and topology.tracking:  # upstream trees: their acker
-            table = records.table()
-            if table.num_rows:
-                topology.channel.write_acks(precombine(table))
-        elif topology.tracking:
-            topology.mode.report(records, topology.channel, batch_id)
+        mode.report(records, topology.channel, batch_id)
         if counts is not None:
             counts.add_to(os.path.join(self.offset_log, STAGE_COUNTS_FILE))
 
@@ -269,15 +264,16 @@ def start_topology(
     acker: bool,
     acker_trigger_ms: int | None,
 ) -> RunningTopology:
-    """Start the topology query over ``tuples`` and, unless ``acker=False`` or tracking
-    is off, the acker query; checkpoints under ``<checkpoint>/topology`` and ``/acker``."""
+    """Start the topology query over ``tuples`` and, unless ``acker=False`` or the
+    topology has no roots of its own (untracked, or an upstream topology's: their acker
+    acks), the acker query; checkpoints under ``<checkpoint>/topology`` and ``/acker``."""
     offset_log = os.path.join(checkpoint, "topology")
     function = BatchFunction(topology, offset_log)
     connect = is_connect(topology.spark)
     if connect:
         check_picklable(function, f"topology {topology.name!r}")
     acker_query = None
-    if acker and topology.tracking:
+    if acker and topology.mode.own_roots:
         acker_query = start_acker(
             topology.spark,
             topology.channel,

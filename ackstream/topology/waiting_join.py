@@ -63,9 +63,11 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, ROOT
+from ackstream.topology.anchoring import ANCHOR_TYPE
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.graph import join_streams
 from ackstream.topology.holding import FRESH, HELD_MS, Holding, roots_of
+from ackstream.topology.modes import Mode
 
 __all__ = ["HOW", "JoinColumns", "WaitingJoinStage", "check_within"]
 
@@ -75,7 +77,6 @@ SIDE = "_side"
 HOW = ("inner", "left")
 _MATCHED, _EXPIRED = "_matched", "_expired"
 _L_ROOTS, _L_EDGE, _R_ROOTS, _R_EDGE = "_l_roots", "_l_edge", "_r_roots", "_r_edge"
-_ANCHOR_TYPE = "array<struct<root:bigint,edge:bigint>>"
 
 
 @dataclass(frozen=True)
@@ -167,25 +168,18 @@ class WaitingJoinStage(Stage):
         )
         return join_streams([left, right])  # a row's roots in one place, whichever side
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         """The pairs this batch's and the held tuples make (and, a left join, the left
         tuples whose wait is over with nulls); saves what changed in the tuples held
-        (``context`` says where, and which roots finished). ``StageOutput.acked`` is
+        (``ctx`` says where, and which roots finished). ``StageOutput.acked`` is
         the tuples released or dropped (per-stage acks ack those, not the input),
         ``holds`` the ``(root, value)`` pairs of the new and released holds
         (telescoped) and ``fails`` the other roots of held tuples dropped."""
         columns = self.columns
-        if context is None or columns is None:
+        if columns is None:
             raise StageError(self.name, "a join runs inside a topology batch")
-        ctx = context
-        df = self.holding.holdable(df, tracking, ctx)
-        before = self.holding.before(df.sparkSession, tracking, ctx)
+        df = self.holding.holdable(df, ctx)
+        before = self.holding.before(df.sparkSession, ctx)
         keyed = functools.reduce(operator.and_, (F.col(k).isNotNull() for k in self.keys))
         new = self.holding.arriving(df.where(keyed), ctx)
         expired = F.lit(False)
@@ -203,48 +197,42 @@ class WaitingJoinStage(Stage):
         waits = ~F.col(_MATCHED) & ~F.col(_EXPIRED)
         kept = marked.where(waits).drop(_MATCHED, _EXPIRED)
         released = marked.where(~waits)
-        holds = self.holding.keep(kept, released, ctx, before, None, tracking and not edges)
-        out = self._pairs(marked.where(F.col(_MATCHED)), columns, tracking, edges)
+        holds = self.holding.keep(kept, released, ctx, before, None)
+        out = self._pairs(marked.where(F.col(_MATCHED)), columns, ctx.mode)
         if self.how == "left":
             lefts = (F.col(SIDE) == 0) & F.col(_EXPIRED)
             alone = marked.where(lefts).select(*df.columns)
             alone = alone.unionByName(df.where(~keyed & (F.col(SIDE) == 0)))
-            out = out.unionByName(self._alone(alone, columns, df, tracking, edges))
+            out = out.unionByName(self._alone(alone, columns, df, ctx.mode))
         cached = (marked, *before.cached)
-        if not tracking:
+        if not ctx.mode.tracks:
             return StageOutput(out, cached=cached)
-        if not edges:
-            return StageOutput(out, cached=cached, fails=before.fails, holds=holds)
-        lineage = [c for c in (ROOT, EDGE, ANCHORS) if c in df.columns]
-        acked = released.select(*lineage).unionByName(df.where(~keyed).select(*lineage))
-        return StageOutput(out, cached=cached, acked=acked, fails=before.fails)
+        acked = None
+        if ctx.mode.anchoring.edges:  # its acks name the edges of the tuples let go
+            lineage = [c for c in (ROOT, EDGE, ANCHORS) if c in df.columns]
+            acked = released.select(*lineage).unionByName(df.where(~keyed).select(*lineage))
+        return StageOutput(out, cached=cached, acked=acked, fails=before.fails, holds=holds)
 
-    def _pairs(
-        self, released: DataFrame, columns: JoinColumns, tracking: bool, edges: bool
-    ) -> DataFrame:
+    def _pairs(self, released: DataFrame, columns: JoinColumns, mode: Mode) -> DataFrame:
         """One row per (left, right) pair of the released tuples with equal keys."""
         sides = F.col(SIDE)
         roots = roots_of(released)
         left = released.where(sides == 0).select(
             *columns.keys,
             *columns.left,
-            *((roots.alias(_L_ROOTS), F.col(EDGE).alias(_L_EDGE)) if tracking else ()),
+            *((roots.alias(_L_ROOTS), F.col(EDGE).alias(_L_EDGE)) if mode.tracks else ()),
         )
         right = released.where(sides == 1).select(
             *columns.keys,
             *columns.right,
-            *((roots.alias(_R_ROOTS), F.col(EDGE).alias(_R_EDGE)) if tracking else ()),
+            *((roots.alias(_R_ROOTS), F.col(EDGE).alias(_R_EDGE)) if mode.tracks else ()),
         )
         joined = left.join(right, list(columns.keys))
         payload = [*columns.keys, *columns.left, *columns.right]
-        if not tracking:
+        if not mode.tracks:
             return joined.select(*payload)
         null = F.lit(None).cast("long")
-        edge = (
-            F.xxhash64(F.col(_L_EDGE), F.lit(self.number).cast("long"), F.col(_R_EDGE))
-            if edges
-            else null
-        )
+        edge = mode.anchoring.edge(F.col(_L_EDGE), F.lit(self.number).cast("long"), F.col(_R_EDGE))
         both = F.array_distinct(F.concat(F.col(_L_ROOTS), F.col(_R_ROOTS)))  # longs: hashed
         return joined.select(*payload, null.alias(ROOT), edge.alias(EDGE), _anchors(both, edge))
 
@@ -253,27 +241,24 @@ class WaitingJoinStage(Stage):
         lefts: DataFrame,
         columns: JoinColumns,
         combined: DataFrame,
-        tracking: bool,
-        edges: bool,
+        mode: Mode,
     ) -> DataFrame:
         """Left tuples without a match as output rows: nulls for the right side's
         columns; per stage the child's edge is ``xxhash64(left edge, stage)``."""
         nulls = [F.lit(None).cast(combined.schema[c].dataType).alias(c) for c in columns.right]
         payload: list[Column | str] = [*columns.keys, *columns.left, *nulls]
-        if not tracking:
+        if not mode.tracks:
             return lefts.select(*payload)
         null = F.lit(None).cast("long")
-        edge = F.xxhash64(F.col(EDGE), F.lit(self.number).cast("long")) if edges else null
+        edge = mode.anchoring.edge(F.col(EDGE), F.lit(self.number).cast("long"))
         roots = F.array_distinct(roots_of(lefts))
         return lefts.select(*payload, null.alias(ROOT), edge.alias(EDGE), _anchors(roots, edge))
 
 
-def check_within(
-    stage: str, within_ms: int | None, message_timeout_ms: int, tracking: bool
-) -> None:
-    """Refuse a bound that lets a tuple wait past its message timeout: it may wait for
-    the bound, then up to one idle batch's interval (the bound) and a batch."""
-    if within_ms is None or not tracking:
+def check_within(stage: str, within_ms: int | None, message_timeout_ms: int, mode: Mode) -> None:
+    """Refuse a bound that lets a tracked tuple wait past its message timeout: it may
+    wait for the bound, then up to one idle batch's interval (the bound) and a batch."""
+    if within_ms is None or not mode.tracks:
         return
     held = 2 * within_ms
     if held > message_timeout_ms:
@@ -288,4 +273,4 @@ def check_within(
 def _anchors(roots: Column, edge: Column) -> Column:
     """``_anchors``: one entry per root, each with ``edge``."""
     anchors = F.transform(roots, lambda r: F.struct(r.alias("root"), edge.alias("edge")))
-    return anchors.cast(_ANCHOR_TYPE).alias(ANCHORS)
+    return anchors.cast(ANCHOR_TYPE).alias(ANCHORS)

@@ -31,20 +31,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, EDGE, GROUP, REASON, ROOT
-from ackstream.topology.bolts import (
-    BatchContext,
-    GroupInput,
-    Stage,
-    StageOutput,
-    anchor_list,
-)
+from ackstream.lineage import REASON
+from ackstream.topology.anchoring import Grouping
+from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.holding import Holding
 from ackstream.topology.window_closing import SINCE, Closing
 
 __all__ = ["WindowStage"]
-
-_GROUP_ID = "_group_id"
 
 
 class WindowStage(Stage):
@@ -68,24 +61,15 @@ class WindowStage(Stage):
             raise StageError(self.name, "needs at least one aggregate expression")
         self.holding = Holding(self.name, number, self.kind)
 
-    def run(
-        self,
-        df: DataFrame,
-        tracking: bool,
-        edges: bool = True,
-        context: BatchContext | None = None,
-    ) -> StageOutput:
+    def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         """The windows this batch closes, from the tuples held before it and ``df``;
-        saves what stays held (``context`` says where, and which roots finished).
+        saves what stays held (``ctx`` says where, and which roots finished).
         ``StageOutput.acked`` is the tuples released (per-stage acks ack those, not the
         input), ``holds`` the ``(root, value)`` pairs of the new and released holds
         (telescoped), ``fails`` the other roots of held tuples dropped and ``rejected``
         the late tuples."""
-        if context is None:
-            raise StageError(self.name, "a window runs inside a topology batch")
-        ctx = context
-        df = self.holding.holdable(df, tracking, ctx)
-        before = self.holding.before(df.sparkSession, tracking, ctx)
+        df = self.holding.holdable(df, ctx)
+        before = self.holding.before(df.sparkSession, ctx)
         stamped = self.holding.stamp(self.holding.arriving(df, ctx), self.keys, ctx)
         new = self.closing.stamp(
             stamped.withColumn(SINCE, F.lit(ctx.batch_id).cast("long")), ctx.now_ms, self.name
@@ -93,47 +77,21 @@ class WindowStage(Stage):
         closed = self.closing.close(
             before.and_new(new), self.keys, before.clock, ctx.now_ms, self.name
         )
-        holds = self.holding.keep(
-            closed.kept, closed.released, ctx, before, closed.clock, tracking and not edges
+        holds = self.holding.keep(closed.kept, closed.released, ctx, before, closed.clock)
+        grouping = Grouping(
+            self.number, self.keys, self.aggs, closed.group_columns, closed.window_id
         )
-        windows = closed.windows
-        grouped = windows.groupBy(*self.keys, *closed.group_columns)
+        out, groups = ctx.mode.anchoring.grouped(grouping, closed.windows)
+        out = out.drop(*closed.hidden)
         cached = (*closed.cached, *before.cached)
-        if not tracking:
-            return StageOutput(grouped.agg(*self.aggs).drop(*closed.hidden), cached=cached)
-        rejected = None if closed.late is None else closed.late.select(*df.columns, REASON)
-        null = F.lit(None).cast("long")
-        if not edges:  # telescoped: roots only if the row fails, as an aggregate's
-            group_id = F.xxhash64(
-                *(F.col(k) if isinstance(k, str) else k for k in self.keys), closed.window_id
-            )
-            group = F.struct(F.lit(self.number).alias("stage"), F.first(_GROUP_ID).alias("id"))
-            out = (
-                windows.withColumn(_GROUP_ID, group_id)
-                .groupBy(*self.keys, *closed.group_columns)
-                .agg(*self.aggs, group.alias(GROUP), null.alias(EDGE), null.alias(ROOT))
-            )
-            return StageOutput(
-                out.drop(*closed.hidden),
-                rejected=rejected,
-                cached=cached,
-                groups=GroupInput(windows, group_id),
-                fails=before.fails,
-                holds=holds,
-            )
-        # a tuple in several windows gets a child edge per window, so no two cancel
-        pair = F.xxhash64(
-            F.col(EDGE).cast("long"), F.lit(self.number).cast("long"), closed.window_id
-        )
-        anchors = F.flatten(F.collect_list(anchor_list(windows, pair)))
-        edge = F.xxhash64(
-            F.bit_xor(EDGE), F.lit(self.number).cast("long"), F.first(closed.window_id)
-        )
-        out = grouped.agg(*self.aggs, anchors.alias(ANCHORS), edge.alias(EDGE), null.alias(ROOT))
+        if not ctx.mode.tracks:
+            return StageOutput(out, cached=cached)
         return StageOutput(
-            out.drop(*closed.hidden),
-            rejected=rejected,
+            out,
+            rejected=None if closed.late is None else closed.late.select(*df.columns, REASON),
             cached=cached,
+            groups=groups,
             acked=closed.released,
             fails=before.fails,
+            holds=holds,
         )

@@ -36,6 +36,7 @@ from ackstream.config import parse_duration_ms
 from ackstream.errors import OptionError, StageError
 from ackstream.lineage import REASON
 from ackstream.topology.held_store import HOLD
+from ackstream.topology.modes import Mode
 
 __all__ = [
     "Closed",
@@ -86,8 +87,8 @@ class Closing(Protocol):
     #: flight, so this window closes on time (None: it closes only on new tuples)
     idle_batch_ms: int | None
 
-    def check(self, stage: str, message_timeout_ms: int, tracking: bool) -> None:
-        """Refuse a window that cannot close before its tuples' roots time out."""
+    def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
+        """Refuse a window that cannot close before its tracked tuples' roots time out."""
 
     def stamp(self, new: DataFrame, now_ms: int, stage: str) -> DataFrame:
         """``new`` (this batch's input tuples) with the columns this rule keeps."""
@@ -107,7 +108,7 @@ class CountClosing:
     def __init__(self, count: int):
         self.count = count
 
-    def check(self, stage: str, message_timeout_ms: int, tracking: bool) -> None:
+    def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
         return None
 
     def stamp(self, new: DataFrame, now_ms: int, stage: str) -> DataFrame:
@@ -150,7 +151,7 @@ class TimeClosing:
         self.time, self.delay_ms = time, delay_ms
         self.idle_batch_ms = slide_ms if time is None else None
 
-    def check(self, stage: str, message_timeout_ms: int, tracking: bool) -> None:
+    def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
         if self.slide_ms > self.duration_ms:
             raise StageError(
                 stage,
@@ -160,7 +161,7 @@ class TimeClosing:
         # Storm's rule, for windows on processing and on event time alike: an event-time
         # window holds its tuples at least as long, plus the watermark's delay
         held = self.duration_ms + self.slide_ms + self.delay_ms
-        if tracking and held > message_timeout_ms:
+        if mode.tracks and held > message_timeout_ms:
             what = "the window plus its slide" + (" and delay" if self.delay_ms else "")
             raise StageError(
                 stage,

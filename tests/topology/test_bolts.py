@@ -14,9 +14,11 @@ from ackstream.records import ACK_RECORD_SCHEMA, FAIL, INIT
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import TupleGraph, settle, tracked_frame
 from ackstream.topology import Topology
-from ackstream.topology.batch import ACK_MODES, init_records
-from ackstream.topology.batch import ack_records as records_of
-from ackstream.topology.bolts import AggregateStage, ExplodeStage, anchor_pairs
+from ackstream.topology.anchoring import anchor_pairs
+from ackstream.topology.batch import init_records
+from ackstream.topology.bolts import AggregateStage, BatchContext, ExplodeStage
+from ackstream.topology.modes import ACK_MODES, PER_STAGE
+from ackstream.topology.modes import ack_records as records_of
 
 pytestmark = pytest.mark.spark
 
@@ -47,6 +49,8 @@ def word_count(spark, sink, **kw):
 
 
 MODES = pytest.mark.parametrize("ack_mode", sorted(ACK_MODES))
+#: batch 0 of a per-stage topology, at time 0, as a stage run alone sees it
+PER_STAGE_BATCH = BatchContext(PER_STAGE, 0, 0, None, 30_000, None)
 
 
 @MODES
@@ -99,8 +103,8 @@ def test_reject_where_rejects_undecodable_and_null_values_with_their_reason(spar
 def test_explode_children_have_distinct_reproducible_edges(spark):
     df = tracked_frame(spark, ["x y z", "x"])
     stage = ExplodeStage(3, F.split("value", " "), "word")
-    first = stage.run(df, tracking=True).tuples.collect()
-    again = stage.run(df, tracking=True).tuples.collect()
+    first = stage.run(df, PER_STAGE_BATCH).tuples.collect()
+    again = stage.run(df, PER_STAGE_BATCH).tuples.collect()
     assert sorted(r["_edge"] for r in first) == sorted(r["_edge"] for r in again)
     assert len({r["_edge"] for r in first}) == 4
     spout = {r["offset"]: r["_edge"] for r in df.collect()}
@@ -120,7 +124,7 @@ def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark)
     the XOR of the (parent, child) edges of its parents, as in TupleGraph."""
     df = tracked_frame(spark, ["k1", "k2", "k1", "k3"]).withColumn("k", F.col("value"))
     stage = AggregateStage(1, ["k"], [F.count("*").alias("n")])
-    out = stage.run(df, tracking=True).tuples
+    out = stage.run(df, PER_STAGE_BATCH).tuples
     now = 0
     partial = union_all(
         [

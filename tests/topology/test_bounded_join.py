@@ -14,7 +14,7 @@ from ackstream.records import ACKED, NOTICES
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import tracked_frame, wait_until_settled
 from ackstream.topology import Topology
-from ackstream.topology.batch import ACK_MODES
+from ackstream.topology.modes import ACK_MODES
 
 from helpers import through_ledger as ledger
 

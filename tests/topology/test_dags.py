@@ -7,7 +7,7 @@ from ackstream.errors import StageError
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import settle, tracked_frame, wait_until_settled
 from ackstream.topology import Topology
-from ackstream.topology.batch import ACK_MODES
+from ackstream.topology.modes import ACK_MODES
 
 MODES = pytest.mark.parametrize("ack_mode", sorted(ACK_MODES))
 LINES = ["a b", "b boom", "", "c"]

@@ -15,7 +15,8 @@ from ackstream.records import ACKED, FAILED, NOTICES, TIMED_OUT
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import settle, tracked_frame, wait_until_settled
 from ackstream.topology import Topology
-from ackstream.topology.batch import ACK_MODES
+from ackstream.topology.bolts import BatchContext
+from ackstream.topology.modes import ACK_MODES, TELESCOPED
 
 from helpers import through_ledger as ledger
 
@@ -391,11 +392,11 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
 def test_two_equal_tuples_of_one_root_held_get_ids_that_do_not_cancel(spark):
     """A root's XOR would close early if two of its held tuples shared a hold id; a tuple
     without a root gets an id too (the store names it when it is released)."""
-    from ackstream.topology.bolts import BatchContext
     from ackstream.topology.holding import Holding
 
     rows = spark.createDataFrame([(7, "a"), (7, "a"), (None, "b")], "_root long, v string")
-    stamped = Holding("w", 2, "window").stamp(rows, ["v"], BatchContext(5, 0, None, 1, None))
+    batch = BatchContext(TELESCOPED, 5, 0, None, 1, None)
+    stamped = Holding("w", 2, "window").stamp(rows, ["v"], batch)
     ids = [r["_hold"] for r in stamped.collect()]
     assert None not in ids and len(set(ids)) == 3
 
@@ -445,11 +446,12 @@ def test_an_aggregate_a_window_reads_collects_its_rows_roots_itself(spark):
     )
     plain = Topology("agg", spark, None).aggregate("value", F.count("*").alias("n"))
     batch = tracked_frame(spark, ["a", "b", "a"])
-    counts = topology.stages[0].run(batch, tracking=True, edges=False)
+    telescoped = BatchContext(TELESCOPED, 0, 0, None, 30_000, None)
+    counts = topology.stages[0].run(batch, telescoped)
     assert counts.groups is None and "_group" not in counts.tuples.columns
     anchored = {
         r["value"]: sorted(a["root"] for a in r["_anchors"]) for r in counts.tuples.collect()
     }
     a0, b, a2 = roots(batch)
     assert anchored == {"a": sorted([a0, a2]), "b": [b]}
-    assert "_group" in plain.stages[0].run(batch, tracking=True, edges=False).tuples.columns
+    assert "_group" in plain.stages[0].run(batch, telescoped).tuples.columns
