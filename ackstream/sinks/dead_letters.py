@@ -1,7 +1,8 @@
 """Dead letters: records that failed on their last allowed attempt, with why and how often.
 
-Two writers with one ``write(letters, records)`` call, both returning only once the
-letters are durable (the source then counts those records as done):
+Two writers of one protocol, :class:`DeadLetterWriter` (``write(letters, records)``,
+returning only once the letters are durable: the source then counts those records as
+done, and ``close()``):
 
 - :class:`KafkaDeadLetters`: one message per record on the dead-letter topic, the
   original key, value and headers, then headers ``ackstream.reason``,
@@ -23,7 +24,8 @@ letters are durable (the source then counts those records as done):
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,6 +41,9 @@ from ackstream.kafka.topics import CHECK_EVERY_S, deleted_topics
 __all__ = [
     "CONNECT_ERRORS",
     "DEAD_LETTER_SCHEMA",
+    "DeadLetterWriter",
+    "Letter",
+    "LetterRecords",
     "KafkaDeadLetters",
     "ParquetDeadLetters",
     "read_dead_letters",
@@ -68,7 +73,41 @@ DEAD_LETTER_SCHEMA = pa.schema(
 )
 
 
-def _rows(topology, letters, records):
+class Letter(Protocol):
+    """What a writer reads of a dead letter (the source's ``DeadLetter``): the record's
+    coordinates, how many times it was emitted, and why it is dead."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+
+
+#: The records of the letters, as the source fetched them again: ``((topic, partition),
+#: offset) -> (key, value, timestamp ms[, headers])``; a letter whose record is missing
+#: is written without its key and value.
+LetterRecords = Mapping[tuple[tuple[str, int], int], tuple]
+
+
+class DeadLetterWriter(Protocol):
+    """Where a source's dead letters go (``tests/sinks/test_dead_letter_contract.py``
+    holds every writer to this): ``write`` returns only once every letter is durable,
+    and they read back with :func:`read_dead_letters` with every field of
+    :data:`DEAD_LETTER_SCHEMA`; no letters, nothing written; ``close`` releases what
+    the writer holds."""
+
+    def write(self, letters: Sequence[Letter], records: LetterRecords) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _rows(topology: str, letters: Sequence[Letter], records: LetterRecords):
     for letter in letters:
         key, value, ts, *rest = records.get(
             ((letter.topic, letter.partition), letter.offset), (None, None, None)
@@ -115,7 +154,7 @@ class ParquetDeadLetters:
     def __init__(self, directory: str, topology: str):
         self.directory, self.topology = directory, topology
 
-    def write(self, letters, records) -> None:
+    def write(self, letters: Sequence[Letter], records: LetterRecords) -> None:
         if not letters:
             return
         os.makedirs(self.directory, exist_ok=True)
@@ -163,7 +202,9 @@ class KafkaDeadLetters:
         self._lister: Any = None  # a consumer that lists the topics, made at the first write
         self._written = False  # the topic exists: a letter was written to it
 
-    def write(self, letters, records) -> None:
+    def write(self, letters: Sequence[Letter], records: LetterRecords) -> None:
+        if not letters:
+            return
         self._check_not_deleted()
         rows = list(_rows(self.topology, letters, records))
         try:

@@ -40,7 +40,7 @@ from ackstream.config import SourceConfig, default_tick_ms
 from ackstream.errors import AckstreamError, OptionError
 from ackstream.kafka.settings import kafka_options_of
 from ackstream.records import caught_up_ms, tick
-from ackstream.sinks.dead_letters import KafkaDeadLetters, ParquetDeadLetters
+from ackstream.sinks.dead_letters import DeadLetterWriter, KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
 from ackstream.sources.offsets import spark_reads_replays
 from ackstream.sources.rows import TP
@@ -201,7 +201,7 @@ class Spout:
         # outcomes counted up to the logged position, whose later completions are read again
         self.tracker.counts.update(offset.get("counts", {}))
         self.position = offset.get("done", -1)
-        self.letters: KafkaDeadLetters | ParquetDeadLetters | None = None
+        self.letters: DeadLetterWriter | None = None
         self._dead_since_snapshot = False
         self._planned_ms = clock()  # when the last offset was planned
         self._ticked_ms = 0
