@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
@@ -156,9 +157,9 @@ class BatchRun:
             resets = UpstreamResets(self.topology.channel, self.upstream)
             self.context = replace(self.context, resets=resets)
         if self.read_inits:
-            self.frames.append(init_records(spout, self.now, self.mode.anchoring.edges))
+            self.frames.append(init_records(spout, self.mode.anchoring.edges))
         if held and self.watch is None:
-            self.frames += held_back_acks(spout.where(f"{REASON} IS NOT NULL"), self.mode, self.now)
+            self.frames += held_back_acks(spout.where(f"{REASON} IS NOT NULL"), self.mode)
         if REASON in batch.columns:  # no stage sees a held-back row or the column
             spout = spout.where(f"{REASON} IS NULL").drop(REASON)
         self._publish(spout, SPOUT, 0)
@@ -186,7 +187,7 @@ class BatchRun:
         streams = list(self.copies.pop(node.name).values())
         outputs = self._count(join_streams(streams), node, "in")
         written = _write_sink(
-            self.topology, node, outputs, self.batch_id, self.now, self.groups, self.upstream
+            self.topology, node, outputs, self.batch_id, self.groups, self.upstream
         )
         self.frames += written.frames
         self.tables += written.tables
@@ -196,7 +197,7 @@ class BatchRun:
         """The held-back rows' acks, when the sink's job did not count them (or some)."""
         if self.watch is not None and self.watch.held() != 0:
             held = batch.where(f"{REASON} IS NOT NULL")
-            self.frames += held_back_acks(held, self.mode, self.now)
+            self.frames += held_back_acks(held, self.mode)
 
     def records(self) -> BatchRecords:
         """The batch's ack records, in one Spark job; when this topology continues
@@ -206,8 +207,11 @@ class BatchRun:
             return BatchRecords(None, ACK_RECORD_SCHEMA.empty_table())
         tables = list(self.tables)
         if self.frames:
-            collected = _union_all(self.frames).toArrow()
-            tables.append(as_table(collected, ACK_RECORD_SCHEMA))
+            collected = as_table(_union_all(self.frames).toArrow(), ACK_RECORD_SCHEMA)
+            # the batch's time set here, not in the plans: a long literal that changes
+            # every batch would have Spark compile the collecting job's code every batch
+            at = collected.schema.get_field_index("ts")
+            tables.append(collected.set_column(at, "ts", pc.fill_null(collected["ts"], self.now)))
         rest = pa.concat_tables(tables) if tables else ACK_RECORD_SCHEMA.empty_table()
         if self.upstream is not None:
             local = translate(precombine(rest), self.upstream, self.now)
@@ -222,27 +226,27 @@ class BatchRun:
 
     def _gather_stage_acks(self, tuples: DataFrame, out: StageOutput, children: DataFrame) -> None:
         acked = tuples if out.acked is None else out.acked
-        self.frames += self.mode.stage_acks(acked, children, self.now)
+        self.frames += self.mode.stage_acks(acked, children)
         if out.holds is not None:
-            self.frames.append(ack_records(out.holds, ACK, self.now))
+            self.frames.append(ack_records(out.holds, ACK))
         if out.fails is not None:
-            self.frames.append(ack_records(out.fails, FAIL, self.now))
+            self.frames.append(ack_records(out.fails, FAIL))
         if out.failed is not None:
-            self.frames.append(ack_records(failed_roots(out.failed, self.groups), FAIL, self.now))
+            self.frames.append(ack_records(failed_roots(out.failed, self.groups), FAIL))
         if out.rejected is not None:
             rejected = failed_roots(out.rejected, self.groups)
-            self.frames.append(ack_records(rejected, REJECT, self.now))
+            self.frames.append(ack_records(rejected, REJECT))
 
     def _publish(self, stream: DataFrame, name: str, number: int) -> None:
         """Hand ``stream`` to its subscribers; a stream nobody reads is acked."""
         names = self.subs[name]
         if not names:
-            self.frames += self.mode.sink_acks(stream, self.now)
+            self.frames += self.mode.sink_acks(stream)
         handed = subscriber_copies(stream, number, names, self.mode.anchoring)
         if self.mode.anchoring.edges and len(names) > 1:
             # the fan-out acks the stream and emits the copies
             copies = _union_all(list(handed.values()))
-            self.frames += self.mode.stage_acks(stream, copies, self.now)
+            self.frames += self.mode.stage_acks(stream, copies)
         for subscriber, copy in handed.items():
             self.copies.setdefault(subscriber, {})[name] = copy
 
@@ -271,7 +275,6 @@ def _write_sink(
     node: SinkNode,
     outputs: DataFrame,
     batch_id: int,
-    now: int,
     groups: dict[int, GroupInput],
     upstream: dict | None = None,
 ) -> SinkAcks:
@@ -308,13 +311,13 @@ def _write_sink(
         reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"
     if not topology.mode.tracks:
         return SinkAcks([], [], [])
-    acks = SinkAcks(topology.mode.sink_acks(outputs, now), [], [])
+    acks = SinkAcks(topology.mode.sink_acks(outputs), [], [])
     if isinstance(unwritten, pa.Table) and unwritten.num_rows:
         unwritten = outputs.sparkSession.createDataFrame(unwritten)
     if isinstance(unwritten, DataFrame):
         if REASON not in unwritten.columns:
             unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
-        acks.frames.append(ack_records(failed_roots(unwritten, groups), FAIL, now))
+        acks.frames.append(ack_records(failed_roots(unwritten, groups), FAIL))
     if continued is not None and continued.num_rows:
         (acks.tables if upstream is None else acks.passed_on).append(continued)
     return acks
@@ -367,16 +370,16 @@ def continued_lineage(spout: DataFrame, name: str) -> dict:
     return found
 
 
-def held_back_acks(held: DataFrame, mode: Mode, now: int) -> list[DataFrame]:
+def held_back_acks(held: DataFrame, mode: Mode) -> list[DataFrame]:
     """The ack records of the rows the source held back from the bolts (see
     ``ackstream.sources.rows``): an offset with no record is acked as if the sink had
     written it; any other is rejected with its ``_reason`` (no replay)."""
     no_record = f"{REASON} = '{NO_RECORD}'"
     rejected = held.where(f"NOT ({no_record})").selectExpr(f"{ROOT} AS root", f"{REASON} AS reason")
-    return [ack_records(rejected, REJECT, now), *mode.sink_acks(held.where(no_record), now)]
+    return [ack_records(rejected, REJECT), *mode.sink_acks(held.where(no_record))]
 
 
-def init_records(tuples: DataFrame, now: int, with_edges: bool = True) -> DataFrame:
+def init_records(tuples: DataFrame, with_edges: bool = True) -> DataFrame:
     """The spout's init record per input tuple: value = its edge id (0 when the acks
     of the whole batch were telescoped into it), with the source coordinates."""
     value = EDGE if with_edges else "0L"
@@ -388,7 +391,7 @@ def init_records(tuples: DataFrame, now: int, with_edges: bool = True) -> DataFr
         "partition",
         "offset",
         f"{ATTEMPT} AS attempt",
-        f"{now}L AS ts",
+        "CAST(NULL AS long) AS ts",  # the batch's time: set on the driver
         "CAST(NULL AS string) AS reason",
     )
 

@@ -97,11 +97,11 @@ class Mode:
     #: its own, no edge's ack doing it (see :mod:`ackstream.topology.holding`)
     hold_records: bool = False
 
-    def stage_acks(self, inputs: DataFrame, children: DataFrame, now: int) -> list[DataFrame]:
+    def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         """The ack records a stage sends for its inputs, given the children it emitted."""
         return []
 
-    def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
+    def sink_acks(self, outputs: DataFrame) -> list[DataFrame]:
         """The ack records of the tuples the sink wrote."""
         return []
 
@@ -138,16 +138,16 @@ class Telescoped(Mode):
 class PerStage(Mode):
     name, anchoring = "per_stage", BY_EDGES
 
-    def stage_acks(self, inputs: DataFrame, children: DataFrame, now: int) -> list[DataFrame]:
+    def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         # Storm's ack of every input tuple: its own anchor pairs, XOR the edges of the
         # children it emitted (the children's anchor pairs)
         return [
-            ack_records(anchor_pairs(inputs), ACK, now),
-            ack_records(anchor_pairs(children), ACK, now),
+            ack_records(anchor_pairs(inputs), ACK),
+            ack_records(anchor_pairs(children), ACK),
         ]
 
-    def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
-        return [ack_records(anchor_pairs(outputs), ACK, now)]
+    def sink_acks(self, outputs: DataFrame) -> list[DataFrame]:
+        return [ack_records(anchor_pairs(outputs), ACK)]
 
     def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         _to_acker(records, channel)
@@ -164,11 +164,11 @@ class Continuing(Mode):
         self.acks = acks
         self.name, self.anchoring, self.hold_records = acks.name, acks.anchoring, acks.hold_records
 
-    def stage_acks(self, inputs: DataFrame, children: DataFrame, now: int) -> list[DataFrame]:
-        return self.acks.stage_acks(inputs, children, now)
+    def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
+        return self.acks.stage_acks(inputs, children)
 
-    def sink_acks(self, outputs: DataFrame, now: int) -> list[DataFrame]:
-        return self.acks.sink_acks(outputs, now)
+    def sink_acks(self, outputs: DataFrame) -> list[DataFrame]:
+        return self.acks.sink_acks(outputs)
 
     def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         _to_acker(records, channel)
@@ -202,11 +202,12 @@ def mode_of(tracking: bool, acks: str, continue_trees: bool) -> Mode:
     return Continuing(mode) if continue_trees else mode
 
 
-def ack_records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
+def ack_records(pairs: DataFrame, kind: int) -> DataFrame:
     """Ack records from ``(root, value)`` rows (``(root, reason)`` for fails and rejects),
-    no coordinates. SQL text, and no casts but of constants: each Column object is a
-    call to the JVM, and a cast of a column costs the collecting job (up to a third at
-    10,000 rows); the union widens the types and pre-combination fixes them."""
+    no coordinates and no time (the batch sets it on the driver: see ``BatchRun.records``).
+    SQL text, and no casts but of constants: each Column object is a call to the JVM, and
+    a cast of a column costs the collecting job (up to a third at 10,000 rows); the union
+    widens the types and pre-combination fixes them."""
     acking = kind not in (FAIL, REJECT)
     return pairs.selectExpr(
         "root",
@@ -216,6 +217,6 @@ def ack_records(pairs: DataFrame, kind: int, now: int) -> DataFrame:
         "CAST(NULL AS int) AS partition",
         "CAST(NULL AS long) AS offset",
         "CAST(NULL AS long) AS attempt",
-        f"{now}L AS ts",
+        "CAST(NULL AS long) AS ts",
         f"{'CAST(NULL AS string)' if acking else 'reason'} AS reason",
     )
