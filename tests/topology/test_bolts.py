@@ -119,20 +119,20 @@ def union_all(frames):
     return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
 
+def collected(frames):
+    """Ack records as a batch collects them, its time (here 0) set on the driver."""
+    return union_all(frames).toPandas().fillna({"ts": 0})
+
+
 def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark):
     """Storm's multi-anchoring: before the output rows are acked, each root's value is
     the XOR of the (parent, child) edges of its parents, as in TupleGraph."""
     df = tracked_frame(spark, ["k1", "k2", "k1", "k3"]).withColumn("k", F.col("value"))
     stage = AggregateStage(1, ["k"], [F.count("*").alias("n")])
     out = stage.run(df, PER_STAGE_BATCH).tuples
-    now = 0
-    partial = union_all(
-        [
-            init_records(df, now),
-            records_of(anchor_pairs(df), 0, now),
-            records_of(anchor_pairs(out), 0, now),
-        ]
-    ).toPandas()
+    partial = collected(
+        [init_records(df), records_of(anchor_pairs(df), 0), records_of(anchor_pairs(out), 0)]
+    )
     outcome = settle(partial)
     assert set(outcome.values()) == {"pending"}
     rows = out.collect()
@@ -149,15 +149,15 @@ def test_aggregate_anchors_each_output_row_to_all_its_inputs_across_roots(spark)
     assert set(settle(model).values()) == {"acked"}
 
     stage_and_sink = [
-        init_records(df, now),
-        records_of(anchor_pairs(df), 0, now),
-        records_of(anchor_pairs(out), 0, now),
-        records_of(anchor_pairs(out), 0, now),
+        init_records(df),
+        records_of(anchor_pairs(df), 0),
+        records_of(anchor_pairs(out), 0),
+        records_of(anchor_pairs(out), 0),
     ]
-    assert set(settle(union_all(stage_and_sink).toPandas()).values()) == {"acked"}
+    assert set(settle(collected(stage_and_sink)).values()) == {"acked"}
     # an output row acked twice cancels its own ack: its roots stay pending, never acked
-    twice = stage_and_sink + [records_of(anchor_pairs(out.where("k = 'k1'")), 0, now)]
-    outcome = settle(union_all(twice).toPandas())
+    twice = stage_and_sink + [records_of(anchor_pairs(out.where("k = 'k1'")), 0)]
+    outcome = settle(collected(twice))
     assert sorted(outcome.values()) == ["acked", "acked", "pending", "pending"]
 
 
