@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from e2e import sentences  # noqa: E402
+from e2e import save, sentences  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from ackstream import MemorySink, Topology, local_session  # noqa: E402
@@ -121,12 +121,9 @@ def main() -> None:
         "summary": summary,
         "runs": runs,
     }
-    line = json.dumps(out)
-    print(line)
+    print(json.dumps(out))
     if not args.no_save:
-        path = os.path.join(HERE, "results", f"holding-{out['date']}.json")
-        with open(path, "w") as f:
-            f.write(line + "\n")
+        print(f"holding: written to {save(out, None, 'holding')}", file=sys.stderr)
     spark.stop()
     if folder is not None:
         shutil.rmtree(folder)

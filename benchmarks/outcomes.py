@@ -11,7 +11,7 @@ offset, as the completion channel gives them (a ``root``, the record's coordinat
 Each repeat starts from a fresh tracker and reports the CPU and wall seconds of
 ``complete`` and ``expire``; the figure is outcomes per CPU second (median, with the
 spread). Checks every outcome was applied (acked and timed-out counts). Prints one
-JSON line and writes it to ``benchmarks/results/outcomes-<date>.json``.
+JSON line and writes it to ``benchmarks/results/outcomes-<date>.json`` (a new file a run).
 
     .venv/bin/python benchmarks/outcomes.py [--partitions N] [--records N]
         [--every N] [--repeats N] [--no-save]
@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from acker import machine  # noqa: E402
+from e2e import save  # noqa: E402
 
 from ackstream import ids  # noqa: E402
 from ackstream.config import RetryPolicy  # noqa: E402
@@ -123,12 +124,9 @@ def main(argv: list[str] | None = None) -> dict:
         "complete_wall_s_median": statistics.median(r["complete_wall_s"] for r in runs),
         "runs": runs,
     }
-    line = json.dumps(out)
-    print(line)
+    print(json.dumps(out))
     if not args.no_save:
-        path = os.path.join(HERE, "results", f"outcomes-{out['date']}.json")
-        with open(path, "a") as f:
-            f.write(line + "\n")
+        print(f"outcomes: written to {save(out, None, 'outcomes')}", file=sys.stderr)
     return out
 
 
