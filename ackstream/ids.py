@@ -73,7 +73,7 @@ def hash_longs(*columns, seed=SEED) -> np.ndarray:
     """
     arrays = [np.asarray(c, dtype=np.int64) for c in columns]
     n = np.broadcast_shapes(*(a.shape for a in arrays), np.shape(seed))
-    rows = np.atleast_1d(np.empty(n, np.int8)).shape  # a scalar as one row: hashed in place
+    rows = n or (1,)  # a scalar as one row: hashed in place
     h = np.broadcast_to(np.asarray(seed, dtype=np.int64), rows).view(np.uint64).copy()
     with np.errstate(over="ignore"):
         for a in arrays:

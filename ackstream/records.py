@@ -38,6 +38,7 @@ __all__ = [
     "REJECTED",
     "RESET",
     "STATUSES",
+    "timed",
     "TICK",
     "TIMED_OUT",
     "UNKNOWN",
@@ -152,6 +153,14 @@ def as_table(records, schema: pa.Schema) -> pa.Table:
             field = schema.field(name)
             records = records.append_column(field, pa.nulls(records.num_rows, field.type))
     return records.select(schema.names).cast(schema)
+
+
+def timed(records: pa.Table, now_ms: int) -> pa.Table:
+    """``records`` with ``now_ms`` as the time (``ts``) of those that carry none."""
+    if not records.column("ts").null_count:
+        return records
+    at = records.schema.get_field_index("ts")
+    return records.set_column(at, "ts", pc.fill_null(records.column("ts"), now_ms))
 
 
 def tick(now_ms: int) -> pa.Table:

@@ -31,6 +31,7 @@ from ackstream.records import (
     TICK,
     as_table,
     completion_table,
+    timed,
 )
 
 __all__ = ["Acker", "caught_up", "checked", "latest_tick_ms"]
@@ -108,10 +109,7 @@ def checked(records: pa.Table, now_ms: int) -> tuple[pa.Table, pa.Table | None]:
     )
     keep = ~bad & ((kind & TICK) == 0)
     usable = records if keep.all() else records.filter(pa.array(keep))
-    if usable.column("ts").null_count:
-        usable = usable.set_column(
-            usable.schema.get_field_index("ts"), "ts", pc.fill_null(usable.column("ts"), now_ms)
-        )
+    usable = timed(usable, now_ms)
     if not bad.any():
         return usable, None
     rows = records.filter(pa.array(bad)).to_pylist()  # few: Python is fine here

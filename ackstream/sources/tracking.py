@@ -513,8 +513,9 @@ class Tracker:
         gather per row and no sort or hash."""
         tracked = {t for t, _ in self._index}
         if len(tracked) == 1:  # the usual source: a string compare per row, no hash
-            column = {tracked.pop(): 0}
-            same = pc.fill_null(pc.equal(topic, next(iter(column))), False)
+            (name,) = tracked
+            column = {name: 0}
+            same = pc.fill_null(pc.equal(topic, name), False)
             codes = same.to_numpy(zero_copy_only=False).astype(np.int64) - 1
         else:
             names = pc.dictionary_encode(topic.combine_chunks())

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, cast
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
@@ -27,7 +26,7 @@ from ackstream.clock import now_ms
 from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
 from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, REASON_LIMIT, ROOT, ROOTS
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table
+from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table, timed
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import (
@@ -210,8 +209,7 @@ class BatchRun:
             collected = as_table(_union_all(self.frames).toArrow(), ACK_RECORD_SCHEMA)
             # the batch's time set here, not in the plans: a long literal that changes
             # every batch would have Spark compile the collecting job's code every batch
-            at = collected.schema.get_field_index("ts")
-            tables.append(collected.set_column(at, "ts", pc.fill_null(collected["ts"], self.now)))
+            tables.append(timed(collected, self.now))
         rest = pa.concat_tables(tables) if tables else ACK_RECORD_SCHEMA.empty_table()
         if self.upstream is not None:
             local = translate(precombine(rest), self.upstream, self.now)
