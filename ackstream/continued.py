@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ackstream.clock import Clock, now_ms
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, RESET, ack_table
+from ackstream.vocabulary.clock import Clock, now_ms
+from ackstream.vocabulary.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, RESET, ack_table
 
 __all__ = [
     "EDGE_HEADER",

@@ -39,12 +39,12 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
-from ackstream.clock import now_ms
 from ackstream.config import default_channel_dir
-from ackstream.ranges import checked, expand
-from ackstream.records import ACKED, COMPLETION_SCHEMA, NOTICES
 from ackstream.sources.generator import committed_count
 from ackstream.status import read_source_metrics, saved_ends
+from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.ranges import checked, expand
+from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA, NOTICES
 
 __all__ = ["DemoResult", "demo_directory", "run_demo"]
 
@@ -64,7 +64,7 @@ class DemoResult:
     over batches). Times in the frames are ms since the epoch. The figures are
     counted from the frames:
 
-    >>> from ackstream.records import completion_table
+    >>> from ackstream.vocabulary.records import completion_table
     >>> from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA
     >>> done = completion_table([1, 2, 3], ["acked", "failed", "acked"], partition=[0, 1, 1],
     ...                         offset=0, attempt=[0, 0, 1], latency_ms=[40, 90, 30],
@@ -242,7 +242,7 @@ class DemoResult:
         ``acked`` (by their ack), ``dead_lettered`` (by their last attempt's failure)
         and ``accounted_for``, their sum, which reaches :attr:`records` at the end.
 
-        >>> from ackstream.records import completion_table
+        >>> from ackstream.vocabulary.records import completion_table
         >>> from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA
         >>> done = completion_table([1, 2, 3], ["acked", "failed", "acked"], partition=[0, 1, 1],
         ...                         offset=0, attempt=[0, 0, 1], latency_ms=[40, 90, 30],

@@ -18,7 +18,7 @@ channel counts each root once, with its first completion.
 - ``unknown``: roots the acker saw acks for but never an init (stray records);
   ``invalid``: ack records the acker could not use, and completions of a run of
   offsets that its partition does not hold (past the end the source last saw, or the
-  brokers have; see :func:`ackstream.ranges.checked`). Both are ignored by sources.
+  brokers have; see :func:`ackstream.vocabulary.ranges.checked`). Both are ignored by sources.
 - ``replayed``: failed or timed-out roots whose record was not dead-lettered on
   that attempt, so the source reads it again (or will, after its backoff).
 - ``dead_lettered``: records in the dead-letter Parquet folder or on the dead-letter
@@ -53,7 +53,7 @@ channel counts each root once, with its first completion.
 Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
 
 >>> import pyarrow as pa
->>> from ackstream.records import COMPLETION_SCHEMA
+>>> from ackstream.vocabulary.records import COMPLETION_SCHEMA
 >>> done = pa.Table.from_pylist([
 ...     {"root": 1, "status": "acked", "latency_ms": 40},
 ...     {"root": 2, "status": "failed", "topic": "t", "partition": 0, "offset": 7,
@@ -77,13 +77,19 @@ import pyarrow.compute as pc
 
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import SOURCE_METRICS_FILE, LocalChannel
-from ackstream.clock import now_ms
 from ackstream.config import default_channel_dir
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.settings import client_settings, kafka_options_of
-from ackstream.ranges import checked, expand, is_run
-from ackstream.records import (
+from ackstream.sinks.dead_letters import read_dead_letters
+from ackstream.sinks.replay_log import FileReplayLog, ReplayLog, TopicReplayLog
+from ackstream.topology.held_store import FOLDER as HELD_FOLDER
+from ackstream.topology.held_store import held_counts
+from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
+from ackstream.topology.stage_counts import read_stage_counts
+from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.ranges import checked, expand, is_run
+from ackstream.vocabulary.records import (
     ACKED,
     BATCH_FAILED,
     FAILED,
@@ -94,12 +100,6 @@ from ackstream.records import (
     UNKNOWN,
     one_outcome_per_root,
 )
-from ackstream.sinks.dead_letters import read_dead_letters
-from ackstream.sinks.replay_log import FileReplayLog, ReplayLog, TopicReplayLog
-from ackstream.topology.held_store import FOLDER as HELD_FOLDER
-from ackstream.topology.held_store import held_counts
-from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
-from ackstream.topology.stage_counts import read_stage_counts
 
 __all__ = [
     "HISTORY_BINS",

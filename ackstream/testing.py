@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ackstream import ids
 from ackstream.acker import precombine as batch
-from ackstream.clock import now_ms
-from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
 from ackstream.status import source_metrics
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
+from ackstream.vocabulary.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
 
 __all__ = [
     "init",
@@ -82,7 +82,7 @@ def ack_records(rows) -> pd.DataFrame:
 
 
 class FakeClock:
-    """A :data:`ackstream.clock.Clock` whose milliseconds move only when told to."""
+    """A :data:`ackstream.vocabulary.clock.Clock` whose milliseconds move only when told to."""
 
     def __init__(self, start_ms: int = 1_000_000):
         self.now_ms = start_ms

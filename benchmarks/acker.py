@@ -38,9 +38,9 @@ import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ackstream import ids
 from ackstream.acker.ledger import Pending, step
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, ACKED, INIT
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import ACK, ACK_RECORD_SCHEMA, ACKED, INIT
 
 if __name__ != "__main__":  # imported (tests): Spark's Python workers cannot import us by name
     from pyspark import cloudpickle
@@ -58,7 +58,7 @@ def generate(n_roots: int, fanout: int = 8, block_roots: int = 10_000, seed: int
 
     Per root: the init (XOR of the spout edge), the spout tuple's ack (its edge XOR
     its children's edges) and one ack per child, so ``fanout + 2`` records whose XOR
-    is 0. Edge ids are ``ackstream.ids`` hashes, as the topology derives them. Records
+    is 0. Edge ids are ``ackstream.vocabulary.ids`` hashes, as the topology derives them. Records
     of each block of roots are shuffled, so a root's records are spread out.
     """
     rng = np.random.default_rng(seed)

@@ -712,7 +712,7 @@ def latency_run(
     as long as later ones), then ``seconds`` of timed ones: complete and send-to-commit
     latency percentiles of those."""
     from ackstream import KafkaChannel
-    from ackstream.records import ACKED
+    from ackstream.vocabulary.records import ACKED
 
     name = f"e2e-{ctx.run}-latency"
     topic = create_topic(ctx.bootstrap, ctx.partitions, f"{name}-in")

@@ -35,10 +35,10 @@ import pyarrow as pa  # noqa: E402
 from acker import machine  # noqa: E402
 from e2e import save  # noqa: E402
 
-from ackstream import ids  # noqa: E402
 from ackstream.config import RetryPolicy  # noqa: E402
-from ackstream.records import ACKED, COMPLETION_SCHEMA  # noqa: E402
 from ackstream.sources.tracking import Tracker  # noqa: E402
+from ackstream.vocabulary import ids  # noqa: E402
+from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA  # noqa: E402
 
 SOURCE, TOPIC, TIMEOUT_MS = "bench", "events", 30_000
 

@@ -7,7 +7,8 @@ reading is compared, with the same ids, nothing else:
 - ``python``: ``format("ackstream")`` with ``ackstream.tracking=false`` (the same read
   tasks as tracked: kafka-python in the executors' Python workers, roots by numpy);
 - ``jvm``: ``format("kafka")`` (``make spark-kafka``) plus ``_root`` computed in the
-  JVM by ``ackstream.ids.spark_root_id`` (Spark's ``xxhash64``, the same ids bit for bit).
+  JVM by ``ackstream.vocabulary.ids.spark_root_id`` (Spark's ``xxhash64``, the same ids
+  bit for bit).
 
 Each batch runs one job over its rows: ``count``, ``bit_xor(_root)`` and the sum of
 the values' lengths (so that neither the ids nor the values can be pruned away), and
@@ -43,7 +44,7 @@ NAME = "readers"  # the topology name the ids are hashed with
 def stream(spark, reader: str, bootstrap: str, topic: str, max_per_batch: int, group: str):
     from pyspark.sql import functions as F
 
-    from ackstream.ids import spark_root_id
+    from ackstream.vocabulary.ids import spark_root_id
 
     if reader == "python":
         return (

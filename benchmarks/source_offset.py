@@ -31,14 +31,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ackstream import ids
 from ackstream.channels.local import LocalChannel
 from ackstream.config import parse
-from ackstream.records import ACKED, completion_table
 from ackstream.sources.generator import TOPIC
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream
 from ackstream.testing import FakeClock
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import ACKED, completion_table
 
 SOURCE = "bench"
 

@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pyspark.sql import functions as F  # noqa: E402
 
 from ackstream import LocalChannel, MemorySink, Topology, local_session  # noqa: E402
-from ackstream.records import ACKED  # noqa: E402
 from ackstream.sources.generator import committed_count  # noqa: E402
+from ackstream.vocabulary.records import ACKED  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

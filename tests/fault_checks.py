@@ -18,7 +18,7 @@ from pathlib import Path
 from test_chaos import CommitRecorder as ChaosCommitRecorder
 
 from ackstream.channels.kafka import KafkaChannel
-from ackstream.records import NOTICES
+from ackstream.vocabulary.records import NOTICES
 
 from helpers import consume, sentences, wait_for
 

@@ -584,7 +584,7 @@ def test_status_reads_a_kafka_channel_with_a_command_config_file(broker, tmp_pat
     import pyarrow as pa
 
     from ackstream.channels.kafka import KafkaChannel
-    from ackstream.records import ACKED, COMPLETION_SCHEMA
+    from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA
 
     topology = f"cmdcfg-{os.urandom(4).hex()}"
     channel = KafkaChannel(broker.bootstrap, topology, partitions=1)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream import ids
+from ackstream.vocabulary import ids
 
 int64s = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 

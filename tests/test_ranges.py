@@ -5,10 +5,10 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream import ids
-from ackstream.ranges import checked, expand, is_run
-from ackstream.records import completion_table
 from ackstream.sources.offsets import PlannedRoots
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.ranges import checked, expand, is_run
+from ackstream.vocabulary.records import completion_table
 
 
 def planned(read, replays=()):

@@ -10,7 +10,11 @@ import pytest
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import EnvironmentProblem
 from ackstream.metrics import exposition
-from ackstream.records import (
+from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
+from ackstream.sources.tracking import DeadLetter
+from ackstream.status import history, latency_histogram, local_status, summarize
+from ackstream.testing import ack, ack_records, init
+from ackstream.vocabulary.records import (
     ACKED,
     BATCH_FAILED,
     COMPLETION_SCHEMA,
@@ -20,10 +24,6 @@ from ackstream.records import (
     TIMED_OUT,
     UNKNOWN,
 )
-from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
-from ackstream.sources.tracking import DeadLetter
-from ackstream.status import history, latency_histogram, local_status, summarize
-from ackstream.testing import ack, ack_records, init
 
 
 def done(root, status, offset=None, attempt=0, latency=None):
@@ -409,8 +409,8 @@ def test_kafka_status_leaves_rejected_dead_letters_out_of_the_replayed_count(bro
 def runs(namespace, spans, topic="t"):
     """Completions of runs of acked offsets, as a batch writes them: ``spans`` is
     ``[(partition, first, end), ...]``, each run's root the first offset's."""
-    from ackstream import ids
-    from ackstream.records import completion_table
+    from ackstream.vocabulary import ids
+    from ackstream.vocabulary.records import completion_table
 
     part, first, end = (list(c) for c in zip(*spans))
     return completion_table(

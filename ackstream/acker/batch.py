@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from ackstream.acker.ledger import Pending, notices, step
 from ackstream.acker.pending_store import PendingStore
-from ackstream.records import (
+from ackstream.vocabulary.records import (
     ACK_RECORD_SCHEMA,
     ALIVE,
     CAUGHT_UP,

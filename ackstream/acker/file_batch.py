@@ -29,7 +29,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ackstream.records import ACK_RECORD_SCHEMA
+from ackstream.vocabulary.records import ACK_RECORD_SCHEMA
 
 __all__ = ["batch_records"]
 

@@ -37,7 +37,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream.records import (
+from ackstream.vocabulary.records import (
     ACKED,
     FAIL,
     FAILED,

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream.acker.ledger import MAX_TIMEOUT_MS, Pending, combine, step
-from ackstream.records import (
+from ackstream.vocabulary.records import (
     ACK_RECORD_SCHEMA,
     ACKED,
     COMPLETION_SCHEMA,

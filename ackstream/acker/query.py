@@ -21,7 +21,7 @@ batch run again after a crash yields the same completions.
 
 A batch runs only when records arrive and expires overdue roots by their deadlines.
 So an idle acker needs a record to wake it: the source writes a
-:func:`~ackstream.records.tick` while one of its roots is past the message timeout
+:func:`~ackstream.vocabulary.records.tick` while one of its roots is past the message timeout
 (Storm's tick tuple). The acker answers the batch's latest tick with a ``caught_up``
 completion carrying the tick's time, written after every other completion of the
 batch: it has read every ack record written before the tick, so the source may time
@@ -52,8 +52,8 @@ from ackstream.channels.base import Channel
 from ackstream.checkpoint_files import read_text, write_text
 from ackstream.errors import OptionError
 from ackstream.offset_log import batch_timestamp_ms, clear_unfinished_first_entry
-from ackstream.records import INVALID, UNKNOWN
 from ackstream.session import check_picklable, is_connect, master_of
+from ackstream.vocabulary.records import INVALID, UNKNOWN
 
 __all__ = ["check_shard_count", "start_acker"]
 

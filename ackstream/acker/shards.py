@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from ackstream.acker.batch import Acker, latest_tick_ms
 from ackstream.channels.base import Channel
-from ackstream.records import INVALID, UNKNOWN
+from ackstream.vocabulary.records import INVALID, UNKNOWN
 
 __all__ = ["SUMMARY_DDL", "ShardLedger"]
 

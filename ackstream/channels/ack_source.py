@@ -39,7 +39,7 @@ from ackstream.errors import OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import TopicListing
-from ackstream.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
+from ackstream.vocabulary.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.datasource import ReadLimit

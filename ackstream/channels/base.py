@@ -106,7 +106,7 @@ class Channel(Protocol):
     ) -> tuple[pa.Table, Position]:
         """Completions written after ``position`` (None: from the first) and the position
         after them, to pass next time. Nothing written after a position is ever missed.
-        A run of acked offsets written as one row (:mod:`ackstream.ranges`) comes back
+        A run of acked offsets written as one row (:mod:`ackstream.vocabulary.ranges`) comes back
         as one row per root, or as it was written with ``runs=True`` (for the source)."""
 
     def answering(self) -> bool:

@@ -54,8 +54,8 @@ from ackstream.errors import EnvironmentProblem, OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_options, client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics, shared_listing
-from ackstream.ranges import expand
-from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
+from ackstream.vocabulary.ranges import expand
+from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer

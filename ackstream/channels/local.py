@@ -35,9 +35,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ackstream.files import hidden_path, write_atomically
-from ackstream.ids import content_id
-from ackstream.ranges import expand
-from ackstream.records import (
+from ackstream.vocabulary.ids import content_id
+from ackstream.vocabulary.ranges import expand
+from ackstream.vocabulary.records import (
     ACK_RECORD_DDL,
     ACK_RECORD_SCHEMA,
     COMPLETION_SCHEMA,

@@ -18,7 +18,7 @@ from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.reading import read_ranges, topic_ranges
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import TopicListing, deleted_topics, never_create_topics
-from ackstream.records import as_table
+from ackstream.vocabulary.records import as_table
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer

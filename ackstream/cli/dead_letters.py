@@ -17,7 +17,6 @@ from ackstream.cli.arguments import (
     command_kafka_options,
 )
 from ackstream.cli.exits import EXIT_FAILED, unanswered
-from ackstream.clock import now_ms
 from ackstream.config import default_channel_dir
 from ackstream.sinks.dead_letters import (
     read_dead_letters,
@@ -25,6 +24,7 @@ from ackstream.sinks.dead_letters import (
     select_dead_letters,
 )
 from ackstream.sinks.replay_log import FileReplayLog, ReplayLog, TopicReplayLog, letter_name
+from ackstream.vocabulary.clock import now_ms
 
 __all__ = ["add_arguments", "command"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Container, Iterable
 
-from ackstream.clock import Clock, now_ms
+from ackstream.vocabulary.clock import Clock, now_ms
 
 __all__ = [
     "CHECK_EVERY_S",

@@ -33,10 +33,10 @@ from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
 from ackstream.errors import EnvironmentProblem
 from ackstream.files import write_atomically
-from ackstream.ids import content_id, hash_text
 from ackstream.kafka.reading import read_records, topic_ranges
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, deleted_topics
+from ackstream.vocabulary.ids import content_id, hash_text
 
 __all__ = [
     "CONNECT_ERRORS",

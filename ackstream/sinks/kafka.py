@@ -29,14 +29,14 @@ import pyarrow.compute as pc
 from kafka.errors import KafkaTimeoutError
 from kafka.serializer import Serializer, SerializeWrapper
 
-from ackstream.clock import now_ms
 from ackstream.continued import lineage_headers, mint_edges
 from ackstream.errors import EnvironmentProblem, OptionError, cause_of
 from ackstream.kafka.settings import client_settings, jvm_client_settings
 from ackstream.kafka.topics import deleted_topics, shared_listing
-from ackstream.lineage import LINEAGE_COLUMNS, REASON, REASON_LIMIT, ROOTS
-from ackstream.records import ACK, ack_table
 from ackstream.session import has_kafka_connector, kafka_through_v2
+from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.lineage import LINEAGE_COLUMNS, REASON, REASON_LIMIT, ROOTS
+from ackstream.vocabulary.records import ACK, ack_table
 
 __all__ = ["WRITERS", "KafkaSink", "ProduceTask", "carried_columns"]
 

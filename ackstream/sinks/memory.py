@@ -15,7 +15,7 @@ import threading
 
 import pyarrow as pa
 
-from ackstream.lineage import LINEAGE_COLUMNS
+from ackstream.vocabulary.lineage import LINEAGE_COLUMNS
 
 __all__ = ["ConsoleSink", "MemorySink", "ParquetSink"]
 

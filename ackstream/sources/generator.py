@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ackstream import ids
 from ackstream.config import SourceConfig
 from ackstream.files import write_atomically
 from ackstream.sources.rows import TP, ReadTask, spout_batch
+from ackstream.vocabulary import ids
 
 if TYPE_CHECKING:
     import pyarrow as pa

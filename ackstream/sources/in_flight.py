@@ -8,7 +8,7 @@ its trees close:
 
 - offsets read anew (attempt 0) go in as one row per partition and batch, a *run*
   ``[start, end)``, and a batch whose trees all close comes back as runs of offsets
-  (:mod:`ackstream.ranges`) that take them out whole: in the steady state the table
+  (:mod:`ackstream.vocabulary.ranges`) that take them out whole: in the steady state the table
   costs a row per partition and batch, and no root id is computed;
 - records that are exceptions are rows of their own: replays, restored records, the
   short pieces left of a run once some of its offsets were taken, and every run once a
@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ackstream.arrays import distinct
+from ackstream.vocabulary.arrays import distinct
 
 __all__ = ["EMPTY_SPANS", "NOT_STARTED", "Changes", "InFlight", "Roots", "Spans"]
 

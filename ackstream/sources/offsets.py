@@ -40,9 +40,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream import ids
-from ackstream.records import ACK_RECORD_SCHEMA, ACKED, INIT, completion_table, completions_of
 from ackstream.sources.rows import ReadTask
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import (
+    ACK_RECORD_SCHEMA,
+    ACKED,
+    INIT,
+    completion_table,
+    completions_of,
+)
 
 __all__ = [
     "ROWS_PER_TASK",
@@ -172,7 +178,7 @@ class PlannedRoots:
     """The roots of a batch as its offsets plan them: runs of new offsets (attempt 0),
     whose ids are minted only when their init records are asked for, and the init
     records of the rest (replays). A batch whose trees all close reports the runs as
-    they are (:meth:`acked`, see :mod:`ackstream.ranges`), so the driver mints no id
+    they are (:meth:`acked`, see :mod:`ackstream.vocabulary.ranges`), so the driver mints no id
     for them."""
 
     #: ``(namespace, topic, partition, from, to)``, ``to`` exclusive

@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from ackstream import ids
-from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 
 __all__ = [
     "NO_RECORD",  # re-exported: the source's rows carry it

@@ -5,7 +5,7 @@ the batch as ever (its offset names every record), its Python read tasks read on
 the replays, and the topology's batch reads the new ranges the offset names with
 Spark's Kafka connector (:mod:`ackstream.sources.kafka_ranges`), then adds the lineage
 columns in SQL, by the same ``xxhash64`` as the Python reader's
-(:mod:`ackstream.ids`), so a record gets the same root whichever reader read it. An
+(:mod:`ackstream.vocabulary.ids`), so a record gets the same root whichever reader read it. An
 offset with no record (compaction, transaction markers) has no row at all, which is
 its right outcome: a planned root no stage failed completes acked.
 
@@ -34,12 +34,12 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream import ids
 from ackstream.config import SourceConfig
-from ackstream.lineage import ATTEMPT, EDGE, ROOT
 from ackstream.sources.kafka_ranges import read_ranges
 from ackstream.sources.offsets import covering, new_ranges, replay_runs
 from ackstream.sources.rows import kafka_columns, too_big_reason
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.lineage import ATTEMPT, EDGE, ROOT
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -35,11 +35,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 from ackstream.channels.base import Channel
-from ackstream.clock import Clock, now_ms
 from ackstream.config import SourceConfig, default_tick_ms
 from ackstream.errors import AckstreamError, OptionError
 from ackstream.kafka.settings import kafka_options_of
-from ackstream.records import caught_up_ms, tick
 from ackstream.sinks.dead_letters import DeadLetterWriter, KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
 from ackstream.sources.offsets import spark_reads_replays
@@ -47,6 +45,8 @@ from ackstream.sources.rows import TP
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
+from ackstream.vocabulary.clock import Clock, now_ms
+from ackstream.vocabulary.records import caught_up_ms, tick
 
 if TYPE_CHECKING:
     from ackstream.sources.kafka import KafkaUpstream

@@ -41,19 +41,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream import ids
-from ackstream.arrays import distinct
 from ackstream.config import RetryPolicy
-from ackstream.ranges import is_run
-from ackstream.records import (
-    ACKED,
-    ALIVE,
-    BATCH_FAILED,
-    INVALID,
-    REJECTED,
-    TIMED_OUT,
-    one_outcome_per_root,
-)
 from ackstream.sources.in_flight import (
     EMPTY,
     EMPTY_SPANS,
@@ -66,6 +54,18 @@ from ackstream.sources.in_flight import (
 from ackstream.sources.rows import TP
 from ackstream.sources.state import DEAD, Uncharged, Unfinished, Waiting
 from ackstream.sources.waiting import NO_GROUP, Replays, Scheduled, UnchargedCounts, packed
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.arrays import distinct
+from ackstream.vocabulary.ranges import is_run
+from ackstream.vocabulary.records import (
+    ACKED,
+    ALIVE,
+    BATCH_FAILED,
+    INVALID,
+    REJECTED,
+    TIMED_OUT,
+    one_outcome_per_root,
+)
 
 __all__ = ["ISOLATION_PARTS", "METADATA_LIMIT", "OUTCOME_COUNTS", "DeadLetter", "Tracker", "ranges"]
 
@@ -412,7 +412,7 @@ class Tracker:
         record says nothing about its root). Of several completions of one root,
         any other outcome applies before an ack (``records.one_outcome_per_root``).
         """
-        run = is_run(completions)  # runs of acked offsets (ackstream.ranges)
+        run = is_run(completions)  # runs of acked offsets (ackstream.vocabulary.ranges)
         runs = completions.filter(pa.array(run)) if run.any() else None
         if runs is not None:
             completions = completions.filter(pa.array(~run))
@@ -544,7 +544,7 @@ class Tracker:
 
     def _complete_runs(self, runs: pa.Table, failed: Roots) -> None:
         """Apply completions that each ack a run of offsets at attempt 0 (see
-        :mod:`ackstream.ranges`), without a root id per offset: the roots in flight in
+        :mod:`ackstream.vocabulary.ranges`), without a root id per offset: the roots in flight in
         a run are acked; its other offsets, not done yet, are acked late (as
         :meth:`_late_acks`), but for those that failed in the same read (``failed``).
         A run whose first root this source does not mint for its coordinates is

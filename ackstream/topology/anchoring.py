@@ -41,7 +41,7 @@ from functools import cached_property
 from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
-from ackstream.lineage import ANCHORS, EDGE, GROUP, ROOT
+from ackstream.vocabulary.lineage import ANCHORS, EDGE, GROUP, ROOT
 
 __all__ = [
     "ANCHOR_TYPE",

@@ -22,11 +22,8 @@ from pyspark.sql import functions as F
 
 from ackstream.acker.precombine import precombine
 from ackstream.channels.base import Channel
-from ackstream.clock import now_ms
 from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
-from ackstream.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, REASON_LIMIT, ROOT, ROOTS
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table, timed
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import (
@@ -46,6 +43,9 @@ from ackstream.topology.graph import (
 from ackstream.topology.held_watch import HeldWatch
 from ackstream.topology.modes import BatchRecords, Mode, ack_records
 from ackstream.topology.stage_counts import StageCounts
+from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, REASON_LIMIT, ROOT, ROOTS
+from ackstream.vocabulary.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, as_table, timed
 
 if TYPE_CHECKING:
     from ackstream.sinks.base import ContinuingSink

@@ -33,7 +33,14 @@ from pyspark.sql import functions as F
 from ackstream.channels.base import Channel
 from ackstream.continued import UpstreamResets
 from ackstream.errors import StageError
-from ackstream.lineage import (
+from ackstream.topology.anchoring import (
+    Grouping,
+    GroupInput,
+    is_multi_anchored,
+    roots_of_row,
+)
+from ackstream.topology.modes import Mode
+from ackstream.vocabulary.lineage import (
     ANCHORS,
     EDGE,
     GROUP,
@@ -43,13 +50,6 @@ from ackstream.lineage import (
     ROOT,
     ROOTS,
 )
-from ackstream.topology.anchoring import (
-    Grouping,
-    GroupInput,
-    is_multi_anchored,
-    roots_of_row,
-)
-from ackstream.topology.modes import Mode
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

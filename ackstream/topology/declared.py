@@ -24,7 +24,6 @@ from pyspark.sql import functions as F
 
 from ackstream.console import pyspark_error_loggers
 from ackstream.errors import AckstreamError, StageError
-from ackstream.lineage import LINEAGE_COLUMNS
 from ackstream.topology.batch import DeclaredTopology
 from ackstream.topology.bolts import (
     AggregateStage,
@@ -39,6 +38,7 @@ from ackstream.topology.bolts import (
 )
 from ackstream.topology.graph import SPOUT, join_streams
 from ackstream.topology.modes import UNTRACKED, Mode
+from ackstream.vocabulary.lineage import LINEAGE_COLUMNS
 
 __all__ = ["analyse", "record_start", "started"]
 

@@ -34,7 +34,6 @@ from ackstream.channels import check_reach
 from ackstream.channels.base import Channel
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError, StageError
-from ackstream.lineage import TRACKED_COLUMNS
 from ackstream.session import has_kafka_connector, is_connect, master_of
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.upstream import check_options, open_upstream
@@ -57,6 +56,7 @@ from ackstream.topology.running import RunningTopology, same_term, start_topolog
 from ackstream.topology.waiting_join import WaitingJoinStage, check_within
 from ackstream.topology.window import WindowStage
 from ackstream.topology.window_closing import positive_ms, window_closing
+from ackstream.vocabulary.lineage import TRACKED_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.lineage import ANCHORS, EDGE, ROOT
 from ackstream.topology.anchoring import Anchoring, anchor_list, is_multi_anchored
+from ackstream.vocabulary.lineage import ANCHORS, EDGE, ROOT
 
 if TYPE_CHECKING:
     from ackstream.sinks.base import Sink

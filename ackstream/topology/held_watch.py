@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from ackstream.lineage import REASON
 from ackstream.observed import Observed
+from ackstream.vocabulary.lineage import REASON
 
 __all__ = ["HeldWatch"]
 

@@ -47,10 +47,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, GROUP, ROOT
-from ackstream.records import ACKED, NOTICES
 from ackstream.topology.bolts import BatchContext, anchored_to_roots
 from ackstream.topology.held_store import HOLD, ChangeLog, Changes, HeldState, HeldStore
+from ackstream.vocabulary.lineage import ANCHORS, GROUP, ROOT
+from ackstream.vocabulary.records import ACKED, NOTICES
 
 __all__ = [
     "FRESH",

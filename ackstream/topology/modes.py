@@ -36,9 +36,7 @@ from pyspark.sql import DataFrame
 
 from ackstream.acker.precombine import precombine, settle
 from ackstream.channels.base import Channel
-from ackstream.clock import now_ms
 from ackstream.errors import OptionError
-from ackstream.records import ACK, FAIL, REJECT
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.anchoring import (
     BY_EDGES,
@@ -47,6 +45,8 @@ from ackstream.topology.anchoring import (
     Anchoring,
     anchor_pairs,
 )
+from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.records import ACK, FAIL, REJECT
 
 __all__ = [
     "ACK_MODES",

@@ -22,10 +22,8 @@ from pyspark.sql import DataFrame
 
 from ackstream.acker.query import start_acker
 from ackstream.channels.base import Channel
-from ackstream.clock import now_ms
 from ackstream.config import SourceConfig, parse_duration_ms
 from ackstream.errors import OptionError
-from ackstream.lineage import REASON_LIMIT
 from ackstream.offset_log import clear_unfinished_first_entry, logged_offsets
 from ackstream.session import check_picklable, is_connect
 from ackstream.sources.offsets import PlannedRoots
@@ -43,6 +41,8 @@ from ackstream.topology.batch_failure import (
 from ackstream.topology.held_store import FOLDER
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import StageCounts
+from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.lineage import REASON_LIMIT
 
 if TYPE_CHECKING:
     from pyspark.errors import StreamingQueryException

@@ -62,12 +62,12 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, ROOT
 from ackstream.topology.anchoring import ANCHOR_TYPE
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.graph import join_streams
 from ackstream.topology.holding import FRESH, HELD_MS, Holding, roots_of
 from ackstream.topology.modes import Mode
+from ackstream.vocabulary.lineage import ANCHORS, EDGE, LINEAGE_COLUMNS, ROOT
 
 __all__ = ["HOW", "JoinColumns", "WaitingJoinStage", "check_within"]
 

@@ -31,11 +31,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.lineage import REASON
 from ackstream.topology.anchoring import Grouping
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.holding import Holding
 from ackstream.topology.window_closing import SINCE, Closing
+from ackstream.vocabulary.lineage import REASON
 
 __all__ = ["WindowStage"]
 

@@ -34,9 +34,9 @@ from pyspark.sql.types import NumericType
 
 from ackstream.config import parse_duration_ms
 from ackstream.errors import OptionError, StageError
-from ackstream.lineage import REASON
 from ackstream.topology.held_store import HOLD
 from ackstream.topology.modes import Mode
+from ackstream.vocabulary.lineage import REASON
 
 __all__ = [
     "Closed",

@@ -41,11 +41,11 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ackstream.clock import now_ms
 from ackstream.metrics import Statuses, registry_of, serve
 from ackstream.sinks.dead_letters import replay_dead_letters, select_dead_letters
 from ackstream.sinks.replay_log import letter_name
 from ackstream.status import StatusSource
+from ackstream.vocabulary.clock import now_ms
 
 __all__ = ["DEAD_LETTERS_SHOWN", "Served", "app", "serve_metrics", "serve_view"]
 

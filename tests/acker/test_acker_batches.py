@@ -3,8 +3,8 @@
 import pyarrow as pa
 
 from ackstream.acker.batch import Acker, checked
-from ackstream.records import ACK_RECORD_SCHEMA, ACKED, ALIVE, INIT, INVALID, TICK
 from ackstream.testing import ack, init, reset
+from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, ACKED, ALIVE, INIT, INVALID, TICK
 
 TIMEOUT = 10_000
 

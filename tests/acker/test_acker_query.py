@@ -6,8 +6,8 @@ import pytest
 
 from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
-from ackstream.records import ACKED, CAUGHT_UP, TIMED_OUT, tick
 from ackstream.testing import TupleGraph, ack_records
+from ackstream.vocabulary.records import ACKED, CAUGHT_UP, TIMED_OUT, tick
 
 from helpers import wait_for
 
@@ -119,8 +119,8 @@ def test_unusable_records_and_stray_acks_are_reported_and_never_stop_the_acker(s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ackstream.records import ACK_RECORD_SCHEMA, INVALID, UNKNOWN
     from ackstream.testing import ack, init
+    from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, INVALID, UNKNOWN
 
     channel = LocalChannel(tmp_path / "channel")
     first, second = trees(5)

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ackstream.acker.file_batch import batch_records
-from ackstream.records import ACK_RECORD_SCHEMA
+from ackstream.vocabulary.records import ACK_RECORD_SCHEMA
 
 
 def write_log(checkpoint, batch_offsets, source_logs):

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from ackstream.acker.ledger import PENDING_DTYPE, Pending, step
-from ackstream.records import ACKED, FAILED, REJECTED, TIMED_OUT, UNKNOWN
 from ackstream.testing import FakeClock, TupleGraph, ack, ack_records, fail, init, reject, reset
+from ackstream.vocabulary.records import ACKED, FAILED, REJECTED, TIMED_OUT, UNKNOWN
 
 TIMEOUT = 30_000
 ROOT = 99

@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream.acker.ledger import Pending, step
-from ackstream.records import ACKED, FAILED, INIT, TIMED_OUT, UNKNOWN
 from ackstream.testing import FakeClock, TupleGraph, ack_records, fail
+from ackstream.vocabulary.records import ACKED, FAILED, INIT, TIMED_OUT, UNKNOWN
 
 TIMEOUT = 30_000
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.acker.pending_store import FOLDER, PendingStore
-from ackstream.records import ACK_RECORD_SCHEMA, FAILED, INIT
 from ackstream.testing import ack_records, fail, init
+from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, FAILED, INIT
 
 TIMEOUT = 60_000
 

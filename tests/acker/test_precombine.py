@@ -2,8 +2,8 @@
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.acker.precombine import precombine
-from ackstream.records import ACK_RECORD_SCHEMA, ACKED, as_table
 from ackstream.testing import TupleGraph, ack_records, fail
+from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, ACKED, as_table
 
 
 def combined(frame):
@@ -113,8 +113,8 @@ def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
     cut past the ledger, and must give what the ledger gives."""
     from ackstream.acker.ledger import MAX_TIMEOUT_MS
     from ackstream.acker.precombine import settle
-    from ackstream.records import COMPLETION_SCHEMA
     from ackstream.sources.offsets import PlannedRoots
+    from ackstream.vocabulary.records import COMPLETION_SCHEMA
 
     end = {
         "source": "topo",

@@ -13,8 +13,15 @@ from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import LocalChannel
 from ackstream.channels.messages import decode
 from ackstream.errors import OptionError
-from ackstream.records import ACK_RECORD_SCHEMA, ACKED, CAUGHT_UP, TIMED_OUT, as_table, tick
 from ackstream.testing import TupleGraph, ack_records
+from ackstream.vocabulary.records import (
+    ACK_RECORD_SCHEMA,
+    ACKED,
+    CAUGHT_UP,
+    TIMED_OUT,
+    as_table,
+    tick,
+)
 
 from helpers import wait_for
 

@@ -8,8 +8,8 @@ import pytest
 
 from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
-from ackstream.records import ACKED, FAILED, INVALID
 from ackstream.testing import TupleGraph, ack_records, fail
+from ackstream.vocabulary.records import ACKED, FAILED, INVALID
 
 from helpers import wait_for
 
@@ -145,7 +145,7 @@ def test_local_completions_from_several_writers_are_all_read_once(tmp_path):
     own (and a new checkpoint starts them at 0 again): a reader misses none of them."""
     import pyarrow as pa
 
-    from ackstream.records import COMPLETION_SCHEMA
+    from ackstream.vocabulary.records import COMPLETION_SCHEMA
 
     def rows(*roots):
         return pa.Table.from_pylist(
@@ -195,7 +195,7 @@ def test_it_is_a_channel_that_a_source_can_name(channel):
 def test_completions_are_read_once_from_a_position_and_a_new_reader_starts_at_the_end(channel):
     import pyarrow as pa
 
-    from ackstream.records import COMPLETION_SCHEMA
+    from ackstream.vocabulary.records import COMPLETION_SCHEMA
 
     def rows(*roots):
         return pa.Table.from_pylist(
@@ -239,7 +239,7 @@ def test_a_batch_of_any_size_is_written_and_read_back_whole(channel):
     size and stopped the query)."""
     import pyarrow as pa
 
-    from ackstream.records import COMPLETION_SCHEMA
+    from ackstream.vocabulary.records import COMPLETION_SCHEMA
 
     n, reason = 100_000, "batch_failed: SparkRuntimeException: downstream refused " * 8
     failed = pa.Table.from_pylist(

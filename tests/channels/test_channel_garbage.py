@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream.channels.messages import decode, encode
-from ackstream.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA
+from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA
 
 
 @settings(max_examples=300, deadline=None)

@@ -8,8 +8,8 @@ import pytest
 
 from ackstream.channels.ack_source import ChannelSource
 from ackstream.channels.kafka import KafkaChannel
-from ackstream.records import ACKED, COMPLETION_SCHEMA
 from ackstream.testing import ack_records, fail
+from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA
 
 from helpers import consume
 

@@ -7,10 +7,10 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream.continued import continued_acks, lineage_of
-from ackstream.records import ACK, FAIL
 from ackstream.sinks.kafka import KafkaSink
 from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology
+from ackstream.vocabulary.records import ACK, FAIL
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 

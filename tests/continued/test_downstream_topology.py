@@ -11,8 +11,8 @@ from pyspark.sql import functions as F
 from ackstream import KafkaSink, MemorySink, Topology
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.continued import TreeClient, continued_acks, lineage_of
-from ackstream.records import ACK, FAIL
 from ackstream.testing import settle, tracked_frame, with_lineage
+from ackstream.vocabulary.records import ACK, FAIL
 
 from helpers import consume, wait_for
 

@@ -13,8 +13,8 @@ from pyspark.sql import functions as F
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.continued import TreeClient, lineage_headers
-from ackstream.ids import root_ids
-from ackstream.records import CAUGHT_UP
+from ackstream.vocabulary.ids import root_ids
+from ackstream.vocabulary.records import CAUGHT_UP
 
 from helpers import consume, wait_for
 

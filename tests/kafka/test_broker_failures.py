@@ -31,7 +31,7 @@ import pytest
 from fault_checks import CommitRecorder, N, all_committed, check_end_state, output_count, produce
 
 from ackstream.channels.kafka import KafkaChannel
-from ackstream.records import NOTICES
+from ackstream.vocabulary.records import NOTICES
 
 from fault_driver import build
 from helpers import consume, wait_for

@@ -142,7 +142,7 @@ def test_the_sources_channel_takes_its_settings_and_topic_options_even_pickled(c
 
 
 def _one_completion():
-    from ackstream.records import ACKED, completion_table
+    from ackstream.vocabulary.records import ACKED, completion_table
 
     return completion_table([1], [ACKED], topic="in", partition=0, offset=[0], attempt=[0])
 

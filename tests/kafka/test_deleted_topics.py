@@ -14,12 +14,12 @@ from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import LocalChannel
 from ackstream.config import parse
 from ackstream.errors import EnvironmentProblem
-from ackstream.records import ACKED, completion_table
 from ackstream.sinks.dead_letters import KafkaDeadLetters
 from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.tracking import DeadLetter
 from ackstream.testing import FakeClock, ack, ack_records
+from ackstream.vocabulary.records import ACKED, completion_table
 
 from helpers import delete_topic, wait_for
 

@@ -292,8 +292,8 @@ def test_a_topic_without_metadata_fails_the_rest_of_the_task_without_waiting_aga
     one's answer is every row's, or a task of a few thousand rows waits hours."""
     import pyarrow as pa
 
-    from ackstream.lineage import REASON
     from ackstream.sinks.kafka import ProduceTask
+    from ackstream.vocabulary.lineage import REASON
 
     producer = _NoMetadata()
 

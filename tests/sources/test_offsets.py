@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from ackstream.config import parse
 from ackstream.offset_log import logged_offsets
-from ackstream.records import INIT
 from ackstream.sources import offsets
 from ackstream.sources.datasource import AckstreamStreamReader
+from ackstream.vocabulary.records import INIT
 
 from helpers import wait_for
 

@@ -7,9 +7,9 @@ import pytest
 from ackstream import read_dead_letters
 from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
-from ackstream.records import FAILED, TIMED_OUT
 from ackstream.sources.generator import sentence
 from ackstream.testing import SpoutAcker
+from ackstream.vocabulary.records import FAILED, TIMED_OUT
 
 from helpers import commits, generator_stream, wait_for
 

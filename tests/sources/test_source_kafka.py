@@ -7,9 +7,9 @@ import pytest
 
 from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
-from ackstream.records import ACKED, FAILED
 from ackstream.testing import SpoutAcker, ack_records
 from ackstream.testing import ack as ack_record
+from ackstream.vocabulary.records import ACKED, FAILED
 
 from helpers import consume, wait_for
 
@@ -272,7 +272,7 @@ def empty_completions_after(channel, position):
 
     import pyarrow.parquet as pq
 
-    from ackstream.records import COMPLETION_SCHEMA
+    from ackstream.vocabulary.records import COMPLETION_SCHEMA
 
     for name in os.listdir(channel.done_dir):  # <12-digit number>-<tag>.parquet
         if name[:12].isdigit() and int(name[:12]) > position:

@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from ackstream import ids
 from ackstream.config import parse
 from ackstream.sources.generator import GeneratorUpstream, sentence
 from ackstream.sources.rows import SOURCE_SCHEMA, ReadTask
 from ackstream.sources.spout import share_by_lag
+from ackstream.vocabulary import ids
 
 GEN = {"ackstream.upstream": "generator", "ackstream.topology": "t"}
 

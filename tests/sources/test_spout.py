@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from ackstream import ids
 from ackstream.channels.local import LocalChannel
 from ackstream.config import parse
-from ackstream.records import ACKED, CAUGHT_UP, FAILED, TICK, completion_table
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sources.generator import UNBOUNDED_STEP
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import ACKED, CAUGHT_UP, FAILED, TICK, completion_table
 
 from helpers import wait_for
 
@@ -348,8 +348,8 @@ def run_batches(spout, channel, clock, fails, rounds=60, max_rows=None):
     ``fails(records)`` fails as a whole (``batch_failed``), else every root is acked.
     Returns the planned batches, each ``(offset, {(partition, offset, attempt)})``, once
     nothing is left to plan (backoffs are waited out)."""
-    from ackstream.records import BATCH_FAILED
     from ackstream.sources.offsets import PlannedRoots
+    from ackstream.vocabulary.records import BATCH_FAILED
 
     batches = []
     for _ in range(rounds):

@@ -7,13 +7,13 @@ import re
 
 import numpy as np
 
-from ackstream import ids
-from ackstream.records import ACKED, FAILED, completion_table
 from ackstream.sources.in_flight import EMPTY_SPANS, Spans
 from ackstream.sources.spout import Spout
 from ackstream.sources.state import DEAD, SourceState, Uncharged, Unfinished, Waiting
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import open_upstream
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import ACKED, FAILED, completion_table
 
 TOPIC = "generator"
 

@@ -8,9 +8,12 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream import ids
 from ackstream.config import RetryPolicy
-from ackstream.records import (
+from ackstream.sources.in_flight import NOT_STARTED, InFlight
+from ackstream.sources.state import SourceState
+from ackstream.sources.tracking import METADATA_LIMIT, DoneRuns, Tracker, ranges
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import (
     ACKED,
     ALIVE,
     BATCH_FAILED,
@@ -20,9 +23,6 @@ from ackstream.records import (
     REJECTED,
     TIMED_OUT,
 )
-from ackstream.sources.in_flight import NOT_STARTED, InFlight
-from ackstream.sources.state import SourceState
-from ackstream.sources.tracking import METADATA_LIMIT, DoneRuns, Tracker, ranges
 
 TP = ("events", 0)
 
@@ -497,7 +497,7 @@ def test_in_flight_table_and_its_changes_follow_a_plain_set(steps):
 def test_a_reset_reported_by_the_acker_restarts_the_source_timeout():
     """Storm's resetTimeout: message timeout 10 s, a reset every 9 s; the source timeout
     (20 s) must not replay a root the acker still holds, and its ack still counts."""
-    from ackstream.records import ALIVE
+    from ackstream.vocabulary.records import ALIVE
 
     t = tracker(timeout=20_000)
     t.emit_range(TP, 10, 12, now_ms=0)
@@ -511,7 +511,7 @@ def test_a_reset_reported_by_the_acker_restarts_the_source_timeout():
 
 
 def test_an_alive_notice_is_no_outcome():
-    from ackstream.records import ALIVE, one_outcome_per_root
+    from ackstream.vocabulary.records import ALIVE, one_outcome_per_root
 
     table = completions({"root": 1, "status": ALIVE}, {"root": 1, "status": ACKED})
     assert one_outcome_per_root(table).column("status").to_pylist() == [ACKED]
@@ -574,7 +574,8 @@ def test_a_pause_is_not_charged_to_the_roots_in_flight():
 
 
 def run_of(first, end, minted_by="topo", tp=TP):
-    """One completion acking offsets ``first`` up to ``end`` at attempt 0 (ackstream.ranges)."""
+    """One completion acking offsets ``first`` up to ``end`` at attempt 0
+    (ackstream.vocabulary.ranges)."""
     return completions(
         {
             "root": int(ids.root_ids(minted_by, tp[0], tp[1], [first], [0])[0]),

@@ -8,10 +8,17 @@ import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ackstream import ids
 from ackstream.config import RetryPolicy
-from ackstream.records import ACKED, COMPLETION_SCHEMA, FAILED, INVALID, REJECTED, TIMED_OUT
 from ackstream.sources.tracking import METADATA_LIMIT, Tracker
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import (
+    ACKED,
+    COMPLETION_SCHEMA,
+    FAILED,
+    INVALID,
+    REJECTED,
+    TIMED_OUT,
+)
 
 TPS = [("a", 0), ("a", 1), ("b", 0)]
 STATUSES = [ACKED, ACKED, ACKED, FAILED, TIMED_OUT, REJECTED, INVALID]

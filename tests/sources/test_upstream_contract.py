@@ -3,10 +3,10 @@
 import pyarrow as pa
 import pytest
 
-from ackstream import ids
 from ackstream.config import parse
 from ackstream.sources.rows import SOURCE_SCHEMA, ReadTask
 from ackstream.sources.upstream import Upstream, open_upstream
+from ackstream.vocabulary import ids
 
 RECORDS = 10  # per partition
 

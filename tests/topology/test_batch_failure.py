@@ -5,13 +5,13 @@ import pytest
 from pyspark.errors import AnalysisException, PythonException
 
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
-from ackstream.records import BATCH_FAILED, COMPLETION_SCHEMA
 from ackstream.topology.batch_failure import (
     BatchDeadline,
     batch_failed_completions,
     failure_reason,
     isolates,
 )
+from ackstream.vocabulary.records import BATCH_FAILED, COMPLETION_SCHEMA
 
 
 def deadline(passed: bool) -> BatchDeadline:

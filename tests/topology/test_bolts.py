@@ -8,9 +8,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from ackstream import ids
 from ackstream.errors import OptionError, StageError
-from ackstream.records import ACK_RECORD_SCHEMA, FAIL, INIT
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import TupleGraph, settle, tracked_frame
 from ackstream.topology import Topology
@@ -19,6 +17,8 @@ from ackstream.topology.batch import init_records
 from ackstream.topology.bolts import AggregateStage, BatchContext, ExplodeStage
 from ackstream.topology.modes import ACK_MODES, PER_STAGE
 from ackstream.topology.modes import ack_records as records_of
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, FAIL, INIT
 
 pytestmark = pytest.mark.spark
 

@@ -10,11 +10,11 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.records import ACKED, NOTICES
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import tracked_frame, wait_until_settled
 from ackstream.topology import Topology
 from ackstream.topology.modes import ACK_MODES
+from ackstream.vocabulary.records import ACKED, NOTICES
 
 from helpers import through_ledger as ledger
 

@@ -103,7 +103,7 @@ def test_a_started_dag_replays_a_record_through_every_branch(spark, tmp_path, ac
 
     from ackstream import read_dead_letters
     from ackstream.channels.local import LocalChannel
-    from ackstream.records import ACKED, FAILED
+    from ackstream.vocabulary.records import ACKED, FAILED
 
     from helpers import commits
 

@@ -13,10 +13,10 @@ from pyspark.sql import functions as F
 
 from ackstream.channels.local import LocalChannel
 from ackstream.offset_log import clear_unfinished_first_entry
-from ackstream.records import ACKED, NOTICES
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import wait_until_settled
 from ackstream.topology import Topology
+from ackstream.vocabulary.records import ACKED, NOTICES
 
 pytestmark = pytest.mark.spark
 

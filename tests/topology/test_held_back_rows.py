@@ -5,12 +5,12 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream.acker.ledger import Pending, step
-from ackstream.lineage import NO_RECORD, REASON
 from ackstream.sinks.memory import MemorySink
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.testing import tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.held_watch import HeldWatch
+from ackstream.vocabulary.lineage import NO_RECORD, REASON
 
 pytestmark = pytest.mark.spark
 

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.records import ACKED, FAILED, REJECTED
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import tracked_frame, wait_until_settled
 from ackstream.topology import Topology
 from ackstream.topology.modes import ACK_MODES
+from ackstream.vocabulary.records import ACKED, FAILED, REJECTED
 
 from helpers import through_ledger
 
@@ -243,7 +243,7 @@ def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
     import uuid
 
     from ackstream.channels.kafka import KafkaChannel
-    from ackstream.records import NOTICES
+    from ackstream.vocabulary.records import NOTICES
 
     from helpers import group_commits, produce, run_on_kafka
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.records import ACKED, FAILED, NOTICES, TIMED_OUT
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import tracked_frame, wait_until_settled
 from ackstream.topology import Topology
 from ackstream.topology.modes import ACK_MODES
+from ackstream.vocabulary.records import ACKED, FAILED, NOTICES, TIMED_OUT
 
 from helpers import through_ledger as ledger
 
@@ -168,7 +168,7 @@ def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
     """A click "a" held; its root fails elsewhere (a completion on the channel): the next
     batch's view "a" does not meet it (its record is replayed), and is held itself."""
     from ackstream.channels.local import LocalChannel
-    from ackstream.records import completion_table
+    from ackstream.vocabulary.records import completion_table
 
     channel = LocalChannel(str(tmp_path / "channel"))
     channel.prepare()

@@ -11,12 +11,12 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
-from ackstream.records import ACKED, FAILED, NOTICES, TIMED_OUT
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import settle, tracked_frame, wait_until_settled
 from ackstream.topology import Topology
 from ackstream.topology.bolts import BatchContext
 from ackstream.topology.modes import ACK_MODES, TELESCOPED
+from ackstream.vocabulary.records import ACKED, FAILED, NOTICES, TIMED_OUT
 
 from helpers import through_ledger as ledger
 
@@ -92,7 +92,7 @@ def test_a_held_tuple_whose_root_has_an_outcome_is_dropped(spark, tmp_path):
     """Two "a" held; the first's root fails elsewhere (a completion on the channel): the
     next batch's "a" does not fill the window with it, as its record is replayed."""
     from ackstream.channels.local import LocalChannel
-    from ackstream.records import completion_table
+    from ackstream.vocabulary.records import completion_table
 
     channel = LocalChannel(str(tmp_path / "channel"))
     channel.prepare()
@@ -181,7 +181,7 @@ def test_a_held_count_with_a_failed_root_is_dropped_and_fails_its_other_roots(
     (its content comes back with the replays) and fails its other root at once, with a
     reason naming the window; the new "a" is held alone."""
     from ackstream.channels.local import LocalChannel
-    from ackstream.records import completion_table
+    from ackstream.vocabulary.records import completion_table
 
     channel = LocalChannel(str(tmp_path / "channel"))
     channel.prepare()

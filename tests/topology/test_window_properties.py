@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream.acker.ledger import Pending, step
-from ackstream.ids import hash_longs
-from ackstream.records import ACK, ACK_RECORD_SCHEMA, ACKED, ack_table, as_table
 from ackstream.testing import ack_records, init
+from ackstream.vocabulary.ids import hash_longs
+from ackstream.vocabulary.records import ACK, ACK_RECORD_SCHEMA, ACKED, ack_table, as_table
 
 STAGE = 3
 

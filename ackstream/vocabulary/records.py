@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream.arrays import has_duplicates
+from ackstream.vocabulary.arrays import has_duplicates
 
 __all__ = [
     "ACK",
@@ -115,7 +115,7 @@ COMPLETION_SCHEMA = pa.schema(
         pa.field("latency_ms", pa.int64()),  # completion time minus the init's ts
         pa.field("completed_ms", pa.int64()),
         pa.field("reason", pa.string()),  # the fail's, reject's or invalid record's reason
-        # a run of roots in one row (``ackstream.ranges``): offsets ``offset`` up to
+        # a run of roots in one row (``ackstream.vocabulary.ranges``): offsets ``offset`` up to
         # ``end_offset`` (exclusive) at ``attempt``, their roots minted under ``ids``
         # (``root`` is the first's); both null on a row of one root
         pa.field("end_offset", pa.int64()),

@@ -4,7 +4,7 @@ its trees reports O(partitions) rows, not one per root.
 A batch that read offsets ``a..b`` of a partition and closed every tree writes
 one completion with ``offset`` a and ``end_offset`` b + 1 (exclusive), ``attempt``
 0, ``status`` acked, ``root`` the root id of offset a and ``ids`` the namespace
-every root of the run was minted under (``ackstream.ids.root_ids``); a root with
+every root of the run was minted under (``ackstream.vocabulary.ids.root_ids``); a root with
 another outcome cuts its run in two (``ackstream.sources.offsets.PlannedRoots``). The source
 applies such a row as a whole (:meth:`ackstream.sources.tracking.Tracker.complete`);
 every other reader gets one row per root back from the channel (:func:`expand`),
@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream import ids
-from ackstream.records import COMPLETION_SCHEMA, INVALID
+from ackstream.vocabulary import ids
+from ackstream.vocabulary.records import COMPLETION_SCHEMA, INVALID
 
 __all__ = ["checked", "expand", "is_run"]
 
@@ -44,7 +44,7 @@ def checked(completions: pa.Table, ends: Mapping[tuple[str, int], int]) -> pa.Ta
     topology's source could have read), past that end, empty, or whose root is not the
     one its namespace mints for its first offset (the source ignores such a row too).
 
-    >>> from ackstream.records import completion_table
+    >>> from ackstream.vocabulary.records import completion_table
     >>> first = int(ids.root_ids("topo", "t", [0], [0], 0)[0])
     >>> runs = completion_table([first, first], "acked", topic="t", partition=0, offset=0,
     ...                         attempt=0, end_offset=[4, 1_000_000], ids="topo")
