@@ -15,7 +15,7 @@ import os
 from urllib.parse import urlparse
 
 from ackstream.files import hidden_path, write_atomically
-from ackstream.session import is_connect
+from ackstream.spark.session import is_connect
 
 __all__ = ["is_url", "list_names", "read_text", "remove", "write_text"]
 

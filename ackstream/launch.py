@@ -16,8 +16,8 @@ import os
 import sys
 
 from ackstream.errors import EnvironmentProblem, OptionError
-from ackstream.session import is_local_master, java_major_version
 from ackstream.sources.datasource import register
+from ackstream.spark.session import is_local_master, java_major_version
 
 __all__ = ["local_session"]
 

@@ -23,7 +23,7 @@ import time
 from kafka import KafkaConsumer, TopicPartition
 
 import ackstream
-from ackstream.session import is_connect
+from ackstream.spark.session import is_connect
 
 from fault_driver import build
 from helpers import spark_kafka_conf

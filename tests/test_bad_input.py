@@ -167,7 +167,7 @@ def test_a_start_past_a_partition_s_end_stops_the_query_naming_it_and_commits_no
     from kafka import KafkaProducer
 
     from ackstream.channels.local import LocalChannel
-    from ackstream.session import has_kafka_connector
+    from ackstream.spark.session import has_kafka_connector
 
     from helpers import wait_for
 

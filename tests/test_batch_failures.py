@@ -13,8 +13,8 @@ from pyspark.sql import functions as F
 
 from ackstream import MemorySink, Topology
 from ackstream.channels.local import LocalChannel
-from ackstream.session import has_kafka_connector
 from ackstream.sinks.kafka import KafkaSink
+from ackstream.spark.session import has_kafka_connector
 from ackstream.testing import wait_until_settled
 
 from helpers import consume, group_commits, wait_for
@@ -108,7 +108,7 @@ def test_a_python_worker_exiting_on_one_record_dead_letters_it_naming_the_stage(
     while calling o4273.getResult.``)."""
     import os
 
-    from ackstream.session import has_kafka_connector
+    from ackstream.spark.session import has_kafka_connector
 
     if reader == "spark" and not has_kafka_connector(spark):
         pytest.skip("Spark's Kafka connector is not on this session's class path")

@@ -809,7 +809,8 @@ def test_sparks_own_error_records_go_to_the_log_file_not_the_console(
     from pyspark.errors import ArrayIndexOutOfBoundsException
     from pyspark.logger import PySparkLogger
 
-    from ackstream.console import PYSPARK_ERROR_LOGGERS, LogFile
+    from ackstream.cli.console import LogFile
+    from ackstream.spark.driver import PYSPARK_ERROR_LOGGERS
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     loggers = [PySparkLogger.getLogger(name) for name in PYSPARK_ERROR_LOGGERS]

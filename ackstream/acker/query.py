@@ -52,7 +52,7 @@ from ackstream.channels.base import Channel
 from ackstream.checkpoint_files import read_text, write_text
 from ackstream.errors import OptionError
 from ackstream.offset_log import batch_timestamp_ms, clear_unfinished_first_entry
-from ackstream.session import check_picklable, is_connect, master_of
+from ackstream.spark.session import check_picklable, is_connect, master_of
 from ackstream.vocabulary.records import INVALID, UNKNOWN
 
 __all__ = ["check_shard_count", "start_acker"]

@@ -12,7 +12,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError
 from ackstream.kafka.settings import kafka_options_of
-from ackstream.session import is_local_master
+from ackstream.spark.session import is_local_master
 
 __all__ = ["Channel", "KafkaChannel", "LocalChannel", "Position", "check_reach", "open_channel"]
 

@@ -10,10 +10,11 @@ import sys
 import time
 
 from ackstream import launch
+from ackstream.cli.console import LogFile
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
-from ackstream.console import LogFile, interrupts
 from ackstream.errors import cause_of
 from ackstream.sources.offsets import new_ranges, replay_runs
+from ackstream.spark.driver import interrupts
 from ackstream.status import source_metrics
 from ackstream.topology.running import stop_queries
 
@@ -82,7 +83,7 @@ def wait(
     """Poll until every query ended (0), or one failed (1 at once: its peers would run
     on without it), or the timeout passed, or the queries have read rows and then none
     for ``until_idle`` seconds (0), or the event ``pressed`` is set (130: Ctrl-C, see
-    :func:`~ackstream.console.interrupts`). Prints each query's progress
+    :func:`~ackstream.spark.driver.interrupts`). Prints each query's progress
     (:func:`progress_of`) every ``every_s``, the first time at once."""
     progress = progress or Progress()
     start, last_active, printed = time.monotonic(), None, float("-inf")

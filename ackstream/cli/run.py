@@ -19,9 +19,9 @@ from ackstream.cli.arguments import (
     env_float,
     spark_conf,
 )
+from ackstream.cli.console import LogFile
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, refused, status_of
 from ackstream.cli.queries import Progress, local_session, stop, stopping, supervise
-from ackstream.console import LogFile
 from ackstream.errors import AckstreamError, cause_of
 from ackstream.sources.datasource import register
 from ackstream.topology.declared import started as started_topologies

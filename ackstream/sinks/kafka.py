@@ -33,7 +33,7 @@ from ackstream.continued import lineage_headers, mint_edges
 from ackstream.errors import EnvironmentProblem, OptionError, cause_of
 from ackstream.kafka.settings import client_settings, jvm_client_settings
 from ackstream.kafka.topics import deleted_topics, shared_listing
-from ackstream.session import has_kafka_connector, kafka_through_v2
+from ackstream.spark.session import has_kafka_connector, kafka_through_v2
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.lineage import LINEAGE_COLUMNS, REASON, REASON_LIMIT, ROOTS
 from ackstream.vocabulary.records import ACK, ack_table

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 
 from ackstream.config import SourceConfig
 from ackstream.kafka.settings import jvm_client_settings
-from ackstream.session import is_connect, kafka_through_v2
+from ackstream.spark.session import is_connect, kafka_through_v2
 
 if TYPE_CHECKING:
     from py4j.java_gateway import JavaObject, JVMView

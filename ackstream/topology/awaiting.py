@@ -4,7 +4,7 @@ where Ctrl-C must stop it cleanly: :func:`await_topology`.
 A ``KeyboardInterrupt`` raised while the main thread is inside py4j's call to
 ``awaitTermination`` breaks that call's connection, and py4j and pyspark then log
 tracebacks by the dozen. Here Ctrl-C only sets an event
-(:func:`~ackstream.console.interrupts`) the wait polls between short calls; the
+(:func:`~ackstream.spark.driver.interrupts`) the wait polls between short calls; the
 topology stops (its batch in progress first), one line says so, the session stops
 (so that the Python workers Spark started end without their own tracebacks), and
 the script exits with status 130 as an interrupted command does. A second Ctrl-C raises
@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, Protocol
 
-from ackstream.console import interrupts
+from ackstream.spark.driver import interrupts
 
 __all__ = ["await_topology"]
 

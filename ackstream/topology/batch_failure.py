@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyspark.errors import AnalysisException
 
 from ackstream.errors import AckstreamError, cause_of, worker_exit
-from ackstream.session import is_connect
+from ackstream.spark.session import is_connect
 from ackstream.vocabulary.records import BATCH_FAILED, completions_of
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.console import pyspark_error_loggers
 from ackstream.errors import AckstreamError, StageError
+from ackstream.spark.driver import pyspark_error_loggers
 from ackstream.topology.batch import DeclaredTopology
 from ackstream.topology.bolts import (
     AggregateStage,
@@ -118,7 +118,7 @@ _DECLARED = "_declared"
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """pyspark's loggers that print each analysis error with the JVM's stack trace
-    (:data:`~ackstream.console.PYSPARK_ERROR_LOGGERS`) say nothing while a stage is
+    (:data:`~ackstream.spark.driver.PYSPARK_ERROR_LOGGERS`) say nothing while a stage is
     analysed: its error is raised as one :class:`StageError` instead."""
     # made as pyspark makes them: a plain logger of the same name, made first, would be
     # the one pyspark is given, and its error(..., errorClass=) raises a TypeError

@@ -34,9 +34,9 @@ from ackstream.channels import check_reach
 from ackstream.channels.base import Channel
 from ackstream.config import SourceConfig
 from ackstream.errors import OptionError, StageError
-from ackstream.session import has_kafka_connector, is_connect, master_of
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.upstream import check_options, open_upstream
+from ackstream.spark.session import has_kafka_connector, is_connect, master_of
 from ackstream.topology.batch import run_batch
 from ackstream.topology.bolts import (
     AggregateStage,

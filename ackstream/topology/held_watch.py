@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from ackstream.observed import Observed
+from ackstream.spark.observed import Observed
 from ackstream.vocabulary.lineage import REASON
 
 __all__ = ["HeldWatch"]

@@ -2,7 +2,7 @@
 executed and emitted counts per bolt.
 
 Spark counts them while the batch's own jobs read each stage's input and output
-(:mod:`ackstream.observed`): no job of ackstream's own. After each batch
+(:mod:`ackstream.spark.observed`): no job of ackstream's own. After each batch
 the counts are added to ``<checkpoint>/topology/ackstream-stages.json``, which
 ``ackstream status --checkpoint DIR`` shows. Counts are of tuples (rows), not
 roots, and of every run of a batch: a batch Spark runs again after a crash counts
@@ -27,7 +27,7 @@ import os
 
 from pyspark.sql import DataFrame
 
-from ackstream.observed import Observed
+from ackstream.spark.observed import Observed
 
 __all__ = ["FILE", "SIDES", "StageCounts", "read_stage_counts"]
 

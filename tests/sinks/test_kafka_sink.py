@@ -4,8 +4,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream.errors import OptionError
-from ackstream.session import has_kafka_connector
 from ackstream.sinks.kafka import KafkaSink
+from ackstream.spark.session import has_kafka_connector
 from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology
 

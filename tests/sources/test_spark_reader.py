@@ -3,11 +3,11 @@
 import pytest
 
 from ackstream.config import parse
-from ackstream.session import has_kafka_connector
 from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.kafka_ranges import read_ranges
 from ackstream.sources.rows import ReadTask, too_big_reason
 from ackstream.sources.spark_reader import read_new_ranges
+from ackstream.spark.session import has_kafka_connector
 
 pytestmark = [pytest.mark.broker]
 

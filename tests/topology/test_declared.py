@@ -83,7 +83,7 @@ def test_spark_s_errors_still_convert_after_the_analysis(spark, tmp_path, monkey
 
     from pyspark.errors import ArrayIndexOutOfBoundsException
 
-    from ackstream.console import PYSPARK_ERROR_LOGGERS
+    from ackstream.spark.driver import PYSPARK_ERROR_LOGGERS
 
     for name in PYSPARK_ERROR_LOGGERS:  # as in a fresh process: not made yet
         monkeypatch.delitem(logging.Logger.manager.loggerDict, name, raising=False)

@@ -1,16 +1,12 @@
 """The console of a long-running command (``ackstream run``, ``ackstream acker``): it
-shows ackstream's own lines, and Ctrl-C asks the command to stop.
+shows ackstream's own lines, and Ctrl-C asks the command to stop
+(:func:`ackstream.spark.driver.interrupts`, which the command's wait polls).
 
-- :class:`LogFile`: Spark's JVM log, the stderr of the Python workers Spark starts,
-  and Python's logging records (pyspark's, py4j's, ackstream's, the topology file's)
-  go to one file, which the command names when it ends badly; ``verbose`` leaves
-  them all on the console instead. That includes the records of pyspark's loggers
-  that write to stderr of their own accord (:data:`PYSPARK_ERROR_LOGGERS`).
-- :func:`interrupts`: Ctrl-C sets an event the command polls, instead of raising
-  ``KeyboardInterrupt`` wherever the main thread is: pyspark's own handler cancels
-  Spark's jobs and raises, and a ``KeyboardInterrupt`` in the middle of a py4j call
-  breaks that call's connection (py4j then logs its tracebacks). A second Ctrl-C
-  raises ``KeyboardInterrupt``, for a stop that does not return.
+:class:`LogFile`: Spark's JVM log, the stderr of the Python workers Spark starts, and
+Python's logging records (pyspark's, py4j's, ackstream's, the topology file's) go to
+one file, which the command names when it ends badly; ``verbose`` leaves them all on
+the console instead. That includes the records of pyspark's loggers that write to
+stderr of their own accord (:data:`ackstream.spark.driver.PYSPARK_ERROR_LOGGERS`).
 
 No Spark import: ``ackstream --help`` stays fast.
 """
@@ -20,20 +16,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 
-__all__ = ["PYSPARK_ERROR_LOGGERS", "LogFile", "interrupts", "pyspark_error_loggers"]
+from ackstream.spark.driver import pyspark_error_loggers
+
+__all__ = ["LogFile"]
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-#: pyspark's loggers that write each Spark error carrying a query context, the JVM's
-#: stack trace with it, to stderr whenever pyspark converts one, also one ackstream
-#: handles (a batch that fails as a whole); they do not propagate to the root logger.
-PYSPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 
 
 class LogFile:
@@ -94,32 +85,3 @@ class LogFile:
         if self.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
-
-
-def pyspark_error_loggers() -> list[logging.Logger]:
-    """The loggers of :data:`PYSPARK_ERROR_LOGGERS`, made as pyspark makes them."""
-    # imported here, not above: only the commands that run Spark enter a LogFile, and
-    # ackstream --help stays fast
-    from pyspark.logger import PySparkLogger
-
-    return [PySparkLogger.getLogger(name) for name in PYSPARK_ERROR_LOGGERS]
-
-
-@contextlib.contextmanager
-def interrupts() -> Iterator[threading.Event]:
-    """An event Ctrl-C sets (see the module doc); the handler before is restored after.
-    Outside the main thread, where no signal handler can be set, an event never set."""
-    pressed = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield pressed
-        return
-
-    def first(signum, frame) -> None:
-        pressed.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    before = signal.signal(signal.SIGINT, first)
-    try:
-        yield pressed
-    finally:
-        signal.signal(signal.SIGINT, before)

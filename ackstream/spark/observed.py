@@ -17,7 +17,7 @@ import uuid
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.session import is_connect
+from ackstream.spark.session import is_connect
 
 __all__ = ["Observed"]
 
