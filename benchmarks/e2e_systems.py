@@ -273,7 +273,7 @@ def commit_logged(committer, spark, checkpoint: str, batch_id: int) -> None:
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    from ackstream.offset_log import source_offsets
+    from ackstream.storage.offset_log import source_offsets
 
     ends: dict = {}
     for source in source_offsets(spark, checkpoint, batch_id):  # {topic: {p: next}}

@@ -1,4 +1,4 @@
-"""Per-batch state files (``ackstream.files.BatchFiles``), which the acker's pending
+"""Per-batch state files (``ackstream.storage.files.BatchFiles``), which the acker's pending
 table and the window stages' held tuples are kept in."""
 
 import pickle
@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from ackstream.errors import OptionError
-from ackstream.files import BatchFiles
+from ackstream.storage.files import BatchFiles
 
 
 def test_a_batch_starts_from_the_newest_earlier_table_and_two_are_kept(tmp_path):

@@ -8,8 +8,8 @@ from pyspark.sql import functions as F
 
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
-from ackstream.offset_log import logged_offsets
 from ackstream.spark.session import has_kafka_connector
+from ackstream.storage.offset_log import logged_offsets
 from ackstream.testing import wait_until_settled
 
 from helpers import consume, group_commits, sentences

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from ackstream import MemorySink, Topology
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import AckstreamError
-from ackstream.offset_log import logged_offsets
+from ackstream.storage.offset_log import logged_offsets
 from ackstream.testing import wait_until_settled
 
 from helpers import commits, consume, group_commits, wait_for

@@ -25,7 +25,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from ackstream.acker.ledger import Pending
-from ackstream.files import BatchFiles
+from ackstream.storage.files import BatchFiles
 
 __all__ = ["PendingStore"]
 

@@ -49,10 +49,10 @@ from ackstream.acker.file_batch import batch_records
 from ackstream.acker.shards import ShardLedger
 from ackstream.channels import check_reach
 from ackstream.channels.base import Channel
-from ackstream.checkpoint_files import read_text, write_text
 from ackstream.errors import OptionError
-from ackstream.offset_log import batch_timestamp_ms, clear_unfinished_first_entry
 from ackstream.spark.session import check_picklable, is_connect, master_of
+from ackstream.storage.checkpoint_files import read_text, write_text
+from ackstream.storage.offset_log import batch_timestamp_ms, clear_unfinished_first_entry
 from ackstream.vocabulary.records import INVALID, UNKNOWN
 
 __all__ = ["check_shard_count", "start_acker"]
@@ -160,7 +160,7 @@ def check_shard_count(spark: SparkSession, checkpoint: str, ackers: int) -> None
     root lives in the state of shard ``pmod(root, ackers)``, so another count would lose
     track of it (its acks would reach a shard that never saw its init). The count is
     kept in the checkpoint, read and written as Spark's checkpoint files are (see
-    :mod:`ackstream.checkpoint_files`)."""
+    :mod:`ackstream.storage.checkpoint_files`)."""
     if not isinstance(ackers, int) or ackers < 1:
         raise OptionError("ackers", ackers, "a whole number >= 1 (tracking=False runs no acker)")
     path = f"{checkpoint.rstrip('/')}/{SHARDS_FILE}"

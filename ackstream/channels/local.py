@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ackstream.files import hidden_path, write_atomically
+from ackstream.storage.files import hidden_path, write_atomically
 from ackstream.vocabulary.ids import content_id
 from ackstream.vocabulary.ranges import expand
 from ackstream.vocabulary.records import (

@@ -32,10 +32,10 @@ import pyarrow.parquet as pq
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
 from ackstream.errors import EnvironmentProblem
-from ackstream.files import write_atomically
 from ackstream.kafka.reading import read_records, topic_ranges
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, deleted_topics
+from ackstream.storage.files import write_atomically
 from ackstream.vocabulary.ids import content_id, hash_text
 
 __all__ = [

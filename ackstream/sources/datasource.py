@@ -24,11 +24,11 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from ackstream.channels import open_channel
 from ackstream.channels.local import SOURCE_METRICS_FILE
 from ackstream.config import SourceConfig
-from ackstream.files import write_atomically
 from ackstream.sources.offsets import read_tasks
 from ackstream.sources.rows import ReadTask, source_ddl
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import check_options, open_upstream
+from ackstream.storage.files import write_atomically
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

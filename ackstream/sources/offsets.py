@@ -27,7 +27,7 @@ Spark writes to the query's offset log before the batch runs::
 (:func:`read_tasks`) and its roots (:class:`PlannedRoots`) come from the offset
 without touching the data. That is what lets a topology batch report its trees
 without reading its input a second time: the topology finds the offset in
-Spark's offset log (:mod:`ackstream.offset_log`) under its batch id.
+Spark's offset log (:mod:`ackstream.storage.offset_log`) under its batch id.
 """
 
 from __future__ import annotations

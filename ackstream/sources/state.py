@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from ackstream.files import write_atomically
 from ackstream.sources.in_flight import EMPTY_SPANS, Changes, Spans
 from ackstream.sources.rows import TP
+from ackstream.storage.files import write_atomically
 
 if TYPE_CHECKING:
     from numpy.lib.npyio import NpzFile

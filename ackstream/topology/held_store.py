@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from ackstream.files import BatchFiles
+from ackstream.storage.files import BatchFiles
 
 if TYPE_CHECKING:  # ``ackstream status`` reads the counts without Spark
     from pyspark.sql import DataFrame, SparkSession

@@ -24,10 +24,10 @@ from ackstream.acker.query import start_acker
 from ackstream.channels.base import Channel
 from ackstream.config import SourceConfig, parse_duration_ms
 from ackstream.errors import OptionError
-from ackstream.offset_log import clear_unfinished_first_entry, logged_offsets
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.spark_reader import read_new_ranges, read_replays
 from ackstream.spark.session import check_picklable, is_connect
+from ackstream.storage.offset_log import clear_unfinished_first_entry, logged_offsets
 from ackstream.topology.awaiting import await_topology
 from ackstream.topology.batch import DeclaredTopology, run_batch
 from ackstream.topology.batch_failure import (

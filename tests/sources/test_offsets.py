@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream.config import parse
-from ackstream.offset_log import logged_offsets
 from ackstream.sources import offsets
 from ackstream.sources.datasource import AckstreamStreamReader
+from ackstream.storage.offset_log import logged_offsets
 from ackstream.vocabulary.records import INIT
 
 from helpers import wait_for

@@ -12,8 +12,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream.channels.local import LocalChannel
-from ackstream.offset_log import clear_unfinished_first_entry
 from ackstream.sinks.memory import MemorySink
+from ackstream.storage.offset_log import clear_unfinished_first_entry
 from ackstream.testing import wait_until_settled
 from ackstream.topology import Topology
 from ackstream.vocabulary.records import ACKED, NOTICES

@@ -14,8 +14,8 @@ import json
 import os
 import re
 
-from ackstream.checkpoint_files import is_url, list_names, read_text, remove
 from ackstream.errors import AckstreamError
+from ackstream.storage.checkpoint_files import is_url, list_names, read_text, remove
 
 __all__ = [
     "batch_timestamp_ms",

@@ -14,8 +14,8 @@ import contextlib
 import os
 from urllib.parse import urlparse
 
-from ackstream.files import hidden_path, write_atomically
 from ackstream.spark.session import is_connect
+from ackstream.storage.files import hidden_path, write_atomically
 
 __all__ = ["is_url", "list_names", "read_text", "remove", "write_text"]
 
