@@ -12,7 +12,7 @@
 #   make docs   builds the documentation site from docs/ into site/ (open site/index.html),
 #               strictly: a broken link or a docstring mkdocstrings cannot render fails it
 #   make options-page  rewrites the tables of docs/reference/options.md from the table
-#               of options in ackstream/config.py (a test fails when they differ)
+#               of options in ackstream/config/source.py (a test fails when they differ)
 #   make bench-scale  the same tracked work on 1 and 2 executors of a standalone cluster
 #   make bench-failure  the failure path's cost: 0 to 100 % of each batch failing once
 VENV ?= .venv

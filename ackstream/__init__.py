@@ -6,7 +6,7 @@ after a fail or timeout, or dead-lettered with its reason.
 
 The names here are the ones a user types; everything else lives in its module
 (the ledger in :mod:`ackstream.acker.ledger`, record kinds and schemas in
-:mod:`ackstream.vocabulary.records`, options in :mod:`ackstream.config`). They are imported
+:mod:`ackstream.vocabulary.records`, options in :mod:`ackstream.config.source`). They are imported
 on first use, so ``import ackstream`` (and ``ackstream --help``) stays light.
 """
 

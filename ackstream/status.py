@@ -77,7 +77,7 @@ import pyarrow.compute as pc
 
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import SOURCE_METRICS_FILE, LocalChannel
-from ackstream.config import default_channel_dir
+from ackstream.config.source import default_channel_dir
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.settings import client_settings, kafka_options_of

@@ -35,7 +35,7 @@ import pyarrow as pa  # noqa: E402
 from acker import machine  # noqa: E402
 from e2e import save  # noqa: E402
 
-from ackstream.config import RetryPolicy  # noqa: E402
+from ackstream.config.source import RetryPolicy  # noqa: E402
 from ackstream.sources.tracking import Tracker  # noqa: E402
 from ackstream.vocabulary import ids  # noqa: E402
 from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA  # noqa: E402

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ackstream.channels.local import LocalChannel
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.sources.generator import TOPIC
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream

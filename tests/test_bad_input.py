@@ -123,7 +123,7 @@ def test_a_security_protocol_the_broker_does_not_speak_is_a_bounded_error_naming
 ):
     import time
 
-    from ackstream.config import parse
+    from ackstream.config.source import parse
     from ackstream.errors import EnvironmentProblem
     from ackstream.sources.upstream import open_upstream
 

@@ -135,7 +135,7 @@ def test_status_conflicting_or_missing_channel(argv, says, capsys):
 
 
 def test_status_finds_the_topology_default_channel(capsys, monkeypatch, tmp_path):
-    from ackstream.config import default_channel_dir
+    from ackstream.config.source import default_channel_dir
 
     from test_status import EXPECTED, fill_channel
 

@@ -3,7 +3,7 @@
 import pytest
 
 from ackstream import OptionError
-from ackstream.config import parse, parse_duration_ms
+from ackstream.config.source import parse, parse_duration_ms
 
 KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "events"}
 
@@ -292,7 +292,7 @@ def test_each_option_row_sets_a_config_field_of_its_readers_type():
     from dataclasses import fields
     from typing import get_args, get_type_hints
 
-    from ackstream import config
+    from ackstream.config import source as config
 
     declared = {}
     for group, kind in [

@@ -1,4 +1,4 @@
-"""docs/reference/options.md and the parser in ackstream/config.py say the same: every
+"""docs/reference/options.md and the parser in ackstream/config/source.py say the same: every
 option the parser knows is on the page and every option on the page is known, the
 refused ones are listed as refused, and the defaults the page gives are the parser's."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ackstream.config import option_names, parse, parse_duration_ms
+from ackstream.config.source import option_names, parse, parse_duration_ms
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "options.md"
 KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "t"}
@@ -89,7 +89,7 @@ def test_the_default_on_the_page_is_the_parsers(page, option):
 
 
 def test_the_page_tables_are_the_ones_the_option_table_makes(page):
-    """The tables are made from ackstream.config.OPTIONS (docs/hooks/options_page.py):
+    """The tables are made from ackstream.config.source.OPTIONS (docs/hooks/options_page.py):
     a row changed in one and not the other fails here; `make options-page` rewrites."""
     hook = runpy.run_path(str(PAGE.parents[1] / "hooks" / "options_page.py"))
     assert page.count("<!-- options: ") == 3

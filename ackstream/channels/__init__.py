@@ -9,7 +9,7 @@ from __future__ import annotations
 from ackstream.channels.base import Channel, Position
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import LocalChannel
-from ackstream.config import SourceConfig
+from ackstream.config.source import SourceConfig
 from ackstream.errors import OptionError
 from ackstream.kafka.settings import kafka_options_of
 from ackstream.spark.session import is_local_master

@@ -18,7 +18,7 @@ from ackstream.cli.arguments import (
 from ackstream.cli.console import LogFile
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, refused
 from ackstream.cli.queries import local_session, stop, stopping, supervise
-from ackstream.config import default_channel_dir, parse_duration_ms
+from ackstream.config.source import default_channel_dir, parse_duration_ms
 from ackstream.errors import AckstreamError
 
 __all__ = ["add_arguments", "command"]

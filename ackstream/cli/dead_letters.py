@@ -17,7 +17,7 @@ from ackstream.cli.arguments import (
     command_kafka_options,
 )
 from ackstream.cli.exits import EXIT_FAILED, unanswered
-from ackstream.config import default_channel_dir
+from ackstream.config.source import default_channel_dir
 from ackstream.sinks.dead_letters import (
     read_dead_letters,
     replay_dead_letters,

@@ -17,7 +17,7 @@ from ackstream.cli.arguments import (
     command_kafka_options,
 )
 from ackstream.cli.exits import EXIT_OK, refused, unanswered
-from ackstream.config import default_channel_dir
+from ackstream.config.source import default_channel_dir
 from ackstream.errors import AckstreamError
 from ackstream.metrics import exposition
 from ackstream.status import Status, StatusSource

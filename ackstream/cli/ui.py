@@ -13,7 +13,7 @@ from ackstream.cli.arguments import (
     command_kafka_options,
 )
 from ackstream.cli.exits import EXIT_OK
-from ackstream.config import default_channel_dir
+from ackstream.config.source import default_channel_dir
 from ackstream.status import StatusSource
 
 __all__ = ["add_arguments", "command"]

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import javaproperties
 
-from ackstream.config import SourceConfig
+from ackstream.config.source import SourceConfig
 from ackstream.errors import OptionError
 
 __all__ = [

@@ -23,7 +23,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ackstream.channels import open_channel
 from ackstream.channels.local import SOURCE_METRICS_FILE
-from ackstream.config import SourceConfig
+from ackstream.config.source import SourceConfig
 from ackstream.sources.offsets import read_tasks
 from ackstream.sources.rows import ReadTask, source_ddl
 from ackstream.sources.spout import Spout, initial_offset

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ackstream.config import SourceConfig
+from ackstream.config.source import SourceConfig
 from ackstream.sources.rows import TP, ReadTask, spout_batch
 from ackstream.storage.files import write_atomically
 from ackstream.vocabulary import ids

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from ackstream.config import SourceConfig
+from ackstream.config.source import SourceConfig
 from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.outage import Outage

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 
-from ackstream.config import SourceConfig
+from ackstream.config.source import SourceConfig
 from ackstream.kafka.settings import jvm_client_settings
 from ackstream.spark.session import is_connect, kafka_through_v2
 

@@ -34,7 +34,7 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.config import SourceConfig
+from ackstream.config.source import SourceConfig
 from ackstream.sources.kafka_ranges import read_ranges
 from ackstream.sources.offsets import covering, new_ranges, replay_runs
 from ackstream.sources.rows import kafka_columns, too_big_reason

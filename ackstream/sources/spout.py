@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 from ackstream.channels.base import Channel
-from ackstream.config import SourceConfig, default_tick_ms
+from ackstream.config.source import SourceConfig, default_tick_ms
 from ackstream.errors import AckstreamError, OptionError
 from ackstream.kafka.settings import kafka_options_of
 from ackstream.sinks.dead_letters import DeadLetterWriter, KafkaDeadLetters, ParquetDeadLetters

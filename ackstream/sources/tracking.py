@@ -41,7 +41,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ackstream.config import RetryPolicy
+from ackstream.config.source import RetryPolicy
 from ackstream.sources.in_flight import (
     EMPTY,
     EMPTY_SPANS,

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from ackstream.config import SourceConfig, parse
+from ackstream.config.source import SourceConfig, parse
 from ackstream.sources.generator import GeneratorUpstream
 from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.rows import TP, ReadTask

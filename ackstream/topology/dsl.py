@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame
 from ackstream.acker.precombine import precombine
 from ackstream.channels import check_reach
 from ackstream.channels.base import Channel
-from ackstream.config import SourceConfig
+from ackstream.config.source import SourceConfig
 from ackstream.errors import OptionError, StageError
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.upstream import check_options, open_upstream

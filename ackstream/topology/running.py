@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 
 from ackstream.acker.query import start_acker
 from ackstream.channels.base import Channel
-from ackstream.config import SourceConfig, parse_duration_ms
+from ackstream.config.source import SourceConfig, parse_duration_ms
 from ackstream.errors import OptionError
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.spark_reader import read_new_ranges, read_replays

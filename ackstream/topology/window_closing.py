@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType
 
-from ackstream.config import parse_duration_ms
+from ackstream.config.source import parse_duration_ms
 from ackstream.errors import OptionError, StageError
 from ackstream.topology.held_store import HOLD
 from ackstream.topology.modes import Mode

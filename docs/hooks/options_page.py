@@ -1,5 +1,5 @@
 """The tables of the options page, made from the table of options in
-``ackstream.config``, so the page and the parser cannot disagree.
+``ackstream.config.source``, so the page and the parser cannot disagree.
 
 Between ``<!-- options: NAME -->`` and ``<!-- /options -->`` the page holds what
 :func:`render` makes: the ``kafka`` table (Spark's Kafka source's options), the
@@ -19,7 +19,7 @@ _MARKED = re.compile(r"(<!-- options: (\w+) -->\n\n)(.*?)(\n\n<!-- /options -->)
 
 def section(name: str) -> str:
     """The Markdown between the marks named ``name``."""
-    from ackstream.config import DEFAULTS, OPTIONS, REFUSED
+    from ackstream.config.source import DEFAULTS, OPTIONS, REFUSED
 
     if name == "refused":
         items = (f"- {', '.join(f'`{n}`' for n in names)}: {why}" for names, why in REFUSED)

@@ -169,7 +169,7 @@ def test_local_completions_from_several_writers_are_all_read_once(tmp_path):
 
 def test_it_is_a_channel_that_a_source_can_name(channel):
     from ackstream.channels import Channel
-    from ackstream.config import parse
+    from ackstream.config.source import parse
 
     assert isinstance(channel, Channel)
     option = channel.source_options()["ackstream.channel"]

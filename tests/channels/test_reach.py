@@ -4,7 +4,7 @@ import pytest
 
 from ackstream import OptionError, Topology
 from ackstream.channels import KafkaChannel, LocalChannel, check_reach
-from ackstream.config import parse
+from ackstream.config.source import parse
 
 CLUSTER = "spark://127.0.0.1:7077"
 

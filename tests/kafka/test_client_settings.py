@@ -10,7 +10,7 @@ from ackstream import OptionError
 from ackstream.channels import KafkaChannel, open_channel
 from ackstream.channels.ack_source import ChannelSource, MessageRange
 from ackstream.channels.messages import fetch_messages
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.kafka.settings import client_settings, consumer_settings
 from ackstream.sinks.dead_letters import KafkaDeadLetters
 from ackstream.sinks.kafka import KafkaSink

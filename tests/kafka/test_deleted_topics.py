@@ -12,7 +12,7 @@ import pytest
 
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.channels.local import LocalChannel
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.errors import EnvironmentProblem
 from ackstream.sinks.dead_letters import KafkaDeadLetters
 from ackstream.sources.kafka import KafkaUpstream

@@ -3,7 +3,7 @@
 import pytest
 
 from ackstream.channels.local import LocalChannel
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import open_upstream
 from ackstream.testing import FakeClock

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from ackstream.channels.local import LocalChannel
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.errors import EnvironmentProblem, OptionError
 from ackstream.sources.rows import ReadTask, source_schema
 from ackstream.sources.spout import Spout, initial_offset

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.sources import kafka as kafka_upstream
 from ackstream.sources.rows import ReadTask
 

@@ -10,7 +10,7 @@ import pytest
 from kafka import TopicPartition
 from kafka.errors import KafkaTimeoutError
 
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.settings import OUTAGE_LIMIT_S
 from ackstream.sources import kafka as upstream_module

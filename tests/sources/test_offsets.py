@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.sources import offsets
 from ackstream.sources.datasource import AckstreamStreamReader
 from ackstream.storage.offset_log import logged_offsets

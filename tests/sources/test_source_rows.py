@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.sources.generator import GeneratorUpstream, sentence
 from ackstream.sources.rows import SOURCE_SCHEMA, ReadTask
 from ackstream.sources.spout import share_by_lag

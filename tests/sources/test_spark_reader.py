@@ -2,7 +2,7 @@
 
 import pytest
 
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.kafka_ranges import read_ranges
 from ackstream.sources.rows import ReadTask, too_big_reason

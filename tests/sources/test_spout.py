@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ackstream.channels.local import LocalChannel
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sources.generator import UNBOUNDED_STEP
 from ackstream.sources.spout import Spout, initial_offset

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackstream.config import RetryPolicy
+from ackstream.config.source import RetryPolicy
 from ackstream.sources.in_flight import NOT_STARTED, InFlight
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import METADATA_LIMIT, DoneRuns, Tracker, ranges

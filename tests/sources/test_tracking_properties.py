@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ackstream.config import RetryPolicy
+from ackstream.config.source import RetryPolicy
 from ackstream.sources.tracking import METADATA_LIMIT, Tracker
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.records import (

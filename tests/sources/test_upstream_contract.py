@@ -3,7 +3,7 @@
 import pyarrow as pa
 import pytest
 
-from ackstream.config import parse
+from ackstream.config.source import parse
 from ackstream.sources.rows import SOURCE_SCHEMA, ReadTask
 from ackstream.sources.upstream import Upstream, open_upstream
 from ackstream.vocabulary import ids

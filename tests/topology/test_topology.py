@@ -116,7 +116,7 @@ def test_ackers_zero_reads_its_source_untracked_like_tracking_off(tmp_path):
     """Storm with no ackers acks every tuple at emit: ``ackers=0`` is tracking off, and
     the source is told so (else it would wait for completions nobody reports)."""
     import ackstream
-    from ackstream.config import parse
+    from ackstream.config.source import parse
 
     channel = LocalChannel(tmp_path / "channel")
     none, off = Topology("t", None, channel, ackers=0), Topology("t", None, channel, tracking=False)

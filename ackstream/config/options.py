@@ -1,6 +1,6 @@
 """How a source option is declared, and how its text becomes a value.
 
-An :class:`Option` is one row of the table of options in :mod:`ackstream.config`:
+An :class:`Option` is one row of the table of options in :mod:`ackstream.config.source`:
 the name users write, the config field it sets, how its text is read (a
 :class:`Reader`, whose type is the field's), its default, a check against the
 options read before it, and one line of docs. The parser, the did-you-mean

@@ -7,7 +7,7 @@ option, the value and what is allowed. Unknown ``ackstream.*`` keys are rejected
 nothing falls back silently to a default. Kafka options mirror Spark's Kafka source.
 
 Each option is declared once, as a row of :data:`OPTIONS` (see
-:mod:`ackstream.options`): :func:`parse` reads the rows in order, the did-you-mean
+:mod:`ackstream.config.options`): :func:`parse` reads the rows in order, the did-you-mean
 suggestions come from their names, and the options page of the docs is made from
 them (``docs/hooks/options_page.py``).
 
@@ -29,8 +29,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from ackstream.errors import OptionError
-from ackstream.options import (
+from ackstream.config.options import (
     DURATION,
     FLAG,
     NAME,
@@ -45,6 +44,7 @@ from ackstream.options import (
     parse_duration_ms,
     whole,
 )
+from ackstream.errors import OptionError
 
 __all__ = [
     "DEFAULTS",
