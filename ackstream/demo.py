@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
 from ackstream.config.source import default_channel_dir
 from ackstream.sources.generator import committed_count
-from ackstream.status import read_source_metrics, saved_ends
+from ackstream.ui.status import read_source_metrics, saved_ends
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.ranges import checked, expand
 from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA, NOTICES

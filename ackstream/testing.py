@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ackstream.acker import precombine as batch
-from ackstream.status import source_metrics
+from ackstream.ui.status import source_metrics
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
@@ -271,7 +271,7 @@ def wait_until_settled(running, *, records: int | None = None, timeout_s: float 
     """Wait until the started topology's source says every record it read is settled
     (acked or dead-lettered: no root pending, no replay waiting, every partition's
     watermark at its end), and at least ``records`` of them when given; return its
-    figures (:func:`ackstream.status.source_metrics`). The source commits its
+    figures (:func:`ackstream.ui.status.source_metrics`). The source commits its
     watermark upstream as it moves, so the offsets are committed by then.
 
     The figures come with Spark's progress, which a trigger that runs no batch reports

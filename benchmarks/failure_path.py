@@ -158,7 +158,7 @@ def batches_of(progress: list[dict]) -> list[dict]:
     """Each batch that ran, from the query's progress: its start (s), the new records
     and the replays its offset names, its duration and the spout's counts at its start."""
     from ackstream.sources.offsets import new_ranges, replay_runs
-    from ackstream.status import source_metrics
+    from ackstream.ui.status import source_metrics
 
     out = []
     for p in progress:
@@ -305,7 +305,7 @@ def wait_settled(running, admin, name: str, inp, timeout_s: float) -> tuple[str 
     """Wait until the group has committed every offset of ``inp`` and the spout's counts
     say every record settled; returns why it stopped short (None: it did not) and the
     spout's counts."""
-    from ackstream.status import source_metrics
+    from ackstream.ui.status import source_metrics
 
     deadline = time.monotonic() + timeout_s
     while True:

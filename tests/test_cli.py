@@ -28,7 +28,7 @@ def test_demo_accounts_for_every_record_and_leaves_its_channel_for_status(spark,
     import math
 
     from ackstream.demo import run_demo
-    from ackstream.status import local_status
+    from ackstream.ui.status import local_status
 
     lines = []
     result = run_demo(
@@ -211,7 +211,7 @@ topology.start(frame, {checkpoint!r}, trigger_ms=200)
 
 @pytest.mark.spark
 def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, capsys):
-    from ackstream.status import local_status
+    from ackstream.ui.status import local_status
 
     channel = str(tmp_path / "channel")
     topo = tmp_path / "topo.py"
@@ -249,7 +249,7 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
     the timeout."""
     from kafka import KafkaAdminClient
 
-    from ackstream.status import local_status
+    from ackstream.ui.status import local_status
 
     from helpers import produce, sentences
 

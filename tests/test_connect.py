@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ackstream.status import stages_in
+from ackstream.ui.status import stages_in
 
 from helpers import consume, sentences
 from spark_cluster import ConnectServer, spark_env

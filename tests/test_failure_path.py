@@ -20,7 +20,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream import KafkaChannel, KafkaSink, Topology
-from ackstream.status import source_metrics
+from ackstream.ui.status import source_metrics
 
 from helpers import consume, delete_topic, group_commits, wait_for
 

@@ -8,9 +8,9 @@ import urllib.request
 
 import pytest
 
-from ackstream.metrics import Statuses
-from ackstream.status import StatusSource, local_status
-from ackstream.ui import serve_metrics, serve_view
+from ackstream.ui.metrics import Statuses
+from ackstream.ui.status import StatusSource, local_status
+from ackstream.ui.view import serve_metrics, serve_view
 
 from test_status import EXPECTED, fill_channel
 

@@ -9,11 +9,11 @@ import pytest
 
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import EnvironmentProblem
-from ackstream.metrics import exposition
 from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
 from ackstream.sources.tracking import DeadLetter
-from ackstream.status import history, latency_histogram, local_status, summarize
 from ackstream.testing import ack, ack_records, init
+from ackstream.ui.metrics import exposition
+from ackstream.ui.status import history, latency_histogram, local_status, summarize
 from ackstream.vocabulary.records import (
     ACKED,
     BATCH_FAILED,
@@ -169,7 +169,7 @@ def test_local_status_of_a_missing_directory_says_what_to_give(tmp_path):
 @pytest.mark.broker
 def test_kafka_status_reads_both_topics(broker, tmp_path):
     from ackstream.channels.kafka import KafkaChannel
-    from ackstream.status import kafka_status
+    from ackstream.ui.status import kafka_status
 
     topology = f"status-{os.urandom(4).hex()}"
     channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
@@ -212,8 +212,8 @@ def committed_group(bootstrap: str, topology: str) -> str:
 @pytest.mark.broker
 def test_kafka_status_shows_the_lag_of_the_sources_group(broker, monkeypatch):
     """With the Kafka channel there is no metrics file: the lag is the group's."""
-    import ackstream.status
-    from ackstream.status import kafka_status
+    import ackstream.ui.status
+    from ackstream.ui.status import kafka_status
 
     topology = f"lag-{os.urandom(4).hex()}"
     topic = committed_group(broker.bootstrap, topology)
@@ -223,7 +223,7 @@ def test_kafka_status_shows_the_lag_of_the_sources_group(broker, monkeypatch):
     # an upstream on other brokers: the group is read there, not on the channel's (one
     # broker in the suite: the call is watched; the local channel's test reads it for real)
     asked = []
-    monkeypatch.setattr(ackstream.status, "group_lag", lambda *args: asked.append(args))
+    monkeypatch.setattr(ackstream.ui.status, "group_lag", lambda *args: asked.append(args))
     kafka_status(broker.bootstrap, topology, upstream_bootstrap="127.0.0.1:9")
     assert asked == [("127.0.0.1:9", f"ackstream-{topology}", None)]
 
@@ -372,7 +372,7 @@ def test_kafka_status_leaves_rejected_dead_letters_out_of_the_replayed_count(bro
     failed or timed-out attempts make those roots not replayed."""
     from ackstream.channels.kafka import KafkaChannel
     from ackstream.sinks.dead_letters import KafkaDeadLetters
-    from ackstream.status import kafka_status
+    from ackstream.ui.status import kafka_status
 
     topology = f"replayed-{os.urandom(4).hex()}"
     channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
@@ -462,7 +462,7 @@ def test_kafka_status_counts_a_run_past_its_partition_s_end_on_the_brokers_as_in
     from kafka import KafkaProducer
 
     from ackstream.channels.kafka import KafkaChannel
-    from ackstream.status import kafka_status
+    from ackstream.ui.status import kafka_status
 
     topic = new_topic(partitions=1)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)

@@ -61,10 +61,10 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
     from pyspark.sql import functions as F
 
     from ackstream import KafkaChannel, KafkaSink, Topology
-    from ackstream.metrics import Statuses
-    from ackstream.status import StatusSource
     from ackstream.testing import wait_until_settled
-    from ackstream.ui import serve_view
+    from ackstream.ui.metrics import Statuses
+    from ackstream.ui.status import StatusSource
+    from ackstream.ui.view import serve_view
 
     source, sink, dead = new_topic(partitions=2), new_topic(), new_topic()
     for partition in (0, 1):

@@ -15,8 +15,8 @@ from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_o
 from ackstream.errors import cause_of
 from ackstream.sources.offsets import new_ranges, replay_runs
 from ackstream.spark.driver import interrupts
-from ackstream.status import source_metrics
 from ackstream.topology.running import stop_queries
+from ackstream.ui.status import source_metrics
 
 __all__ = [
     "Progress",

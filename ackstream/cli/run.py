@@ -187,9 +187,9 @@ def _serve(args, topologies: list, progress: Progress) -> list:
     ``(topology, checkpoint)`` pairs the file started; each says where it is."""
     if args.metrics_port is None and args.ui is None:
         return []
-    from ackstream.metrics import Statuses
-    from ackstream.status import StatusSource
-    from ackstream.ui import Served, serve_metrics, serve_view
+    from ackstream.ui.metrics import Statuses
+    from ackstream.ui.status import StatusSource
+    from ackstream.ui.view import Served, serve_metrics, serve_view
 
     sources = [StatusSource.of_topology(t, checkpoint) for t, checkpoint in topologies]
     statuses = Statuses(lambda: sources)

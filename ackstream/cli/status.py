@@ -1,6 +1,6 @@
 """``ackstream status``: what became of a topology's roots, read from its channels
-(:mod:`ackstream.status` reads and sums them); ``--json``, ``--prometheus``
-(:mod:`ackstream.metrics`), ``--watch``."""
+(:mod:`ackstream.ui.status` reads and sums them); ``--json``, ``--prometheus``
+(:mod:`ackstream.ui.metrics`), ``--watch``."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from ackstream.cli.arguments import (
 from ackstream.cli.exits import EXIT_OK, refused, unanswered
 from ackstream.config.source import default_channel_dir
 from ackstream.errors import AckstreamError
-from ackstream.metrics import exposition
-from ackstream.status import Status, StatusSource
+from ackstream.ui.metrics import exposition
+from ackstream.ui.status import Status, StatusSource
 
 __all__ = ["add_arguments", "command"]
 

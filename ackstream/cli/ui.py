@@ -1,4 +1,4 @@
-"""``ackstream ui``: serve the live view (:mod:`ackstream.ui`) of one or more
+"""``ackstream ui``: serve the live view (:mod:`ackstream.ui.view`) of one or more
 topologies, and their Prometheus metrics, until Ctrl-C."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ackstream.cli.arguments import (
 )
 from ackstream.cli.exits import EXIT_OK
 from ackstream.config.source import default_channel_dir
-from ackstream.status import StatusSource
+from ackstream.ui.status import StatusSource
 
 __all__ = ["add_arguments", "command"]
 
@@ -94,8 +94,8 @@ def _ui(parser: argparse.ArgumentParser, args) -> int:
         )
     import uvicorn
 
-    from ackstream.metrics import Statuses
-    from ackstream.ui import app
+    from ackstream.ui.metrics import Statuses
+    from ackstream.ui.view import app
 
     statuses = Statuses(lambda: sources, window_s=args.window)
     print(

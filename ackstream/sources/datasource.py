@@ -108,7 +108,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
         """The spout's :meth:`~ackstream.sources.spout.Spout.metrics`, shown by Spark as
         the source's ``latestOffset`` in every ``StreamingQueryProgress``: pyspark's
         Python data source has no custom metrics, and this is the one dict of the
-        planner's that reaches the progress (``ackstream.status.source_metrics`` reads
+        planner's that reaches the progress (``ackstream.ui.status.source_metrics`` reads
         it). A local channel keeps the latest in its folder too, for ``ackstream status``."""
         if self._spout is None:
             return None

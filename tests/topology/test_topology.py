@@ -8,9 +8,9 @@ from pyspark.sql import functions as F
 
 from ackstream.channels.local import LocalChannel
 from ackstream.sinks.memory import MemorySink
-from ackstream.status import stages_in
 from ackstream.testing import wait_until_settled, with_lineage
 from ackstream.topology import Topology
+from ackstream.ui.status import stages_in
 from ackstream.vocabulary.records import ACKED, FAILED
 
 from helpers import wait_for

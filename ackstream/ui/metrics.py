@@ -1,13 +1,13 @@
 """A topology's figures as Prometheus metrics, from ``prometheus_client``.
 
-:class:`StatusCollector` turns the :class:`~ackstream.status.Status` of one or more
+:class:`StatusCollector` turns the :class:`~ackstream.ui.status.Status` of one or more
 topologies into metric families, read again at every scrape: the figures live in the
 channel, the checkpoint and the group's offsets (what ``ackstream status`` reads), not
 in this process, so they are exposed the way Prometheus' docs advise for figures kept
 elsewhere (a custom collector), and a restarted process reports the same counts.
 One registry serves all three ways out: :func:`exposition` (``ackstream status
 --prometheus``), :func:`serve` (``ackstream run --metrics-port``) and the live view's
-``/metrics`` (:mod:`ackstream.ui`).
+``/metrics`` (:mod:`ackstream.ui.view`).
 
 Every sample has the label ``topology``. The families (``ackstream_`` prefix):
 
@@ -30,7 +30,7 @@ name                                    type       labels
 
 Rates and quantiles are left to the server (``rate()``, ``histogram_quantile()``).
 
->>> from ackstream.status import Status
+>>> from ackstream.ui.status import Status
 >>> s = Status("words", "", 3, 1, 2, 0, 0, 0, 0, 0, 0, 0, None,
 ...            latency_histogram={"buckets": [[100, 1], [1000, 2]], "count": 2, "sum": 400.0})
 >>> text = exposition([s])
@@ -56,7 +56,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ackstream.status import Status, StatusSource
+from ackstream.ui.status import Status, StatusSource
 
 __all__ = [
     "Statuses",
