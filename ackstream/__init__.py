@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from ackstream import testing as testing
     from ackstream.channels.kafka import KafkaChannel as KafkaChannel
     from ackstream.channels.local import LocalChannel as LocalChannel
-    from ackstream.continued import TreeClient as TreeClient
     from ackstream.errors import (
         AckstreamError as AckstreamError,
     )
@@ -34,7 +33,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from ackstream.errors import (
         StageError as StageError,
     )
-    from ackstream.launch import local_session as local_session
+    from ackstream.sinks.continued import TreeClient as TreeClient
     from ackstream.sinks.dead_letters import read_dead_letters as read_dead_letters
     from ackstream.sinks.kafka import KafkaSink as KafkaSink
     from ackstream.sinks.memory import (
@@ -47,6 +46,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         ParquetSink as ParquetSink,
     )
     from ackstream.sources.datasource import register as register
+    from ackstream.sources.launch import local_session as local_session
     from ackstream.sources.upstream import check_options as check_options
     from ackstream.topology import RunningTopology as RunningTopology
     from ackstream.topology import Topology as Topology
@@ -61,8 +61,8 @@ _EXPORTS = {
     "KafkaSink": "ackstream.sinks.kafka",
     "LocalChannel": "ackstream.channels.local",
     "KafkaChannel": "ackstream.channels.kafka",
-    "TreeClient": "ackstream.continued",
-    "local_session": "ackstream.launch",
+    "TreeClient": "ackstream.sinks.continued",
+    "local_session": "ackstream.sources.launch",
     "check_options": "ackstream.sources.upstream",
     "register": "ackstream.sources.datasource",
     "read_dead_letters": "ackstream.sinks.dead_letters",

@@ -10,7 +10,7 @@ from ackstream.cli.arguments import env_int
 from ackstream.cli.exits import EXIT_USAGE, refused
 from ackstream.demo import run_demo
 from ackstream.errors import AckstreamError
-from ackstream.launch import local_session
+from ackstream.sources.launch import local_session
 
 __all__ = ["add_arguments", "command"]
 

@@ -9,10 +9,10 @@ import logging
 import sys
 import time
 
-from ackstream import launch
 from ackstream.cli.console import LogFile
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
 from ackstream.errors import cause_of
+from ackstream.sources import launch
 from ackstream.sources.offsets import new_ranges, replay_runs
 from ackstream.spark.driver import interrupts
 from ackstream.topology.running import stop_queries

@@ -1,4 +1,5 @@
-"""User outputs behind the :class:`~ackstream.sinks.base.Sink` protocol, and dead letters."""
+"""User outputs behind the :class:`~ackstream.sinks.base.Sink` protocol, dead letters, and
+tuple trees a sink's messages continue in another process (:mod:`ackstream.sinks.continued`)."""
 
 from __future__ import annotations
 

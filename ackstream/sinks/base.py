@@ -35,7 +35,7 @@ class Sink(Protocol):
 @runtime_checkable
 class ContinuingSink(Sink, Protocol):
     """A sink whose messages continue their rows' tuple trees in another process
-    (:mod:`ackstream.continued`): with ``continue_trees`` true, a topology's batch
+    (:mod:`ackstream.sinks.continued`): with ``continue_trees`` true, a topology's batch
     calls :meth:`write_continued` instead of ``write``, and the trees stay open until
     that process acks. A sink without the attribute never continues trees."""
 

@@ -11,7 +11,7 @@ fails their roots (they are replayed) and acks the rest. A row is never acked be
 the broker confirmed it.
 
 With ``continue_trees=True`` each message also carries its row's lineage as headers
-(:mod:`ackstream.continued`: its roots and a fresh random edge id), and its trees stay
+(:mod:`ackstream.sinks.continued`: its roots and a fresh random edge id), and its trees stay
 open until the message's consumer acks it: every confirmed row then comes back to
 the driver as its roots and edge (16 bytes a root), which the batch reports as the
 ack records ``(root, edge)`` (:meth:`KafkaSink.write_continued`).
@@ -29,10 +29,10 @@ import pyarrow.compute as pc
 from kafka.errors import KafkaTimeoutError
 from kafka.serializer import Serializer, SerializeWrapper
 
-from ackstream.continued import lineage_headers, mint_edges
 from ackstream.errors import EnvironmentProblem, OptionError, cause_of
 from ackstream.kafka.settings import client_settings, jvm_client_settings
 from ackstream.kafka.topics import deleted_topics, shared_listing
+from ackstream.sinks.continued import lineage_headers, mint_edges
 from ackstream.spark.session import has_kafka_connector, kafka_through_v2
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.lineage import LINEAGE_COLUMNS, REASON, REASON_LIMIT, ROOTS
@@ -70,9 +70,9 @@ class KafkaSink:
     message carries its own lineage headers).
 
     ``continue_trees=True``: the messages continue their rows' tuple trees in whatever
-    process consumes the topic (see :mod:`ackstream.continued`); a topology's batch
+    process consumes the topic (see :mod:`ackstream.sinks.continued`); a topology's batch
     then calls :meth:`write_continued`, and the upstream records are acked only when
-    the consumer acks the messages (``ackstream.continued.TreeClient``).
+    the consumer acks the messages (``ackstream.sinks.continued.TreeClient``).
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """What ackstream asks of a Spark session: Spark Connect or classic, its master, the
 Java it runs on, whether a function can travel to a Connect server, whether it has
 Spark's Kafka connector. Making a session
-is :mod:`ackstream.launch`'s (it registers the data sources, which sit above this)."""
+is :mod:`ackstream.sources.launch`'s (it registers the data sources, which sit above this)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ from pyspark.sql import functions as F
 
 from ackstream.acker.precombine import precombine
 from ackstream.channels.base import Channel
-from ackstream.continued import UpstreamResets, lineage_of, translate
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
+from ackstream.sinks.continued import UpstreamResets, lineage_of, translate
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import (
@@ -327,7 +327,7 @@ def with_upstream_roots(rooted: DataFrame, upstream: dict) -> DataFrame:
     on, so that the next process acks them in the upstream acker's terms.
 
     Its batch's acks then add, per upstream root, the edge of its incoming message
-    (:func:`~ackstream.continued.translate`) and the edge of each outgoing message
+    (:func:`~ackstream.sinks.continued.translate`) and the edge of each outgoing message
     (the sink's ``(root, edge)`` records, which bypass ``translate``): the tree waits
     for the next process as it waited for this one. A row of two local roots that share
     an upstream root names it once, as its edge is sent once. A local root without
@@ -342,7 +342,7 @@ def with_upstream_roots(rooted: DataFrame, upstream: dict) -> DataFrame:
 
 def continued_lineage(spout: DataFrame, name: str) -> dict:
     """Per root of a downstream topology's input rows, the upstream roots and edge its
-    message's headers name (:mod:`ackstream.continued`); rows without are counted and
+    message's headers name (:mod:`ackstream.sinks.continued`); rows without are counted and
     logged: they are processed untracked."""
     if "headers" not in spout.columns:
         raise OptionError(

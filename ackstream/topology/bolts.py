@@ -31,8 +31,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.channels.base import Channel
-from ackstream.continued import UpstreamResets
 from ackstream.errors import StageError
+from ackstream.sinks.continued import UpstreamResets
 from ackstream.topology.anchoring import (
     Grouping,
     GroupInput,

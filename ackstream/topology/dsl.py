@@ -97,7 +97,7 @@ class Topology:
 
     ``continue_trees=True`` makes it the downstream half of trees an upstream topology
     left open with ``KafkaSink(..., continue_trees=True)`` (see
-    :mod:`ackstream.continued`): ``channel`` is then the *upstream* topology's channel,
+    :mod:`ackstream.sinks.continued`): ``channel`` is then the *upstream* topology's channel,
     where its acks go, to the upstream acker; its source reads untracked and with
     headers (its offsets are committed as Spark runs their batches; replays come from
     upstream), and :meth:`start` runs no acker of its own. Its sinks may continue the

@@ -19,7 +19,7 @@ One mode per topology (``Topology.mode``); the batch, the stages (through their
   edge see the same rows), and sends them all to the acker query. It costs a few
   times the batch time; use it to watch the XOR ledger at work.
 - :class:`Continuing` (``continue_trees=True``) computes its acks as one of those
-  two, for the trees an upstream topology left open (:mod:`ackstream.continued`):
+  two, for the trees an upstream topology left open (:mod:`ackstream.sinks.continued`):
   its source reads untracked, its inits are read from the rows, and every ack
   record goes to the upstream topology's acker.
 

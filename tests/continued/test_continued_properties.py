@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ackstream.acker.ledger import Pending, step
 from ackstream.acker.precombine import precombine
-from ackstream.continued import continued_acks, lineage_headers, lineage_of, mint_edges
+from ackstream.sinks.continued import continued_acks, lineage_headers, lineage_of, mint_edges
 from ackstream.testing import ack_records, init
 from ackstream.vocabulary.records import ACK, ACK_RECORD_SCHEMA, ACKED, TIMED_OUT, ack_table
 

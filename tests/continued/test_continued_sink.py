@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from ackstream.continued import continued_acks, lineage_of
+from ackstream.sinks.continued import continued_acks, lineage_of
 from ackstream.sinks.kafka import KafkaSink
 from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology

@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from ackstream import KafkaSink, MemorySink, Topology
 from ackstream.channels.kafka import KafkaChannel
-from ackstream.continued import TreeClient, continued_acks, lineage_of
+from ackstream.sinks.continued import TreeClient, continued_acks, lineage_of
 from ackstream.testing import settle, tracked_frame, with_lineage
 from ackstream.vocabulary.records import ACK, FAIL
 

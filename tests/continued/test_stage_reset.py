@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 
 from ackstream import KafkaSink, LocalChannel, MemorySink, Topology
 from ackstream.channels.kafka import KafkaChannel
-from ackstream.continued import lineage_headers
+from ackstream.sinks.continued import lineage_headers
 from ackstream.testing import tracked_frame, with_lineage
 from ackstream.vocabulary.records import RESET
 

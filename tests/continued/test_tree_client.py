@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
-from ackstream.continued import TreeClient, lineage_headers
+from ackstream.sinks.continued import TreeClient, lineage_headers
 from ackstream.vocabulary.ids import root_ids
 from ackstream.vocabulary.records import CAUGHT_UP
 

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 from ackstream.errors import EnvironmentProblem, OptionError
 from ackstream.sources.datasource import register
 from ackstream.spark.session import is_local_master, java_major_version
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["local_session"]
 
@@ -25,11 +29,11 @@ __all__ = ["local_session"]
 def local_session(
     app_name: str = "ackstream",
     cores: int = 2,
-    conf: dict | None = None,
+    conf: dict[str, Any] | None = None,
     *,
     master: str | None = None,
     remote: str | None = None,
-):
+) -> SparkSession:
     """A SparkSession with ackstream's data sources registered.
 
     By default ``local[cores]``: UI off, loopback only, ``cores`` shuffle partitions,
