@@ -141,7 +141,7 @@ def _positions_by_time(
         else ("startingOffsetsByTimestamp", config.kafka.starting_timestamps)
     )
     # only a Kafka upstream gets here: the options that set times are Kafka-only
-    # (config.py), and the Upstream protocol declares no offsets_for_times
+    # (config/source.py), and the Upstream protocol declares no offsets_for_times
     by_time = cast("KafkaUpstream", upstream).offsets_for_times(times)
     for tp, offset in by_time.items():
         if offset is None and config.kafka.starting_timestamp_strategy == "error":
