@@ -60,6 +60,7 @@ from ackstream.vocabulary.lineage import TRACKED_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
+    from pyspark.sql import SparkSession
 
     from ackstream.sinks.base import Sink
 
@@ -115,12 +116,16 @@ class Topology:
     roots failed; the source replays them apart until the record at fault hangs alone,
     and dead-letters it after ``maxRetries`` (see :mod:`ackstream.topology.batch_failure`).
     None: no deadline.
+
+    ``spark`` may be None for a topology that only declares stages and runs
+    :meth:`run_batch` on frames it is given (tests, notebooks); :meth:`read_stream` and
+    :meth:`start` need a session, and say so (:meth:`session`).
     """
 
     def __init__(
         self,
         name: str,
-        spark,  # not annotated yet: see the mypy override in pyproject.toml
+        spark: SparkSession | None,
         channel: Channel,
         *,
         message_timeout_ms: int = 30_000,
@@ -130,7 +135,7 @@ class Topology:
         continue_trees: bool = False,
         stage_counts: bool = False,
         batch_deadline_ms: int | None = 300_000,
-    ):
+    ) -> None:
         if message_timeout_ms <= 0:
             raise OptionError("message_timeout_ms", message_timeout_ms, "a positive number of ms")
         if isinstance(ackers, bool) or not isinstance(ackers, int) or ackers < 0:
@@ -169,6 +174,19 @@ class Topology:
     def tracking(self) -> bool:
         """Whether its tuples are tracked: ``tracking=True`` and ackers."""
         return self.mode.tracks
+
+    def session(self) -> SparkSession:
+        """The session it reads its stream and starts its queries with; an
+        :class:`OptionError` saying what to give when it holds none."""
+        if self.spark is None:
+            raise OptionError(
+                "spark",
+                None,
+                f"a SparkSession (e.g. ackstream.local_session()) for topology {self.name!r} "
+                "to read its stream or start: give it to Topology(name, spark, channel) "
+                "(a without_session() copy holds none)",
+            )
+        return self.spark
 
     def without_session(self) -> Topology:
         """A copy that holds no session: what a ``foreachBatch`` function may carry (under
@@ -452,12 +470,13 @@ class Topology:
         security settings once."""
         merged = self.source_options(options)
         config = check_options(merged)
+        spark = self.session()
         if "ackstream.recordreader" not in {k.lower() for k in merged} and self._spark_reads(
-            config
+            spark, config
         ):
             merged["ackstream.recordReader"] = "spark"
             config = check_options(merged)
-        elif config.record_reader == "spark" and not has_kafka_connector(self.spark):
+        elif config.record_reader == "spark" and not has_kafka_connector(spark):
             raise OptionError(
                 "ackstream.recordReader",
                 "spark",
@@ -466,22 +485,22 @@ class Topology:
             )
         self.source_config = config
         self.check_reach()
-        if not is_connect(self.spark):
+        if not is_connect(spark):
             open_upstream(config).check()
         # the source's brokers and settings; a downstream topology's channel is the
         # upstream's, which its untracked source does not read
         if not self.continue_trees:
             self.channel = self.channel.agreeing_with(merged)
-        return self.spark.readStream.format("ackstream").options(**merged).load()
+        return spark.readStream.format("ackstream").options(**merged).load()
 
-    def _spark_reads(self, config: SourceConfig) -> bool:
+    def _spark_reads(self, spark: SparkSession, config: SourceConfig) -> bool:
         """Whether Spark's Kafka source should read the new records (when the user did
         not choose with ``ackstream.recordReader``): a Kafka upstream, a session that
         has the connector, and a batch that takes its roots from the source's offset
         (with a stage-by-stage ack mode a root is known by its row; an offset with no
         record would have none, and wait for the source's timeout)."""
         plans = not config.tracking or self.mode.plans_inits
-        return config.upstream == "kafka" and plans and has_kafka_connector(self.spark)
+        return config.upstream == "kafka" and plans and has_kafka_connector(spark)
 
     def check_reach(self) -> None:
         """Refuse a channel the executors of this session's master may not reach: a

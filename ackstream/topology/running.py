@@ -46,6 +46,7 @@ from ackstream.vocabulary.lineage import REASON_LIMIT
 
 if TYPE_CHECKING:
     from pyspark.errors import StreamingQueryException
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 
@@ -65,7 +66,6 @@ class StartedTopology(DeclaredTopology, Protocol):
     """What starting and running the queries read of a topology (``Topology`` is one),
     beyond what its batches read."""
 
-    spark: Any
     ackers: int
     batch_deadline_ms: int | None
     source_config: SourceConfig | None
@@ -73,6 +73,10 @@ class StartedTopology(DeclaredTopology, Protocol):
 
     @property
     def channel(self) -> Channel: ...
+
+    def session(self) -> SparkSession:
+        """The session that starts the queries; raises when the topology holds none."""
+        ...
 
     def without_session(self) -> StartedTopology: ...
 
@@ -267,15 +271,16 @@ def start_topology(
     """Start the topology query over ``tuples`` and, unless ``acker=False`` or the
     topology has no roots of its own (untracked, or an upstream topology's: their acker
     acks), the acker query; checkpoints under ``<checkpoint>/topology`` and ``/acker``."""
+    spark = topology.session()
     offset_log = os.path.join(checkpoint, "topology")
     function = BatchFunction(topology, offset_log)
-    connect = is_connect(topology.spark)
+    connect = is_connect(spark)
     if connect:
         check_picklable(function, f"topology {topology.name!r}")
     acker_query = None
     if acker and topology.mode.own_roots:
         acker_query = start_acker(
-            topology.spark,
+            spark,
             topology.channel,
             checkpoint=os.path.join(checkpoint, "acker"),
             ackers=topology.ackers,
@@ -284,7 +289,7 @@ def start_topology(
             query_name=f"{topology.name}.acker",
         )
     try:
-        clear_unfinished_first_entry(topology.spark, offset_log)
+        clear_unfinished_first_entry(spark, offset_log)
         query = (
             tuples.writeStream.foreachBatch(function)
             .option("checkpointLocation", offset_log)
@@ -296,7 +301,7 @@ def start_topology(
         if acker_query is not None:
             acker_query.stop()
         raise
-    return RunningTopology(query, acker_query, topology.spark, job_tag(topology.name))
+    return RunningTopology(query, acker_query, spark, job_tag(topology.name))
 
 
 @dataclass

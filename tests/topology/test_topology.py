@@ -129,6 +129,25 @@ def test_ackers_zero_reads_its_source_untracked_like_tracking_off(tmp_path):
         none.source_options({**options, "ackstream.tracking": "true"})
 
 
+def test_a_topology_without_a_session_says_what_to_give_before_reading_or_starting(tmp_path):
+    """``spark=None`` declares and runs batches it is given; reading its stream or
+    starting it asks for the session, and the error says what to give, in one line."""
+    import ackstream
+
+    channel = LocalChannel(tmp_path / "channel")
+    detached = Topology("t", None, channel).sink(MemorySink()).without_session()
+    for attempt in (
+        lambda: detached.read_stream({"ackstream.upstream": "generator"}),
+        lambda: detached.session(),
+    ):
+        with pytest.raises(ackstream.OptionError) as raised:
+            attempt()
+        assert raised.value.option == "spark"
+        assert "SparkSession" in str(raised.value) and "local_session()" in str(raised.value)
+        assert "\n" not in str(raised.value)
+    assert detached.source_config is None  # refused before anything was set
+
+
 def test_a_topology_with_no_ackers_commits_each_batch_and_writes_no_ack_records(spark, tmp_path):
     from helpers import commits
 
