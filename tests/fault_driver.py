@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 import ackstream
 from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
+from ackstream.sinks.base import Sink
 
 from helpers import spark_kafka_conf
 
@@ -108,7 +109,7 @@ def build(
     return stream, topology
 
 
-class KillAfterSink:
+class KillAfterSink(Sink):
     """A sink that SIGKILLs this process group after its ``n``-th write returned."""
 
     def __init__(self, sink, n: int):

@@ -4,6 +4,9 @@ A sink's ``write`` runs at the end of the topology's ``foreachBatch``, after eve
 stage. Its rows are acked only once ``write`` returned, and only those it did not
 hand back, so a record is never acked unwritten. Every sink passes one contract
 suite (``tests/sinks/test_sink_contract.py``).
+
+A sink of one's own subclasses :class:`Sink` and writes ``write``: it then says it
+continues no trees and has nothing to close, as the protocol's defaults say.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ __all__ = ["ContinuingSink", "Sink"]
 @runtime_checkable
 class Sink(Protocol):
     """User output of a topology."""
+
+    #: Whether the sink's messages continue their rows' tuple trees in another process
+    #: (a :class:`ContinuingSink` that says so); a topology asks once, when the sink is
+    #: declared. False for every sink that writes its rows and is done with them.
+    continue_trees: bool = False
 
     def write(self, outputs, batch_id: int):
         """Write the rows of ``outputs`` (a static DataFrame that still carries the
@@ -37,9 +45,7 @@ class ContinuingSink(Sink, Protocol):
     """A sink whose messages continue their rows' tuple trees in another process
     (:mod:`ackstream.sinks.continued`): with ``continue_trees`` true, a topology's batch
     calls :meth:`write_continued` instead of ``write``, and the trees stay open until
-    that process acks. A sink without the attribute never continues trees."""
-
-    continue_trees: bool
+    that process acks."""
 
     def write_continued(self, outputs, batch_id: int):
         """Write ``outputs``, whose rows carry ``_roots`` (the roots each is anchored

@@ -32,6 +32,7 @@ from kafka.serializer import Serializer, SerializeWrapper
 from ackstream.errors import EnvironmentProblem, OptionError, cause_of
 from ackstream.kafka.settings import client_settings, jvm_client_settings
 from ackstream.kafka.topics import deleted_topics, shared_listing
+from ackstream.sinks.base import ContinuingSink
 from ackstream.sinks.continued import lineage_headers, mint_edges
 from ackstream.spark.session import has_kafka_connector, kafka_through_v2
 from ackstream.vocabulary.clock import now_ms
@@ -51,7 +52,7 @@ WRITERS = ("auto", "spark", "python")
 SENT_EDGE = "_sent_edge"
 
 
-class KafkaSink:
+class KafkaSink(ContinuingSink):
     """Writes the ``key`` (optional) and ``value`` columns of each output row to
     ``topic``, as Spark's Kafka sink does; strings are UTF-8 encoded, binary kept.
 

@@ -15,12 +15,13 @@ import threading
 
 import pyarrow as pa
 
+from ackstream.sinks.base import Sink
 from ackstream.vocabulary.lineage import LINEAGE_COLUMNS
 
 __all__ = ["ConsoleSink", "MemorySink", "ParquetSink"]
 
 
-class MemorySink:
+class MemorySink(Sink):
     """Collects every output row in this process; ``lineage=False`` drops ``_root``,
     ``_edge`` and ``_anchors`` from what it keeps. Classic sessions only: under Spark
     Connect use :class:`ParquetSink`."""
@@ -66,7 +67,7 @@ class MemorySink:
         """Nothing to release: the rows stay readable."""
 
 
-class ConsoleSink:
+class ConsoleSink(Sink):
     """Prints each batch's outputs (``DataFrame.show``), as Spark's console sink does."""
 
     def __init__(self, rows: int = 20, truncate: bool = True, lineage: bool = False):
@@ -82,7 +83,7 @@ class ConsoleSink:
         """Nothing to release."""
 
 
-class ParquetSink:
+class ParquetSink(Sink):
     """Writes each batch's outputs from the executors to ``<path>/batch_id=<id>/`` as
     Parquet, replacing that folder when a batch is re-run after a crash, so each batch
     is there once. Read it back from any session, a Spark Connect client's included,

@@ -34,6 +34,7 @@ from ackstream.channels import check_reach
 from ackstream.channels.base import Channel
 from ackstream.config.source import SourceConfig
 from ackstream.errors import OptionError, StageError
+from ackstream.sinks.base import Sink
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.upstream import check_options, open_upstream
 from ackstream.spark.session import has_kafka_connector, is_connect, master_of
@@ -61,8 +62,6 @@ from ackstream.vocabulary.lineage import TRACKED_COLUMNS
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import SparkSession
-
-    from ackstream.sinks.base import Sink
 
 __all__ = ["Topology"]
 
@@ -414,16 +413,24 @@ class Topology:
         return self._add(PandasBoltStage, fn, schema, collector, name=name, after=after)
 
     def sink(self, sink: Sink, *, name: str | None = None, after: After = None) -> Topology:
-        """Write a stream to ``sink`` (``MemorySink``, ``ConsoleSink``, ``KafkaSink``, or
-        anything with ``write(outputs, batch_id)``): its tuples are acked once it
-        returns, except the rows it hands back as not written, whose roots fail.
+        """Write a stream to ``sink`` (``MemorySink``, ``ConsoleSink``, ``ParquetSink``,
+        ``KafkaSink``, or a :class:`~ackstream.sinks.base.Sink` of one's own: a subclass
+        with ``write(outputs, batch_id)``): its tuples are acked once it returns, except
+        the rows it hands back as not written, whose roots fail. The sink is asked once,
+        here, whether it continues its rows' trees (``Sink.continue_trees``).
         ``after``: the stream(s) it writes, by default the last stage's (so a second
         ``.sink(...)`` writes the same stream). A stream no stage or sink reads is
         acked at the end of each batch."""
-        continues = bool(getattr(sink, "continue_trees", False))  # see ContinuingSink
         name = name or f"sink#{len(self.sinks) + 1}"
+        if not isinstance(sink, Sink):
+            raise StageError(
+                name,
+                f"a {type(sink).__name__} is not a Sink: subclass ackstream.sinks.base.Sink "
+                "(which continues no trees and has nothing to close) and write its "
+                "write(outputs, batch_id)",
+            )
         after = self._subscribe(name, after, "sink")
-        self.sinks.append(SinkNode(name, sink, after, continues_trees=continues))
+        self.sinks.append(SinkNode(name, sink, after, continues_trees=sink.continue_trees))
         self._ends_in_sink = True  # what follows says which stream it reads
         return self
 

@@ -3,8 +3,11 @@
 import pytest
 from pyspark.sql import functions as F
 
+from ackstream.errors import StageError
 from ackstream.sinks import ConsoleSink, KafkaSink, MemorySink, ParquetSink, Sink
+from ackstream.sinks.base import ContinuingSink
 from ackstream.testing import tracked_frame
+from ackstream.topology import Topology
 
 from helpers import consume
 
@@ -73,6 +76,45 @@ def outputs(spark, values):
 def test_every_sink_is_a_sink(sink_and_reader):
     sink, _ = sink_and_reader
     assert isinstance(sink, Sink)
+
+
+def declared(sink):
+    """The node a topology makes of ``sink`` when it is declared."""
+    return Topology("asks", None, None).sink(sink).sinks[0]
+
+
+def test_every_sink_says_it_continues_no_trees_and_the_topology_asks_it(sink_and_reader):
+    """``Sink.continue_trees``: asked once, when the sink is declared."""
+    sink, _ = sink_and_reader
+    assert sink.continue_trees is False
+    assert declared(sink).continues_trees is False
+
+
+def test_a_sink_told_to_continue_trees_says_so_and_writes_them_on():
+    sink = KafkaSink("127.0.0.1:9", "next", continue_trees=True)  # no connection yet
+    assert sink.continue_trees is True
+    assert isinstance(sink, ContinuingSink)
+    assert declared(sink).continues_trees is True
+
+
+def test_a_sink_of_ones_own_gets_the_protocols_answers():
+    class Own(Sink):
+        def write(self, outputs, batch_id):
+            return None
+
+    own = Own()
+    assert own.continue_trees is False and own.close() is None
+    assert declared(own).continues_trees is False
+
+
+def test_what_is_not_a_sink_is_refused_when_declared_saying_what_to_subclass():
+    class WriteOnly:
+        def write(self, outputs, batch_id):
+            return None
+
+    with pytest.raises(StageError, match="sink#1.*WriteOnly is not a Sink: subclass") as raised:
+        declared(WriteOnly())
+    assert "ackstream.sinks.base.Sink" in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_a_write_that_took_every_row_returns_none_and_the_rows_are_there(spark, sink_and_reader):

@@ -9,6 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from ackstream.errors import OptionError, StageError
+from ackstream.sinks.base import Sink
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import TupleGraph, settle, tracked_frame
 from ackstream.topology import Topology
@@ -238,7 +239,7 @@ def test_an_aggregate_of_an_aggregate_keeps_every_root(spark, ack_mode):
 
 @MODES
 def test_a_sink_that_raises_fails_the_roots_with_outputs(spark, ack_mode):
-    class Broken:
+    class Broken(Sink):
         def write(self, outputs, batch_id):
             raise OSError("disk full")
 
