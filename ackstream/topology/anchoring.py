@@ -7,6 +7,8 @@ A tracked row is a tuple. Its lineage lives in columns:
   anchored to several parents, possibly of several roots (an aggregation's
   output); it keeps, per parent, the root and the edge id of that
   (parent, child) pair, as Storm's ``MessageId.anchorsToIds`` does per root.
+  An anchor's root is never null (an unanchored parent gives no anchor), so its
+  roots are read as the array's ``root`` fields, without a higher-order function;
   ``_edge`` is then only the tuple's own id, from which its children's ids derive;
 - ``_root`` null and no anchors: an unanchored tuple; nothing tracks it.
 
@@ -85,16 +87,20 @@ def anchor_pairs(df: DataFrame) -> DataFrame:
     return pairs.where(F.col("root").isNotNull())
 
 
-def _collected_roots(df: DataFrame) -> Column:
-    """An aggregate's expression for the distinct roots of its group's rows."""
+def _collected_anchors(df: DataFrame, edge: Column) -> Column:
+    """An aggregate's expression for its group's distinct roots as anchors with ``edge``:
+    a set of structs collected directly when each row has one root (a higher-order
+    function over the roots would be evaluated without generated code, row by row)."""
     if is_multi_anchored(df):
-        return F.array_distinct(F.flatten(F.collect_list(roots_of_row())))
-    return F.collect_set(ROOT)
+        roots = F.array_distinct(F.flatten(F.collect_list(roots_of_row())))
+        return F.transform(roots, lambda r: F.struct(r.alias("root"), edge.alias("edge")))
+    anchor = F.struct(F.col(ROOT).alias("root"), edge.alias("edge"))
+    return F.collect_set(F.when(F.col(ROOT).isNotNull(), anchor))  # a null is not collected
 
 
 def roots_of_row() -> Column:
     """The distinct roots a multi-anchored row is anchored to, as an array column."""
-    return F.array_distinct(F.transform(F.col(ANCHORS), lambda a: a["root"]))
+    return F.array_distinct(F.col(ANCHORS)["root"])
 
 
 def anchor_list(df: DataFrame, edge: Column) -> Column:
@@ -218,10 +224,7 @@ class ByRoots(Anchoring):
     ) -> tuple[DataFrame, GroupInput | None]:
         g = grouping
         if held:  # its roots, found in this pass
-            anchors = F.transform(
-                _collected_roots(rows), lambda r: F.struct(r.alias("root"), g.null.alias("edge"))
-            )
-            anchored = anchors.cast(ANCHOR_TYPE).alias(ANCHORS)
+            anchored = _collected_anchors(rows, g.null).cast(ANCHOR_TYPE).alias(ANCHORS)
             return g.by(rows).agg(*g.aggs, anchored, g.no_edge, g.no_root), None
         out = g.by(rows).agg(*g.aggs, g.group, g.no_edge, g.no_root)
         return out, GroupInput(rows, g.group_id)
