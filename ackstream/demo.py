@@ -76,6 +76,8 @@ class DemoResult:
     (2, 1, 0, True)
     >>> result.timeline(step_ms=500)["pending"].tolist()
     [2, 1, 0]
+    >>> result.accounted_timeline(step_ms=500)["accounted_for"].tolist()
+    [0, 1, 2]
     >>> result.cold_batch_ms, result.warm_p50_ms  # roots 1 and 2 were the first batch
     (40.0, 30.0)
     """
@@ -240,19 +242,8 @@ class DemoResult:
     def accounted_timeline(self, step_ms: int = 100) -> pd.DataFrame:
         """Records accounted for over time, on a grid of ``t_s`` since :attr:`t0_ms`:
         ``acked`` (by their ack), ``dead_lettered`` (by their last attempt's failure)
-        and ``accounted_for``, their sum, which reaches :attr:`records` at the end.
-
-        >>> from ackstream.vocabulary.records import completion_table
-        >>> from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA
-        >>> done = completion_table([1, 2, 3], ["acked", "failed", "acked"], partition=[0, 1, 1],
-        ...                         offset=0, attempt=[0, 0, 1], latency_ms=[40, 90, 30],
-        ...                         completed_ms=[1_040, 1_090, 1_530]).to_pandas()
-        >>> result = DemoResult(records=2, partitions=2, committed=2, seconds=1.5,
-        ...                     completions=done, dead_letters=DEAD_LETTER_SCHEMA.empty_table()
-        ...                     .to_pandas(), word_counts=pd.DataFrame())
-        >>> result.accounted_timeline(step_ms=500)["accounted_for"].tolist()
-        [0, 1, 2]
-        """
+        and ``accounted_for``, their sum, which reaches :attr:`records` at the end (an
+        example in the class's doc)."""
         c, t0 = self.completions, self.t0_ms
         acked = c[c["status"] == ACKED].drop_duplicates(["partition", "offset"])
         last = self.dead_letters.assign(attempt=self.dead_letters["attempts"] - 1)

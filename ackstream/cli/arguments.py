@@ -17,6 +17,7 @@ __all__ = [
     "Formatter",
     "add_channel_options",
     "add_dead_letter_options",
+    "add_figure_options",
     "add_session_options",
     "add_spark_conf_options",
     "add_verbose",
@@ -120,35 +121,39 @@ def spark_conf(parser: argparse.ArgumentParser, args) -> dict[str, str]:
     return conf
 
 
+#: the channel options: flag, metavar, default and help; each also read from its
+#: environment variable, ``ACKSTREAM_`` and the flag's name
+_CHANNEL_OPTIONS = (
+    ("--topology", None, "ackstream", "the topology's name, ackstream.topology"),
+    (
+        "--channel",
+        "DIR",
+        None,
+        "the local channel directory, ackstream.channel (unset: the topology's default directory)",
+    ),
+    (
+        "--bootstrap",
+        "HOST:PORT",
+        None,
+        "use the Kafka channel (<topology>.acks, <topology>.done) on this broker instead",
+    ),
+    (
+        "--command-config",
+        "FILE",
+        None,
+        "with --bootstrap: a Kafka client properties file (security.protocol, ssl.*, "
+        "sasl.jaas.config...), as Kafka's own tools take",
+    ),
+)
+
+
 def add_channel_options(command) -> None:
     """--topology, --channel and --bootstrap: which ack and completion channels."""
-    command.add_argument(
-        "--topology",
-        default=os.environ.get("ACKSTREAM_TOPOLOGY", "ackstream"),
-        help="the topology's name, ackstream.topology (env ACKSTREAM_TOPOLOGY)",
-    )
-    command.add_argument(
-        "--channel",
-        metavar="DIR",
-        default=os.environ.get("ACKSTREAM_CHANNEL"),
-        help="the local channel directory, ackstream.channel (env "
-        "ACKSTREAM_CHANNEL; unset: the topology's default directory)",
-    )
-    command.add_argument(
-        "--bootstrap",
-        metavar="HOST:PORT",
-        default=os.environ.get("ACKSTREAM_BOOTSTRAP"),
-        help="use the Kafka channel (<topology>.acks, <topology>.done) on "
-        "this broker instead (env ACKSTREAM_BOOTSTRAP)",
-    )
-    command.add_argument(
-        "--command-config",
-        metavar="FILE",
-        default=os.environ.get("ACKSTREAM_COMMAND_CONFIG"),
-        help="with --bootstrap: a Kafka client properties file (security.protocol, "
-        "ssl.*, sasl.jaas.config...), as Kafka's own tools take (env "
-        "ACKSTREAM_COMMAND_CONFIG)",
-    )
+    for flag, metavar, default, text in _CHANNEL_OPTIONS:
+        env = "ACKSTREAM_" + flag[2:].upper().replace("-", "_")
+        command.add_argument(
+            flag, metavar=metavar, default=os.environ.get(env, default), help=f"{text} (env {env})"
+        )
 
 
 def add_dead_letter_options(command) -> None:
@@ -165,6 +170,37 @@ def add_dead_letter_options(command) -> None:
         metavar="TOPIC",
         default=None,
         help="with --bootstrap: the ackstream.deadLetterTopic (unset: <topology>.dead)",
+    )
+
+
+def add_figure_options(command) -> None:
+    """The options of the commands that read a topology's figures (``status``, ``ui``):
+    where its channel and dead letters are, its checkpoint, the source's group, the
+    brokers the source reads and the rates' window."""
+    add_channel_options(command)
+    add_dead_letter_options(command)
+    command.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="the topology's checkpoint (as given to Topology.start): adds the tuples "
+        "each stage and sink read and emitted, and the rows its windows and joins hold",
+    )
+    command.add_argument(
+        "--group",
+        metavar="GROUP",
+        help="with --bootstrap or --upstream-bootstrap: the source's kafka.group.id, for "
+        "the lag (default ackstream-<topology>)",
+    )
+    command.add_argument(
+        "--upstream-bootstrap",
+        metavar="HOST:PORT",
+        help="the brokers of the topics the source reads, where its group commits, when "
+        "they are not the channel's (--bootstrap): the lag is read there (with a local "
+        "channel too, instead of the figures the source saved), and dead letters are "
+        "replayed there",
+    )
+    command.add_argument(
+        "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
     )
 
 

@@ -11,11 +11,7 @@ import os
 import sys
 import time
 
-from ackstream.cli.arguments import (
-    add_channel_options,
-    add_dead_letter_options,
-    command_kafka_options,
-)
+from ackstream.cli.arguments import add_figure_options, command_kafka_options
 from ackstream.cli.exits import EXIT_OK, refused, unanswered
 from ackstream.config.source import default_channel_dir
 from ackstream.errors import AckstreamError
@@ -38,31 +34,7 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
         "no Spark session."
     )
     status.set_defaults(subparser=status)  # errors name the subcommand
-    add_channel_options(status)
-    add_dead_letter_options(status)
-    status.add_argument(
-        "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
-    )
-    status.add_argument(
-        "--checkpoint",
-        metavar="DIR",
-        help="the topology's checkpoint (as given to Topology.start): adds the tuples "
-        "each stage and sink read and emitted, and the tuples and roots its window "
-        "stages hold",
-    )
-    status.add_argument(
-        "--group",
-        metavar="GROUP",
-        help="with --bootstrap or --upstream-bootstrap: the source's kafka.group.id, for "
-        "the lag (default ackstream-<topology>)",
-    )
-    status.add_argument(
-        "--upstream-bootstrap",
-        metavar="HOST:PORT",
-        help="the brokers of the topics the source reads, where its group commits, when "
-        "they are not the channel's (--bootstrap): the lag is read there (with a local "
-        "channel too, instead of the figures the source saved)",
-    )
+    add_figure_options(status)
     status.add_argument(
         "--watch",
         type=float,

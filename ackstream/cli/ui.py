@@ -7,11 +7,7 @@ import argparse
 import os
 import sys
 
-from ackstream.cli.arguments import (
-    add_channel_options,
-    add_dead_letter_options,
-    command_kafka_options,
-)
+from ackstream.cli.arguments import add_figure_options, command_kafka_options
 from ackstream.cli.exits import EXIT_OK
 from ackstream.config.source import default_channel_dir
 from ackstream.ui.status import StatusSource
@@ -31,26 +27,9 @@ def add_arguments(ui: argparse.ArgumentParser) -> None:
         "`ackstream run FILE --ui PORT` serves the same beside a run."
     )
     ui.set_defaults(subparser=ui)  # errors name the subcommand
-    add_channel_options(ui)
-    add_dead_letter_options(ui)
-    ui.add_argument(
-        "--checkpoint",
-        metavar="DIR",
-        help="the topology's checkpoint (as given to Topology.start): the stages' counts "
-        "and the rows windows and joins hold",
-    )
-    ui.add_argument("--group", metavar="GROUP", help="the source's kafka.group.id (see status)")
-    ui.add_argument(
-        "--upstream-bootstrap",
-        metavar="HOST:PORT",
-        help="the brokers the source reads, when they are not the channel's: the lag is "
-        "read there, and dead letters are replayed there",
-    )
+    add_figure_options(ui)
     ui.add_argument("--port", type=int, default=8050, help="the port to serve on (0: a free one)")
     ui.add_argument("--host", default="127.0.0.1", help="the address to serve on")
-    ui.add_argument(
-        "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
-    )
 
 
 def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
