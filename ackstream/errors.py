@@ -61,6 +61,15 @@ def cause_of(text: str) -> str:
     >>> cause_of("Traceback (most recent call last):\\n  File 'x.py', line 1, in f\\n"
     ...          "kafka.errors.KafkaTimeoutError: KafkaTimeoutError: Expiring 1 record(s)")
     'KafkaTimeoutError: Expiring 1 record(s)'
+
+    A failed Spark job seen through py4j names the task's own error, not py4j's call:
+
+    >>> cause_of("An error occurred while calling o7.getResult.\\n: org.apache.spark."
+    ...          "SparkException: Job aborted due to stage failure: Task 3 in stage 2.0 "
+    ...          "failed 1 times, most recent failure: Lost task 3.0 in stage 2.0 (TID 9) "
+    ...          "(host executor driver): java.lang.OutOfMemoryError: Java heap space\\n"
+    ...          "\\tat java.base/java.util.Arrays.copyOf(Arrays.java:3537)")
+    'OutOfMemoryError: Java heap space'
     """
     raised, in_traceback = [], False
     for line in text.splitlines():
@@ -70,6 +79,9 @@ def cause_of(text: str) -> str:
         in_traceback = in_traceback or line.rstrip().endswith("Traceback (most recent call last):")
     ours = [line for line in raised if line.startswith("ackstream.")]
     first = [line.strip() for line in text.splitlines() if line.strip()][:1]
+    task = re.search(r"most recent failure: Lost task [^\n]*?\) ?\([^)\n]*\): ([^\n]+)", text)
+    if task is not None:  # a Spark job's failure: the task's own error
+        first = [task.group(1).strip()]
     found = (ours or raised or first or [""])[-1]
     named = re.match(r"(?:\w+\.)*(\w+): (?:\1: )?(.*)", found)
     return f"{named.group(1)}: {named.group(2)}" if named else found
