@@ -96,6 +96,9 @@ class Mode:
     #: a tuple a stage holds past its batch keeps its tree open with a hold record of
     #: its own, no edge's ack doing it (see :mod:`ackstream.topology.holding`)
     hold_records: bool = False
+    #: a batch makes an ack record per tuple, not per root: pre-combine them in Spark
+    #: before they reach the driver
+    combines_in_spark: bool = False
 
     def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         """The ack records a stage sends for its inputs, given the children it emitted."""
@@ -136,7 +139,7 @@ class Telescoped(Mode):
 
 
 class PerStage(Mode):
-    name, anchoring = "per_stage", BY_EDGES
+    name, anchoring, combines_in_spark = "per_stage", BY_EDGES, True
 
     def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         # Storm's ack of every input tuple: its own anchor pairs, XOR the edges of the
@@ -163,6 +166,7 @@ class Continuing(Mode):
     def __init__(self, acks: Mode):
         self.acks = acks
         self.name, self.anchoring, self.hold_records = acks.name, acks.anchoring, acks.hold_records
+        self.combines_in_spark = acks.combines_in_spark
 
     def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         return self.acks.stage_acks(inputs, children)

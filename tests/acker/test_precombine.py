@@ -1,9 +1,11 @@
 """Pre-combining gives the ledger the same outcome as the raw records."""
 
+import pytest
+
 from ackstream.acker.ledger import Pending, step
 from ackstream.acker.precombine import precombine
 from ackstream.testing import TupleGraph, ack_records, fail
-from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, ACKED, as_table
+from ackstream.vocabulary.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, ACKED, as_table
 
 
 def combined(frame):
@@ -128,3 +130,24 @@ def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
     assert done.num_rows == 9 and still_open.num_rows == 0
     assert done.equals(as_table(by_ledger, COMPLETION_SCHEMA))
     assert set(done.column("latency_ms").to_pylist()) == {250}
+
+
+@pytest.mark.spark
+def test_acks_folded_in_spark_precombine_as_the_raw_records(spark):
+    from ackstream.acker.precombine import combine_acks_in_spark
+    from ackstream.testing import ack, init, reject
+
+    g, records = TupleGraph(), []
+    for root in range(1, 6):
+        spout = g.spout(root, topic="t", partition=root % 2, offset=root)
+        kids = [g.emit([spout]) for _ in range(3)]
+        records += g.ack(spout) + [r for k in kids for r in g.ack(k)]
+    extra = [init(8, 0), init(8, 0), init(9, 4, ts=100), ack(9, 4, ts=900), reject(9, reason="no")]
+    records = g.init_records() + records + [fail(3, reason="bolt"), records[0], *extra]
+    raw = as_table(ack_records(records), ACK_RECORD_SCHEMA)
+    in_spark = combine_acks_in_spark(spark.createDataFrame(raw.to_pandas(), ACK_RECORD_DDL))
+    folded = as_table(in_spark.toArrow(), ACK_RECORD_SCHEMA)
+    assert folded.num_rows < raw.num_rows
+    got = precombine(folded).sort_by("root")
+    assert got.to_pylist() == precombine(raw).sort_by("root").to_pylist()
+    assert outcome(got.to_pandas()) == outcome(raw.to_pandas())
