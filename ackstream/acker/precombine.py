@@ -66,13 +66,13 @@ def precombine(records: pa.Table) -> pa.Table:
 
 def combine_acks_in_spark(records: DataFrame) -> DataFrame:
     """``records`` with their plain acks folded into one per root in Spark (values by
-    XOR, the latest time), and every other record (inits, fails, rejects) as it is:
-    for a batch whose records are many per root (every tuple's ack with ``ack_mode="per_stage"``), so
-    that the driver collects about one record per root, not one per tuple, and its
-    memory no longer grows with the tuples; :func:`precombine` finishes the fold. Only
-    numbers are aggregated (a string would take Spark off its fast hash aggregation),
-    and the filters on ``kind``, a constant in each part of a batch's union, drop whole
-    parts before they run."""
+    XOR, the latest time), and every other record (inits, fails, rejects) as it is.
+    For a batch whose records are many per root (every tuple's ack, with
+    ``ack_mode="per_stage"``): the driver then collects about one record per root, not
+    one per tuple, and its memory no longer grows with the tuples; :func:`precombine`
+    finishes the fold. Only numbers are aggregated (a string would take Spark off its
+    fast hash aggregation), and the filters on ``kind``, a constant in each part of a
+    batch's union, drop whole parts before they run."""
     acks = (
         records.where(f"kind = {ACK}")
         .groupBy("root")
