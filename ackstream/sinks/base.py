@@ -37,7 +37,9 @@ class Sink(Protocol):
         has."""
 
     def close(self) -> None:
-        """Release clients; called when the topology stops."""
+        """Release clients; called once ``RunningTopology.stop()`` has stopped the
+        queries (not under Spark Connect, where the sinks that wrote are copies beside
+        the server, nor when a query ends with an error)."""
 
 
 @runtime_checkable

@@ -301,7 +301,9 @@ def start_topology(
         if acker_query is not None:
             acker_query.stop()
         raise
-    return RunningTopology(query, acker_query, spark, job_tag(topology.name))
+    # under Spark Connect the sinks that write are copies beside the server: none to close here
+    sinks = () if connect else tuple(node.sink for node in topology.sinks)
+    return RunningTopology(query, acker_query, spark, job_tag(topology.name), sinks)
 
 
 @dataclass
@@ -312,6 +314,7 @@ class RunningTopology:
     acker: Any | None  # StreamingQuery running the acker, None when not started here
     spark: Any = None  # the session that started them
     tag: str | None = None  # the Spark job tag of the topology's batches
+    sinks: tuple = ()  # closed once the queries have stopped
 
     @property
     def queries(self) -> list[StreamingQuery]:
@@ -336,13 +339,21 @@ class RunningTopology:
     def stop(self) -> None:
         """Stop the topology query once its batch in progress is committed, then the
         acker (see :func:`stop_queries`); a batch still running after the wait has its
-        Spark jobs cancelled, so that a stage that hangs cannot hold the stop."""
+        Spark jobs cancelled, so that a stage that hangs cannot hold the stop. Then each
+        sink's ``close()``."""
 
         def cancel() -> None:
             if self.spark is not None and self.tag is not None:
                 cancel_batches(self.spark, self.tag)
 
         stop_queries(self.queries, cancel=cancel)
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as error:  # the queries are stopped: a sink's error is only told
+                log.warning(
+                    "closing sink %s: %s: %s", type(sink).__name__, type(error).__name__, error
+                )
 
 
 #: Spark's status messages while a query runs a batch: planning it, its sink (a

@@ -89,17 +89,26 @@ def test_stream_acks_every_root_and_fails_the_injected_one(spark, tmp_path):
     }
 
 
-def test_tracking_off_writes_no_ack_records(spark, tmp_path):
+class ClosedOnStop(MemorySink):
+    closed = 0
+
+    def close(self):
+        self.closed += 1
+
+
+def test_tracking_off_writes_no_ack_records_and_stop_closes_the_sink(spark, tmp_path):
     channel = LocalChannel(tmp_path / "channel")
-    sink = MemorySink()
+    sink = ClosedOnStop()
     topology = word_count(spark, channel, sink, tracking=False)
     stream = line_stream(spark, tmp_path / "in", LINES, tracked=False)
     running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
     try:
         assert running.acker is None
         running.process_all_available()
+        assert sink.closed == 0
     finally:
         running.stop()
+    assert sink.closed == 1
     assert {r["word"] for r in sink.rows()} == {"the", "quick", "fox", "jumps", "over", "dog"}
     assert os.listdir(channel.acks_dir) == []
 
