@@ -47,7 +47,7 @@ def check_reach(channel: Channel, master: str) -> None:
     from there, so with a folder only the driver's host sees they would read and write
     another host's folder, and the trees would time out instead of completing. Raises an
     :class:`~ackstream.errors.OptionError` naming ``ackstream.channel``."""
-    if not isinstance(channel, LocalChannel) or channel.shared or is_local_master(master):
+    if not channel.one_host or is_local_master(master):
         return
     raise OptionError(
         "ackstream.channel",

@@ -72,6 +72,11 @@ class Channel(Protocol):
     ack_files: bool
 
     @property
+    def one_host(self) -> bool:
+        """Whether only the driver's host reaches the channel (a folder not declared
+        shared): executors on other hosts would read and write another folder."""
+
+    @property
     def ack_shards(self) -> ShardedAcks | None:
         """The acks as shards, when the channel keeps them so: the acker then runs one
         ledger per shard where its records are read. None: the acker reads each

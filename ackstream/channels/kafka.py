@@ -121,6 +121,7 @@ class KafkaChannel:
         self._known: set[str] = set()
 
     ack_files = False  # the acks topic, read by Spark's stream of it
+    one_host = False  # a broker every host reaches
 
     @property
     def ack_shards(self) -> KafkaChannel:

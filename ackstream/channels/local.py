@@ -83,6 +83,10 @@ class LocalChannel:
     ack_files = True  # Parquet files, read by Spark's file source
     ack_shards: None = None  # one folder of files, whose records the acker reads on the driver
 
+    @property
+    def one_host(self) -> bool:
+        return not self.shared
+
     def source_options(self) -> dict[str, str]:
         return {
             "ackstream.channel": os.path.abspath(self.directory),
