@@ -358,10 +358,10 @@ def check_same_work(system: str, expected: collections.Counter, found: dict) -> 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def session_stats(session: int) -> tuple[list[int], float]:
+def session_stats(session: int) -> tuple[list[int], dict[tuple[int, int], int]]:
     """The processes of session ``session`` (the worker and everything it started) and
-    their user + system CPU seconds, with the children each has already waited for."""
-    pids, ticks = [], 0
+    each one's own user + system CPU ticks, by (pid, start time): a pid may be reused."""
+    pids, ticks = [], {}
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
             with open(stat) as f:
@@ -369,9 +369,14 @@ def session_stats(session: int) -> tuple[list[int], float]:
         except OSError:  # gone meanwhile
             continue
         if int(fields[3]) == session:  # fields[3]: the session id
-            pids.append(int(stat.split("/")[2]))
-            ticks += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return pids, ticks / _CLK_TCK
+            pid = int(stat.split("/")[2])
+            pids.append(pid)
+            ticks[pid, int(fields[19])] = int(fields[11]) + int(fields[12])  # utime stime
+    return pids, ticks
+
+
+#: how often the poller reads the worker's CPU between the marks
+CPU_SAMPLE_S = 0.5
 
 
 def loadavg() -> list[float]:
@@ -412,8 +417,12 @@ class Poller(threading.Thread):
             if outputs is not None:
                 ids = outputs.partitions_for_topic(self.output) or ()
                 parts = [TopicPartition(self.output, p) for p in ids]
+            sampled = 0.0
             while not self.stopped.is_set():
                 asked = time.monotonic()
+                if asked - sampled >= CPU_SAMPLE_S:  # see Worker.cpu_s: processes that end
+                    self.cpu()
+                    sampled = asked
                 # the output first: it is written before the commits that _poll sees
                 if parts and self.first_output is None and any(outputs.end_offsets(parts).values()):
                     self.first_output = time.time()
@@ -489,6 +498,9 @@ class Worker:
 
     def __init__(self, log_path: str):
         self.log_path = log_path
+        #: each process's own CPU ticks when last seen, by (pid, start time): see cpu_s
+        self.seen_ticks: dict[tuple[int, int], int] = {}
+        self.seen_jit: dict[tuple[int, int, int], int] = {}  # by (pid, thread, start time)
         self.events: queue.Queue = queue.Queue()
         self.spawned = time.time()
         with open(log_path, "ab") as log_file:
@@ -533,9 +545,14 @@ class Worker:
     def cpu_s(self) -> tuple[float, float]:
         """User + system CPU seconds of the worker's processes, and of those the JIT
         compiler threads' (C1 and C2) of its JVM: how much of a run went to compiling.
-        The second is a lower bound: a compiler thread the JVM ended took its time along."""
-        pids, total = session_stats(self.process.pid)
-        jit = 0
+        Each process and compiler thread counts its own time, remembered once it has
+        ended (the JVM ends compiler threads it no longer needs): PySpark's daemon
+        ignores SIGCHLD, so an ended Python worker's time reaches no parent's children's
+        time, and a sum over the live processes went down when one ended (the poller
+        samples it often, so little of an ended process's last moments is missed)."""
+        pids, ticks = session_stats(self.process.pid)
+        self.seen_ticks.update(ticks)
+        total = sum(self.seen_ticks.values()) / _CLK_TCK
         for pid in pids:
             for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
                 try:
@@ -545,8 +562,10 @@ class Worker:
                     continue
                 name, fields = text[text.find("(") + 1 : text.rfind(")")], text.rsplit(")", 1)[1]
                 if name.startswith(("C1 CompilerThre", "C2 CompilerThre")):
-                    jit += sum(int(v) for v in fields.split()[11:13])  # utime stime
-        return total, jit / _CLK_TCK
+                    values = fields.split()
+                    thread = (pid, int(stat.split("/")[4]), int(values[19]))
+                    self.seen_jit[thread] = int(values[11]) + int(values[12])  # utime stime
+        return total, sum(self.seen_jit.values()) / _CLK_TCK
 
     def close(self, timeout_s: float = 90.0) -> None:
         """Close stdin (the worker ends), wait for it, end what is left of its session."""
@@ -1065,9 +1084,24 @@ def main(argv=None) -> dict:
             warm_worker = Worker(os.path.join(workdir, "spark-worker.log"))
 
         def run_warm(system: str, inp: Input, tag: str) -> dict:
-            if system in SPARK_SYSTEMS:
+            """``system`` in the shared Spark worker (a fresh process for the others).
+            A Spark system that stalls there (Spark's stream-stream join has stopped
+            committing once, its stream thread dead) gets a new shared worker, warmed
+            by one dropped run of the same system, and is run again; the stall is kept
+            with the result, and the systems after it run in the new worker."""
+            nonlocal warm_worker
+            if system not in SPARK_SYSTEMS:
+                return run_fresh(system, inp, ctx, tag)
+            try:
                 return run_system(warm_worker, system, inp, ctx, tag)
-            return run_fresh(system, inp, ctx, tag)
+            except Stalled as stall:
+                log(f"{system}: stalled ({stall}); a new Spark worker, warmed, runs it again")
+                warm_worker.close()
+                warm_worker = None
+                warm_worker = Worker(os.path.join(workdir, f"spark-worker-{tag}.log"))
+                run_system(warm_worker, system, inp, ctx, f"{tag}-rewarm")
+                result = run_system(warm_worker, system, inp, ctx, f"{tag}-again")
+                return {**result, "stalled_runs": [str(stall)]}
 
         runs: dict[int, dict[str, list[dict]]] = {}
         warmup_runs: dict[int, dict[str, float]] = {}
