@@ -84,7 +84,11 @@ PYTHON_READER = "ackstream_kafka_python_reader"
 MARK = "e2e"  # the key of the worker's event lines on its stdout (Spark's JVM shares it)
 MESSAGE_TIMEOUT_MS = 120_000  # nothing may time out in a run: a replay would be a bug here
 SPARK_KAFKA_PREFIX = os.path.join(ROOT, ".cache", "spark-kafka-")
-SPARK_CONF = {"spark.sql.streaming.numRecentProgressUpdates": 10_000}
+#: the shared worker runs every system of a size one after another in one local JVM,
+#: whose heap is its executors' too: with Spark's 1 GB default, a run of record at
+#: 100,000 a batch ran out of heap after some systems (Spark's stream-stream join
+#: stopped committing, ackstream's join failed a task with OutOfMemoryError)
+SPARK_CONF = {"spark.sql.streaming.numRecentProgressUpdates": 10_000, "spark.driver.memory": "4g"}
 
 
 def spark_kafka_jars() -> list[str]:
