@@ -1097,7 +1097,6 @@ def main(argv=None) -> dict:
             except Stalled as stall:
                 log(f"{system}: stalled ({stall}); a new Spark worker, warmed, runs it again")
                 warm_worker.close()
-                warm_worker = None
                 warm_worker = Worker(os.path.join(workdir, f"spark-worker-{tag}.log"))
                 run_system(warm_worker, system, inp, ctx, f"{tag}-rewarm")
                 result = run_system(warm_worker, system, inp, ctx, f"{tag}-again")

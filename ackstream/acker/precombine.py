@@ -8,8 +8,6 @@ delivered twice in one batch cancels: that root times out, and the source, which
 knows its roots, replays it.) It is the ledger's own ``combine``, run on the
 driver: a batch's records are few (one init per root plus fails with the
 default ``ack_mode``), so collecting them costs less than a shuffle in Spark.
-With ``ack_mode="per_stage"`` they are every tuple's, millions a batch:
-:func:`combine_acks_in_spark` folds their acks in Spark before they are collected.
 
 :func:`settle` then runs the ledger's ``step`` over a batch's records, from an
 empty table: a tree whose init and every ack are in the batch is finished right
@@ -24,12 +22,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from ackstream.acker.ledger import MAX_TIMEOUT_MS, Pending, combine, step
 from ackstream.vocabulary.records import (
-    ACK,
     ACK_RECORD_SCHEMA,
     ACKED,
     COMPLETION_SCHEMA,
@@ -38,7 +33,7 @@ from ackstream.vocabulary.records import (
     completion_table,
 )
 
-__all__ = ["precombine", "combine_acks_in_spark", "settle"]
+__all__ = ["precombine", "settle"]
 
 
 def precombine(records: pa.Table) -> pa.Table:
@@ -62,40 +57,6 @@ def precombine(records: pa.Table) -> pa.Table:
         },
         schema=ACK_RECORD_SCHEMA,
     )
-
-
-def combine_acks_in_spark(records: DataFrame) -> DataFrame:
-    """``records`` with their plain acks folded into one per root in Spark (values by
-    XOR, the latest time), and every other record (inits, fails, rejects) as it is.
-    For a batch whose records are many per root (every tuple's ack, with
-    ``ack_mode="per_stage"``): the driver then collects about one record per root, not
-    one per tuple, and its memory no longer grows with the tuples; :func:`precombine`
-    finishes the fold. Only numbers are aggregated (a string would take Spark off its
-    fast hash aggregation), and the filters on ``kind``, a constant in each part of a
-    batch's union, drop whole parts before they run."""
-    acks = (
-        records.where(f"kind = {ACK}")
-        .groupBy("root")
-        .agg(F.expr("bit_xor(value) AS value"), F.expr("max(ts) AS ts"))
-    )
-    acks = acks.selectExpr(*(_PLAIN_ACK.get(name, name) for name in ACK_RECORD_SCHEMA.names))
-    return acks.unionByName(records.where(f"kind != {ACK}").select(*ACK_RECORD_SCHEMA.names))
-
-
-#: the columns of a plain ack other than its root, value and time
-_PLAIN_ACK = {
-    "kind": f"CAST({ACK} AS byte) AS kind",
-    **{
-        name: f"CAST(NULL AS {kind}) AS {name}"
-        for name, kind in (
-            ("topic", "string"),
-            ("partition", "int"),
-            ("offset", "long"),
-            ("attempt", "int"),
-            ("reason", "string"),
-        )
-    },
-}
 
 
 def settle(records: pa.Table, now_ms: int) -> tuple[pa.Table, pa.Table]:

@@ -20,7 +20,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.acker.precombine import combine_acks_in_spark, precombine
+from ackstream.acker.precombine import precombine
 from ackstream.channels.base import Channel
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
 from ackstream.sinks.continued import UpstreamResets, lineage_of, translate
@@ -206,9 +206,7 @@ class BatchRun:
             return BatchRecords(None, ACK_RECORD_SCHEMA.empty_table())
         tables = list(self.tables)
         if self.frames:
-            frame = _union_all(self.frames)
-            if self.mode.combines_in_spark:
-                frame = combine_acks_in_spark(frame)
+            frame = self.mode.collected(_union_all(self.frames))
             collected = as_table(frame.toArrow(), ACK_RECORD_SCHEMA)
             # the batch's time set here, not in the plans: a long literal that changes
             # every batch would have Spark compile the collecting job's code every batch

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from ackstream.acker.precombine import precombine, settle
 from ackstream.channels.base import Channel
@@ -96,9 +97,6 @@ class Mode:
     #: a tuple a stage holds past its batch keeps its tree open with a hold record of
     #: its own, no edge's ack doing it (see :mod:`ackstream.topology.holding`)
     hold_records: bool = False
-    #: a batch makes an ack record per tuple, not per root: pre-combine them in Spark
-    #: before they reach the driver
-    combines_in_spark: bool = False
 
     def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         """The ack records a stage sends for its inputs, given the children it emitted."""
@@ -107,6 +105,10 @@ class Mode:
     def sink_acks(self, outputs: DataFrame) -> list[DataFrame]:
         """The ack records of the tuples the sink wrote."""
         return []
+
+    def collected(self, records: DataFrame) -> DataFrame:
+        """The batch's ack records (Spark's part) as the driver collects them."""
+        return records
 
     def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         """Send the batch's ack records where they belong."""
@@ -139,7 +141,7 @@ class Telescoped(Mode):
 
 
 class PerStage(Mode):
-    name, anchoring, combines_in_spark = "per_stage", BY_EDGES, True
+    name, anchoring = "per_stage", BY_EDGES
 
     def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         # Storm's ack of every input tuple: its own anchor pairs, XOR the edges of the
@@ -151,6 +153,16 @@ class PerStage(Mode):
 
     def sink_acks(self, outputs: DataFrame) -> list[DataFrame]:
         return [ack_records(anchor_pairs(outputs), ACK)]
+
+    def collected(self, records: DataFrame) -> DataFrame:
+        """The plain acks (one per tuple and edge, millions a batch at 100,000 records)
+        folded per root in Spark, every other record as it is: the driver collects about
+        one record per root, and ``precombine`` finishes the fold. Only numbers are
+        aggregated (a string would take Spark off its fast hash aggregation); the
+        filters on ``kind``, a constant in each part of the batch's union, drop whole
+        parts before they run."""
+        acks = records.where(f"kind = {ACK}").groupBy("root").agg(F.bit_xor("value").alias("value"))
+        return ack_records(acks, ACK).unionByName(records.where(f"kind != {ACK}"))
 
     def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         _to_acker(records, channel)
@@ -166,13 +178,15 @@ class Continuing(Mode):
     def __init__(self, acks: Mode):
         self.acks = acks
         self.name, self.anchoring, self.hold_records = acks.name, acks.anchoring, acks.hold_records
-        self.combines_in_spark = acks.combines_in_spark
 
     def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         return self.acks.stage_acks(inputs, children)
 
     def sink_acks(self, outputs: DataFrame) -> list[DataFrame]:
         return self.acks.sink_acks(outputs)
+
+    def collected(self, records: DataFrame) -> DataFrame:
+        return self.acks.collected(records)
 
     def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         _to_acker(records, channel)

@@ -134,8 +134,9 @@ def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
 
 @pytest.mark.spark
 def test_acks_folded_in_spark_precombine_as_the_raw_records(spark):
-    from ackstream.acker.precombine import combine_acks_in_spark
     from ackstream.testing import ack, init, reject
+    from ackstream.topology.modes import PER_STAGE
+    from ackstream.vocabulary.records import timed
 
     g, records = TupleGraph(), []
     for root in range(1, 6):
@@ -145,8 +146,8 @@ def test_acks_folded_in_spark_precombine_as_the_raw_records(spark):
     extra = [init(8, 0), init(8, 0), init(9, 4, ts=100), ack(9, 4, ts=900), reject(9, reason="no")]
     records = g.init_records() + records + [fail(3, reason="bolt"), records[0], *extra]
     raw = as_table(ack_records(records), ACK_RECORD_SCHEMA)
-    in_spark = combine_acks_in_spark(spark.createDataFrame(raw.to_pandas(), ACK_RECORD_DDL))
-    folded = as_table(in_spark.toArrow(), ACK_RECORD_SCHEMA)
+    in_spark = PER_STAGE.collected(spark.createDataFrame(raw.to_pandas(), ACK_RECORD_DDL))
+    folded = timed(as_table(in_spark.toArrow(), ACK_RECORD_SCHEMA), 1_000)  # as the batch does
     assert folded.num_rows < raw.num_rows
     got = precombine(folded).sort_by("root")
     assert got.to_pylist() == precombine(raw).sort_by("root").to_pylist()
