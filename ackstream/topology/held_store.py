@@ -10,11 +10,14 @@ state, a small file ``<batch id>`` naming those pieces (a :class:`ChangeLog`) wi
 the completion channel's position the stage had read up to, its closing's clock and
 the rows' schema. What a state holds is its base (``rows-<batch id>``, every row
 held after that batch) and its later added rows, less its released ids. Once the
-rows added (or released) since the base reach a quarter of what is held
-(:data:`COMPACT_SHARE`), or there are :data:`MAX_PIECES` pieces, the batch writes
-every held row as a new base instead: each row is written about five times over its
-life (once added, and about four times in bases, since a base follows a quarter's
-worth of new rows), whatever is held. The held rows never pass through the driver;
+rows added (or released) since the base, or by the last batch that wrote changes,
+reach a quarter of what is held (:data:`COMPACT_SHARE`), or there are
+:data:`MAX_PIECES` pieces, the batch writes every held row as a new base instead:
+each row is written about five times over its life (once added, and about four
+times in bases, since a base follows a quarter's worth of new rows), whatever is
+held. A stage whose every batch changes most of what it holds (a time window lets
+go of whole batches' rows) so writes one base a batch, one Spark job where changes
+take two, and a base never holds more than four times the last change measured. The held rows never pass through the driver;
 it reads the Parquet footers to count them.
 
 A batch starts from the newest state published by an *earlier* batch, so a batch
@@ -80,7 +83,8 @@ _PIECE_PREFIXES = (_BASE, _ADDED, _RELEASED)
 class ChangeLog:
     """The pieces a saved state is read from: the base written by batch ``base``
     (None: none), then the rows each batch of ``added`` held anew and the ids each
-    batch of ``released`` let go, with the rows each kind holds."""
+    batch of ``released`` let go, with the rows each kind holds; ``last_changed``:
+    the rows added or released (the larger) by the last batch that wrote changes."""
 
     base: int | None = None
     added: tuple[int, ...] = ()
@@ -88,6 +92,7 @@ class ChangeLog:
     base_rows: int = 0
     added_rows: int = 0
     released_rows: int = 0
+    last_changed: int = 0
 
     @property
     def rows(self) -> int:
@@ -96,11 +101,12 @@ class ChangeLog:
 
     def compact_due(self) -> bool:
         """Whether the next batch should write a base instead of its changes: the rows
-        added, or those released, since the base reach :data:`COMPACT_SHARE` of what
+        added, or those released, since the base or by the last batch that wrote
+        changes (the next batch's likely change) reach :data:`COMPACT_SHARE` of what
         is held, or the pieces :data:`MAX_PIECES`. (A store that holds nothing
         compacts each batch: its base is then what the batch adds, one write instead
         of two.)"""
-        changed = max(self.added_rows, self.released_rows)
+        changed = max(self.added_rows, self.released_rows, self.last_changed)
         pieces = len(self.added) + len(self.released)
         return changed >= COMPACT_SHARE * self.rows or pieces + 2 > MAX_PIECES
 
@@ -200,7 +206,9 @@ class HeldStore:
         if state.rows is not None:
             schema = state.rows.schema.jsonValue()
             if changes is None or changes.since.compact_due():
-                log = ChangeLog(batch_id, base_rows=self._write(state.rows, _BASE, batch_id))
+                rows = self._write(state.rows, _BASE, batch_id)
+                last = 0 if changes is None else changes.since.last_changed
+                log = ChangeLog(batch_id, base_rows=rows, last_changed=last)
             else:
                 log = self._write_changes(batch_id, changes)
         meta = {_POSITION: state.position, _CLOCK: state.clock, _SCHEMA: schema, _LOG: asdict(log)}
@@ -212,11 +220,11 @@ class HeldStore:
         return log
 
     def _write_changes(self, batch_id: int, changes: Changes) -> ChangeLog:
-        log = changes.since
         added = self._write(changes.added, _ADDED, batch_id)
+        released = self._write(changes.released.select(HOLD), _RELEASED, batch_id)
+        log = replace(changes.since, last_changed=max(added, released))
         if added:
             log = replace(log, added=(*log.added, batch_id), added_rows=log.added_rows + added)
-        released = self._write(changes.released.select(HOLD), _RELEASED, batch_id)
         if released:
             log = replace(
                 log, released=(*log.released, batch_id), released_rows=log.released_rows + released

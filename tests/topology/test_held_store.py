@@ -142,3 +142,24 @@ def test_changes_reaching_a_quarter_of_what_is_held_are_written_as_a_new_base(sp
         *range(500, 1_000),
         *(i for b in range(1, 6) for i in range(10_000 * b, 10_000 * b + 100)),
     ]
+
+
+def test_a_state_that_turns_over_each_batch_is_written_whole_each_batch(spark, tmp_path):
+    """Each batch releases every row held and adds as many (a time window's churn): once
+    a batch has measured such a change, every later batch writes one base, not changes
+    (two pieces) and a base by turns."""
+    store = HeldStore(str(tmp_path / "w"))
+    store.save(0, HeldState(held(spark, range(100))))
+    logs = []
+    for batch in range(1, 4):
+        before = store.before(spark, batch)
+        new = held(spark, range(1_000 * batch, 1_000 * batch + 100), batch)
+        logs.append(
+            store.save(batch, HeldState(new), Changes(new, before.rows.select("_hold"), before.log))
+        )
+    assert [(log.base, len(log.added), log.last_changed) for log in logs] == [
+        (0, 1, 100),
+        (2, 0, 100),
+        (3, 0, 100),
+    ]
+    assert ids_of(store.before(spark, 4)) == list(range(3_000, 3_100))
