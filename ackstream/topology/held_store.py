@@ -17,8 +17,8 @@ each row is written about five times over its life (once added, and about four
 times in bases, since a base follows a quarter's worth of new rows), whatever is
 held. A stage whose every batch changes most of what it holds (a time window lets
 go of whole batches' rows) so writes one base a batch, one Spark job where changes
-take two, and a base never holds more than four times the last change measured. The held rows never pass through the driver;
-it reads the Parquet footers to count them.
+take two; such a base holds at most four times the last change measured. The held
+rows never pass through the driver; it reads the Parquet footers to count them.
 
 A batch starts from the newest state published by an *earlier* batch, so a batch
 that Spark runs again after a crash starts from the same state, writes the same
@@ -206,9 +206,9 @@ class HeldStore:
         if state.rows is not None:
             schema = state.rows.schema.jsonValue()
             if changes is None or changes.since.compact_due():
-                rows = self._write(state.rows, _BASE, batch_id)
+                written = self._write(state.rows, _BASE, batch_id)
                 last = 0 if changes is None else changes.since.last_changed
-                log = ChangeLog(batch_id, base_rows=rows, last_changed=last)
+                log = ChangeLog(batch_id, base_rows=written, last_changed=last)
             else:
                 log = self._write_changes(batch_id, changes)
         meta = {_POSITION: state.position, _CLOCK: state.clock, _SCHEMA: schema, _LOG: asdict(log)}
