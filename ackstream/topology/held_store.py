@@ -17,8 +17,8 @@ each row is written about five times over its life (once added, and about four
 times in bases, since a base follows a quarter's worth of new rows), whatever is
 held. A stage whose every batch changes most of what it holds (a time window lets
 go of whole batches' rows) so writes one base a batch, one Spark job where changes
-take two; such a base holds at most four times the last change measured. The held
-rows never pass through the driver; it reads the Parquet footers to count them.
+take two; such a base holds about four times the last change measured at most. The
+held rows never pass through the driver; it reads the Parquet footers to count them.
 
 A batch starts from the newest state published by an *earlier* batch, so a batch
 that Spark runs again after a crash starts from the same state, writes the same
