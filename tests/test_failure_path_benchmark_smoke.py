@@ -53,11 +53,16 @@ def test_every_case_settles_every_record_and_the_json_has_every_figure(spark, br
             (run,) = figures["runs"]
             # at least the timed batches' worth: replays take room, so it may run over
             assert run["new"] >= 2 * BATCH and run["s_per_batch"] > 0, (variant, fraction)
-            assert run["settled_per_s"] > 0 and run["counts"]["dead_lettered"] == 0
+            assert run["counts"]["dead_lettered"] == 0, (variant, fraction)
+            # batches this small run shorter than the backoff (500 ms), so a failed record's
+            # replay may come after the two-batch window: at 100 % nothing need settle in
+            # it; replays are looked for over the whole run
+            assert run["settled_per_s"] > 0 or fraction == 1.0, (variant, fraction)
+            replays = sum(b["replays"] for b in run["batch_log"])
+            assert (replays > 0) == (fraction > 0), (variant, fraction)
             # 4 batches (warm-up, 2 timed, the window's end) over 2 partitions
             failing = failure_path.failing_offsets({0: 2 * BATCH, 1: 2 * BATCH}, fraction)
             assert run["counts"]["failed"] == failing, (variant, fraction)
-            assert (run["replays"] > 0) == (fraction > 0), (variant, fraction)
     targets = {fraction for fraction, *_ in failure_path.TARGETS}
     judged = {(r["variant"], r["fraction"]): r for r in out["ratios"]}
     assert set(judged) == {(v, f) for v in failure_path.VARIANTS for f in FRACTIONS[1:]}
