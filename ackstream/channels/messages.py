@@ -50,7 +50,12 @@ _PACKED = pa.ipc.IpcWriteOptions(compression="zstd")
 def encode(
     batch: pa.RecordBatch | pa.Table, options: pa.ipc.IpcWriteOptions | None = None
 ) -> bytes:
-    """``batch`` as one Arrow IPC stream (compressed buffers with ``options``)."""
+    """``batch`` as one Arrow IPC stream (compressed buffers with ``options``), its
+    chunks combined first: a table put together from many small ones (a batch's
+    completions, a run or a replay each) would be written a record batch per chunk,
+    each with its own framing, so a few hundred kilobytes of rows made megabytes."""
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks()
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
         writer.write(batch)

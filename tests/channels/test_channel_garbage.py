@@ -57,3 +57,19 @@ def test_one_record_over_the_budget_is_named_not_sent():
     )
     with pytest.raises(MessageTooLarge, match="over the 500 bytes"):
         encode_within(table, 500)
+
+
+def test_a_table_of_many_small_chunks_is_one_record_batch_in_its_message():
+    """A batch's completions come concatenated from many small tables (a replayed
+    record's each): they travel as one record batch, not one per piece."""
+    from ackstream.channels.messages import encode, encode_within
+
+    pieces = [
+        pa.Table.from_pylist([{"root": i, "status": "acked"}], schema=COMPLETION_SCHEMA)
+        for i in range(1_000)
+    ]
+    table = pa.concat_tables(pieces)
+    ((rows, message),) = encode_within(table)
+    assert rows.num_rows == 1_000
+    assert len(list(pa.ipc.open_stream(message))) == 1
+    assert len(message) == len(encode(table.combine_chunks()))
