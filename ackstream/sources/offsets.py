@@ -203,10 +203,9 @@ class PlannedRoots:
                 continue
             namespace = end["ids"]
             runs += [(namespace, *span) for span in _ranges(end)]
-            singles += [
-                _inits(namespace, topic, p, np.arange(lo, hi), att, now_ms)
-                for topic, p, lo, hi, att in replay_runs(end)
-            ]
+            replays = replay_runs(end)
+            if replays:  # scattered failures replay as many runs of one: one table
+                singles.append(_inits_of_runs(namespace, replays, now_ms))
         table = pa.concat_tables(singles) if singles else ACK_RECORD_SCHEMA.empty_table()
         return cls(runs, table, now_ms)
 
@@ -249,7 +248,7 @@ class PlannedRoots:
         return pa.concat_tables(
             [
                 completion_table(
-                    [int(ids.root_ids(ns, t, p, [lo], [0])[0]) for ns, t, p, lo, _ in runs],
+                    _first_roots(runs),
                     ACKED,
                     topic=[run[1] for run in runs],
                     partition=[run[2] for run in runs],
@@ -283,20 +282,47 @@ def _cut(runs: list, settled: pa.Table) -> list:
     return out
 
 
-def _inits(
-    namespace: str, topic: str, partition: int, offsets: np.ndarray, attempt: int, now_ms: int
-) -> pa.Table:
-    """Init records (value 0) of ``offsets`` of one partition at one attempt."""
+def _first_roots(runs: list) -> np.ndarray:
+    """The root id of each run's first offset (attempt 0), hashed a namespace at a time:
+    runs cut around scattered failures are thousands a batch."""
+    out = np.empty(len(runs), np.int64)
+    for namespace in {run[0] for run in runs}:
+        at = np.flatnonzero([run[0] == namespace for run in runs])
+        _, topics, partitions, starts, _ = zip(*(runs[i] for i in at))
+        out[at] = ids.root_ids(namespace, list(topics), partitions, starts, 0)
+    return out
+
+
+def _inits_of_runs(namespace: str, runs: list, now_ms: int) -> pa.Table:
+    """Init records of every offset of ``runs`` (``(topic, partition, from, to,
+    attempt)``), in one table."""
+    topics, partitions, starts, ends, attempts = (np.asarray(c) for c in zip(*runs))
+    sizes = ends - starts
+    offsets = np.arange(sizes.sum()) + np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+    return _inits(
+        namespace,
+        np.repeat(topics.astype(object), sizes),
+        np.repeat(partitions, sizes),
+        offsets,
+        np.repeat(attempts, sizes),
+        now_ms,
+    )
+
+
+def _inits(namespace: str, topic, partition, offsets: np.ndarray, attempt, now_ms: int) -> pa.Table:
+    """Init records (value 0) of ``offsets``; ``topic``, ``partition`` and ``attempt``
+    one for all or one per offset."""
     n = len(offsets)
+    topics = [topic] * n if isinstance(topic, str) else topic
     return pa.table(
         {
             "root": ids.root_ids(namespace, topic, partition, offsets, attempt),
             "value": np.zeros(n, np.int64),
             "kind": np.full(n, INIT, np.int8),
-            "topic": pa.array([topic] * n, pa.string()),
-            "partition": np.full(n, partition, np.int32),
+            "topic": pa.array(topics, pa.string()),
+            "partition": np.broadcast_to(np.asarray(partition, np.int32), n).copy(),
             "offset": np.asarray(offsets, np.int64),
-            "attempt": np.full(n, attempt, np.int32),
+            "attempt": np.broadcast_to(np.asarray(attempt, np.int32), n).copy(),
             "ts": np.full(n, now_ms, np.int64),
             "reason": pa.nulls(n, pa.string()),
         },

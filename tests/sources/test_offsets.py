@@ -192,3 +192,21 @@ def test_replays_logged_as_runs_plan_the_same_roots_as_one_entry_each(replays):
     assert roots[0] == roots[1]
     contiguous = [("a", 0, off, 2) for off in range(10, 20_010)]
     assert offsets.runs_of(contiguous) == [["a", 0, 10, 20_010, 2]]
+
+
+def test_replays_of_many_runs_plan_each_offset_once_with_its_root():
+    """Scattered failures replay as many runs (topics, partitions and attempts mixed):
+    every offset of every run is planned once, with the root of its own coordinates."""
+    from ackstream.vocabulary import ids
+
+    runs = [["a", 0, 5, 8, 1], ["b", 1, 100, 101, 2], ["a", 0, 20, 21, 1], ["a", 2, 0, 4, 3]]
+    end = {"source": "s", "ids": "ns", "replays": runs}
+    inits = offsets.PlannedRoots.of_offsets([end], 7).inits
+    names = ("root", "topic", "partition", "offset", "attempt")
+    planned = list(zip(*(inits.column(c).to_pylist() for c in names)))
+    expected = [
+        (int(ids.root_ids("ns", t, p, [off], [att])[0]), t, p, off, att)
+        for t, p, lo, hi, att in runs
+        for off in range(lo, hi)
+    ]
+    assert sorted(planned) == sorted(expected) and len(planned) == 3 + 1 + 1 + 4
