@@ -309,7 +309,14 @@ def _inits_of_runs(namespace: str, runs: list, now_ms: int) -> pa.Table:
     )
 
 
-def _inits(namespace: str, topic, partition, offsets: np.ndarray, attempt, now_ms: int) -> pa.Table:
+def _inits(
+    namespace: str,
+    topic: str | np.ndarray,
+    partition: int | np.ndarray,
+    offsets: np.ndarray,
+    attempt: int | np.ndarray,
+    now_ms: int,
+) -> pa.Table:
     """Init records (value 0) of ``offsets``; ``topic``, ``partition`` and ``attempt``
     one for all or one per offset."""
     n = len(offsets)
