@@ -578,10 +578,11 @@ def _run_bolt(
     outputs: list = []
     failed: list[int] = []
     errors: list[str] = []
+    given_columns = frame[payload]
 
     def call(lo: int, hi: int) -> Exception | None:
         """``fn`` on rows ``[lo, hi)``: its output kept, or its error."""
-        chunk = frame.iloc[lo:hi][payload].reset_index(drop=True)
+        chunk = given_columns.iloc[lo:hi].reset_index(drop=True)
         given = []
         if collector:
             given.append(Collector(frame[ROOT].iloc[lo:hi].reset_index(drop=True), resets))
@@ -611,18 +612,19 @@ def _run_bolt(
     roots = pd.array(frame[ROOT], dtype="Int64")  # null: an unanchored input row
     edges = pd.array(frame[EDGE], dtype="Int64")
     pieces = []
-    for out, parent in outputs:
+    if outputs:  # put together once: isolating rows makes a thousand outputs a chunk
+        out = pd.concat([o for o, _ in outputs], ignore_index=True)
+        parent = np.concatenate([p for _, p in outputs])
         anchored = parent >= 0
+        # a row's children are numbered from 0; the unanchored rows of each call apart
+        call_of = np.repeat(np.arange(len(outputs)), [len(p) for _, p in outputs])
+        siblings = np.where(anchored, parent, -1 - call_of)
+        ordinal = pd.Series(siblings).groupby(siblings).cumcount().to_numpy(np.int64)
         safe = np.where(anchored, parent, 0)
-        ordinal = pd.Series(parent).groupby(parent).cumcount().to_numpy(np.int64)
         root, edge = roots[safe].copy(), edges[safe].copy()
         root[~anchored] = pd.NA
         edge[~anchored] = pd.NA
-        pieces.append(
-            out.reset_index(drop=True).assign(
-                **{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _ERROR: None}
-            )
-        )
+        pieces.append(out.assign(**{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _ERROR: None}))
     rows = np.asarray(failed, dtype=np.int64)
     if len(rows) or not pieces:  # Spark wants the schema's columns in every frame
         nothing = dict.fromkeys(output.columns)

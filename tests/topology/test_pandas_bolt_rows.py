@@ -68,3 +68,38 @@ def test_rows_at_fault_here_and_there_are_still_found_one_by_one():
     failed = out[out["_error"].notna()]
     assert sorted(failed["_root"].tolist()) == [i for i in range(n) if i % 100 == 37]
     assert sorted(out[out["_error"].isna()]["word"]) == sorted(v for v in values if v != "bad")
+
+
+def test_children_found_over_many_calls_keep_their_parents_lineage_and_numbering():
+    """Rows isolated over many calls of the bolt: each row's children carry its root and
+    edge and are numbered from 0 (their edge ids hash the number); the unanchored rows
+    of each call are numbered apart."""
+    output = BoltOutput(("word",), (("word", pa.string()),))
+    n, bad = 64, {5, 40}
+    chunk = pd.DataFrame(
+        {
+            "value": [f"w{i}" for i in range(n)],
+            "_root": np.arange(n) + 100,
+            "_edge": np.arange(n) + 1000,
+        }
+    )
+
+    def bolt(frame):
+        if frame.value.isin([f"w{i}" for i in bad]).any():
+            raise ValueError("bad row")
+        index = np.repeat(frame.index.to_numpy(), 2)
+        twice = pd.DataFrame({"word": np.repeat(frame.value.to_numpy(), 2)}, index=index)
+        return pd.concat([twice, pd.DataFrame({"word": ["x", "y"]}, index=[-1, -1])])
+
+    out = _run_bolt(bolt, chunk, ["value"], "s", output)
+    kept = out[out["_error"].isna()]
+    anchored = kept[kept["_root"].notna()]
+    assert sorted(anchored["_root"].unique()) == [i + 100 for i in range(n) if i not in bad]
+    for root, rows in anchored.groupby("_root"):
+        assert rows["_ordinal"].tolist() == [0, 1]
+        assert rows["word"].tolist() == [f"w{root - 100}"] * 2
+        assert rows["_edge"].tolist() == [root + 900] * 2
+    loose = kept[kept["_root"].isna()]
+    calls = len(loose) // 2
+    assert calls > 2 and loose["_ordinal"].tolist() == [0, 1] * calls
+    assert sorted(out[out["_error"].notna()]["_root"]) == [105, 140]
