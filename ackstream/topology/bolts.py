@@ -613,7 +613,12 @@ def _run_bolt(
     edges = pd.array(frame[EDGE], dtype="Int64")
     pieces = []
     if outputs:  # put together once: isolating rows makes a thousand outputs a chunk
-        out = pd.concat([o for o, _ in outputs], ignore_index=True)
+        made = [o for o, _ in outputs]
+        if failed and len({tuple(o.dtypes.items()) for o in made}) > 1:
+            # beside failed rows each call's values stay as it made them (see below):
+            # concatenated first, a column of ints and floats would be floats
+            made = [o.astype(dict.fromkeys(output.columns, object)) for o in made]
+        out = pd.concat(made, ignore_index=True)
         parent = np.concatenate([p for _, p in outputs])
         anchored = parent >= 0
         # a row's children are numbered from 0; the unanchored rows of each call apart

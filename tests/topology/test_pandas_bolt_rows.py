@@ -103,3 +103,23 @@ def test_children_found_over_many_calls_keep_their_parents_lineage_and_numbering
     calls = len(loose) // 2
     assert calls > 2 and loose["_ordinal"].tolist() == [0, 1] * calls
     assert sorted(out[out["_error"].notna()]["_root"]) == [105, 140]
+
+
+def test_beside_failed_rows_each_calls_values_are_kept_as_it_made_them():
+    """One call's column of int64 ids and another's of floats (a missing value) are not
+    made one float column beside failed rows: an id past 2**53 would lose its last
+    digits."""
+    output = BoltOutput(("n",), (("n", pa.int64()),))
+    big = 2**62 + 1
+    chunk = pd.DataFrame({"value": ["big", "bad", "none"], "_root": [1, 2, 3], "_edge": [4, 5, 6]})
+
+    def bolt(frame):
+        if (frame.value == "bad").any():
+            raise ValueError("bad row")
+        if (frame.value == "big").all():
+            return pd.DataFrame({"n": np.array([big], np.int64)}, index=frame.index)
+        return pd.DataFrame({"n": np.full(len(frame), np.nan)}, index=frame.index)
+
+    out = _run_bolt(bolt, chunk, ["value"], "ids", output)
+    assert out.loc[out["_root"] == 1, "n"].tolist() == [big]
+    assert out.loc[out["_root"] == 2, "_error"].iloc[0].startswith("ids: ")
