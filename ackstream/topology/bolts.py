@@ -71,7 +71,7 @@ __all__ = [
     "with_tree_roots",
 ]
 
-_ORDINAL, _ERROR, _GROUP_ID = "_ordinal", "_error", "_group_id"
+_ORDINAL, _ERROR, _REJECT, _GROUP_ID = "_ordinal", "_error", "_rejected", "_group_id"
 _GROUP_ROOTS, _GROUP_STAGE = "_group_roots", "_group_stage"
 
 
@@ -393,17 +393,64 @@ class AggregateStage(Stage):
 
 class Collector:
     """What a pandas bolt declared with ``collector=True`` is given beside its chunk, as
-    a Storm bolt is given its ``OutputCollector``: emits and fails are its output and
-    its exceptions; the collector adds :meth:`reset_timeout`."""
+    a Storm bolt is given its ``OutputCollector``: emits are its output; the collector
+    adds :meth:`fail` and :meth:`reject` (the way to fail records in Python: no
+    exception, so no isolation) and :meth:`reset_timeout`.
 
-    def __init__(self, roots: pd.Series | None, resets: UpstreamResets | None):
-        self._roots, self._resets = roots, resets
+    ``rows`` names rows of the chunk the call was given: a boolean mask of its length
+    (``frame["n"] < 0``) or the chunk's index labels, which are its positions (an int,
+    a list or array of them, ``frame.index[mask]``)."""
+
+    def __init__(
+        self,
+        size: int,
+        roots: pd.Series | None = None,
+        resets: UpstreamResets | None = None,
+        stage: str = "",
+    ):
+        self._size, self._roots, self._resets, self._stage = size, roots, resets, stage
+        #: per row of the chunk: 0 goes on, FAILED or REJECTED (reject wins over fail)
+        self.verdicts = np.zeros(size, np.int8)
+        self.reasons = np.full(size, None, dtype=object)
+
+    def fail(self, rows: npt.ArrayLike, reason: str) -> None:
+        """Storm's ``collector.fail``: the roots of ``rows`` fail (replayed after a
+        backoff, a retry counted; after the last retry dead-lettered with ``reason``,
+        after the stage's name). Their outputs are dropped; the rest of the chunk goes
+        on. Untracked (``tracking=False``) nothing replays: the rows' outputs are
+        dropped, as ``fail_where`` drops its rows."""
+        self._mark(rows, reason, _FAILED)
+
+    def reject(self, rows: npt.ArrayLike, reason: str) -> None:
+        """Dead-letter the roots of ``rows`` at once with ``reason``, without replays
+        (as ``reject_where``): the records themselves are at fault. Their outputs are
+        dropped; untracked, only that."""
+        self._mark(rows, reason, _REJECTED)
+
+    def _mark(self, rows: npt.ArrayLike, reason: str, verdict: int) -> None:
+        at = self._positions(rows)
+        self.verdicts[at] = np.maximum(self.verdicts[at], verdict)
+        self.reasons[at] = f"{self._stage}: {reason}"[:REASON_LIMIT]
+
+    def _positions(self, rows: npt.ArrayLike) -> np.ndarray:
+        """The positions ``rows`` names (see the class doc), checked."""
+        given = np.atleast_1d(np.asarray(rows))
+        if given.dtype == bool and given.shape == (self._size,):
+            return np.flatnonzero(given)
+        if not given.size:
+            return np.empty(0, np.int64)
+        integers = given.ndim == 1 and given.dtype.kind in "iu"
+        if integers and given.min() >= 0 and given.max() < self._size:
+            return given.astype(np.int64)
+        raise ValueError(
+            f"collector rows must be a boolean mask of the chunk's {self._size} rows or "
+            f"positions in 0..{self._size - 1} (its index), not {given[:5].tolist()!r}"
+        )
 
     def reset_timeout(self, rows: npt.ArrayLike | None = None) -> int:
         """Storm's ``collector.resetTimeout``: restart the message timeout of the trees of
-        ``rows`` (the chunk's index labels: a position, a list of them or a boolean
-        mask; None: every row), for work that outlasts the timeout. Call it more often
-        than the timeout. Returns how many trees were reset.
+        ``rows`` (see the class doc; None: every row), for work that outlasts the
+        timeout. Call it more often than the timeout. Returns how many trees were reset.
 
         Only trees that an upstream topology keeps open can time out while a batch
         runs (``Topology(..., continue_trees=True)``): a topology's own records wait
@@ -413,6 +460,17 @@ class Collector:
             return 0
         roots = self._roots if rows is None else self._roots.iloc[np.atleast_1d(rows)]
         return self._resets.reset(int(r) for r in roots.dropna())
+
+    def kept(self, parent: np.ndarray) -> np.ndarray:
+        """Mask of output rows (by ``parent`` position, -1: unanchored) that go on: those
+        of rows neither failed nor rejected."""
+        going = parent < 0
+        going[~going] = self.verdicts[parent[~going]] == 0
+        return going
+
+
+#: :attr:`Collector.verdicts` of a failed row and of a rejected one.
+_FAILED, _REJECTED = 1, 2
 
 
 class PandasBoltStage(Stage):
@@ -424,13 +482,18 @@ class PandasBoltStage(Stage):
     columns. With ``collector``, ``fn(frame, collector)`` is also given a
     :class:`Collector` for its chunk.
 
-    A failure is per row, as a Storm bolt fails single tuples: if ``fn`` raises, or
-    returns output that does not fit ``schema`` (other columns, an index that is not
-    a parent position, a value of another type), the chunk is split until the rows at
-    fault are found; only their roots fail, with a reason naming the stage and what
-    was wrong, and the rest of the chunk goes on. An error every row meets (a
-    service the bolt calls is down) fails the chunk's rows together after a few
-    levels of parts, instead of calling ``fn`` twice a row (see ``_run_bolt``)."""
+    The way to fail rows is the collector's :meth:`Collector.fail` and
+    :meth:`Collector.reject`: those rows' roots fail or are dead-lettered, the rest of
+    the chunk goes on, and ``fn`` is called once a chunk.
+
+    Raising costs more. A failure is per row, as a Storm bolt fails single tuples: if
+    ``fn`` raises, or returns output that does not fit ``schema`` (other columns, an
+    index that is not a parent position, a value of another type), the chunk is split
+    (``fn`` called again on its parts) until the rows at fault are found; only their
+    roots fail, with a reason naming the stage and what was wrong, and the rest of the
+    chunk goes on. An error every row meets (a service the bolt calls is down) fails
+    the chunk's rows together after a few levels of parts, instead of calling ``fn``
+    twice a row (see ``_run_bolt``)."""
 
     kind = "pandas_bolt"
 
@@ -459,16 +522,21 @@ class PandasBoltStage(Stage):
 
             def plain(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
                 for frame in frames:
-                    given = (Collector(None, None),) if collector else ()
+                    marks = Collector(len(frame), stage=name)
+                    given = (marks,) if collector else ()
                     out = fn(frame[payload].reset_index(drop=True), *given)
                     try:
-                        yield output.checked(out, len(frame))[0]
+                        out, parent = output.checked(out, len(frame))
                     except BoltOutputError as error:
                         raise StageError(name, str(error)) from None
+                    yield out[marks.kept(parent)] if marks.verdicts.any() else out
 
             return StageOutput(df.mapInPandas(plain, self.schema))
 
-        schema = f"{self.schema}, {ROOT} long, {EDGE} long, {_ORDINAL} long, {_ERROR} string"
+        schema = (
+            f"{self.schema}, {ROOT} long, {EDGE} long, {_ORDINAL} long, {_ERROR} string, "
+            f"{_REJECT} boolean"
+        )
 
         def tracked(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             try:
@@ -480,11 +548,13 @@ class PandasBoltStage(Stage):
                     resets.close()  # the channel's client, if a reset made one
 
         out = df.mapInPandas(tracked, schema).persist()  # the bolt runs once per batch
-        failed = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
+        caught = out.where(F.col(_ERROR).isNotNull()).withColumnRenamed(_ERROR, REASON)
+        failed = caught.where(~F.col(_REJECT)).drop(_ORDINAL, _REJECT)
+        rejected = caught.where(F.col(_REJECT)).drop(_ORDINAL, _REJECT)
         good = out.where(F.col(_ERROR).isNull())
         good = ctx.mode.anchoring.children(good, self.number, F.col(_ORDINAL))
-        good = good.drop(_ORDINAL, _ERROR)
-        return StageOutput(good, failed=failed.drop(_ORDINAL), cached=(out,))
+        good = good.drop(_ORDINAL, _ERROR, _REJECT)
+        return StageOutput(good, failed=failed, rejected=rejected, cached=(out,))
 
 
 class BoltOutputError(ValueError):
@@ -567,8 +637,10 @@ def _run_bolt(
     """Run ``fn`` on ``frame`` (with ``collector``, and a :class:`Collector` of the rows
     it is given, resetting with ``resets``); isolate the rows it fails on (it raises,
     or its output does not fit the schema), eight parts of a failing chunk at a time;
-    attach lineage. Every returned frame has the schema's columns, the failed rows'
-    set to null.
+    attach lineage. Every returned frame has the schema's columns, the failed and
+    rejected rows' set to null, with ``_error`` their reason and ``_rejected`` which
+    they are. Rows the collector failed or rejected in a call that returned are
+    marked so at once, their outputs dropped: no isolation.
 
     Once every part has failed three levels deep, the error is taken to be every
     row's (a service every row calls is down): the chunk's rows fail together with
@@ -576,20 +648,24 @@ def _run_bolt(
     20,000. Rows at fault here and there (a few in a hundred) leave some part whole at
     one of those levels, so they are still found one by one."""
     outputs: list = []
-    failed: list[int] = []
-    errors: list[str] = []
+    #: (positions, reasons, rejected) of the rows failed, by a raise or by the collector
+    marked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     given_columns = frame[payload]
 
     def call(lo: int, hi: int) -> Exception | None:
         """``fn`` on rows ``[lo, hi)``: its output kept, or its error."""
         chunk = given_columns.iloc[lo:hi].reset_index(drop=True)
-        given = []
-        if collector:
-            given.append(Collector(frame[ROOT].iloc[lo:hi].reset_index(drop=True), resets))
+        roots = frame[ROOT].iloc[lo:hi].reset_index(drop=True) if collector else None
+        marks = Collector(hi - lo, roots, resets, name)
         try:
-            out, parent = output.checked(fn(chunk, *given), hi - lo)
+            out, parent = output.checked(fn(chunk, *([marks] if collector else [])), hi - lo)
         except Exception as error:  # a user bolt's error fails its rows' roots
             return error
+        if marks.verdicts.any():
+            keep = marks.kept(parent)
+            out, parent = out[keep], parent[keep]
+            at = np.flatnonzero(marks.verdicts)
+            marked.append((at + lo, marks.reasons[at], marks.verdicts[at] == _REJECTED))
         outputs.append((out, np.where(parent >= 0, parent + lo, -1)))
         return None
 
@@ -597,8 +673,8 @@ def _run_bolt(
         """Rows ``[lo, hi)`` failed together with ``error``; ``whole_levels``: how many
         levels above every part failed too."""
         if hi - lo == 1 or whole_levels >= EVERY_ROW_LEVELS:
-            failed.extend(range(lo, hi))
-            errors.extend([_reason(name, error)] * (hi - lo))
+            reasons = np.full(hi - lo, _reason(name, error), dtype=object)
+            marked.append((np.arange(lo, hi), reasons, np.zeros(hi - lo, bool)))
             return
         cuts = np.linspace(lo, hi, min(ISOLATION_PARTS, hi - lo) + 1).astype(int).tolist()
         parts = [(a, b, call(a, b)) for a, b in zip(cuts, cuts[1:])]
@@ -614,7 +690,7 @@ def _run_bolt(
     pieces = []
     if outputs:  # put together once: isolating rows makes a thousand outputs a chunk
         made = [o for o, _ in outputs]
-        if failed and len({tuple(o.dtypes.items()) for o in made}) > 1:
+        if marked and len({tuple(o.dtypes.items()) for o in made}) > 1:
             # beside failed rows each call's values stay as it made them (see below):
             # concatenated first, a column of ints and floats would be floats
             made = [o.astype(dict.fromkeys(output.columns, object)) for o in made]
@@ -629,8 +705,12 @@ def _run_bolt(
         root, edge = roots[safe].copy(), edges[safe].copy()
         root[~anchored] = pd.NA
         edge[~anchored] = pd.NA
-        pieces.append(out.assign(**{ROOT: root, EDGE: edge, _ORDINAL: ordinal, _ERROR: None}))
-    rows = np.asarray(failed, dtype=np.int64)
+        lineage = {ROOT: root, EDGE: edge, _ORDINAL: ordinal, _ERROR: None, _REJECT: False}
+        pieces.append(out.assign(**lineage))
+    empty = (np.empty(0, np.int64), np.empty(0, object), np.empty(0, bool))
+    rows, errors, rejects = [
+        np.concatenate([e, *(m[i] for m in marked)]) for i, e in enumerate(empty)
+    ]
     if len(rows) or not pieces:  # Spark wants the schema's columns in every frame
         nothing = dict.fromkeys(output.columns)
         # beside the failed rows' nulls the output's columns are objects (Arrow converts
@@ -643,7 +723,8 @@ def _run_bolt(
                     ROOT: roots[rows],
                     EDGE: edges[rows],
                     _ORDINAL: np.zeros(len(rows), np.int64),
-                    _ERROR: pd.array(errors, dtype=object),
+                    _ERROR: errors,
+                    _REJECT: rejects,
                 }
             )
         )

@@ -404,12 +404,15 @@ class Topology:
         after: After = None,
     ) -> Topology:
         """A pandas bolt, ``fn(frame) -> frame`` indexed by parent row position (Storm's
-        ``emit(anchor, values)``; -1: unanchored); ``schema`` is its output DDL. An
-        exception, or output that does not fit ``schema`` (columns, index, a value's
-        type), fails only the roots of the rows it came from, with a reason naming the
-        stage and what was wrong. ``collector=True`` calls ``fn(frame, collector)``:
-        ``collector.reset_timeout(rows)`` is Storm's ``resetTimeout``, for slow work on
-        trees an upstream topology keeps open (see :class:`~ackstream.topology.bolts.Collector`)."""
+        ``emit(anchor, values)``; -1: unanchored); ``schema`` is its output DDL.
+        ``collector=True`` calls ``fn(frame, collector)``: ``collector.fail(rows,
+        reason)`` (Storm's ``fail``: replayed) and ``collector.reject(rows, reason)``
+        (dead-lettered at once) are the way to fail rows, a boolean mask or positions
+        of ``frame``; ``collector.reset_timeout(rows)`` is Storm's ``resetTimeout``
+        (see :class:`~ackstream.topology.bolts.Collector`). An exception, or output
+        that does not fit ``schema`` (columns, index, a value's type), fails only the
+        roots of the rows it came from, with a reason naming the stage and what was
+        wrong, but finding them calls ``fn`` again on parts of the chunk."""
         return self._add(PandasBoltStage, fn, schema, collector, name=name, after=after)
 
     def sink(self, sink: Sink, *, name: str | None = None, after: After = None) -> Topology:

@@ -293,11 +293,12 @@ def test_a_pandas_bolt_whose_columns_differ_from_its_schema_names_them_untracked
     assert "_root" not in message.split("StageError")[-1].splitlines()[0]
 
 
-def pandas_outcome(spark, bolt, schema, values, ack_mode="telescoped"):
+def pandas_outcome(spark, bolt, schema, values, ack_mode="telescoped", collector=False):
     """Run a one-stage pandas bolt topology on ``values``: (per value, its root's outcome
     and reason; the rows written)."""
     sink = MemorySink()
-    topology = Topology("pb", spark, None, ack_mode=ack_mode).pandas_bolt(bolt, schema)
+    topology = Topology("pb", spark, None, ack_mode=ack_mode)
+    topology = topology.pandas_bolt(bolt, schema, collector=collector)
     records = topology.sink(sink).run_batch(tracked_frame(spark, values))
     outcome = settle_rows(records)
     roots = roots_of(spark, values)
@@ -358,6 +359,48 @@ def test_a_chunk_whose_columns_or_index_do_not_fit_fails_its_rows_naming_them(sp
     assert "indexed by the position of their parent row" in outcomes[4][1]
     assert all(reason.startswith("pandas_bolt#1: ") for _, reason in outcomes if reason)
     assert sorted(written["value"]) == ["a", "b", "c"]
+
+
+def fail_and_reject():
+    """A bolt (defined here: Spark's workers cannot import a test module) that fails
+    "retry", rejects "junk" (a mask, then positions) and writes the rest."""
+
+    def bolt(frame, collector):
+        collector.fail(frame["value"] == "retry", "try again")
+        collector.reject(np.flatnonzero(frame["value"] == "junk"), "not a word")
+        return frame[["value"]]
+
+    return bolt
+
+
+@MODES
+def test_rows_the_collector_fails_or_rejects_settle_so_and_the_rest_are_written(spark, ack_mode):
+    """The collector's rows fail (a replay) or are rejected (a dead letter) with the
+    stage and the reason, through the same records as fail_where and reject_where;
+    the other rows are acked and written once."""
+    values = ["a", "retry", "junk", "b", "retry"]
+    outcomes, written = pandas_outcome(
+        spark, fail_and_reject(), "value string", values, ack_mode, collector=True
+    )
+    assert outcomes == [
+        ("acked", None),
+        ("failed", "pandas_bolt#1: try again"),
+        ("rejected", "pandas_bolt#1: not a word"),
+        ("acked", None),
+        ("failed", "pandas_bolt#1: try again"),
+    ]
+    assert sorted(written["value"]) == ["a", "b"]
+
+
+def test_untracked_the_collectors_rows_are_dropped(spark):
+    """Untracked there is no root to replay or dead-letter: the rows' outputs go."""
+    sink = MemorySink()
+    topology = Topology("plain", spark, None, tracking=False).pandas_bolt(
+        fail_and_reject(), "value string", collector=True
+    )
+    df = spark.createDataFrame([(v,) for v in ["a", "retry", "junk", "b"]], "value string")
+    topology.sink(sink).run_batch(df)
+    assert sorted(sink.to_pandas()["value"]) == ["a", "b"]
 
 
 @MODES

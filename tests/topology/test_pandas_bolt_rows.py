@@ -123,3 +123,46 @@ def test_beside_failed_rows_each_calls_values_are_kept_as_it_made_them():
     out = _run_bolt(bolt, chunk, ["value"], "ids", output)
     assert out.loc[out["_root"] == 1, "n"].tolist() == [big]
     assert out.loc[out["_root"] == 2, "_error"].iloc[0].startswith("ids: ")
+
+
+def test_rows_the_collector_fails_or_rejects_are_marked_in_one_call_their_outputs_dropped():
+    """``collector.fail`` and ``collector.reject`` take a mask or positions: those rows
+    come back failed or rejected with the stage and reason, their outputs left out, and
+    the bolt is called once (no isolation)."""
+    output = BoltOutput(("word",), (("word", pa.string()),))
+    n = 1_000
+    values = ["bad" if i % 100 == 7 else "gone" if i == 500 else f"w{i}" for i in range(n)]
+    chunk = pd.DataFrame({"value": values, "_root": np.arange(n), "_edge": np.arange(n)})
+    calls = []
+
+    def bolt(frame, collector):
+        calls.append(len(frame))
+        collector.fail(frame["value"] == "bad", "bad value")
+        collector.reject(frame.index[frame["value"] == "gone"], "never decodes")
+        collector.reject(np.array([], np.int64), "nothing")
+        return pd.DataFrame({"word": frame.value}, index=frame.index)
+
+    out = _run_bolt(bolt, chunk, ["value"], "check", output, collector=True)
+    assert calls == [n]
+    failed = out[out["_error"].notna() & ~out["_rejected"].astype(bool)]
+    assert sorted(failed["_root"]) == [i for i in range(n) if i % 100 == 7]
+    assert set(failed["_error"]) == {"check: bad value"}
+    rejected = out[out["_rejected"].astype(bool)]
+    assert rejected["_root"].tolist() == [500]
+    assert rejected["_error"].tolist() == ["check: never decodes"]
+    kept = out[out["_error"].isna()]
+    assert sorted(kept["word"]) == sorted(v for v in values if v not in ("bad", "gone"))
+
+
+def test_collector_rows_that_name_no_row_of_the_chunk_fail_the_call_saying_so():
+    """A position past the chunk is the bolt's own error: its rows fail with it."""
+    output = BoltOutput(("word",), (("word", pa.string()),))
+    chunk = pd.DataFrame({"value": ["a", "b"], "_root": [1, 2], "_edge": [3, 4]})
+
+    def bolt(frame, collector):
+        collector.fail([len(frame)], "off the end")
+        return frame[["value"]].rename(columns={"value": "word"})
+
+    out = _run_bolt(bolt, chunk, ["value"], "s", output, collector=True)
+    assert out["_error"].notna().all()
+    assert out["_error"].iloc[0].startswith("s: ValueError: collector rows must be a boolean")
