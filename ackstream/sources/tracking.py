@@ -629,16 +629,21 @@ class Tracker:
 
     def _charge_together(self, roots: Roots, why: _Outcomes, now_ms: int) -> list[DeadLetter]:
         """Every one of ``roots`` fails, charged; the replays wait together in one group
-        (a batch of their own), dead letters go with the batch's reason."""
+        (a batch of their own), dead letters go with the batch's first reason, saying
+        that it was charged with the group's (it may quote another record's value)."""
         self._groups += 1
         self._rounds.add_systematic(self._groups)
-        reason = why.first_reason
+        first, n = why.first_reason, len(roots.root)
         log.warning(
             "ackstream: every group of %d records failed as a whole (%s): they are retried "
             "together after their backoff, not split further",
-            len(roots.root),
-            reason,
+            n,
+            first,
         )
+        reason = first
+        if n > 1:
+            charged = f"charged with {n} records of a failing group"
+            reason = f"{charged}; the group's first error: {first}" if first else charged
         why = _Outcomes.repeat(BATCH_FAILED, reason, len(roots.root))
         return self._failed(roots, why, now_ms, group=self._groups)
 

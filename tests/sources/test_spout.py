@@ -438,7 +438,8 @@ def test_a_batch_failing_for_every_record_is_retried_together_then_dead_lettered
     # the first read, then in a group of 2 (uncharged), then the one retry, together
     assert {letter["attempts"] for letter in letters} == {3}
     assert {letter["reason"] for letter in letters} == {
-        "batch_failed: slow#2: the batch deadline of 3000 ms passed"
+        "batch_failed: charged with 10 records of a failing group; "
+        "the group's first error: slow#2: the batch deadline of 3000 ms passed"
     }
     sizes = [len(records) for _, records in batches if records]
     assert sizes == [10] + [2] * 5 + [10]  # then the letters, in a batch of no records

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -267,8 +268,48 @@ def test_an_error_every_group_hits_is_charged_to_all_and_never_split_again():
     assert len(again) == 64
     letters = fail_batch(again, 300)
     assert len(letters) == 64 and not t.waiting.columns()[0].size
-    assert {d.reason for d in letters} == {"batch_failed: SparkRuntimeException: boom"}
+    assert {d.reason for d in letters} == {
+        "batch_failed: charged with 64 records of a failing group; "
+        "the group's first error: SparkRuntimeException: boom"
+    }
     assert {d.attempts for d in letters} == {4}  # the first read, a suspect, two retries
+
+
+def test_a_letter_charged_with_its_group_says_so_beside_the_first_records_error():
+    """A systematic error that quotes a value (a cast): every record of the group is
+    charged with the first record's error, and its letter says that it was."""
+    t = tracker(max_retries=0)
+
+    def fail_batch(replays, now):
+        rows = replays.tolist()
+        return t.complete(
+            completions(
+                *(
+                    {
+                        "root": root(o, a),
+                        "status": BATCH_FAILED,
+                        "reason": f"'rec {o}' cannot be cast",
+                    }
+                    for _, _, o, a in rows
+                )
+            ),
+            now,
+        )
+
+    t.new_batch()
+    t.emit_range(TP, 10, 26, 0)
+    first = t.due(0).__class__(
+        t.partitions, np.zeros(16, np.int64), np.arange(10, 26), np.zeros(16, np.int64)
+    )
+    fail_batch(first, 0)
+    letters = []
+    while group := (t.new_batch(), t.due_group(0))[1]:
+        letters += fail_batch(group, 0)
+    assert len(letters) == 16
+    (reason,) = {d.reason for d in letters}  # one record's error, quoting its value
+    prefix = "batch_failed: charged with 16 records of a failing group; the group's first error: "
+    assert reason.startswith(prefix)
+    assert re.fullmatch(r"'rec (\d+)' cannot be cast", reason[len(prefix) :])
 
 
 def test_rounds_of_isolation_go_on_after_a_restart():
