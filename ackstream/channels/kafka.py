@@ -49,12 +49,13 @@ from ackstream.channels.messages import (
     encode_within,
     fetch_messages,
     message_ranges,
+    partition_ends,
 )
 from ackstream.errors import EnvironmentProblem, OptionError
 from ackstream.kafka.outage import Outage
 from ackstream.kafka.settings import client_options, client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics, shared_listing
-from ackstream.vocabulary.ranges import expand
+from ackstream.vocabulary.ranges import checked, expand, is_run
 from ackstream.vocabulary.records import ACK_RECORD_SCHEMA, COMPLETION_SCHEMA, as_table
 
 if TYPE_CHECKING:
@@ -296,7 +297,15 @@ class KafkaChannel:
         """Completions after ``position`` ({partition: next offset}) and the new position.
         While the brokers do not answer, none and the same position (the spout polls
         again next trigger); an outage past ``OUTAGE_LIMIT_S`` raises (see
-        :class:`~ackstream.kafka.outage.Outage`)."""
+        :class:`~ackstream.kafka.outage.Outage`).
+
+        Runs of acked offsets come back one row per root, but only the runs their
+        partition can hold on the channel's brokers (as ``ackstream status`` checks
+        them): any other run, a forged or damaged one, or one of an upstream on other
+        brokers, comes back as one ``invalid`` row saying why, so that what is expanded
+        is bounded by the partitions' offsets. ``runs=True`` returns the runs as
+        written, unchecked, for a reader that checks them itself (the source, against
+        the offsets it read)."""
         from kafka.errors import KafkaError
 
         try:
@@ -306,7 +315,18 @@ class KafkaChannel:
             return COMPLETION_SCHEMA.empty_table(), dict(position or {})
         self._outage.answered()
         table, after = found
-        return (table if runs else expand(table)), after
+        return (table if runs else self._expanded(table)), after
+
+    def _expanded(self, table: pa.Table) -> pa.Table:
+        """``table``'s runs checked against their partitions' ends, then expanded."""
+        run = is_run(table)
+        if not run.any():
+            return table
+        ran = table.filter(pa.array(run))
+        named = zip(ran.column("topic").to_pylist(), ran.column("partition").to_pylist())
+        with self._reader() as consumer:
+            ends = partition_ends(consumer, ((t, p) for t, p in named if t is not None))
+        return expand(checked(table, ends))
 
     def answering(self) -> bool:
         """False from a completions read the brokers did not answer until one they did."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from ackstream.errors import EnvironmentProblem
+from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.reading import read_ranges, topic_ranges
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import TopicListing, deleted_topics, never_create_topics
@@ -189,6 +190,28 @@ def fetch_messages(
                 client, (topic, partition), [(start, end)], fail_on_data_loss=False
             )
         ]
+
+
+def partition_ends(
+    consumer: KafkaConsumer, partitions: Iterable[tuple[str, int]]
+) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): end offset}`` of those of ``partitions`` the brokers of
+    ``consumer`` have (a partition they do not have is left out, never waited for):
+    what a run of acked offsets is checked against before it is expanded
+    (:func:`~ackstream.vocabulary.ranges.checked`)."""
+    from kafka import TopicPartition
+
+    wanted = sorted(set(partitions), key=str)
+    if not wanted:
+        return {}
+    listed = consumer.topics()
+    there = [
+        TopicPartition(topic, p)
+        for topic, p in wanted
+        if topic in listed and p in (consumer.partitions_for_topic(topic) or ())
+    ]
+    ends = end_offsets(consumer, there) if there else {}
+    return {(tp.topic, tp.partition): end for tp, end in ends.items()}
 
 
 @contextlib.contextmanager

@@ -8,10 +8,11 @@ import pytest
 
 from ackstream.channels.ack_source import ChannelSource
 from ackstream.channels.kafka import KafkaChannel
+from ackstream.sources.offsets import PlannedRoots
 from ackstream.testing import ack_records, fail
-from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA
+from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA, INVALID
 
-from helpers import consume
+from helpers import consume, produce
 
 pytestmark = pytest.mark.broker
 
@@ -135,3 +136,34 @@ def test_a_topic_that_takes_small_messages_gets_them_cut_smaller(broker):
             channel.write_acks(ack_records([fail(1)]))
     finally:
         channel.close()
+
+
+def test_a_forged_run_is_not_expanded_past_the_offsets_its_partition_holds(broker, new_topic):
+    """A run of acked offsets is one row that claims its offsets: one forged message
+    claiming ten million (once ten million rows, 4 GB) comes back as one invalid row,
+    as does a run of a topic the brokers do not have, while a run its partition holds
+    comes back one row per root."""
+    topic = new_topic(partitions=1)
+    produce(broker.bootstrap, topic, [f"v{i}" for i in range(20)])
+
+    def run(topic: str, start: int, end: int) -> pa.Table:
+        offset = {"v": 1, "source": "t", "ids": "t", "read": {topic: {"0": [start, end]}}}
+        return PlannedRoots.of_offsets([offset], now_ms=1_000).acked(1_003)
+
+    channel = KafkaChannel(broker.bootstrap, f"forged-{uuid.uuid4().hex[:8]}")
+    channel.prepare()
+    try:
+        start = channel.end_position()
+        channel.write_completions(run(topic, 0, 10_000_000), 0)
+        channel.write_completions(run("no-such-topic", 0, 1_000), 1)
+        channel.write_completions(run(topic, 5, 15), 2)
+        back, _ = channel.completions_since(start)
+        as_written, _ = channel.completions_since(start, runs=True)
+    finally:
+        channel.close()
+    assert as_written.num_rows == 3  # the source gets the runs as written, to check itself
+    invalid = back.filter(pa.compute.equal(back.column("status"), INVALID))
+    assert invalid.num_rows == 2
+    assert all("a run of offsets 0 to " in why for why in invalid.column("reason").to_pylist())
+    acked = back.filter(pa.compute.equal(back.column("status"), ACKED))
+    assert sorted(acked.column("offset").to_pylist()) == list(range(5, 15))
