@@ -4,14 +4,17 @@ batch's records failing on their first attempt, against the same pipeline failin
 The pipeline is e2e.py's tracked one (Spark's Kafka connector in the session, the Kafka
 channel, a ``KafkaSink``), with ``maxOffsetsPerTrigger`` records a batch
 (``--batch-sizes``), and a first stage that fails ``--fractions`` of the records read
-anew, in one of two variants:
+anew, in one of three variants:
 
 - ``fail_where``: ``.fail_where(condition)`` before the word count's stages;
 - ``pandas_bolt``: a pandas bolt in place of the first map (it decodes the line) that
   raises when its chunk holds a failing record, as a user's bolt calling a service that
   refuses part of a batch would. Raising is how a pandas bolt fails a record: the chunk
   is bisected until the raising rows are alone, and only their roots fail; a row the
-  bolt does not return is acked without children, as Storm's ack without an emit.
+  bolt does not return is acked without children, as Storm's ack without an emit;
+- ``collector_fail``: the same pandas bolt failing those records with
+  ``collector.fail(rows, reason)`` instead of raising (Storm's ``collector.fail``): the
+  bolt is called once a chunk, and the rest of the chunk goes on.
 
 A failing record is one whose ``offset * 7919 mod 10,000`` is below the fraction's share
 of 10,000 (exactly that share of every 10,000 offsets of a partition, spread over them)
@@ -78,7 +81,7 @@ from e2e import (  # noqa: E402
 )
 from e2e_systems import MESSAGE_TIMEOUT_MS, SPARK_CONF, spark_kafka_jars  # noqa: E402
 
-VARIANTS = ("fail_where", "pandas_bolt")
+VARIANTS = ("fail_where", "pandas_bolt", "collector_fail")
 #: failing records are those whose ``offset * SPREAD % SHARES`` is below their share
 #: of SHARES: SPREAD is prime, so coprime with SHARES, and each run of SHARES offsets
 #: holds exactly that share, scattered rather than in one block
@@ -129,6 +132,21 @@ def raising_bolt(fraction: float):
     return decode
 
 
+def failing_bolt(fraction: float):
+    """The pandas bolt of ``collector_fail``: the chunk's lines, the failing records
+    failed through the collector (a closure, as :func:`raising_bolt`)."""
+    import pandas as pd
+
+    cut = cut_of(fraction)
+
+    def decode(frame, collector):
+        failing = (frame["_attempt"] == 0) & ((frame["offset"] * SPREAD) % SHARES < cut)
+        collector.fail(failing.to_numpy(), "downstream refused it")
+        return pd.DataFrame({"line": frame["value"].str.decode("utf-8")})
+
+    return decode
+
+
 def topology(spark, ctx, name: str, variant: str, fraction: float, output: str):
     """e2e.py's tracked pipeline with the failing stage of ``variant`` first."""
     from pyspark.sql import functions as F
@@ -141,6 +159,8 @@ def topology(spark, ctx, name: str, variant: str, fraction: float, output: str):
     if variant == "fail_where":
         top = top.fail_where(failing_condition(fraction), "refused on its first attempt")
         top = top.map(lambda df: df.withColumn("line", F.col("value").cast("string")))
+    elif variant == "collector_fail":
+        top = top.pandas_bolt(failing_bolt(fraction), "line string", collector=True)
     else:
         top = top.pandas_bolt(raising_bolt(fraction), "line string")
     return (
