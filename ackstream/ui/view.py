@@ -47,7 +47,15 @@ from ackstream.ui.metrics import Statuses, registry_of, serve
 from ackstream.ui.status import StatusSource
 from ackstream.vocabulary.clock import now_ms
 
-__all__ = ["DEAD_LETTERS_SHOWN", "Served", "app", "serve_metrics", "serve_view"]
+__all__ = [
+    "DEAD_LETTERS_SHOWN",
+    "SHOWN_CHARS",
+    "Served",
+    "app",
+    "letter_text",
+    "serve_metrics",
+    "serve_view",
+]
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +180,8 @@ def _letters(source: StatusSource) -> dict:
                 "offset": r["offset"],
                 "attempts": r["attempts"],
                 "reason": r["reason"],
-                "key": _shown(r["key"]),
-                "value": _shown(r["value"]),
+                "key": letter_text(r["key"]),
+                "value": letter_text(r["value"]),
                 "timestamp_ms": r["timestamp_ms"],
                 "replayed_ms": replayed.get(letter_name(r)),
             }
@@ -187,7 +195,7 @@ def _letters(source: StatusSource) -> dict:
 SHOWN_CHARS = 80
 
 
-def _shown(data: bytes | None) -> str | None:
+def letter_text(data: bytes | None) -> str | None:
     """A key or value for the page: its text (undecodable bytes replaced), cut at
     :data:`SHOWN_CHARS` with an ellipsis."""
     if data is None:
