@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,12 +168,16 @@ def record_run(folder: str, running: Any) -> None:
     spark_ui = None if connect else spark.sparkContext.uiWebUrl
     recorder = RunRecorder(folder, str(running.query.id), spark_ui)
     if not connect:
+        recorder.streams = spark.streams
         spark.streams.addListener(recorder)
 
 
 class RunRecorder(StreamingQueryListener):
     """Keeps :data:`RUN_FILE` of the query ``query_id`` (see the module doc). Spark
-    calls it for every query of the session: it answers to its own only."""
+    calls it for every query of the session: it answers to its own only, and takes
+    itself off the session's ``streams`` (when given) once its query has stopped."""
+
+    streams: Any = None
 
     def __init__(self, folder: str, query_id: str, spark_ui: str | None):
         self.path = os.path.join(folder, RUN_FILE)
@@ -218,6 +223,9 @@ class RunRecorder(StreamingQueryListener):
         said = (event.exception or "").strip()
         self.state["error"] = said.splitlines()[0][:500] if said else None
         self._save()
+        if self.streams is not None:  # not from Spark's listener thread, which calls this
+            streams, self.streams = self.streams, None
+            threading.Thread(target=streams.removeListener, args=(self,), daemon=True).start()
 
     def _save(self) -> None:
         try:

@@ -36,6 +36,8 @@ def test_start_writes_the_graph_and_the_run_is_kept_until_it_stops(spark, tmp_pa
     )
     topology = topology.sink(MemorySink(), after="poison")
     stream = topology.read_stream({"ackstream.upstream": "generator"})
+    listeners = spark._jsparkSession.streams().listListeners  # noqa: SLF001 - what Spark holds
+    before = len(listeners())
     running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
     folder = str(tmp_path / "ckpt" / "topology")
     try:
@@ -51,8 +53,10 @@ def test_start_writes_the_graph_and_the_run_is_kept_until_it_stops(spark, tmp_pa
         assert run["state"] == "running" and run["stopped_ms"] is None
         assert run["last_batch"]["id"] >= 0 and run["last_batch"]["duration_ms"] >= 0
         assert run["spark_ui"] == spark.sparkContext.uiWebUrl
+        assert len(listeners()) == before + 1
     finally:
         running.stop()
     run = until(lambda: (r := read_run(folder))["state"] == "stopped" and r)
     assert run["stopped_ms"] >= run["started_ms"] and run["error"] is None
     assert os.path.exists(os.path.join(folder, "metadata"))  # when the checkpoint began
+    until(lambda: len(listeners()) == before)  # the recorder is off the session again
