@@ -128,3 +128,39 @@ def test_both_servers_answer_over_http_on_a_port_of_their_own(channel):
     finally:
         for server in servers:
             server.close()
+
+
+def test_the_page_is_given_the_declared_graph_without_stage_counts(channel, tmp_path):
+    from test_status import a_checkpoint
+
+    source = StatusSource("words", channel=channel, checkpoint=a_checkpoint(tmp_path))
+    client = Client(Statuses(lambda: [source]))
+    try:
+        (words,) = client.json("/api/topologies")["topologies"]
+    finally:
+        client.served.close()
+    assert words["status"]["stages"] == {}
+    graph = words["graph"]
+    assert graph["nodes"] == ["spout", "parse", "check", "cents", "sink#1"]
+    assert graph["edges"] == [
+        ["spout", "parse"],
+        ["parse", "check"],
+        ["check", "cents"],
+        ["cents", "sink#1"],
+    ]
+    assert graph["kinds"]["check"] == "fail_where"
+    (letter,) = words["dead_letters"]["rows"]
+    assert {k: letter[k] for k in ("key", "value", "timestamp_ms")} == {
+        "key": None,
+        "value": None,
+        "timestamp_ms": None,
+    }
+
+
+def test_a_letter_s_key_and_value_are_shown_cut():
+    from ackstream.ui.view import SHOWN_CHARS, letter_text
+
+    assert letter_text(b"abc") == "abc" and letter_text(None) is None
+    long = letter_text(b"x" * 500)
+    assert len(long) == SHOWN_CHARS and long.endswith("…")
+    assert letter_text(b"\xff-3") == "\ufffd-3"

@@ -288,13 +288,14 @@ def test_failed_and_rejected_roots_are_counted_by_the_stage_their_reason_names_a
     text = status.lines()
     failed, rejected = text.index("  failed by stage"), text.index("  rejected by stage")
     assert text[failed + 1 : failed + 3] == [
-        f"    {'poison':<24}{2:>8}",
-        f"    {'timed out':<24}{1:>8}",
+        f"    {'poison':<24}{2:>8}   (offset % 10) = 5 (2)",
+        f"    {'timed out':<24}{1:>8}   timed out (1)",
     ]
     assert text[rejected + 1 : rejected + 3] == [
-        f"    {'parse#2':<24}{1:>8}",
-        f"    {'poison':<24}{1:>8}",
+        f"    {'parse#2':<24}{1:>8}   ValueError: bad (1)",
+        f"    {'poison':<24}{1:>8}   (offset % 10) = 5 (1)",
     ]
+    assert status.failed_reasons["whole batch"] == {"SparkRuntimeException: poison in SQL": 1}
 
 
 def test_local_status_shows_the_lag_the_source_saved_and_exposes_it_to_prometheus(tmp_path):
@@ -515,3 +516,133 @@ def test_a_status_holds_its_history_and_histogram(tmp_path):
     status = local_status(str(tmp_path / "ch"), "words")
     assert status.latency_histogram["count"] == 5
     assert status.history == []  # fill_channel's completions carry no time
+
+
+def declared_graph():
+    """What ``start()`` writes for the README's payments topology, its stages named."""
+    return {
+        "nodes": [
+            {"name": "spout", "kind": "spout", "after": [], "reason": None},
+            {"name": "parse", "kind": "reject_where", "after": ["spout"], "reason": "not a number"},
+            {
+                "name": "check",
+                "kind": "fail_where",
+                "after": ["parse"],
+                "reason": "negative amount",
+            },
+            {"name": "cents", "kind": "map", "after": ["check"], "reason": None},
+            {"name": "sink#1", "kind": "sink: KafkaSink", "after": ["cents"], "reason": None},
+        ]
+    }
+
+
+def test_failures_are_charged_to_the_stage_whose_fixed_reason_they_give():
+    rows = [
+        finished(1, FAILED, 1, 1, reason="negative amount"),
+        finished(2, FAILED, 1, 2, attempt=1, reason="negative amount"),
+        finished(3, REJECTED, 3, 1, reason="not a number"),
+        finished(4, FAILED, 4, 1, reason="cents: ZeroDivisionError: x"),
+        finished(5, FAILED, 5, 1, reason="something else"),
+    ]
+    before = summarize([], completions(rows), None)  # no graph: counted under the text
+    assert before.failed_by_stage["negative amount"] == 2
+    status = summarize([], completions(rows), None, graph=declared_graph())
+    assert status.failed_by_stage == {"check": 2, "cents": 1, "something else": 1}
+    assert status.rejected_by_stage == {"parse": 1}
+    assert status.failed_reasons["check"] == {"negative amount": 2}  # the reason beside it
+    assert status.failed_reasons["cents"] == {"ZeroDivisionError: x": 1}
+    assert f"    {'check':<24}{2:>8}   negative amount (2)" in status.lines()
+
+
+def test_failures_by_stage_count_from_when_the_checkpoint_began():
+    rows = [
+        finished(1, FAILED, 1, 10, reason="negative amount"),  # an earlier checkpoint's
+        finished(2, FAILED, 2, 30, reason="negative amount"),
+    ]
+    status = summarize([], completions(rows), None, graph=declared_graph(), stages_since_ms=20_000)
+    assert status.failed == 2  # the cards count everything the channel holds
+    assert status.failed_by_stage == {"check": 1}
+    assert any(
+        "failed by stage (since the checkpoint began, 1970-01-01 00:00:20 UTC)" in line
+        for line in status.lines()
+    )
+
+
+def a_checkpoint(tmp_path, began_s=None):
+    """A topology's checkpoint folder as ``start()`` leaves it: the declared graph, and
+    Spark's ``metadata`` file written when the query first started."""
+    from ackstream.topology.described import write_graph
+
+    folder = tmp_path / "checkpoint" / "topology"
+    write_graph(str(folder), declared_graph())
+    (folder / "metadata").write_text("{}")
+    if began_s is not None:
+        os.utime(folder / "metadata", (began_s, began_s))
+    return str(tmp_path / "checkpoint")
+
+
+def test_the_declared_graph_is_read_beside_the_checkpoint_without_stage_counts(tmp_path):
+    from ackstream.ui.status import StatusSource
+
+    fill_channel(tmp_path / "ch")
+    checkpoint = a_checkpoint(tmp_path, began_s=0)
+    status = StatusSource("words", channel=str(tmp_path / "ch"), checkpoint=checkpoint).read()
+    assert status.stages == {}  # no stage counts kept
+    names = [n["name"] for n in status.graph["nodes"]]
+    assert names == ["spout", "parse", "check", "cents", "sink#1"]
+    assert status.graph["nodes"][2]["after"] == ["parse"]
+    assert status.stages_since_ms == 0
+    assert status.run is None  # no process has run it
+    without = StatusSource("words", channel=str(tmp_path / "ch")).read()
+    assert (without.graph, without.stages_since_ms) == (None, None)
+
+
+class Progress:
+    """What Spark's listener bus gives a listener (the fields the recorder reads)."""
+
+    def __init__(self, query_id, batch_id):
+        self.id, self.batchId, self.numInputRows = query_id, batch_id, 40
+        self.durationMs = {"triggerExecution": 120}
+        self.inputRowsPerSecond, self.processedRowsPerSecond = 20.0, float("nan")
+
+
+class Event:
+    def __init__(self, query_id, progress=None, exception=None):
+        self.id, self.progress, self.exception = query_id, progress, exception
+
+
+def test_the_run_a_process_records_is_read_as_the_header_says_it(tmp_path):
+    from ackstream.topology.described import RunRecorder
+    from ackstream.ui.status import StatusSource
+
+    fill_channel(tmp_path / "ch")
+    checkpoint = a_checkpoint(tmp_path)
+    folder = os.path.join(checkpoint, "topology")
+    source = StatusSource("words", channel=str(tmp_path / "ch"), checkpoint=checkpoint)
+    recorder = RunRecorder(folder, "q-1", "http://127.0.0.1:4040")
+    run = source.read().run
+    assert (run["state"], run["last_batch"], run["spark_ui"]) == (
+        "running",
+        None,
+        "http://127.0.0.1:4040",
+    )
+    recorder.onQueryProgress(Event("q-1", Progress("q-other", 9)))  # another query's
+    recorder.onQueryProgress(Event("q-1", Progress("q-1", 4)))
+    status = source.read()
+    assert status.run["last_batch"] == {
+        "id": 4,
+        "duration_ms": 120,
+        "input_per_s": 20.0,
+        "processed_per_s": None,  # Spark's NaN: no rate
+        "rows": 40,
+        "ended_ms": status.run["last_batch"]["ended_ms"],
+    }
+    (line,) = [x for x in status.lines() if "last batch" in x]
+    assert (
+        "running since" in line and "last batch 4 took 120 ms (40 rows, input 20.0 rows/s)" in line
+    )
+    assert line.endswith("Spark UI http://127.0.0.1:4040")
+    recorder.onQueryTerminated(Event("q-1", exception="StreamingQueryException: boom\n at ..."))
+    run = source.read().run
+    assert run["state"] == "stopped" and run["stopped_ms"] >= run["started_ms"]
+    assert run["error"] == "StreamingQueryException: boom"

@@ -117,13 +117,29 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
             return number(page.inner_text(f'.stages tr[data-stage="{name}"] .{column}'))
 
         # tuples in and out of each stage (the rejected ones leave "parse"), and the
-        # failed and rejected roots under the stage, or the reason, their reason names
+        # failed and rejected roots charged to the stage that gave their reason
         assert stage("parse", "in") - stage("parse", "out") == 4
         assert stage("sql#1", "in") == stage("sql#1", "out") == stage("parse", "in") >= 20
-        assert stage("not a number", "rejected") == 4
-        assert stage("negative amount", "failed") == 4  # both attempts of each "-3"
+        assert stage("parse", "rejected") == 4
+        assert stage("check", "failed") == 4  # both attempts of each "-3"
+        check = page.inner_text('.stages tr[data-stage="check"] .reasons')
+        assert check == "negative amount (4)"
+        assert page.locator('.stages tr[data-stage="negative amount"]').count() == 0
         assert page.locator(".plot.rates .main-svg").count() > 0  # plotly drew the plots
         assert page.locator(".plot.graph .sankey").count() == 1
+        drawn = page.get_attribute(".plot.graph", "data-nodes")
+        assert drawn == '["spout", "sql#1", "parse", "check", "map#4", "sink#1"]'.replace(" ", "")
+        assert "since the checkpoint began" in page.inner_text(".stages-span")
+
+        # the header: running, since when, its last batch and rates, Spark's UI if on
+        assert page.inner_text('[data-run="state"]') == "running"
+        assert page.inner_text('[data-run="since"]').startswith("since ")
+        batch = page.inner_text('[data-run="batch"]')
+        assert batch.startswith("· last batch ") and " took " in batch, batch
+        assert "input" in page.inner_text('[data-run="rates"]')
+        ui = spark.sparkContext.uiWebUrl
+        link = page.locator('[data-run="spark-ui"]')
+        assert link.is_hidden() if ui is None else link.get_attribute("href") == ui
 
         # replay one dead letter: the page asks first, then the record is on its topic
         row = page.locator(".dead-letters tbody tr").first
@@ -153,6 +169,11 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
         cell = f'.dead-letters tr[data-letter="{other_letter}"] .replayed'
         assert page.inner_text(cell) == ""
         assert len(consume(broker.bootstrap, source)) == 2 * len(VALUES) + 1
+
+        # the letters carry the record's key, value and time
+        row = page.locator(f'.dead-letters tr[data-letter="{letter}"]')
+        assert row.locator(".value").inner_text() in ("abc", "-3", "x9")
+        assert row.locator(".time").inner_text() != ""
 
         shot = tmp_path / "live-view.png"
         page.screenshot(path=str(shot), full_page=True)

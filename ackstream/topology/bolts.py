@@ -39,6 +39,7 @@ from ackstream.topology.anchoring import (
     is_multi_anchored,
     roots_of_row,
 )
+from ackstream.topology.described import sql_text
 from ackstream.topology.modes import Mode
 from ackstream.vocabulary.lineage import (
     ANCHORS,
@@ -306,7 +307,10 @@ class FailWhereStage(Stage):
     ):
         super().__init__(number, name)
         self.condition = F.expr(condition) if isinstance(condition, str) else condition
-        reason = f"{self.name}: {condition}" if reason is None else reason
+        reason = f"{self.name}: {sql_text(condition)}" if reason is None else reason
+        #: the reason's text when it is the same for every row (the stage's own, for
+        #: ``status`` to charge a reason that names no stage to it), else None
+        self.fixed_reason = None if isinstance(reason, Column) else str(reason)
         self.reason = reason if isinstance(reason, Column) else F.lit(str(reason))
 
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:

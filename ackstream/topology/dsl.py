@@ -23,6 +23,7 @@ streams joins them (see :mod:`ackstream.topology.graph`).
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,7 @@ from ackstream.topology.bolts import (
     Stage,
 )
 from ackstream.topology.declared import analyse, record_start
+from ackstream.topology.described import describe, record_run, write_graph
 from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.modes import Mode, mode_of
 from ackstream.topology.running import RunningTopology, same_term, start_topology
@@ -567,6 +569,8 @@ class Topology:
         self.check_reach()
         self._check_input(tuples)
         analyse(self, tuples)
+        folder = os.path.join(checkpoint, "topology")
+        write_graph(folder, describe(self.stages, self.sinks))
         running = start_topology(
             self,
             tuples,
@@ -575,5 +579,6 @@ class Topology:
             acker=acker,
             acker_trigger_ms=acker_trigger_ms,
         )
+        record_run(folder, running)
         record_start(self, checkpoint)
         return running

@@ -34,9 +34,15 @@ channel counts each root once, with its first completion.
 
 - ``rates_per_s``: acked, replayed and dead-lettered roots a second over the last
   ``window_s`` seconds, by their completions' time.
-- ``failed_by_stage``: failed and timed-out roots by the stage their reason names
+- ``failed_by_stage``: failed and timed-out roots by the stage that failed them
   (``"timed out"`` for timeouts): Storm UI's failed count per bolt;
-  ``rejected_by_stage``: the rejected roots, apart (they are never replayed).
+  ``rejected_by_stage``: the rejected roots, apart (they are never replayed);
+  ``failed_reasons`` and ``rejected_reasons``: per stage, its most frequent reasons
+  (:data:`REASONS_SHOWN`) and their roots. A failure is charged to the stage its reason
+  begins with (``"parse#2: ValueError: bad"``), or, with the topology's declared graph,
+  to the stage whose fixed reason it is (``fail_where(..., "negative amount")``); else
+  to the reason's text. With a checkpoint they count the completions since the
+  checkpoint began (``stages_since_ms``), the span of the stages' tuple counts.
 - ``partitions``: per topic and partition the upstream's ``end``, the ``committed``
   offset (everything below it acked or dead-lettered) and ``lag`` (end - committed),
   as the source last saw them (in a local channel, the file
@@ -49,6 +55,13 @@ channel counts each root once, with its first completion.
 - ``stages``: per stage and sink, the tuples it read (``in``, Storm UI's executed)
   and emitted (``out``) since its checkpoint began, as the topology saved them there
   (:func:`stages_in`); ``None`` without a checkpoint.
+- ``graph``: the topology's declared stages and sinks and the streams they read, as
+  ``start()`` wrote them beside the checkpoint
+  (:func:`~ackstream.topology.described.describe`); ``None`` without a checkpoint.
+- ``run``: whether the topology query runs, since when, its last batch (id,
+  duration, input and processing rates) and Spark's UI address, as its process keeps
+  them beside the checkpoint (:func:`~ackstream.topology.described.read_run`), with
+  ``heard_ms`` its last word; ``None`` without a checkpoint or before a start.
 
 Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
 
@@ -83,11 +96,13 @@ from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.settings import client_settings, kafka_options_of
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sinks.replay_log import FileReplayLog, ReplayLog, TopicReplayLog
+from ackstream.topology.described import read_graph, read_run
 from ackstream.topology.held_store import FOLDER as HELD_FOLDER
 from ackstream.topology.held_store import held_counts
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import read_stage_counts
 from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.lineage import REASON_LIMIT
 from ackstream.vocabulary.ranges import checked, expand, is_run
 from ackstream.vocabulary.records import (
     ACKED,
@@ -105,8 +120,11 @@ __all__ = [
     "HISTORY_BINS",
     "LATENCY_BUCKETS_MS",
     "PERCENTILES",
+    "REASONS_SHOWN",
     "Status",
     "StatusSource",
+    "checkpoint_began",
+    "graph_of",
     "history",
     "kafka_status",
     "local_status",
@@ -126,6 +144,9 @@ LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30
 
 #: How many time bins :func:`history` cuts the completions into, at most.
 HISTORY_BINS = 60
+
+#: How many reasons :class:`Status` keeps per stage (the most frequent).
+REASONS_SHOWN = 3
 
 
 @dataclass(frozen=True)
@@ -155,6 +176,11 @@ class Status:
     #: {"buckets": [[le_ms, cumulative count], ...], "count": n, "sum": ms}
     latency_histogram: dict | None = None
     history: list | None = None  #: see :func:`history`
+    failed_reasons: dict | None = None  #: {stage: {reason: roots}}
+    rejected_reasons: dict | None = None
+    stages_since_ms: int | None = None  #: when the checkpoint began; None: all completions
+    graph: dict | None = None  #: {"nodes": [{"name", "kind", "after", "reason"}, ...]}
+    run: dict | None = None  #: see the module doc
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -181,6 +207,8 @@ class Status:
             if n
         ]
         out = [f"topology {self.topology}  channel {self.channel}"]
+        if self.run is not None:
+            out.append("  " + run_line(self.run))
         out += [
             f"  {name:<14}{value:>8}" + (f"   ({note})" if note else "")
             for name, value, note in rows
@@ -197,13 +225,20 @@ class Status:
                 f"  last {self.window_s:g} s  "
                 + "  ".join(f"{k.replace('_', '-')} {v:.1f}/s" for k, v in self.rates_per_s.items())
             )
-        for what, by_stage in (
-            ("failed", self.failed_by_stage),
-            ("rejected", self.rejected_by_stage),
+        since = (
+            ""
+            if self.stages_since_ms is None
+            else f" (since the checkpoint began, {_utc(self.stages_since_ms)})"
+        )
+        for what, by_stage, reasons in (
+            ("failed", self.failed_by_stage, self.failed_reasons or {}),
+            ("rejected", self.rejected_by_stage, self.rejected_reasons or {}),
         ):
             if by_stage:
-                out.append(f"  {what} by stage")
-                out += [f"    {stage:<24}{n:>8}" for stage, n in by_stage.items()]
+                out.append(f"  {what} by stage{since}")
+                for stage, n in by_stage.items():
+                    said = "; ".join(f"{r} ({k})" for r, k in reasons.get(stage, {}).items())
+                    out.append(f"    {stage:<24}{n:>8}" + (f"   {said}" if said else ""))
         if self.stages:
             out.append(f"  {'tuples by stage':<26}{'in':>10}{'out':>10}")
             for stage, n in self.stages.items():
@@ -225,18 +260,68 @@ class Status:
         return out
 
 
-def stage_of(status: str, reason: str | None) -> str:
-    """The stage a failed root's reason names: the text before its first colon
-    (``"poison: (offset % 10) = 5"`` -> ``"poison"``; a sink's reason names the sink).
+def run_line(run: dict) -> str:
+    """The run state :func:`~ackstream.topology.described.read_run` gives, in a line:
+    running or stopped since when, the last batch and Spark's UI address.
+
+    >>> run_line({"state": "stopped", "started_ms": 0, "stopped_ms": 60_000,
+    ...           "heard_ms": 60_000, "error": None, "spark_ui": None, "last_batch": None})
+    'stopped at 1970-01-01 00:01:00 UTC (started 1970-01-01 00:00:00 UTC), no batch yet'
+    """
+    if run["state"] == "stopped":
+        said = f"stopped at {_utc(run['stopped_ms'])} (started {_utc(run['started_ms'])})"
+        if run.get("error"):
+            said += f" with an error: {run['error']}"
+    else:
+        said = f"running since {_utc(run['started_ms'])}, last heard {_utc(run['heard_ms'])}"
+    batch = run.get("last_batch")
+    if batch is None:
+        said += ", no batch yet"
+    else:
+        rates = "  ".join(
+            f"{name} {batch[key]:.1f} rows/s"
+            for name, key in (("input", "input_per_s"), ("processed", "processed_per_s"))
+            if batch.get(key) is not None
+        )
+        said += f", last batch {batch['id']} took {batch['duration_ms']} ms"
+        said += f" ({batch['rows']} rows{', ' + rates if rates else ''})"
+    if run.get("spark_ui"):
+        said += f", Spark UI {run['spark_ui']}"
+    return said
+
+
+def _utc(t_ms: int | None) -> str:
+    if t_ms is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t_ms / 1000))
+
+
+def stage_of(status: str, reason: str | None, graph: dict | None = None) -> str:
+    """The stage a failed root is charged to: the one its reason begins with, the text
+    before its first colon (``"poison: (offset % 10) = 5"`` -> ``"poison"``; a sink's
+    reason names the sink); with the declared ``graph``
+    (:func:`~ackstream.topology.described.describe`), failing that, the stage whose fixed
+    reason it is; else the reason's first part itself.
 
     >>> stage_of("failed", "parse#2: ValueError: bad"), stage_of("timed_out", None)
     ('parse#2', 'timed out')
+    >>> graph = {"nodes": [{"name": "check", "reason": "negative amount"}]}
+    >>> stage_of("failed", "negative amount", graph)
+    'check'
     """
     if status == TIMED_OUT:
         return "timed out"
     if status == BATCH_FAILED:  # no stage is known: the batch's Spark jobs failed
         return "whole batch"
-    return (reason or "").split(":", 1)[0].strip() or "(no reason)"
+    named = (reason or "").split(":", 1)[0].strip()
+    if graph is not None and reason:
+        nodes = graph.get("nodes", ())
+        if named not in {n["name"] for n in nodes}:
+            for n in nodes:
+                fixed = n.get("reason")
+                if fixed is not None and reason == fixed[:REASON_LIMIT]:
+                    return n["name"]
+    return named or "(no reason)"
 
 
 def summarize(
@@ -249,11 +334,15 @@ def summarize(
     now_ms: int | None = None,
     window_s: float = 60.0,
     partitions: dict | None = None,
+    graph: dict | None = None,
+    stages_since_ms: int | None = None,
 ) -> Status:
     """Count roots by outcome from the roots of init records, the completions
     (``COMPLETION_SCHEMA``) and the dead letters (``DEAD_LETTER_SCHEMA``, or None if
     unknown); rates over the ``window_s`` seconds before ``now_ms`` (None: no rates);
-    ``partitions`` as the source reported them. Pure: no I/O."""
+    ``partitions`` as the source reported them; failures charged to the stages of the
+    declared ``graph`` (:func:`stage_of`), counting those completed from
+    ``stages_since_ms`` on (None: all). Pure: no I/O."""
     inits = np.unique(
         np.asarray(
             list(init_roots) if not isinstance(init_roots, np.ndarray) else init_roots,
@@ -276,7 +365,9 @@ def summarize(
     recent = dict.fromkeys(("acked", "replayed", "dead_lettered"), 0)
     replayed = 0
     by_stage: dict[str, dict[str, int]] = {FAILED: {}, REJECTED: {}}
+    reasons: dict[str, dict[str, dict[str, int]]] = {FAILED: {}, REJECTED: {}}
     outcomes: list[str | None] = []  # per completion, as counted
+    kinds: list[str] = []  # per completion, the card it counts on
     columns = ["status", "topic", "partition", "offset", "attempt", "completed_ms", "reason"]
     for c in done.select(columns).to_pylist():
         outcome: str | None
@@ -287,11 +378,18 @@ def summarize(
         else:
             outcome = "replayed" if c["status"] in (FAILED, TIMED_OUT, BATCH_FAILED) else None
         outcomes.append(outcome)
+        kinds.append(FAILED if c["status"] == BATCH_FAILED else c["status"])
         replayed += outcome == "replayed"
-        if c["status"] in (FAILED, TIMED_OUT, BATCH_FAILED, REJECTED):
-            counted = by_stage[REJECTED if c["status"] == REJECTED else FAILED]
-            stage = stage_of(c["status"], c["reason"])
-            counted[stage] = counted.get(stage, 0) + 1
+        charged = stages_since_ms is None or (c["completed_ms"] or 0) >= stages_since_ms
+        if charged and c["status"] in (FAILED, TIMED_OUT, BATCH_FAILED, REJECTED):
+            kind = REJECTED if c["status"] == REJECTED else FAILED
+            stage = stage_of(c["status"], c["reason"], graph)
+            by_stage[kind][stage] = by_stage[kind].get(stage, 0) + 1
+            why = reasons[kind].setdefault(stage, {})
+            said = c["reason"] or ("timed out" if c["status"] == TIMED_OUT else "(no reason)")
+            if said.startswith(f"{stage}:"):  # the stage is said beside it
+                said = said[len(stage) + 1 :].strip()
+            why[said] = why.get(said, 0) + 1
         if outcome and since is not None and (c["completed_ms"] or 0) > since:
             recent[outcome] += 1
 
@@ -322,12 +420,17 @@ def summarize(
         rates_per_s=None if since is None else {k: n / window_s for k, n in recent.items()},
         failed_by_stage=_most_first(by_stage[FAILED]),
         rejected_by_stage=_most_first(by_stage[REJECTED]),
+        failed_reasons=_top_reasons(reasons[FAILED]),
+        rejected_reasons=_top_reasons(reasons[REJECTED]),
+        stages_since_ms=stages_since_ms,
+        graph=graph,
         partitions=partitions,
         latency_histogram=latency_histogram(latency),
         history=history(
             np.asarray(completed, dtype=np.int64),
             np.asarray(outcomes, dtype=object),
             np.asarray(latencies, dtype=np.float64),
+            kinds=np.asarray(kinds, dtype=object),
         ),
     )
 
@@ -352,12 +455,16 @@ def history(
     outcomes: np.ndarray,
     latency_ms: np.ndarray,
     bins: int = HISTORY_BINS,
+    kinds: np.ndarray | None = None,
 ) -> list[dict]:
     """Per time bin of the completions (at most ``bins`` of them, each a whole number of
-    seconds, over the span the completions cover): the bin's start ``t_ms``, ``acked``,
-    ``failed`` (completions not acked), ``replayed`` and ``dead_lettered`` roots a
-    second, and the percentiles of the bin's acked roots' complete latency (None if
-    none). ``outcomes`` as :func:`summarize` counts each completion (None: neither).
+    seconds, over the span the completions cover): the bin's start ``t_ms`` and width
+    ``bin_s``; ``acked``, ``failed``, ``timed_out`` and ``rejected`` roots a second by
+    their completion's status (``kinds``, one each as the cards count them; without
+    them every completion not acked is ``failed``), disjoint, so they stack; of the
+    failed and timed out, the ``replayed`` and ``dead_lettered`` roots a second; and
+    the percentiles of the bin's acked roots' complete latency (None if none).
+    ``outcomes`` as :func:`summarize` counts each completion (None: neither).
 
     >>> h = history(np.array([1000, 1500, 3200]), np.array(["acked", "replayed", "acked"]),
     ...             np.array([10.0, np.nan, 30.0]), bins=3)
@@ -368,6 +475,8 @@ def history(
     if not known.any():
         return []
     completed_ms, outcomes = completed_ms[known], outcomes[known]
+    if kinds is not None:
+        kinds = kinds[known]
     latency_ms = latency_ms[known]
     first = int(completed_ms.min()) // 1000 * 1000
     span_s = (int(completed_ms.max()) - first) // 1000 + 1
@@ -380,10 +489,14 @@ def history(
         acked = got == "acked"
         lat = latency_ms[here][acked]
         lat = lat[~np.isnan(lat)]
-        row: dict = {
-            "t_ms": first + i * bin_s * 1000,
-            "acked": float(acked.sum()) / bin_s,
-            "failed": float((~acked).sum()) / bin_s,
+        row: dict = {"t_ms": first + i * bin_s * 1000, "bin_s": bin_s}
+        if kinds is None:
+            row.update(acked=float(acked.sum()) / bin_s, failed=float((~acked).sum()) / bin_s)
+        else:
+            kind = kinds[here]
+            for name in (ACKED, FAILED, TIMED_OUT, REJECTED):
+                row[name] = float((kind == name).sum()) / bin_s
+        row |= {
             "replayed": float((got == "replayed").sum()) / bin_s,
             "dead_lettered": float((got == "dead_lettered").sum()) / bin_s,
         }
@@ -401,14 +514,24 @@ def _most_first(counts: dict[str, int]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def _top_reasons(reasons: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {
+        stage: dict(list(_most_first(said).items())[:REASONS_SHOWN])
+        for stage, said in reasons.items()
+    }
+
+
 def local_status(
     directory: str,
     topology: str = "ackstream",
     dead_letter_dir: str | None = None,
     window_s: float = 60.0,
+    graph: dict | None = None,
+    stages_since_ms: int | None = None,
 ) -> Status:
     """The status of the local channel in ``directory`` (dead letters default to
-    ``<directory>/dead_letters``, the source's folder when no dead-letter topic is set)."""
+    ``<directory>/dead_letters``, the source's folder when no dead-letter topic is set);
+    ``graph`` and ``stages_since_ms`` as :func:`summarize` takes them."""
 
     if not os.path.isdir(directory):
         raise EnvironmentProblem(
@@ -428,6 +551,8 @@ def local_status(
         now_ms=now_ms(),
         window_s=window_s,
         partitions=partitions,
+        graph=graph,
+        stages_since_ms=stages_since_ms,
     )
 
 
@@ -474,6 +599,8 @@ def kafka_status(
     group_id: str | None = None,
     kafka_options=None,
     upstream_bootstrap: str | None = None,
+    graph: dict | None = None,
+    stages_since_ms: int | None = None,
 ) -> Status:
     """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
     ``<topology>.done``), with the lag of the source's consumer group ``group_id``
@@ -486,7 +613,8 @@ def kafka_status(
     dead-letter topic (default ``<topology>.dead``, the source's default with
     ``ackstream.channel=kafka``). Brokers that do not answer fail the first read
     (raised as kafka-python raises it); a completions read they do not answer raises
-    :class:`EnvironmentProblem`."""
+    :class:`EnvironmentProblem`. ``graph`` and ``stages_since_ms`` as :func:`summarize`
+    takes them."""
 
     channel = KafkaChannel(bootstrap, topology, kafka_options=kafka_options)
     try:
@@ -522,6 +650,8 @@ def kafka_status(
         partitions=group_lag(
             upstream_bootstrap or bootstrap, group_id or f"ackstream-{topology}", kafka_options
         ),
+        graph=graph,
+        stages_since_ms=stages_since_ms,
     )
 
 
@@ -639,6 +769,12 @@ class StatusSource:
 
     def read(self, window_s: float = 60.0) -> Status:
         """The status now (see :func:`kafka_status` for what a silent broker does)."""
+        graph = run = since = None
+        if self.checkpoint:
+            folder = os.path.join(self.checkpoint, "topology")
+            graph, run, since = read_graph(folder), read_run(folder), checkpoint_began(folder)
+        if graph is None and self.edges:
+            graph = graph_of(self.edges)
         if self.bootstrap:
             status = kafka_status(
                 self.bootstrap,
@@ -649,19 +785,56 @@ class StatusSource:
                 group_id=self.group,
                 kafka_options=self.kafka_options,
                 upstream_bootstrap=self.upstream_bootstrap,
+                graph=graph,
+                stages_since_ms=since,
             )
         else:
             channel = self.channel or default_channel_dir(self.topology)
-            status = local_status(channel, self.topology, self.dead_letters, window_s=window_s)
+            status = local_status(
+                channel,
+                self.topology,
+                self.dead_letters,
+                window_s=window_s,
+                graph=graph,
+                stages_since_ms=since,
+            )
             if self.upstream_bootstrap:
                 group = self.group or f"ackstream-{self.topology}"
                 lag = group_lag(self.upstream_bootstrap, group, self.kafka_options)
                 status = replace(status, partitions=lag)
         if self.checkpoint:
             status = replace(
-                status, held=held_in(self.checkpoint), stages=stages_in(self.checkpoint)
+                status, held=held_in(self.checkpoint), stages=stages_in(self.checkpoint), run=run
             )
         return status
+
+
+def graph_of(edges: Iterable[tuple[str, str]]) -> dict:
+    """A graph as :func:`~ackstream.topology.described.describe` has it, from edges
+    ``(stream, reader)`` alone (kinds and reasons unknown).
+
+    >>> [n["name"] for n in graph_of([("spout", "a"), ("a", "b"), ("spout", "b")])["nodes"]]
+    ['spout', 'a', 'b']
+    """
+    after: dict[str, list[str]] = {"spout": []}
+    for stream, reader in edges:
+        after.setdefault(stream, [])
+        after.setdefault(reader, []).append(stream)
+    return {
+        "nodes": [
+            {"name": name, "kind": None, "after": streams, "reason": None}
+            for name, streams in after.items()
+        ]
+    }
+
+
+def checkpoint_began(folder: str) -> int | None:
+    """When the query checkpoint ``folder`` began (ms): the time Spark wrote its
+    ``metadata`` file, which it writes once; None before the query's first start."""
+    try:
+        return int(os.stat(os.path.join(folder, "metadata")).st_mtime * 1000)
+    except FileNotFoundError:
+        return None
 
 
 def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:

@@ -47,7 +47,15 @@ from ackstream.ui.metrics import Statuses, registry_of, serve
 from ackstream.ui.status import StatusSource
 from ackstream.vocabulary.clock import now_ms
 
-__all__ = ["DEAD_LETTERS_SHOWN", "Served", "app", "serve_metrics", "serve_view"]
+__all__ = [
+    "DEAD_LETTERS_SHOWN",
+    "SHOWN_CHARS",
+    "Served",
+    "app",
+    "letter_text",
+    "serve_metrics",
+    "serve_view",
+]
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +140,18 @@ def app(statuses: Statuses, title: str = "ackstream") -> Starlette:
 
 
 def _graph(source: StatusSource, status) -> dict:
-    """The stage graph as ``{"nodes": [...], "edges": [[from, to], ...]}``: the stages
-    and sinks in the order their counts were saved, each reading the one before
-    (the checkpoint keeps counts, not the graph's edges; a started topology gives its
-    own edges, see :attr:`StatusSource.edges`)."""
+    """The stage graph as ``{"nodes": [...], "edges": [[from, to], ...], "kinds": {node:
+    kind}}``: the declared graph the status read (:attr:`Status.graph`), else the edges
+    a started topology gives (:attr:`StatusSource.edges`), else the stages and sinks in
+    the order their counts were saved, each reading the one before."""
+    declared = None if status is None else status.graph
+    if declared:
+        nodes = declared["nodes"]
+        return {
+            "nodes": [n["name"] for n in nodes],
+            "edges": [[stream, n["name"]] for n in nodes for stream in n["after"]],
+            "kinds": {n["name"]: n["kind"] for n in nodes},
+        }
     names = list((status.stages if status is not None else None) or {})
     if source.edges:
         nodes = ["spout", *dict.fromkeys(n for edge in source.edges for n in edge if n != "spout")]
@@ -164,12 +180,28 @@ def _letters(source: StatusSource) -> dict:
                 "offset": r["offset"],
                 "attempts": r["attempts"],
                 "reason": r["reason"],
+                "key": letter_text(r["key"]),
+                "value": letter_text(r["value"]),
+                "timestamp_ms": r["timestamp_ms"],
                 "replayed_ms": replayed.get(letter_name(r)),
             }
             for r in reversed(rows)
         ],
         "error": None,
     }
+
+
+#: The most characters of a dead letter's key or value the page shows.
+SHOWN_CHARS = 80
+
+
+def letter_text(data: bytes | None) -> str | None:
+    """A key or value for the page: its text (undecodable bytes replaced), cut at
+    :data:`SHOWN_CHARS` with an ellipsis."""
+    if data is None:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def _replay(source: StatusSource, names: set[str]) -> int:

@@ -1,0 +1,254 @@
+"""What a started topology says of itself beside its checkpoint: its declared graph,
+and whether it runs.
+
+``ackstream status --checkpoint`` and the live view read the topology's history from
+its channel and checkpoint, with or without the process that runs it; these two files
+in ``<checkpoint>/topology`` tell them what the channel cannot:
+
+- :data:`GRAPH_FILE`, written at ``start()``: the stages and sinks, the streams each
+  reads, each stage's kind, and the reason a ``fail_where`` or ``reject_where`` stage
+  gives when it is a fixed text. ``status`` draws the graph from it, and charges a
+  failure whose reason does not begin with a stage's name to the stage whose fixed
+  reason it is.
+- :data:`RUN_FILE`, kept by a Spark streaming listener in the process that started
+  the query: when it started, its last batch (id, duration, input and processing
+  rates, as Spark's progress reports them), when it was last heard from (each
+  progress, and each idle trigger Spark reports), when it stopped and why, and
+  Spark's UI address. A process that is killed says nothing: the file then still
+  says running, and :func:`read_run` gives the time it was last heard from.
+
+Under Spark Connect the listener would run beside the server, not here: the run file
+then says when the query started and nothing after.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import Column
+from pyspark.sql.streaming import StreamingQueryListener
+
+from ackstream.spark.session import is_connect
+from ackstream.topology.graph import SPOUT
+from ackstream.vocabulary.clock import now_ms
+
+__all__ = [
+    "GRAPH_FILE",
+    "RUN_FILE",
+    "RunRecorder",
+    "describe",
+    "read_graph",
+    "read_run",
+    "record_run",
+    "sql_text",
+    "write_graph",
+]
+
+log = logging.getLogger(__name__)
+
+#: The declared graph's file in a topology query's checkpoint folder.
+GRAPH_FILE = "ackstream-graph.json"
+#: The run's state file in a topology query's checkpoint folder.
+RUN_FILE = "ackstream-run.json"
+
+
+def sql_text(column: Column | str) -> str:
+    """``column`` as SQL text (``((offset % 7) = 3)``), not pyspark's repr
+    (``Column<'=(%(offset, 7), 3)'>``: Spark prints an expression's operators as calls);
+    a string as it is."""
+    text = str(column)
+    if isinstance(column, str):
+        return text
+    if text.startswith("Column<'") and text.endswith("'>"):
+        text = text[len("Column<'") : -len("'>")]
+    try:
+        return _infix(text)
+    except ValueError:  # not the call form: as Spark printed it
+        return text
+
+
+#: Spark's operators, printed as calls (``=(a, b)``), written between their operands.
+_INFIX = {
+    "=": "=", "==": "=", "<=>": "<=>", "!=": "!=", "<": "<", "<=": "<=", ">": ">",
+    ">=": ">=", "+": "+", "-": "-", "*": "*", "/": "/", "%": "%", "and": "AND", "or": "OR",
+}  # fmt: skip
+
+
+def _infix(text: str) -> str:
+    """``=(%(offset, 7), 3)`` -> ``((offset % 7) = 3)``, ``!(x)`` -> ``(NOT x)``,
+    ``isNull(x)`` -> ``(x IS NULL)``; other calls and atoms as they are. Raises
+    ValueError on unbalanced text."""
+    text = text.strip()
+    cut = text.find("(")
+    if cut <= 0 or not text.endswith(")") or text[0] in "'\"`":
+        return text
+    name, args = text[:cut].strip(), _split(text[cut + 1 : -1])
+    parts = [_infix(a) for a in args]
+    if name.lower() in _INFIX and len(parts) == 2:
+        return f"({parts[0]} {_INFIX[name.lower()]} {parts[1]})"
+    if name in ("!", "not") and len(parts) == 1:
+        return f"(NOT {parts[0]})"
+    if name in ("isNull", "isNotNull") and len(parts) == 1:
+        return f"({parts[0]} IS {'NOT ' if name == 'isNotNull' else ''}NULL)"
+    return f"{name}({', '.join(parts)})"
+
+
+def _split(text: str) -> list[str]:
+    """The comma-separated arguments of a call, commas in quotes or parentheses kept."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(text)
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth or quote:
+        raise ValueError(text)
+    return [*parts, text[start:]] if text.strip() else parts
+
+
+def describe(stages: Sequence[Any], sinks: Sequence[Any]) -> dict:
+    """The declared graph: ``{"nodes": [{"name", "kind", "after", "reason"}, ...]}``,
+    the spout first, then stages and sinks in declaration order (a topological order);
+    ``reason`` is a fail or reject stage's fixed reason text, else None."""
+    nodes: list[dict] = [{"name": SPOUT, "kind": "spout", "after": [], "reason": None}]
+    for stage in stages:
+        reason = getattr(stage, "fixed_reason", None)
+        nodes.append(
+            {"name": stage.name, "kind": stage.kind, "after": list(stage.after), "reason": reason}
+        )
+    for sink in sinks:
+        nodes.append(
+            {
+                "name": sink.name,
+                "kind": f"sink: {type(sink.sink).__name__}",
+                "after": list(sink.after),
+                "reason": None,
+            }
+        )
+    return {"nodes": nodes}
+
+
+def write_graph(folder: str, graph: dict) -> None:
+    """Write ``graph`` (:func:`describe`) to ``folder``'s :data:`GRAPH_FILE`, replaced whole."""
+    _write(os.path.join(folder, GRAPH_FILE), graph)
+
+
+def read_graph(folder: str) -> dict | None:
+    """The graph :func:`write_graph` wrote in ``folder``, or None."""
+    return _read(os.path.join(folder, GRAPH_FILE))
+
+
+def read_run(folder: str) -> dict | None:
+    """The run state a :class:`RunRecorder` keeps in ``folder``, or None: ``{"state":
+    "running" | "stopped", "started_ms", "heard_ms", "stopped_ms", "error",
+    "spark_ui", "last_batch": {"id", "duration_ms", "input_per_s", "processed_per_s",
+    "rows", "ended_ms"} | None}``."""
+    return _read(os.path.join(folder, RUN_FILE))
+
+
+def record_run(folder: str, running: Any) -> None:
+    """Keep the run file of ``running`` (a started topology's
+    :class:`~ackstream.topology.running.RunningTopology`) in ``folder`` from now on."""
+    spark = running.spark
+    connect = is_connect(spark)
+    spark_ui = None if connect else spark.sparkContext.uiWebUrl
+    recorder = RunRecorder(folder, str(running.query.id), spark_ui)
+    if not connect:
+        recorder.streams = spark.streams
+        spark.streams.addListener(recorder)
+
+
+class RunRecorder(StreamingQueryListener):
+    """Keeps :data:`RUN_FILE` of the query ``query_id`` (see the module doc). Spark
+    calls it for every query of the session: it answers to its own only, and takes
+    itself off the session's ``streams`` (when given) once its query has stopped."""
+
+    streams: Any = None
+
+    def __init__(self, folder: str, query_id: str, spark_ui: str | None):
+        self.path = os.path.join(folder, RUN_FILE)
+        self.query_id = query_id
+        self.state: dict = {
+            "state": "running",
+            "started_ms": now_ms(),
+            "heard_ms": now_ms(),
+            "stopped_ms": None,
+            "error": None,
+            "spark_ui": spark_ui,
+            "last_batch": None,
+        }
+        self._save()
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's name
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802 - Spark's name
+        progress = event.progress
+        if str(progress.id) != self.query_id:
+            return
+        self.state["heard_ms"] = now_ms()
+        self.state["last_batch"] = {
+            "id": progress.batchId,
+            "duration_ms": (progress.durationMs or {}).get("triggerExecution"),
+            "input_per_s": _rate(progress.inputRowsPerSecond),
+            "processed_per_s": _rate(progress.processedRowsPerSecond),
+            "rows": progress.numInputRows,
+            "ended_ms": now_ms(),
+        }
+        self._save()
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802 - Spark's name
+        if str(event.id) == self.query_id:
+            self.state["heard_ms"] = now_ms()
+            self._save()
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802 - Spark's name
+        if str(event.id) != self.query_id:
+            return
+        self.state.update(state="stopped", stopped_ms=now_ms(), heard_ms=now_ms())
+        said = (event.exception or "").strip()
+        self.state["error"] = said.splitlines()[0][:500] if said else None
+        self._save()
+        if self.streams is not None:  # not from Spark's listener thread, which calls this
+            streams, self.streams = self.streams, None
+            threading.Thread(target=streams.removeListener, args=(self,), daemon=True).start()
+
+    def _save(self) -> None:
+        try:
+            _write(self.path, self.state)
+        except OSError as error:  # a full disk must not stop Spark's listener bus
+            log.warning("could not write %s: %s", self.path, error)
+
+
+def _rate(value: float | None) -> float | None:
+    return None if value is None or value != value else float(value)  # NaN: no rate
+
+
+def _write(path: str, value: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    hidden = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    with open(hidden, "w") as f:
+        json.dump(value, f)
+    os.replace(hidden, path)
+
+
+def _read(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
