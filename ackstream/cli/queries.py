@@ -13,10 +13,10 @@ from ackstream.cli.console import LogFile
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
 from ackstream.errors import cause_of
 from ackstream.sources import launch
-from ackstream.sources.offsets import new_ranges, replay_runs
 from ackstream.spark.driver import interrupts
 from ackstream.topology.running import stop_queries
 from ackstream.ui.status import source_metrics
+from ackstream.vocabulary.batch_offset import BatchOffset
 
 __all__ = [
     "Progress",
@@ -163,11 +163,11 @@ def rows_read(progress) -> int:
     replays the source read itself (and so do its replays, when Spark's reader reads
     them too). A batch that ends where it starts read nothing.
 
-    >>> rows_read({"numInputRows": 2, "sources": [
-    ...     {"endOffset": '{"reader": "spark", "read": {"t": {"0": [5, 9], "1": [3, 3]}}}'}]})
+    >>> rows_read({"numInputRows": 2, "sources": [{"endOffset": '{"v": 1, "parts": {}, '
+    ...     '"reader": "spark", "read": {"t": {"0": [5, 9], "1": [3, 3]}}}'}]})
     6
-    >>> rows_read({"numInputRows": 0, "sources": [{"endOffset": '{"reader": "spark", '
-    ...     '"replays": [["t", 0, 5, 9, 1]], "replays_by": "spark"}'}]})
+    >>> rows_read({"numInputRows": 0, "sources": [{"endOffset": '{"v": 1, "parts": {}, '
+    ...     '"reader": "spark", "replays": [["t", 0, 5, 9, 1]], "replays_by": "spark"}'}]})
     4
     """
     rows = progress.get("numInputRows", 0)
@@ -179,10 +179,13 @@ def rows_read(progress) -> int:
             offset = json.loads(offset) if isinstance(offset, str) else offset
         except ValueError:
             continue
-        if isinstance(offset, dict) and offset.get("reader") == "spark":
-            rows += sum(end - start for *_, start, end in new_ranges(offset))
-        if isinstance(offset, dict) and offset.get("replays_by") == "spark":
-            rows += sum(end - start for _, _, start, end, _ in replay_runs(offset))
+        if not BatchOffset.is_ours(offset):
+            continue
+        batch = BatchOffset.from_json(offset)
+        if batch.spark_reads_new:
+            rows += batch.new_records
+        if batch.spark_reads_replays:
+            rows += batch.replayed_records
     return rows
 
 

@@ -11,7 +11,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.testing import TupleGraph, ack_records, fail
 from ackstream.vocabulary.records import ACKED, FAILED, INVALID
 
-from helpers import wait_for
+from helpers import logged_offset, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -218,7 +218,7 @@ def test_completions_are_read_once_from_a_position_and_a_new_reader_starts_at_th
 def test_a_run_of_acked_offsets_comes_back_one_row_per_root_but_to_the_source(channel):
     from ackstream.sources.offsets import PlannedRoots
 
-    end = {"v": 1, "source": "topo", "ids": "topo", "read": {"events": {"1": [5, 25]}}}
+    end = logged_offset(source="topo", read={"events": {"1": [5, 25]}})
     planned = PlannedRoots.of_offsets([end], now_ms=1_000)
     start = channel.end_position()
     channel.write_completions(planned.acked(1_003), 0)
