@@ -212,6 +212,9 @@ class Spout:
         self._paused_since_heard = 0  # ms paused since then for blocked calls
         self.committed: dict = {}  # {tp: (offset, metadata without the claim)}
         self.latest: dict = {}  # {tp: the upstream's end offset}, as last seen
+        #: records the offsets planned since this spout started name (new and replayed):
+        #: what its batches read, whichever reader reads them
+        self.planned_records = 0
         if config.tracking:
             self._merge_group_commits()
 
@@ -301,7 +304,7 @@ class Spout:
         self._dead_since_snapshot = False
         runs = tuple((t, p, a, b, att) for t, p, a, b, att in replays.runs()) if replays else ()
         spark_reads_new = self.config.record_reader == "spark"  # the topology reads them
-        return BatchOffset(
+        offset = BatchOffset(
             tracker.snapshot(),
             done=self.position,
             owner=self.claim.owner,
@@ -312,6 +315,8 @@ class Spout:
             spark_reads_replays=spark_reads_new and spark_reads_replays(runs),
             tracked=self._tracked() if self.config.tracking else None,
         )
+        self.planned_records += offset.new_records + offset.replayed_records
+        return offset
 
     def _tracked(self) -> Tracked:
         """The tracked part of the next offset: the batch's roots are waited for on these
@@ -341,7 +346,9 @@ class Spout:
     def metrics(self) -> dict:
         """What this source has seen since its checkpoint began, JSON-ready: the
         :attr:`Tracker.counts <ackstream.sources.tracking.Tracker.counts>`, roots
-        ``pending`` (in flight) and records ``waiting`` for a replay's backoff; per
+        ``pending`` (in flight), records ``waiting`` for a replay's backoff, records
+        ``read`` by the batches planned since this source started (the source's own
+        count: Spark's ``numInputRows`` leaves out what its Kafka connector reads); per
         topic and partition its ``end`` (upstream), ``committed`` (the watermark: every
         offset below it is acked or dead-lettered) and ``lag`` (end - committed)."""
         tracker = self.tracker
@@ -357,6 +364,7 @@ class Spout:
             **tracker.counts,
             "pending": tracker.in_flight,
             "waiting": len(tracker.waiting),
+            "read": self.planned_records,
             "partitions": parts,
         }
 

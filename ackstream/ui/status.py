@@ -155,6 +155,9 @@ class Status:
     #: {"buckets": [[le_ms, cumulative count], ...], "count": n, "sum": ms}
     latency_histogram: dict | None = None
     history: list | None = None  #: see :func:`history`
+    #: records the source's batches read since it started (its own count, whichever
+    #: reader reads them); None when the source saves no metrics (the Kafka channel)
+    read: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -172,6 +175,8 @@ class Status:
             ("rejected", str(self.rejected), "dead-lettered without a replay"),
             ("dead-lettered", dead, ""),
         ]
+        if self.read is not None:
+            rows.append(("read", str(self.read), "records the source read since it started"))
         rows += [
             (name, str(n), note)
             for name, n, note in (
@@ -418,8 +423,9 @@ def local_status(
     channel = LocalChannel(directory)
     completions, _ = channel.completions_since(None, runs=True)
     letters = read_dead_letters(dead_letter_dir or os.path.join(directory, "dead_letters"))
-    partitions = (read_source_metrics(directory) or {}).get("partitions")
-    return summarize(
+    saved = read_source_metrics(directory) or {}
+    partitions = saved.get("partitions")
+    status = summarize(
         _init_roots(channel.ack_records()),
         expand(checked(completions, saved_ends(partitions))),
         letters,
@@ -429,6 +435,7 @@ def local_status(
         window_s=window_s,
         partitions=partitions,
     )
+    return replace(status, read=saved.get("read"))
 
 
 def saved_ends(partitions: dict | None) -> dict[tuple[str, int], int]:
