@@ -117,3 +117,28 @@ def test_only_an_ackstream_offset_is_ours():
     assert BatchOffset.is_ours({"v": 9, "parts": {}})  # ours, and then refused for its version
     assert not BatchOffset.is_ours({"events": {"0": 12}})
     assert not BatchOffset.is_ours(None)
+
+
+def test_a_logged_offset_s_terms_are_checked_against_its_topology_s_as_values(tmp_path):
+    """The topology reading an offset holds its source to its own name, channel and
+    message timeout, compared as the options table reads them (a folder by any path to
+    it); another one is an OptionError naming the option and both values."""
+    import os
+
+    from ackstream import LocalChannel, OptionError, Topology
+    from ackstream.topology.running import check_source_terms
+
+    folder = tmp_path / "channel"
+    topology = Topology("words", None, LocalChannel(str(folder)), message_timeout_ms=30_000)
+
+    def logged(channel: str, timeout_ms: int) -> BatchOffset:
+        return BatchOffset({}, tracked=Tracked("words", channel, timeout_ms, "words", 1))
+
+    check_source_terms(topology, logged(os.path.relpath(folder), 30_000))
+    check_source_terms(topology, BatchOffset({}))  # untracked: no terms
+    with pytest.raises(OptionError) as refused:
+        check_source_terms(topology, logged(str(folder), 60_000))
+    assert refused.value.option == "ackstream.messageTimeout"
+    assert "60000" in str(refused.value) and "30000" in str(refused.value)
+    with pytest.raises(OptionError, match="ackstream.channel"):
+        check_source_terms(topology, logged("kafka", 30_000))

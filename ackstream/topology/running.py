@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 
 from ackstream.acker.query import start_acker
 from ackstream.channels.base import Channel
-from ackstream.config.source import SourceConfig, parse_duration_ms
+from ackstream.config.source import SourceConfig, same_value
 from ackstream.errors import OptionError
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.spark_reader import read_new_ranges, read_replays
@@ -55,7 +55,6 @@ __all__ = [
     "BatchFunction",
     "RunningTopology",
     "check_source_terms",
-    "same_term",
     "start_topology",
     "stop_queries",
 ]
@@ -99,7 +98,7 @@ def check_source_terms(topology: StartedTopology, offset: BatchOffset) -> None:
         ("ackstream.messageTimeout", tracked.timeout_ms, topology.message_timeout_ms),
     )
     for option, given, wanted in terms:
-        if given is not None and not same_term(option, given, wanted):
+        if not same_value(option, given, wanted):
             raise OptionError(
                 option,
                 given,
@@ -107,23 +106,6 @@ def check_source_terms(topology: StartedTopology, offset: BatchOffset) -> None:
                 f"{topology.name!r}: read the stream with "
                 "topology.read_stream(...) so that both agree",
             )
-
-
-def same_term(option: str, given: object, wanted: object) -> bool:
-    """Whether a source's value of ``option`` says the same as its topology's."""
-    if option in ("ackstream.messageTimeout", "ackstream.channelRetention"):
-        try:
-            return parse_duration_ms(option, str(given)) == parse_duration_ms(option, str(wanted))
-        except OptionError:
-            return False
-    if option in ("ackstream.channelShared", "ackstream.tracking", "includeHeaders"):
-        return str(given).lower() == str(wanted).lower()
-    if option == "ackstream.channel":
-        given, wanted = str(given), str(wanted)
-        if "kafka" in (given.lower(), wanted.lower()):
-            return given.lower() == wanted.lower()
-        return os.path.abspath(given) == os.path.abspath(wanted)
-    return given == wanted
 
 
 class BatchFunction:
