@@ -191,3 +191,23 @@ def delete_topic(bootstrap: str, topic: str) -> None:
         wait_for(lambda: topic not in lister.topics(), timeout=30, what=f"{topic} deleted")
     finally:
         lister.close()
+
+
+def logged_offset(**fields):
+    """A :class:`BatchOffset` read from the JSON fields ``fields``, as Spark logs them,
+    those a test leaves out filled in: no partitions, and for a tracked offset (one
+    that names ``source`` or ``ids``) the channel ``kafka`` and a 30 s timeout."""
+    from ackstream.vocabulary.batch_offset import BatchOffset
+
+    value = {"v": 1, "parts": {}, **fields}
+    if "source" in value or "ids" in value:
+        names = value.get("source", value.get("ids"))
+        value = {"source": names, "ids": names, "channel": "kafka", "timeout": 30_000, **value}
+    return BatchOffset.from_json(value)
+
+
+def logged_parts(tracker):
+    """``tracker``'s snapshot as a restart reads it back: through an offset's JSON."""
+    from ackstream.vocabulary.batch_offset import BatchOffset
+
+    return BatchOffset.from_json(json.dumps(BatchOffset(tracker.snapshot()).to_json())).parts

@@ -283,6 +283,68 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
         assert sum(meta.offset for tp, meta in offsets.items() if tp.topic == topic) == 40
 
 
+AFTER_IDLE_FILE = """
+from pyspark.sql import functions as F
+
+from ackstream import LocalChannel, MemorySink, Topology
+
+topology = (Topology("after-idle", spark, LocalChannel({channel!r}))
+            .explode(F.split(F.col("value").cast("string"), " "), "word")
+            .sink(MemorySink()))
+frame = topology.read_stream({{"kafka.bootstrap.servers": {bootstrap!r},
+                              "subscribe": {topic!r}, "ackstream.recordReader": {reader!r}}})
+topology.start(frame, {checkpoint!r}, trigger_ms=200)
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("reader", ["spark", "python"])
+def test_the_rows_of_a_batch_after_idle_triggers_are_counted_read(
+    spark, broker, new_topic, tmp_path, capsys, reader
+):
+    """Spark reports a trigger with nothing to read under the id of the batch that comes
+    next, so a wait that took the rows of each batch id once from Spark's progress
+    missed that batch: the run's line, and ``--until-idle``, count the rows the source
+    planned instead, whichever reader reads them."""
+    import threading
+
+    from helpers import produce, sentences, wait_for
+
+    topic = new_topic()
+    topo = tmp_path / "after_idle.py"
+    topo.write_text(
+        AFTER_IDLE_FILE.format(
+            channel=str(tmp_path / "channel"),
+            checkpoint=str(tmp_path / "ckpt"),
+            bootstrap=broker.bootstrap,
+            topic=topic,
+            reader=reader,
+        )
+    )
+
+    def idle_triggers_reported() -> bool:
+        queries = [q for q in spark.streams.active if q.name == "after-idle"]
+        return bool(queries) and len(queries[0].recentProgress) >= 3  # batch 0, then idle
+
+    def produce_after_idle_triggers() -> None:
+        wait_for(idle_triggers_reported, timeout=60, what="idle triggers reported")
+        produce(broker.bootstrap, topic, sentences(30))
+
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
+    producer = threading.Thread(target=produce_after_idle_triggers, daemon=True)
+    producer.start()
+    try:
+        code = main(["run", str(topo), "--until-idle", "4", "--timeout", "90"])
+    finally:
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+        producer.join(timeout=60)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "no rows read for 4s" in err and "--timeout" not in err, err
+    assert re.search(r"after-idle: batch \d+, 30 rows read", err), err
+
+
 @pytest.mark.spark
 def test_run_reports_a_failing_file_and_stops_what_it_started(spark, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the log file the run keeps

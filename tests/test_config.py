@@ -309,3 +309,24 @@ def test_each_option_row_sets_a_config_field_of_its_readers_type():
     for option in config.OPTIONS:
         hint = declared[option.field]
         assert option.reader.type == hint or option.reader.type in get_args(hint), option.name
+
+
+def test_two_spellings_of_one_value_are_the_same_term_as_the_options_table_reads_them(tmp_path):
+    """A stream's options and its topology's are compared as values: a duration in two
+    units, a flag in two cases, a channel folder by two paths, Kafka in two cases."""
+    import os
+
+    from ackstream.config.source import same_value
+
+    assert same_value("ackstream.messageTimeout", "30s", "30000ms")
+    assert same_value("ackstream.messageTimeout", "30000", 30_000)
+    assert not same_value("ackstream.messageTimeout", "31s", 30_000)
+    assert not same_value("ackstream.messageTimeout", "soon", 30_000)  # unreadable: not the same
+    assert same_value("ACKSTREAM.TRACKING", "TRUE", "true")
+    assert same_value("includeHeaders", "False", False)
+    assert same_value("ackstream.idleBatchInterval", "1s", "1000ms")
+    folder = tmp_path / "channel"
+    assert same_value("ackstream.channel", str(folder), os.path.relpath(folder))
+    assert same_value("ackstream.channel", "KAFKA", "kafka")
+    assert not same_value("ackstream.channel", "kafka", str(folder))
+    assert not same_value("ackstream.topology", "words", "Words")

@@ -81,7 +81,7 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
     assert group_commits(broker.bootstrap, name, inbox) == {0: 30, 1: 30}
 
     logged = logged_offsets(spark, str(tmp_path / "checkpoint" / "topology"), 0)
-    assert [offset.get("reader", "python") for offset in logged] == [reader]
+    assert [offset.spark_reads_new for offset in logged] == [reader == "spark"]
 
     written = {m.key.decode() for m in consume(broker.bootstrap, outbox)}
     expected = {w for line in lines for w in line.split()} - {"poison", "huge"}

@@ -15,6 +15,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.errors import AckstreamError
 from ackstream.storage.offset_log import logged_offsets
 from ackstream.testing import wait_until_settled
+from ackstream.vocabulary.batch_offset import BatchOffset
 
 from helpers import commits, consume, group_commits, wait_for
 
@@ -110,7 +111,7 @@ def test_a_batch_of_a_deleted_checkpoint_is_refused_naming_it(tmp_path):
     with pytest.raises(AckstreamError, match=f"the checkpoint {tmp_path} was deleted"):
         logged_offsets(None, str(tmp_path), 0)
     (tmp_path / "metadata").write_text('{"id": "q"}\n')
-    assert logged_offsets(None, str(tmp_path), 0) == [{"v": 1, "parts": {}}]
+    assert logged_offsets(None, str(tmp_path), 0) == [BatchOffset({})]
 
 
 def generator_options(count: int, **options) -> dict:

@@ -10,16 +10,16 @@ from ackstream.vocabulary import ids
 from ackstream.vocabulary.ranges import checked, expand, is_run
 from ackstream.vocabulary.records import completion_table
 
+from helpers import logged_offset
+
 
 def planned(read, replays=()):
     """The roots an offset of namespace ``topo`` plans: ``read`` {partition: [from, to]}."""
-    end = {
-        "v": 1,
-        "source": "topo",
-        "ids": "topo",
-        "read": {"events": {str(p): span for p, span in read.items()}},
-        "replays": [["events", p, off, att] for p, off, att in replays],
-    }
+    end = logged_offset(
+        source="topo",
+        read={"events": {str(p): span for p, span in read.items()}},
+        replays=[["events", p, off, att] for p, off, att in replays],
+    )
     return PlannedRoots.of_offsets([end], now_ms=1_000)
 
 

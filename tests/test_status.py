@@ -303,14 +303,17 @@ def test_local_status_shows_the_lag_the_source_saved_and_exposes_it_to_prometheu
 
     fill_channel(tmp_path / "ch")
     parts = {"t": {"0": {"end": 12, "committed": 6, "lag": 6}}}
-    (tmp_path / "ch" / SOURCE_METRICS_FILE).write_text(json.dumps({"partitions": parts}))
+    saved = {"partitions": parts, "read": 22}
+    (tmp_path / "ch" / SOURCE_METRICS_FILE).write_text(json.dumps(saved))
     status = local_status(str(tmp_path / "ch"), "words")
-    assert status.partitions == parts
+    assert (status.partitions, status.read) == (parts, 22)
+    assert "  read                22   (records the source read since it started)" in status.lines()
     assert "  t[0]                            12          6       6" in status.lines()
     exposition = prometheus(status).splitlines()
     assert 'ackstream_partition_lag{partition="0",topic="t",topology="words"} 6.0' in exposition
     assert 'ackstream_roots_pending{topology="words"} 3.0' in exposition
     assert 'ackstream_dead_letters_total{topology="words"} 1.0' in exposition
+    assert 'ackstream_records_read_total{topology="words"} 22.0' in exposition
 
 
 def test_local_status_without_source_metrics_says_the_lag_is_unknown(tmp_path):

@@ -4,7 +4,6 @@ query that failed, and the stop."""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -13,7 +12,6 @@ from ackstream.cli.console import LogFile
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
 from ackstream.errors import cause_of
 from ackstream.sources import launch
-from ackstream.sources.offsets import new_ranges, replay_runs
 from ackstream.spark.driver import interrupts
 from ackstream.topology.running import stop_queries
 from ackstream.ui.status import source_metrics
@@ -87,7 +85,8 @@ def wait(
     (:func:`progress_of`) every ``every_s``, the first time at once."""
     progress = progress or Progress()
     start, last_active, printed = time.monotonic(), None, float("-inf")
-    seen: dict = {}
+    seen: dict = {}  # per query, the batch id of its last progress
+    counted: dict = {}  # ... and that progress's time: each progress is counted once
     rows: dict = {}
     while any(q.isActive for q in queries):
         if pressed.is_set():
@@ -97,12 +96,12 @@ def wait(
             return EXIT_FAILED
         for q in queries:
             last = q.lastProgress
-            if last and seen.get(q.id) != last.get("batchId"):
-                read = rows_read(last)
-                rows[q.id] = rows.get(q.id, 0) + read
-                if read > 0:
+            if last:
+                before = rows.get(q.id, 0)
+                rows[q.id] = rows_read(last, before, counted.get(q.id) == last.get("timestamp"))
+                if rows[q.id] > before:
                     last_active = now
-                seen[q.id] = last.get("batchId")
+                seen[q.id], counted[q.id] = last.get("batchId"), last.get("timestamp")
         if now - printed >= every_s:
             printed = now
             progress.say(
@@ -156,34 +155,27 @@ def progress_of(name: str, batch, rows: int, progress) -> str:
     return line
 
 
-def rows_read(progress) -> int:
-    """The rows a batch read (its ``StreamingQueryProgress``): Spark's ``numInputRows``,
-    plus the new ranges of an ``ackstream`` source whose records Spark's Kafka reader
-    reads (its offset says so), which Spark leaves out of that count: it counts the
-    replays the source read itself (and so do its replays, when Spark's reader reads
-    them too). A batch that ends where it starts read nothing.
+def rows_read(progress, before: int, counted: bool) -> int:
+    """The rows a query has read as of ``progress``, its last ``StreamingQueryProgress``,
+    given ``before``, its count as of the one before, and whether ``progress`` was
+    ``counted`` already. An ``ackstream`` source's own count when it reports one (the
+    records of the batches it planned since it started: Spark's ``numInputRows`` leaves
+    out what its Kafka connector reads for it); else ``numInputRows`` added once per
+    progress, idle triggers' included (Spark reports those under the id of the batch
+    that comes next, so counting a batch id once would miss that batch).
 
-    >>> rows_read({"numInputRows": 2, "sources": [
-    ...     {"endOffset": '{"reader": "spark", "read": {"t": {"0": [5, 9], "1": [3, 3]}}}'}]})
-    6
-    >>> rows_read({"numInputRows": 0, "sources": [{"endOffset": '{"reader": "spark", '
-    ...     '"replays": [["t", 0, 5, 9, 1]], "replays_by": "spark"}'}]})
-    4
+    >>> rows_read({"numInputRows": 0, "sources": [{"latestOffset": '{"pending": 0, '
+    ...     '"partitions": {}, "read": 22}'}]}, 0, False)
+    22
+    >>> rows_read({"numInputRows": 5, "sources": []}, 10, False)
+    15
+    >>> rows_read({"numInputRows": 5, "sources": []}, 15, True)
+    15
     """
-    rows = progress.get("numInputRows", 0)
-    for source in progress.get("sources", ()):
-        offset = source.get("endOffset")
-        if offset == source.get("startOffset"):  # a batch that read nothing new
-            continue
-        try:
-            offset = json.loads(offset) if isinstance(offset, str) else offset
-        except ValueError:
-            continue
-        if isinstance(offset, dict) and offset.get("reader") == "spark":
-            rows += sum(end - start for *_, start, end in new_ranges(offset))
-        if isinstance(offset, dict) and offset.get("replays_by") == "spark":
-            rows += sum(end - start for _, _, start, end, _ in replay_runs(offset))
-    return rows
+    metrics = source_metrics(progress)
+    if metrics is not None and "read" in metrics:
+        return int(metrics["read"])
+    return before if counted else before + int(progress.get("numInputRows", 0))
 
 
 def _failures(queries, log_file: LogFile) -> int:

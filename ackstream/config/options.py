@@ -198,6 +198,9 @@ class Option(Generic[T]):
     conflicts: Callable[[Seen], str | None] | None = None
     shown_default: str | None = None  #: the default as the page writes it, when not a value
     spark: str | None = None  #: an option of Spark's Kafka source: how ackstream's compares
+    #: what two values are compared by, when not the values themselves (two spellings
+    #: of one path)
+    key: Callable[[T], Any] | None = None
 
     def value(self, seen: Seen) -> T:
         """This option's value; an OptionError naming it and its text when refused."""
@@ -217,6 +220,21 @@ class Option(Generic[T]):
         if problem:
             raise OptionError(self.name, text, problem)
         return value
+
+    def same(self, given: object, wanted: object) -> bool:
+        """Whether ``given`` and ``wanted`` (texts, or values written as their text) say
+        the same value of this option once read; text it does not take says none.
+
+        >>> Option("ackstream.messageTimeout", "t", DURATION, "").same("30s", 30_000)
+        True
+        """
+        try:
+            values = [self.reader.read(self.name, str(v)) for v in (given, wanted)]
+        except OptionError:
+            return False
+        if self.key is not None:
+            values = [self.key(v) for v in values]
+        return values[0] == values[1]
 
     def _default(self, default: Any, seen: Seen) -> Any:
         if default is FIELD:

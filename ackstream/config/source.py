@@ -60,6 +60,7 @@ __all__ = [
     "option_names",
     "parse",
     "parse_duration_ms",
+    "same_value",
 ]
 
 #: Where records come from: a Kafka cluster, or the built-in generator (no broker).
@@ -439,6 +440,7 @@ OPTIONS: tuple[Option[Any], ...] = (
             else None
         ),
         shown_default="`<tmp>/ackstream/<topology>/channel`",
+        key=lambda channel: channel if channel == "kafka" else os.path.abspath(channel),
     ),
     Option(
         "ackstream.channelShared",
@@ -839,6 +841,19 @@ def option_names() -> dict[str, tuple[str, ...]]:
         "spark": tuple(n for n in named if not n.startswith("ackstream.")),
         "refused": tuple(_REFUSED.values()),
     }
+
+
+def same_value(option: str, given: object, wanted: object) -> bool:
+    """Whether ``given`` and ``wanted`` say the same value of ``option`` (named in any
+    case), read as its row of :data:`OPTIONS` reads it: ``30s`` and ``30000`` are one
+    message timeout, ``KAFKA`` and ``kafka`` one channel. An option outside the table
+    compares as given.
+
+    >>> same_value("ackstream.tracking", "TRUE", True), same_value("x.y", "a", "A")
+    (True, False)
+    """
+    row = _BY_NAME.get(option.lower())
+    return given == wanted if row is None else row.same(given, wanted)
 
 
 def parse(options: Mapping[str, str]) -> SourceConfig:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from ackstream.errors import AckstreamError, EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.topics import deleted_topics
+from ackstream.vocabulary.partition import Partition
 
 __all__ = ["FETCH_TIMEOUT_S", "MAX_RECORDS", "read_ranges", "read_records", "topic_ranges"]
 
@@ -18,10 +19,8 @@ DELETED_CHECK_S = 5.0
 #: Records one poll may return.
 MAX_RECORDS = 10_000
 
-TP = tuple[str, int]
 
-
-def read_ranges(consumer, tp: TP, spans, **options) -> Iterator[tuple]:
+def read_ranges(consumer, tp: Partition, spans, **options) -> Iterator[tuple]:
     """``(offset, key, value, timestamp_ms)`` of each record :func:`read_records` reads."""
     for rec in read_records(consumer, tp, spans, **options):
         yield rec.offset, rec.key, rec.value, rec.timestamp
@@ -73,7 +72,7 @@ def _within(spans: list[tuple[int, int]]):
 
 def read_records(
     consumer,
-    tp: TP,
+    tp: Partition,
     spans,
     *,
     fail_on_data_loss: bool = True,

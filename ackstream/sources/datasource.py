@@ -29,6 +29,7 @@ from ackstream.sources.rows import ReadTask, source_ddl
 from ackstream.sources.spout import Spout, initial_offset
 from ackstream.sources.upstream import check_options, open_upstream
 from ackstream.storage.files import write_atomically
+from ackstream.vocabulary.batch_offset import BatchOffset
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -80,17 +81,22 @@ class AckstreamStreamReader(DataSourceStreamReader):
     # --- driver side ----------------------------------------------------------------
 
     def _spout_from(self, offset: dict) -> Spout:
-        """The spout; on the first call, rebuilt from ``offset`` (a restart)."""
+        """The spout; on the first call, rebuilt from ``offset`` (a restart), which is
+        read only then: Spark's offsets enter as :class:`BatchOffset` at this door, and
+        in :meth:`partitions` and :meth:`commit`."""
         if self._spout is None:
             self._spout = Spout(
-                self.config, open_upstream(self.config), open_channel(self.config), offset
+                self.config,
+                open_upstream(self.config),
+                open_channel(self.config),
+                BatchOffset.from_json(offset),
             )
         return self._spout
 
     def initialOffset(self) -> dict:
         upstream, channel = open_upstream(self.config), open_channel(self.config)
         try:
-            return initial_offset(self.config, upstream, channel)
+            return initial_offset(self.config, upstream, channel).to_json()
         finally:
             upstream.close()
             channel.close()
@@ -102,7 +108,8 @@ class AckstreamStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return self._spout_from(start).next_offset(max_rows) or start
+        offset = self._spout_from(start).next_offset(max_rows)
+        return start if offset is None else offset.to_json()
 
     def reportLatestOffset(self) -> dict | None:
         """The spout's :meth:`~ackstream.sources.spout.Spout.metrics`, shown by Spark as
@@ -122,7 +129,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
         if self.config.tracking:
             self._spout_from(end)  # a restart re-running its last batch starts here
         tasks = read_tasks(
-            end,
+            BatchOffset.from_json(end),
             self.config.admission.min_partitions,
             self.config.admission.max_records_per_partition,
         )
@@ -130,7 +137,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         if self._spout is not None:
-            self._spout.on_spark_commit(end)
+            self._spout.on_spark_commit(BatchOffset.from_json(end))
 
     def stop(self) -> None:
         if self._spout is not None:

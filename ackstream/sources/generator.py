@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ackstream.config.source import SourceConfig
-from ackstream.sources.rows import TP, ReadTask, spout_batch
+from ackstream.sources.rows import ReadTask, spout_batch
 from ackstream.storage.files import write_atomically
 from ackstream.vocabulary import ids
+from ackstream.vocabulary.partition import Partition
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -143,10 +144,12 @@ class GeneratorUpstream:
     def partitions(self) -> list[tuple[str, int]]:
         return [(TOPIC, p) for p in range(self.config.generator.partitions)]
 
-    def earliest(self, tps: list[TP]) -> dict[TP, int]:
+    def earliest(self, tps: list[Partition]) -> dict[Partition, int]:
         return {tp: 0 for tp in tps}
 
-    def latest(self, tps: list[TP], positions: dict[TP, int] | None = None) -> dict[TP, int]:
+    def latest(
+        self, tps: list[Partition], positions: dict[Partition, int] | None = None
+    ) -> dict[Partition, int]:
         """Per partition: ``count`` records, released at ``rate`` per second from the
         position the reader first asked at; with neither, :data:`UNBOUNDED_STEP` beyond
         the reader's position at a time."""
@@ -163,11 +166,11 @@ class GeneratorUpstream:
             out[tp] = avail if count is None else min(count, avail)
         return out
 
-    def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
+    def committed(self, tps: list[Partition]) -> dict[Partition, tuple[int, str]]:
         saved = _saved(self.config.channel)
         return {tp: tuple(saved[f"{tp[0]}/{tp[1]}"]) for tp in tps if f"{tp[0]}/{tp[1]}" in saved}
 
-    def commit(self, offsets: dict[TP, tuple[int, str]]) -> None:
+    def commit(self, offsets: dict[Partition, tuple[int, str]]) -> None:
         if not offsets:
             return
         saved = self.committed(self.partitions())
@@ -176,7 +179,7 @@ class GeneratorUpstream:
         text = json.dumps({f"{t}/{p}": list(v) for (t, p), v in saved.items()})
         write_atomically(self._commits, lambda path: _write_text(path, text))
 
-    def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
+    def fetch(self, coords: list[tuple[Partition, int]]) -> dict[tuple[Partition, int], tuple]:
         out = {}
         for tp, off in coords:
             out[(tp, off)] = (

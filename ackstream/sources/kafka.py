@@ -39,7 +39,6 @@ from ackstream.kafka.settings import consumer_settings
 from ackstream.kafka.topics import deleted_topics, never_create_topics, shared_listing
 from ackstream.sources.rows import (
     NO_RECORD,
-    TP,
     Headers,
     ReadTask,
     held_batch,
@@ -47,6 +46,7 @@ from ackstream.sources.rows import (
     too_big_reason,
 )
 from ackstream.sources.tracking import ranges
+from ackstream.vocabulary.partition import Partition
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -218,7 +218,7 @@ class KafkaUpstream:
             ),
         )
 
-    def partitions(self) -> list[TP]:
+    def partitions(self) -> list[Partition]:
         """The partitions read, as the brokers list them now: asked once per planning
         round, first, so a topic read that was deleted stops the query, named, before
         a call waits on it."""
@@ -252,7 +252,7 @@ class KafkaUpstream:
             self._ever_matched.update(topics)
         return topics
 
-    def offsets_for_times(self, times: dict[TP, int]) -> dict[TP, int | None]:
+    def offsets_for_times(self, times: dict[Partition, int]) -> dict[Partition, int | None]:
         """The first offset whose timestamp is at or after ``times[tp]`` (ms) per
         partition (the broker's ListOffsets by time); None where no record is that late."""
         got = self._consumer.offsets_for_times(
@@ -260,20 +260,22 @@ class KafkaUpstream:
         )
         return {(k.topic, k.partition): None if v is None else v.offset for k, v in got.items()}
 
-    def earliest(self, tps: list[TP]) -> dict[TP, int]:
+    def earliest(self, tps: list[Partition]) -> dict[Partition, int]:
         parts = [TopicPartition(*tp) for tp in tps]
 
         got = self._retried("earliest offsets", lambda consumer: consumer.beginning_offsets(parts))
         return {(k.topic, k.partition): v for k, v in got.items()}
 
-    def latest(self, tps: list[TP], positions: dict[TP, int] | None = None) -> dict[TP, int]:
+    def latest(
+        self, tps: list[Partition], positions: dict[Partition, int] | None = None
+    ) -> dict[Partition, int]:
         """The next offset to be written per partition (see ``ackstream.kafka.offsets``)."""
         parts = [TopicPartition(*tp) for tp in tps]
 
         got = self._retried("latest offsets", lambda consumer: end_offsets(consumer, parts))
         return {(part.topic, part.partition): end for part, end in got.items()}
 
-    def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
+    def committed(self, tps: list[Partition]) -> dict[Partition, tuple[int, str]]:
         """The group's committed offset and metadata per partition (absent: no commit)."""
         out = {}
         for tp in tps:
@@ -284,7 +286,7 @@ class KafkaUpstream:
                 out[tp] = (got.offset, got.metadata or "")
         return out
 
-    def commit(self, offsets: dict[TP, tuple[int, str]]) -> None:
+    def commit(self, offsets: dict[Partition, tuple[int, str]]) -> None:
         if offsets:
             commits = {
                 TopicPartition(*tp): OffsetAndMetadata(off, meta, -1)
@@ -292,9 +294,9 @@ class KafkaUpstream:
             }
             self._retried("a commit", lambda consumer: consumer.commit(commits))
 
-    def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
+    def fetch(self, coords: list[tuple[Partition, int]]) -> dict[tuple[Partition, int], tuple]:
         """``(key, value, timestamp_ms, headers)`` of single records (for dead letters)."""
-        by_tp: dict[TP, list[int]] = {}
+        by_tp: dict[Partition, list[int]] = {}
         for tp, off in coords:
             by_tp.setdefault(tp, []).append(off)
         out = {}
@@ -420,6 +422,6 @@ def _partitions_of(topic: str) -> Callable:
     return lambda consumer: consumer.partitions_for_topic(topic)
 
 
-def _committed_of(tp: TP) -> Callable:
+def _committed_of(tp: Partition) -> Callable:
     """What :meth:`KafkaUpstream._retried` calls to ask for the group's commit of ``tp``."""
     return lambda consumer: consumer.committed(TopicPartition(*tp), metadata=True)

@@ -1,38 +1,18 @@
 """The source's offsets: what one micro-batch reads, known from its offset alone.
 
-An offset is the JSON the driver-side reader returns from ``latestOffset`` and
-Spark writes to the query's offset log before the batch runs::
-
-    {"v": 1,
-     "source": "<topology>",             # only with tracking on: the topology's name,
-     "channel": "<ackstream.channel>",   #   the channel and the message timeout, which
-     "timeout": <message timeout ms>,    #   the topology reading it checks against its own
-     "ids": "<namespace>",               # what root ids hash (SourceConfig.id_namespace)
-     "parts": <Tracker.snapshot()>,      # read position and watermark per partition
-     "rounds": {...},                    # isolation of failed batches in progress
-                                         #   (sources.tracking.Rounds.snapshot)
-     "seq": <n>,                         # with tracking on: the state file of the records
-                                         #   not done (ackstream.sources.state), for a restart
-     "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch
-     "replays": [[topic, partition, from, to, attempt], ...],  # replays of this batch,
-                                         #   as runs of offsets at one attempt
-     "done": <position in the completion channel>,
-     "owner": "<query id>",                # this query's claim on its consumer group
-     "reader": "spark",                    # only when Spark's Kafka source reads "read"
-                                           #   (in the topology's batch; the read tasks
-                                           #   then read the replays alone)
-     "replays_by": "spark"}                # ... and the replays too (two or more)
-
-``read`` and ``replays`` name every record of the batch, so its read tasks
-(:func:`read_tasks`) and its roots (:class:`PlannedRoots`) come from the offset
-without touching the data. That is what lets a topology batch report its trees
-without reading its input a second time: the topology finds the offset in
-Spark's offset log (:mod:`ackstream.storage.offset_log`) under its batch id.
+An offset (:class:`~ackstream.vocabulary.batch_offset.BatchOffset`, and its JSON
+there) is what the driver-side reader returns from ``latestOffset`` and Spark writes
+to the query's offset log before the batch runs. Its new ranges and its replays name
+every record of the batch, so its read tasks (:func:`read_tasks`) and its roots
+(:class:`PlannedRoots`) come from the offset without touching the data. That is what
+lets a topology batch report its trees without reading its input a second time: the
+topology finds the offset in Spark's offset log (:mod:`ackstream.storage.offset_log`)
+under its batch id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -42,6 +22,7 @@ import pyarrow.compute as pc
 
 from ackstream.sources.rows import ReadTask
 from ackstream.vocabulary import ids
+from ackstream.vocabulary.batch_offset import BatchOffset, ReplayRun
 from ackstream.vocabulary.records import (
     ACK_RECORD_SCHEMA,
     ACKED,
@@ -55,9 +36,7 @@ __all__ = [
     "covering",
     "REPLAY_COVER_GAP",
     "PlannedRoots",
-    "new_ranges",
     "read_tasks",
-    "replay_runs",
     "runs_of",
     "spark_reads_replays",
 ]
@@ -70,7 +49,7 @@ ROWS_PER_TASK = 100_000
 REPLAY_COVER_GAP = 100_000
 
 
-def spark_reads_replays(runs: list) -> bool:
+def spark_reads_replays(runs: Sequence[ReplayRun]) -> bool:
     """Whether Spark's Kafka reader reads replays logged as ``runs`` (with the batch's new
     records): any two records or more. A record replayed alone is read by the source's
     Python reader, which holds back an offset with no record and a value over
@@ -96,22 +75,22 @@ def covering(runs: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int,
 
 
 def read_tasks(
-    end: dict,
+    end: BatchOffset,
     min_partitions: int | None = None,
     max_records_per_partition: int | None = None,
 ) -> list[ReadTask]:
     """The Spark tasks of the batch that ends at ``end``: ranges of at most
     :data:`ROWS_PER_TASK` offsets (or ``max_records_per_partition``, the
     ``maxRecordsPerPartition`` option, if fewer), then the replays, per partition in
-    pieces of that size. An offset read by Spark's Kafka source (``"reader": "spark"``)
-    leaves its ranges to it: its tasks read the replays alone.
+    pieces of that size. An offset whose new ranges Spark's Kafka connector reads
+    leaves them to it: its tasks read the replays alone.
 
     With ``min_partitions`` (the ``minPartitions`` option) and fewer ranges than that,
     each range is cut into pieces in proportion to its share of the batch's offsets,
     as Spark's Kafka source does, so a batch of one big partition runs on many cores.
     """
     per_task = min(ROWS_PER_TASK, max_records_per_partition or ROWS_PER_TASK)
-    spans = [] if end.get("reader") == "spark" else list(_ranges(end))
+    spans = [] if end.spark_reads_new else end.new_ranges()
     total = sum(hi - lo for *_, lo, hi in spans)
     tasks = []
     for topic, p, lo, hi in spans:
@@ -122,7 +101,7 @@ def read_tasks(
         cuts = [lo + (hi - lo) * i // pieces for i in range(pieces + 1)]
         tasks += [ReadTask(topic, p, a, b) for a, b in zip(cuts, cuts[1:])]
     replays: dict = {}
-    for topic, p, lo, hi, att in [] if end.get("replays_by") == "spark" else replay_runs(end):
+    for topic, p, lo, hi, att in () if end.spark_reads_replays else end.replays:
         replays.setdefault((topic, p), []).extend((off, att) for off in range(lo, hi))
     for (topic, p), pairs in sorted(replays.items()):
         pairs.sort()
@@ -131,26 +110,6 @@ def read_tasks(
             for i in range(0, len(pairs), per_task)
         ]
     return tasks
-
-
-def _ranges(end: dict) -> Iterator[tuple[str, int, int, int]]:
-    """(topic, partition, from, to) of each partition that advanced in the batch (none
-    in a query's initial offset, which Spark runs as a first batch when nothing was
-    there to read)."""
-    for topic, parts in end.get("read", {}).items():
-        for p, (lo, hi) in parts.items():
-            if hi > lo:
-                yield topic, int(p), lo, hi
-
-
-def replay_runs(end: dict) -> list[tuple[str, int, int, int, int]]:
-    """``(topic, partition, from, to, attempt)`` of each run of offsets the batch ending at
-    ``end`` replays (``to`` exclusive). An entry of four, ``(topic, partition, offset,
-    attempt)``, is one offset: so an offset logged before replays were runs reads alike."""
-    return [
-        (r[0], r[1], r[2], r[2] + 1, r[3]) if len(r) == 4 else tuple(r)
-        for r in end.get("replays", ())
-    ]
 
 
 def runs_of(replays: Iterable[tuple[str, int, int, int]]) -> list[list]:
@@ -165,12 +124,6 @@ def runs_of(replays: Iterable[tuple[str, int, int, int]]) -> list[list]:
         else:
             runs.append([topic, p, off, off + 1, att])
     return runs
-
-
-def new_ranges(end: dict) -> list[tuple[str, int, int, int]]:
-    """``(topic, partition, from, to)`` of each partition the batch ending at ``end``
-    reads anew (attempt 0), for a reader other than the source's read tasks."""
-    return list(_ranges(end))
 
 
 @dataclass
@@ -194,16 +147,17 @@ class PlannedRoots:
         return cls([], inits, 0)
 
     @classmethod
-    def of_offsets(cls, offsets: list[dict], now_ms: int) -> PlannedRoots:
+    def of_offsets(cls, offsets: Iterable[BatchOffset], now_ms: int) -> PlannedRoots:
         """The roots the ``ackstream`` offsets of a batch name. With tracking off the
         source waits for no root: none."""
-        runs, singles = [], []
+        runs: list[tuple[str, str, int, int, int]] = []
+        singles = []
         for end in offsets:
-            if "source" not in end:
+            namespace = end.namespace
+            if namespace is None:
                 continue
-            namespace = end["ids"]
-            runs += [(namespace, *span) for span in _ranges(end)]
-            replays = replay_runs(end)
+            runs += [(namespace, *span) for span in end.new_ranges()]
+            replays = list(end.replays)
             if replays:  # scattered failures replay as many runs of one: one table
                 singles.append(_inits_of_runs(namespace, replays, now_ms))
         table = pa.concat_tables(singles) if singles else ACK_RECORD_SCHEMA.empty_table()

@@ -32,7 +32,6 @@ __all__ = [
     "NO_RECORD",  # re-exported: the source's rows carry it
     "SOURCE_DDL",
     "SOURCE_SCHEMA",
-    "TP",
     "ReadTask",
     "kafka_columns",
     "held_batch",
@@ -41,7 +40,6 @@ __all__ = [
     "too_big_reason",
 ]
 
-TP = tuple[str, int]  #: an upstream partition: (topic, partition)
 #: a record's Kafka headers: ``(key, value)`` pairs
 Headers = Sequence[tuple[str, bytes | None]]
 

@@ -36,9 +36,10 @@ from pyspark.sql import functions as F
 
 from ackstream.config.source import SourceConfig
 from ackstream.sources.kafka_ranges import read_ranges
-from ackstream.sources.offsets import covering, new_ranges, replay_runs
+from ackstream.sources.offsets import covering
 from ackstream.sources.rows import kafka_columns, too_big_reason
 from ackstream.vocabulary import ids
+from ackstream.vocabulary.batch_offset import BatchOffset
 from ackstream.vocabulary.lineage import ATTEMPT, EDGE, ROOT
 
 if TYPE_CHECKING:
@@ -47,25 +48,29 @@ if TYPE_CHECKING:
 __all__ = ["read_new_ranges", "read_replays"]
 
 
-def read_new_ranges(spark: SparkSession, config: SourceConfig, offset: dict) -> DataFrame | None:
+def read_new_ranges(
+    spark: SparkSession, config: SourceConfig, offset: BatchOffset
+) -> DataFrame | None:
     """The records of the new ranges ``offset`` names, as the ``ackstream`` source's rows
     (its columns and lineage), or None when it names none."""
-    ranges = new_ranges(offset)
+    ranges = offset.new_ranges()
     if not ranges:
         return None
     return _with_lineage(read_ranges(spark, config, ranges), config, offset, 0)
 
 
-def read_replays(spark: SparkSession, config: SourceConfig, offset: dict) -> DataFrame | None:
+def read_replays(
+    spark: SparkSession, config: SourceConfig, offset: BatchOffset
+) -> DataFrame | None:
     """The records ``offset`` replays, as the source's rows, when Spark's reader reads them
-    (``"replays_by": "spark"``, see :func:`~ackstream.sources.offsets.spark_reads_replays`);
+    (``spark_reads_replays``, see :func:`~ackstream.sources.offsets.spark_reads_replays`);
     else None. Per attempt, ranges that cover its runs
     (:func:`~ackstream.sources.offsets.covering`), filtered to them: by their bounds
     when there are a few, else by a join with the offsets replayed."""
-    if offset.get("replays_by") != "spark":
+    if not offset.spark_reads_replays:
         return None
     by_attempt: dict[int, list[tuple[str, int, int, int]]] = {}
-    for topic, partition, start, end, attempt in replay_runs(offset):
+    for topic, partition, start, end, attempt in offset.replays:
         by_attempt.setdefault(attempt, []).append((topic, partition, start, end))
     frames = []
     for attempt, runs in sorted(by_attempt.items()):
@@ -107,13 +112,13 @@ def _within_runs(
 
 
 def _with_lineage(
-    records: DataFrame, config: SourceConfig, offset: dict, attempt: int
+    records: DataFrame, config: SourceConfig, offset: BatchOffset, attempt: int
 ) -> DataFrame:
     """``records`` (Spark's Kafka rows) with the source's lineage columns at ``attempt``,
     in one projection of SQL text: each Column built in Python is a call into the JVM,
     and each further DataFrame call another analysis of the plan."""
     root = (
-        f"xxhash64({_sql_string(offset.get('ids', config.id_namespace))}, topic, "
+        f"xxhash64({_sql_string(offset.namespace or config.id_namespace)}, topic, "
         f"CAST(partition AS BIGINT), offset, {attempt}L)"
     )
     lineage = [

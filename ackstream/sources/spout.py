@@ -41,11 +41,12 @@ from ackstream.kafka.settings import kafka_options_of
 from ackstream.sinks.dead_letters import DeadLetterWriter, KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
 from ackstream.sources.offsets import spark_reads_replays
-from ackstream.sources.rows import TP
 from ackstream.sources.state import SourceState
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
+from ackstream.vocabulary.batch_offset import BatchOffset, Tracked
 from ackstream.vocabulary.clock import Clock, now_ms
+from ackstream.vocabulary.partition import Partition
 from ackstream.vocabulary.records import caught_up_ms, tick
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ __all__ = ["BLOCKED_MS", "Spout", "initial_offset", "share_by_lag"]
 BLOCKED_MS = 1_000
 
 
-def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -> dict:
+def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -> BatchOffset:
     """The offset a new query starts from: every partition at its starting position,
     and the completion channel read from its end."""
     tps = upstream.partitions()
@@ -67,13 +68,7 @@ def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -
     tracker = _new_tracker(config)
     for tp in tps:
         tracker.add_partition(tp, starts[tp])
-    return {
-        "v": 1,
-        "parts": tracker.snapshot(),
-        "replays": [],
-        "done": channel.end_position(),
-        "owner": new_owner(),
-    }
+    return BatchOffset(tracker.snapshot(), done=channel.end_position(), owner=new_owner())
 
 
 def _new_tracker(config: SourceConfig) -> Tracker:
@@ -82,7 +77,7 @@ def _new_tracker(config: SourceConfig) -> Tracker:
     )
 
 
-def _starting_positions(config: SourceConfig, upstream: Upstream, tps: list[TP]) -> dict:
+def _starting_positions(config: SourceConfig, upstream: Upstream, tps: list[Partition]) -> dict:
     earliest, latest = upstream.earliest(tps), upstream.latest(tps, {})
     explicit = config.kafka.starting_map()
     if explicit is not None:
@@ -109,7 +104,7 @@ def _starting_positions(config: SourceConfig, upstream: Upstream, tps: list[TP])
     return out
 
 
-def _holds(tp: TP, earliest: dict, latest: dict) -> str:
+def _holds(tp: Partition, earliest: dict, latest: dict) -> str:
     """What partition ``tp`` holds, for an error: a start may be any offset from its
     earliest to its end."""
     return f"{tp[0]}[{tp[1]}] starts at {earliest[tp]} and ends at {latest[tp]}"
@@ -118,9 +113,9 @@ def _holds(tp: TP, earliest: dict, latest: dict) -> str:
 def _positions_by_time(
     config: SourceConfig,
     upstream: Upstream,
-    tps: list[TP],
-    earliest: dict[TP, int],
-    latest: dict[TP, int],
+    tps: list[Partition],
+    earliest: dict[Partition, int],
+    latest: dict[Partition, int],
 ) -> dict:
     """Where ``startingTimestamp`` (every partition) or ``startingOffsetsByTimestamp``
     (the partitions it names; the others start as ``startingOffsets`` says) start."""
@@ -185,22 +180,24 @@ class Spout:
         config: SourceConfig,
         upstream: Upstream,
         channel: Channel,
-        offset: dict,
+        offset: BatchOffset,
         clock: Clock = now_ms,
     ):
         self.config, self.upstream, self.channel, self.clock = config, upstream, channel, clock
-        owner = offset.get("owner") or new_owner()  # an offset from before owners
+        owner = offset.owner or new_owner()  # an offset from before owners
         self.claim = GroupClaim(config.topology, config.kafka.group_id, owner)
         self.state = SourceState(os.path.join(config.state_dir, owner))
-        self.seq = offset.get("seq", 0)
-        unfinished = self.state.read(self.seq) if "seq" in offset else None
+        tracked = offset.tracked
+        self.seq = 0 if tracked is None else tracked.seq
+        unfinished = None if tracked is None else self.state.read(self.seq)
         self.tracker = _new_tracker(config)
-        self.tracker.restore(offset["parts"], clock(), unfinished)
-        self.tracker.restore_rounds(offset.get("rounds"))
+        self.tracker.restore(offset.parts, clock(), unfinished)
+        if tracked is not None:
+            self.tracker.restore_rounds(tracked.rounds)
+            # outcomes counted up to the logged position, whose later completions are read again
+            self.tracker.counts.update(tracked.counts)
         self.tracker.clock_on_commit = True
-        # outcomes counted up to the logged position, whose later completions are read again
-        self.tracker.counts.update(offset.get("counts", {}))
-        self.position = offset.get("done", -1)
+        self.position = offset.done
         self.letters: DeadLetterWriter | None = None
         self._dead_since_snapshot = False
         self._planned_ms = clock()  # when the last offset was planned
@@ -215,6 +212,9 @@ class Spout:
         self._paused_since_heard = 0  # ms paused since then for blocked calls
         self.committed: dict = {}  # {tp: (offset, metadata without the claim)}
         self.latest: dict = {}  # {tp: the upstream's end offset}, as last seen
+        #: records the offsets planned since this spout started name (new and replayed):
+        #: what its batches read, whichever reader reads them
+        self.planned_records = 0
         if config.tracking:
             self._merge_group_commits()
 
@@ -233,7 +233,7 @@ class Spout:
                 done += range(a, b)
             self.tracker.mark_done(tp, done)
 
-    def next_offset(self, max_rows: int | None = None) -> dict | None:
+    def next_offset(self, max_rows: int | None = None) -> BatchOffset | None:
         """Apply completions, then plan the next batch of at most ``max_rows`` new roots;
         None when there is nothing to read."""
         with self._blocked_time_not_charged():
@@ -258,7 +258,7 @@ class Spout:
                 self.tracker.paused(blocked)
                 self._paused_since_heard += blocked
 
-    def _next_offset(self, max_rows: int | None) -> dict | None:
+    def _next_offset(self, max_rows: int | None) -> BatchOffset | None:
         now = self.clock()
         tracker = self.tracker
         self._add_new_partitions()  # first: a deleted topic is named before calls wait on it
@@ -288,10 +288,8 @@ class Spout:
         self._check_not_reset(latest, positions)
         lags = {tp: max(0, latest[tp] - positions[tp]) for tp in tps}
         shares = share_by_lag(budget, lags)
-        read: dict = {}
         spans = [(tp, positions[tp], positions[tp] + n) for tp, n in shares.items() if n]
-        for tp, start, end in spans:
-            read.setdefault(tp[0], {})[str(tp[1])] = [start, end]
+        read = {tp: (start, end) for tp, start, end in spans}
         if self.config.tracking:
             tracker.emit_ranges(spans, now)
         else:
@@ -304,35 +302,37 @@ class Spout:
         # a new offset persists the snapshot, dead letters written included: a restart
         # then does not write them again (see the report in the module doc)
         self._dead_since_snapshot = False
-        offset = {
-            "v": 1,
-            "parts": tracker.snapshot(),
-            "read": read,
-            "replays": replays.runs() if replays else [],
-            "done": self.position,
-            "owner": self.claim.owner,
-        }
-        if idle:  # nothing new: an offset of its own, so that Spark runs the batch
-            offset["idle"] = now
-        if self.config.record_reader == "spark":  # the topology reads the new ranges
-            offset["reader"] = "spark"
-            if spark_reads_replays(offset["replays"]):  # ... and these replays
-                offset["replays_by"] = "spark"
-        if self.config.tracking:  # the batch's roots are waited for, on these terms
-            self.seq += 1
-            self.state.write(self.seq, tracker)  # before Spark logs the offset
-            rounds = tracker.rounds()
-            if rounds is not None:  # isolation in progress: a restart goes on with it
-                offset["rounds"] = rounds
-            offset.update(
-                seq=self.seq,
-                counts=dict(tracker.counts),
-                source=self.config.topology,
-                ids=self.config.id_namespace,
-                channel=self.config.channel,
-                timeout=self.config.message_timeout_ms,
-            )
+        runs = tuple((t, p, a, b, att) for t, p, a, b, att in replays.runs()) if replays else ()
+        spark_reads_new = self.config.record_reader == "spark"  # the topology reads them
+        offset = BatchOffset(
+            tracker.snapshot(),
+            done=self.position,
+            owner=self.claim.owner,
+            read=read,
+            replays=runs,
+            idle_ms=now if idle else None,  # nothing new: an offset of its own, so Spark runs it
+            spark_reads_new=spark_reads_new,
+            spark_reads_replays=spark_reads_new and spark_reads_replays(runs),
+            tracked=self._tracked() if self.config.tracking else None,
+        )
+        self.planned_records += offset.new_records + offset.replayed_records
         return offset
+
+    def _tracked(self) -> Tracked:
+        """The tracked part of the next offset: the batch's roots are waited for on these
+        terms. Writes the state file it names first (before Spark logs the offset)."""
+        tracker = self.tracker
+        self.seq += 1
+        self.state.write(self.seq, tracker)
+        return Tracked(
+            topology=self.config.topology,
+            channel=self.config.channel,
+            timeout_ms=self.config.message_timeout_ms,
+            namespace=self.config.id_namespace,
+            seq=self.seq,
+            counts=dict(tracker.counts),
+            rounds=tracker.rounds(),  # isolation in progress: a restart goes on with it
+        )
 
     def _idle_batch_due(self, now: int) -> bool:
         """A batch with nothing new is due (``ackstream.idleBatchInterval``): roots are
@@ -346,7 +346,9 @@ class Spout:
     def metrics(self) -> dict:
         """What this source has seen since its checkpoint began, JSON-ready: the
         :attr:`Tracker.counts <ackstream.sources.tracking.Tracker.counts>`, roots
-        ``pending`` (in flight) and records ``waiting`` for a replay's backoff; per
+        ``pending`` (in flight), records ``waiting`` for a replay's backoff, records
+        ``read`` by the batches planned since this source started (the source's own
+        count: Spark's ``numInputRows`` leaves out what its Kafka connector reads); per
         topic and partition its ``end`` (upstream), ``committed`` (the watermark: every
         offset below it is acked or dead-lettered) and ``lag`` (end - committed)."""
         tracker = self.tracker
@@ -362,6 +364,7 @@ class Spout:
             **tracker.counts,
             "pending": tracker.in_flight,
             "waiting": len(tracker.waiting),
+            "read": self.planned_records,
             "partitions": parts,
         }
 
@@ -376,7 +379,7 @@ class Spout:
             for tp in new:
                 self.tracker.add_partition(tp, earliest[tp])
 
-    def _check_retention(self, tps: list[TP]) -> None:
+    def _check_retention(self, tps: list[Partition]) -> None:
         earliest = self.upstream.earliest(tps)
         for tp in tps:
             part = self.tracker.parts[tp]
@@ -511,7 +514,7 @@ class Spout:
             )
             self.committed.update(entries)
 
-    def on_spark_commit(self, end: dict) -> None:
+    def on_spark_commit(self, end: BatchOffset) -> None:
         """Spark finished a batch. Tracking off: commit its end (Spark's at-least-once);
         tracking on: commits follow acks, and the roots' source timeouts start. The
         completions are not read here: Spark calls this right after the next
@@ -519,16 +522,10 @@ class Spout:
         self._add_new_partitions()  # first, as in next_offset
         if self.config.tracking:
             self.tracker.started(self.clock())
-            if "seq" in end:  # a restart resumes from this offset or a later one
-                self.state.forget_before(end["seq"])
+            if end.tracked is not None:  # a restart resumes from this offset or a later one
+                self.state.forget_before(end.tracked.seq)
         else:
-            self._commit_positions(
-                {
-                    (t, int(p)): e["end"]
-                    for t, parts in end["parts"].items()
-                    for p, e in parts.items()
-                }
-            )
+            self._commit_positions({tp: at.end for tp, at in end.parts.items()})
 
     def _commit_positions(self, positions: dict | None = None) -> None:
         """Tracking off: commit the read positions of batches Spark has run. Called from

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from ackstream.sources.in_flight import EMPTY_SPANS, Changes, Spans
-from ackstream.sources.rows import TP
 from ackstream.storage.files import write_atomically
+from ackstream.vocabulary.partition import Partition
 
 if TYPE_CHECKING:
     from numpy.lib.npyio import NpzFile
@@ -83,7 +83,7 @@ class Unfinished(NamedTuple):
     """Every record between a watermark and its read position that is not done;
     ``part`` columns index ``tps``."""
 
-    tps: list[TP]
+    tps: list[Partition]
     flying: Spans
     waiting: Waiting
     uncharged: Uncharged

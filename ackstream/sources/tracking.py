@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -51,11 +51,12 @@ from ackstream.sources.in_flight import (
     Roots,
     Spans,
 )
-from ackstream.sources.rows import TP
 from ackstream.sources.state import DEAD, Uncharged, Unfinished, Waiting
 from ackstream.sources.waiting import NO_GROUP, Replays, Scheduled, UnchargedCounts, packed
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.arrays import distinct
+from ackstream.vocabulary.batch_offset import Position
+from ackstream.vocabulary.partition import Partition
 from ackstream.vocabulary.ranges import is_run
 from ackstream.vocabulary.records import (
     ACKED,
@@ -244,16 +245,17 @@ class Tracker:
     ):
         self.source, self.policy = source, policy
         self.source_timeout_ms, self.max_pending = source_timeout_ms, max_pending
-        self.parts: dict[TP, _Partition] = {}
-        self._tps: list[TP] = []  # the partition of each index in the in-flight ``part`` column
+        self.parts: dict[Partition, _Partition] = {}
+        #: the partition of each index in the in-flight ``part`` column
+        self._tps: list[Partition] = []
         #: ``xxhash64(source, topic, partition)`` of each of ``_tps``: what its ids go on from
         self._seeds = np.empty(0, np.int64)
-        self._index: dict[TP, int] = {}
+        self._index: dict[Partition, int] = {}
         self.flights = InFlight(self._mint)
         #: records waiting for their replay; those of a group (suspects, records that
         #: failed alone) replay only with their group, in a batch of its own
         self.waiting = Scheduled()
-        self.dead: dict[tuple[TP, int], DeadLetter] = {}
+        self.dead: dict[tuple[Partition, int], DeadLetter] = {}
         self._groups = 0  # the last group number given
         #: per record not done, its attempts not charged to its retries (as a suspect)
         self._uncharged = UnchargedCounts()
@@ -271,13 +273,13 @@ class Tracker:
 
     # --- partitions and emits -------------------------------------------------------
 
-    def add_partition(self, tp: TP, offset: int) -> None:
+    def add_partition(self, tp: Partition, offset: int) -> None:
         """Start tracking ``tp`` at ``offset`` (a no-op for a known partition)."""
         if tp not in self.parts:
             self.parts[tp] = _Partition(offset, offset)
             self._number(tp)
 
-    def _number(self, tp: TP) -> int:
+    def _number(self, tp: Partition) -> int:
         """The index of ``tp`` in the in-flight table's ``part`` column."""
         if tp not in self._index:
             self._index[tp] = len(self._tps)
@@ -285,7 +287,7 @@ class Tracker:
         return self._index[tp]
 
     @property
-    def partitions(self) -> list[TP]:
+    def partitions(self) -> list[Partition]:
         """The partition of each index in the in-flight table's ``part`` column."""
         return self._tps
 
@@ -306,7 +308,7 @@ class Tracker:
         return limit if room is None else min(room, limit)
 
     @property
-    def scheduled(self) -> dict[tuple[TP, int], tuple[int, int]]:
+    def scheduled(self) -> dict[tuple[Partition, int], tuple[int, int]]:
         """``(attempt, due_ms)`` of each record waiting for a replay, by ``(tp, offset)``
         (a dict built for reading: tests and listings)."""
         part, offset, attempt, due, _ = self.waiting.columns()
@@ -316,7 +318,7 @@ class Tracker:
         }
 
     @property
-    def suspects(self) -> dict[tuple[TP, int], int]:
+    def suspects(self) -> dict[tuple[Partition, int], int]:
         """The group of each record waiting for a replay with its group, by ``(tp, offset)``."""
         part, offset, _, _, group = self.waiting.columns()
         grouped = group != NO_GROUP
@@ -326,7 +328,7 @@ class Tracker:
         }
 
     @property
-    def uncharged(self) -> dict[tuple[TP, int], int]:
+    def uncharged(self) -> dict[tuple[Partition, int], int]:
         """Attempts not charged to its retries, by ``(tp, offset)`` of each record with any."""
         keys, counts = self._uncharged.keys, self._uncharged.counts
         return {
@@ -334,11 +336,11 @@ class Tracker:
             for k, n in zip(keys.tolist(), counts.tolist())
         }
 
-    def emit_range(self, tp: TP, start: int, end: int, now_ms: int) -> None:
+    def emit_range(self, tp: Partition, start: int, end: int, now_ms: int) -> None:
         """Offsets ``[start, end)`` of ``tp`` were emitted for the first time (attempt 0)."""
         self.emit_ranges([(tp, start, end)], now_ms)
 
-    def emit_ranges(self, spans: list[tuple[TP, int, int]], now_ms: int) -> None:
+    def emit_ranges(self, spans: list[tuple[Partition, int, int]], now_ms: int) -> None:
         """:meth:`emit_range` of several partitions at once (one insert into the table)."""
         for tp, start, _ in spans:
             if start != self.parts[tp].end:
@@ -356,7 +358,7 @@ class Tracker:
         for tp, _, end in spans:
             self.parts[tp].end = end
 
-    def skip_to(self, tp: TP, offset: int) -> None:
+    def skip_to(self, tp: Partition, offset: int) -> None:
         """Offsets below ``offset`` no longer exist upstream (retention): count them as done."""
         part = self.parts[tp]
         gone = np.arange(part.watermark, min(offset, part.end))
@@ -727,7 +729,7 @@ class Tracker:
         self.counts["replayed"] += int(live.sum())
         return letters
 
-    def _forget(self, tp: TP, offsets: npt.ArrayLike) -> None:
+    def _forget(self, tp: Partition, offsets: npt.ArrayLike) -> None:
         """The records at ``offsets`` of ``tp`` leave every state (in flight, scheduled, dead)."""
         offsets = np.asarray(offsets, np.int64)
         part = self._index[tp]
@@ -767,14 +769,14 @@ class Tracker:
         self.counts["dead_lettered"] += len(letters)
         for letter in letters:
             self.dead.pop(((letter.topic, letter.partition), letter.offset), None)
-        by_tp: dict[TP, list[int]] = {}
+        by_tp: dict[Partition, list[int]] = {}
         for letter in letters:
             by_tp.setdefault((letter.topic, letter.partition), []).append(letter.offset)
         for tp, offsets in by_tp.items():
             self._forget(tp, offsets)
             self.parts[tp].mark_done(offsets)
 
-    def mark_done(self, tp: TP, offsets: npt.ArrayLike) -> None:
+    def mark_done(self, tp: Partition, offsets: npt.ArrayLike) -> None:
         """Offsets known to be done from elsewhere (the consumer group's commit)."""
         offsets = np.asarray(offsets, np.int64)
         offsets = offsets[offsets < self.parts[tp].end]
@@ -783,10 +785,10 @@ class Tracker:
 
     # --- commits and snapshots ------------------------------------------------------
 
-    def watermarks(self) -> dict[TP, int]:
+    def watermarks(self) -> dict[Partition, int]:
         return {tp: p.watermark for tp, p in self.parts.items()}
 
-    def commit_metadata(self, tp: TP) -> str:
+    def commit_metadata(self, tp: Partition) -> str:
         """Done offsets above ``tp``'s watermark as JSON ranges, the lowest first, as
         many as fit the broker's limit."""
         return self.parts[tp].commit_metadata()
@@ -796,19 +798,16 @@ class Tracker:
         :meth:`restore_rounds` after a restart."""
         return self._rounds.snapshot(self.batch)
 
-    def restore_rounds(self, rounds: dict | None) -> None:
+    def restore_rounds(self, rounds: Mapping[str, Any] | None) -> None:
         """Go on with the rounds :meth:`rounds` gave, once :meth:`restore` put the
         records back (those in flight are the last planned batch's)."""
         self._rounds.restore(rounds, self.batch)
 
-    def snapshot(self) -> dict:
-        """JSON-able positions, a few dozen bytes a partition whatever is in flight: per
-        topic and partition the read position and watermark (:meth:`unfinished` has
-        the records between the two that are not done)."""
-        out: dict = {}
-        for tp, part in sorted(self.parts.items()):
-            out.setdefault(tp[0], {})[str(tp[1])] = {"end": part.end, "wm": part.watermark}
-        return out
+    def snapshot(self) -> dict[Partition, Position]:
+        """Positions, a few dozen bytes a partition whatever is in flight: per partition
+        the read position and watermark (:meth:`unfinished` has the records between the
+        two that are not done)."""
+        return {tp: Position(part.end, part.watermark) for tp, part in sorted(self.parts.items())}
 
     def unfinished(self, flying: bool = True) -> Unfinished:
         """Every record between a watermark and its read position that is not done:
@@ -838,18 +837,18 @@ class Tracker:
         """Every record not done was written down: :meth:`changes` count from now."""
         self.flights.mark()
 
-    def restore(self, snapshot: dict, now_ms: int, unfinished: Unfinished | None) -> None:
+    def restore(
+        self, snapshot: Mapping[Partition, Position], now_ms: int, unfinished: Unfinished | None
+    ) -> None:
         """Rebuild from :meth:`snapshot` and :meth:`unfinished`: records in flight then
         are in flight again (their completion may still come; if not, the source
         timeout replays them), scheduled replays stay scheduled, dead ones are in
         flight again, the rest between a watermark and its read position is done.
         Without ``unfinished`` (lost), every record between the two is in flight again
         at attempt 0."""
-        for topic, parts in snapshot.items():
-            for p, entry in parts.items():
-                tp = (topic, int(p))
-                self.parts[tp] = _Partition(entry["wm"], entry["end"])
-                self._number(tp)
+        for tp, at in snapshot.items():
+            self.parts[tp] = _Partition(at.watermark, at.end)
+            self._number(tp)
         if unfinished is None:
             for tp, known in self.parts.items():
                 offsets = np.arange(known.watermark, known.end)
@@ -1016,7 +1015,7 @@ class Rounds:
             "flying": self.group_of_batch.get(batch, NO_GROUP),
         }
 
-    def restore(self, snapshot: dict | None, batch: int) -> None:
+    def restore(self, snapshot: Mapping[str, Any] | None, batch: int) -> None:
         """Rounds as :meth:`snapshot` gave them; the roots restored in flight, in batch
         ``batch``, are the ``flying`` group's."""
         if not snapshot:

@@ -16,7 +16,8 @@ import pyarrow as pa
 from ackstream.config.source import SourceConfig, parse
 from ackstream.sources.generator import GeneratorUpstream
 from ackstream.sources.kafka import KafkaUpstream
-from ackstream.sources.rows import TP, ReadTask
+from ackstream.sources.rows import ReadTask
+from ackstream.vocabulary.partition import Partition
 
 __all__ = ["Upstream", "check_options", "open_upstream"]
 
@@ -29,23 +30,23 @@ class Upstream(Protocol):
         """Raise :class:`~ackstream.errors.EnvironmentProblem` now, naming the option, if
         the upstream cannot be read (no broker, no topic), rather than inside a query."""
 
-    def partitions(self) -> list[TP]:
+    def partitions(self) -> list[Partition]:
         """Every partition to read, in a stable order."""
 
-    def earliest(self, tps: list[TP]) -> dict[TP, int]:
+    def earliest(self, tps: list[Partition]) -> dict[Partition, int]:
         """The first offset still held per partition (retention moves it up)."""
 
-    def latest(self, tps: list[TP], positions: dict[TP, int]) -> dict[TP, int]:
+    def latest(self, tps: list[Partition], positions: dict[Partition, int]) -> dict[Partition, int]:
         """The offset after the last record that may be read now, per partition;
         ``positions`` are the reader's (a rate-limited upstream releases from there)."""
 
-    def committed(self, tps: list[TP]) -> dict[TP, tuple[int, str]]:
+    def committed(self, tps: list[Partition]) -> dict[Partition, tuple[int, str]]:
         """The group's committed offset and metadata per partition (absent: none)."""
 
-    def commit(self, offsets: dict[TP, tuple[int, str]]) -> None:
+    def commit(self, offsets: dict[Partition, tuple[int, str]]) -> None:
         """Commit ``{tp: (offset, metadata)}`` for the group."""
 
-    def fetch(self, coords: list[tuple[TP, int]]) -> dict[tuple[TP, int], tuple]:
+    def fetch(self, coords: list[tuple[Partition, int]]) -> dict[tuple[Partition, int], tuple]:
         """``{(tp, offset): (key, value, timestamp_ms, headers)}`` of single records (dead
         letters); headers a list of ``(key, value)`` pairs, or None."""
 

@@ -16,6 +16,7 @@ import re
 
 from ackstream.errors import AckstreamError
 from ackstream.storage.checkpoint_files import is_url, list_names, read_text, remove
+from ackstream.vocabulary.batch_offset import BatchOffset
 
 __all__ = [
     "batch_timestamp_ms",
@@ -28,18 +29,19 @@ __all__ = [
 _UNFINISHED_ENTRY = re.compile(r"^\.+\d+\..+\.tmp(\.crc)?$")
 
 
-def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[dict]:
+def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[BatchOffset]:
     """The ``ackstream`` offsets Spark logged for ``batch_id`` of the query whose
     checkpoint is ``checkpoint`` (one per ackstream source of the query).
 
     A plain path is read directly; a URL (``file:``, ``hdfs:``, ``s3a:``...) through
     Spark's Hadoop file system, which costs about ten times as much (calls into the JVM);
     under Spark Connect, which has no JVM in this process, a URL is read as a text file
-    with ``spark.read`` (a small Spark job per batch)."""
+    with ``spark.read`` (a small Spark job per batch). An ``ackstream`` offset this
+    version cannot read raises :class:`~ackstream.vocabulary.batch_offset.BatchOffsetError`."""
     return [
-        offset
+        BatchOffset.from_json(offset)
         for offset in source_offsets(spark, checkpoint, batch_id)
-        if isinstance(offset, dict) and offset.get("v") == 1 and "parts" in offset
+        if BatchOffset.is_ours(offset)
     ]
 
 

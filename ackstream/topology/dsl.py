@@ -33,7 +33,7 @@ from pyspark.sql import Column, DataFrame
 from ackstream.acker.precombine import precombine
 from ackstream.channels import check_reach
 from ackstream.channels.base import Channel
-from ackstream.config.source import SourceConfig
+from ackstream.config.source import SourceConfig, same_value
 from ackstream.errors import OptionError, StageError
 from ackstream.sinks.base import Sink
 from ackstream.sources.offsets import PlannedRoots
@@ -55,7 +55,7 @@ from ackstream.topology.declared import analyse, record_start
 from ackstream.topology.described import describe, record_run, write_graph
 from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.modes import Mode, mode_of
-from ackstream.topology.running import RunningTopology, same_term, start_topology
+from ackstream.topology.running import RunningTopology, start_topology
 from ackstream.topology.waiting_join import WaitingJoinStage, check_within
 from ackstream.topology.window import WindowStage
 from ackstream.topology.window_closing import positive_ms, window_closing
@@ -460,7 +460,7 @@ class Topology:
         lowered = {k.lower(): k for k in merged}
         for option, value in ours.items():
             given = lowered.get(option.lower())
-            if given is not None and not same_term(option, merged[given], value):
+            if given is not None and not same_value(option, merged[given], value):
                 raise OptionError(
                     given,
                     merged[given],

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 
 from ackstream.acker.query import start_acker
 from ackstream.channels.base import Channel
-from ackstream.config.source import SourceConfig, parse_duration_ms
+from ackstream.config.source import SourceConfig, same_value
 from ackstream.errors import OptionError
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.sources.spark_reader import read_new_ranges, read_replays
@@ -41,6 +41,7 @@ from ackstream.topology.batch_failure import (
 from ackstream.topology.held_store import FOLDER
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import StageCounts
+from ackstream.vocabulary.batch_offset import BatchOffset
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.lineage import REASON_LIMIT
 
@@ -54,7 +55,6 @@ __all__ = [
     "BatchFunction",
     "RunningTopology",
     "check_source_terms",
-    "same_term",
     "start_topology",
     "stop_queries",
 ]
@@ -81,23 +81,24 @@ class StartedTopology(DeclaredTopology, Protocol):
     def without_session(self) -> StartedTopology: ...
 
 
-def check_source_terms(topology: StartedTopology, offset: dict) -> None:
+def check_source_terms(topology: StartedTopology, offset: BatchOffset) -> None:
     """Raise an :class:`OptionError` naming both values if the ``ackstream`` source that
     wrote ``offset`` was given another topology name, channel or message timeout than
     ``topology`` (an offset written with tracking off says none)."""
-    if "source" not in offset:
+    tracked = offset.tracked
+    if tracked is None:
         return
     terms = (
-        ("ackstream.topology", offset["source"], topology.name),
+        ("ackstream.topology", tracked.topology, topology.name),
         (
             "ackstream.channel",
-            offset.get("channel"),
+            tracked.channel,
             topology.channel.source_options()["ackstream.channel"],
         ),
-        ("ackstream.messageTimeout", offset.get("timeout"), topology.message_timeout_ms),
+        ("ackstream.messageTimeout", tracked.timeout_ms, topology.message_timeout_ms),
     )
     for option, given, wanted in terms:
-        if given is not None and not same_term(option, given, wanted):
+        if not same_value(option, given, wanted):
             raise OptionError(
                 option,
                 given,
@@ -105,23 +106,6 @@ def check_source_terms(topology: StartedTopology, offset: dict) -> None:
                 f"{topology.name!r}: read the stream with "
                 "topology.read_stream(...) so that both agree",
             )
-
-
-def same_term(option: str, given: object, wanted: object) -> bool:
-    """Whether a source's value of ``option`` says the same as its topology's."""
-    if option in ("ackstream.messageTimeout", "ackstream.channelRetention"):
-        try:
-            return parse_duration_ms(option, str(given)) == parse_duration_ms(option, str(wanted))
-        except OptionError:
-            return False
-    if option in ("ackstream.channelShared", "ackstream.tracking", "includeHeaders"):
-        return str(given).lower() == str(wanted).lower()
-    if option == "ackstream.channel":
-        given, wanted = str(given), str(wanted)
-        if "kafka" in (given.lower(), wanted.lower()):
-            return given.lower() == wanted.lower()
-        return os.path.abspath(given) == os.path.abspath(wanted)
-    return given == wanted
 
 
 class BatchFunction:
@@ -186,7 +170,7 @@ class BatchFunction:
             node.name for node in self.topology.sinks
         ]
 
-    def _offsets(self, batch: DataFrame, batch_id: int, plans: bool) -> list[dict] | None:
+    def _offsets(self, batch: DataFrame, batch_id: int, plans: bool) -> list[BatchOffset] | None:
         """The ``ackstream`` offsets Spark logged for batch ``batch_id`` (read when the
         batch plans its roots from them, or reads its new records itself); None when
         there is no such log and the roots can be read from the rows instead."""
@@ -209,13 +193,13 @@ class BatchFunction:
             )
             return None
 
-    def _with_new_records(self, batch: DataFrame, offsets: list[dict]) -> DataFrame:
+    def _with_new_records(self, batch: DataFrame, offsets: list[BatchOffset]) -> DataFrame:
         """``batch`` with the records Spark's Kafka source reads for it (see
         :mod:`ackstream.sources.spark_reader`): the new ones, and replays of two records
         or more; the source's own rows are then a record replayed alone, and a batch
         without one is the records Spark read (a union costs another analysis of the
         plan)."""
-        read = [offset for offset in offsets if offset.get("reader") == "spark"]
+        read = [offset for offset in offsets if offset.spark_reads_new]
         if not read:
             return batch
         config = self.topology.source_config
@@ -237,7 +221,7 @@ class BatchFunction:
             if records is not None
         ]
         python_replays = any(
-            offset.get("replays") and offset.get("replays_by") != "spark" for offset in offsets
+            offset.replays and not offset.spark_reads_replays for offset in offsets
         )
         if len(read) < len(offsets) or python_replays:
             frames.insert(0, batch)
@@ -247,7 +231,7 @@ class BatchFunction:
             frames[0] = frames[0].unionByName(frame, allowMissingColumns=True)
         return frames[0]
 
-    def _planned(self, offsets: list[dict] | None) -> PlannedRoots | None:
+    def _planned(self, offsets: list[BatchOffset] | None) -> PlannedRoots | None:
         """The roots of the batch, from the offsets Spark logged for it; None when their
         inits must be read from the rows (no offset log). Checks the sources' terms first."""
         if offsets is None:

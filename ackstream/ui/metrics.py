@@ -18,6 +18,7 @@ name                                    type       labels
                                                    timed_out, rejected)
 ``roots_replayed_total``                counter
 ``dead_letters_total``                  counter
+``records_read_total``                  counter
 ``failed_by_stage_total``               counter    ``stage``
 ``rejected_by_stage_total``             counter    ``stage``
 ``stage_tuples_total``                  counter    ``stage``, ``side`` (in, out)
@@ -83,6 +84,9 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
     roots = counter("roots", "Completed roots by outcome.", ["outcome"])
     replayed = counter("roots_replayed", "Failed or timed-out roots whose record is read again.")
     dead = counter("dead_letters", "Records dead-lettered.")
+    read = counter(
+        "records_read", "Records the source's batches read since it started (local channel)."
+    )
     failed = counter(
         "failed_by_stage", "Failed and timed-out roots by the stage at fault.", ["stage"]
     )
@@ -112,6 +116,8 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
         replayed.add_metric([t], s.replayed)
         if s.dead_lettered is not None:
             dead.add_metric([t], s.dead_lettered)
+        if s.read is not None:
+            read.add_metric([t], s.read)
         for family, by_stage in ((failed, s.failed_by_stage), (rejected, s.rejected_by_stage)):
             for stage, n in (by_stage or {}).items():
                 family.add_metric([t, stage], n)
@@ -134,6 +140,7 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
         roots,
         replayed,
         dead,
+        read,
         failed,
         rejected,
         tuples,

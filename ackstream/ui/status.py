@@ -181,6 +181,9 @@ class Status:
     stages_since_ms: int | None = None  #: when the checkpoint began; None: all completions
     graph: dict | None = None  #: {"nodes": [{"name", "kind", "after", "reason"}, ...]}
     run: dict | None = None  #: see the module doc
+    #: records the source's batches read since it started (its own count, whichever
+    #: reader reads them); None when the source saves no metrics (the Kafka channel)
+    read: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -198,6 +201,8 @@ class Status:
             ("rejected", str(self.rejected), "dead-lettered without a replay"),
             ("dead-lettered", dead, ""),
         ]
+        if self.read is not None:
+            rows.append(("read", str(self.read), "records the source read since it started"))
         rows += [
             (name, str(n), note)
             for name, n, note in (
@@ -541,8 +546,9 @@ def local_status(
     channel = LocalChannel(directory)
     completions, _ = channel.completions_since(None, runs=True)
     letters = read_dead_letters(dead_letter_dir or os.path.join(directory, "dead_letters"))
-    partitions = (read_source_metrics(directory) or {}).get("partitions")
-    return summarize(
+    saved = read_source_metrics(directory) or {}
+    partitions = saved.get("partitions")
+    status = summarize(
         _init_roots(channel.ack_records()),
         expand(checked(completions, saved_ends(partitions))),
         letters,
@@ -554,6 +560,7 @@ def local_status(
         graph=graph,
         stages_since_ms=stages_since_ms,
     )
+    return replace(status, read=saved.get("read"))
 
 
 def saved_ends(partitions: dict | None) -> dict[tuple[str, int], int]:

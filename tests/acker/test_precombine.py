@@ -7,6 +7,8 @@ from ackstream.acker.precombine import precombine
 from ackstream.testing import TupleGraph, ack_records, fail
 from ackstream.vocabulary.records import ACK_RECORD_DDL, ACK_RECORD_SCHEMA, ACKED, as_table
 
+from helpers import logged_offset
+
 
 def combined(frame):
     table = precombine(as_table(frame, ACK_RECORD_SCHEMA))
@@ -118,12 +120,11 @@ def test_a_batch_of_inits_alone_settles_as_the_ledger_says():
     from ackstream.sources.offsets import PlannedRoots
     from ackstream.vocabulary.records import COMPLETION_SCHEMA
 
-    end = {
-        "source": "topo",
-        "ids": "topo",
-        "read": {"a": {"0": [5, 9], "3": [0, 2]}, "b": {"1": [7, 8]}},
-        "replays": [["a", 0, 2, 1], ["b", 1, 3, 300]],
-    }
+    end = logged_offset(
+        source="topo",
+        read={"a": {"0": [5, 9], "3": [0, 2]}, "b": {"1": [7, 8]}},
+        replays=[["a", 0, 2, 1], ["b", 1, 3, 300]],
+    )
     inits = PlannedRoots.of_offsets([end], 1_000).inits
     done, still_open = settle(inits, 1_250)
     _, by_ledger = step(Pending.empty(1_250), inits.to_pandas(), 1_250, MAX_TIMEOUT_MS)

@@ -11,7 +11,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.testing import TupleGraph, ack_records, fail
 from ackstream.vocabulary.records import ACKED, FAILED, INVALID
 
-from helpers import produce, wait_for
+from helpers import logged_offset, produce, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -222,7 +222,7 @@ def test_a_run_of_acked_offsets_comes_back_one_row_per_root_but_to_the_source(ch
     if not isinstance(channel, LocalChannel):  # a run is expanded as far as its partition holds
         topic = request.getfixturevalue("new_topic")(partitions=2)
         produce(request.getfixturevalue("broker").bootstrap, topic, ["r"] * 25, partition=1)
-    end = {"v": 1, "source": "topo", "ids": "topo", "read": {topic: {"1": [5, 25]}}}
+    end = logged_offset(source="topo", read={topic: {"1": [5, 25]}})
     planned = PlannedRoots.of_offsets([end], now_ms=1_000)
     start = channel.end_position()
     channel.write_completions(planned.acked(1_003), 0)

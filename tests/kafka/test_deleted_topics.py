@@ -60,11 +60,12 @@ def test_the_sources_topic_deleted_stops_the_next_planning_round_naming_it(
         }
     )
     upstream, channel = KafkaUpstream(config), LocalChannel(config.channel)
-    spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel), FakeClock())
+    start = initial_offset(config, upstream, channel)
+    spout = Spout(config, upstream, channel, start, FakeClock())
     try:
         assert spout.next_offset() is None  # nothing to read yet: a round that commits
         delete_topic(broker.bootstrap, topic)
-        error = raised_by(lambda: spout.on_spark_commit({}))
+        error = raised_by(lambda: spout.on_spark_commit(start))
         assert isinstance(error, EnvironmentProblem), repr(error)
         assert f"topic {topic!r} (option subscribe) was deleted" in str(error)
         assert "new checkpoint" in str(error)

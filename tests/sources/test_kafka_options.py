@@ -106,17 +106,15 @@ def test_subscribe_pattern_reads_new_matching_topics_from_their_start(
     channel = LocalChannel(config.channel)
     spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel))
     try:
-        assert spout.next_offset()["read"] == {first: {"0": [0, 1]}}
+        assert spout.next_offset().read == {(first, 0): (0, 1)}
         second = create_topic(broker.bootstrap, name=f"{prefix}-b", partitions=2)
         send(broker.bootstrap, second, [(1, b"y", None, None), (1, b"z", None, None)])
 
         def planned():
             offset = spout.next_offset()
-            return offset and offset["read"]
+            return offset and offset.read
 
-        assert wait_for(planned, timeout=30, what="the new topic planned") == {
-            second: {"1": [0, 2]}
-        }
+        assert wait_for(planned, timeout=30, what="the new topic planned") == {(second, 1): (0, 2)}
     finally:
         spout.close()
 
@@ -133,8 +131,8 @@ def test_starting_by_timestamp_starts_at_the_first_record_that_late(broker, new_
     def starts(**options):
         config, upstream = upstream_of(subscribe=topic, startingOffsets="earliest", **options)
         channel = LocalChannel(config.channel)
-        parts = initial_offset(config, upstream, channel)["parts"][topic]
-        return {int(p): entry["end"] for p, entry in parts.items()}
+        parts = initial_offset(config, upstream, channel).parts
+        return {p: at.end for (t, p), at in parts.items() if t == topic}
 
     assert starts(startingTimestamp=str(base + 2500)) == {0: 3, 1: 3}
     by_partition = f'{{"{topic}": {{"1": {base + 1000}}}}}'
@@ -192,8 +190,8 @@ def test_a_start_outside_what_a_partition_holds_is_refused_naming_it_and_its_ran
 
     def starts(given):
         config, upstream = upstream_of(subscribe=topic, startingOffsets=json.dumps({topic: given}))
-        parts = initial_offset(config, upstream, LocalChannel(config.channel))["parts"][topic]
-        return {int(p): entry["end"] for p, entry in parts.items()}
+        parts = initial_offset(config, upstream, LocalChannel(config.channel)).parts
+        return {p: at.end for (t, p), at in parts.items() if t == topic}
 
     with pytest.raises(
         OptionError, match=rf"{topic}\[0\] starts at 0 and ends at 5, and 99999 is past its end"

@@ -12,9 +12,10 @@ from ackstream.config.source import parse
 from ackstream.sources import offsets
 from ackstream.sources.datasource import AckstreamStreamReader
 from ackstream.storage.offset_log import logged_offsets
+from ackstream.vocabulary.batch_offset import BatchOffset
 from ackstream.vocabulary.records import INIT
 
-from helpers import wait_for
+from helpers import logged_offset, wait_for
 
 GENERATOR = {
     "ackstream.upstream": "generator",
@@ -51,7 +52,7 @@ def test_the_planned_roots_are_the_roots_the_batch_reads(tmp_path, monkeypatch):
     start = reader.initialOffset()
     end = dict(reader.latestOffset(start, None), replays=[["generator", 1, 3, 2]])
     assert len(reader.partitions(start, end)) == 3 + 3 + 1
-    inits = offsets.PlannedRoots.of_offsets([end], 1234).inits
+    inits = offsets.PlannedRoots.of_offsets([BatchOffset.from_json(end)], 1234).inits
     planned = set(
         zip(
             *(
@@ -71,7 +72,8 @@ def test_with_tracking_off_no_root_is_planned(tmp_path):
     config = parse({**GENERATOR, "ackstream.channel": str(tmp_path), "ackstream.tracking": "false"})
     reader = AckstreamStreamReader(config)
     end = reader.latestOffset(reader.initialOffset(), None)
-    assert end["read"] and offsets.PlannedRoots.of_offsets([end], 0).inits.num_rows == 0
+    planned = offsets.PlannedRoots.of_offsets([BatchOffset.from_json(end)], 0)
+    assert end["read"] and planned.inits.num_rows == 0
 
 
 @pytest.mark.spark
@@ -122,7 +124,7 @@ def test_the_offset_logged_under_a_batch_id_names_that_batch_s_rows(spark, tmp_p
 
 
 def test_min_partitions_cuts_big_ranges_in_proportion_as_sparks_kafka_source():
-    end = {"read": {"t": {"0": [0, 900], "1": [0, 100]}}, "replays": [["t", 1, 5, 1]]}
+    end = logged_offset(read={"t": {"0": [0, 900], "1": [0, 100]}}, replays=[["t", 1, 5, 1]])
     assert len(offsets.read_tasks(end)) == 3  # a range per partition, the replays
     tasks = offsets.read_tasks(end, min_partitions=10)
     ranges = [(t.partition, t.start, t.end) for t in tasks if not t.replays]
@@ -130,13 +132,13 @@ def test_min_partitions_cuts_big_ranges_in_proportion_as_sparks_kafka_source():
     assert [r for r in ranges if r[0] == 1] == [(1, 0, 100)]
     assert tasks[-1].replays == ((5, 1),)  # replays are not cut
     # never a task without an offset, whatever the minimum
-    tiny = offsets.read_tasks({"read": {"t": {"0": [7, 10]}}}, min_partitions=50)
+    tiny = offsets.read_tasks(logged_offset(read={"t": {"0": [7, 10]}}), min_partitions=50)
     assert [(t.start, t.end) for t in tiny] == [(7, 8), (8, 9), (9, 10)]
 
 
 def test_max_records_per_partition_cuts_ranges_and_replays_as_sparks_kafka_source():
     replays = [["t", 1, off, 1] for off in range(5)]
-    end = {"read": {"t": {"0": [0, 900], "1": [0, 100]}}, "replays": replays}
+    end = logged_offset(read={"t": {"0": [0, 900], "1": [0, 100]}}, replays=replays)
     tasks = offsets.read_tasks(end, max_records_per_partition=300)
     ranges = [(t.partition, t.start, t.end) for t in tasks if not t.replays]
     assert ranges == [(0, 0, 300), (0, 300, 600), (0, 600, 900), (1, 0, 100)]
@@ -177,13 +179,13 @@ def test_replays_logged_as_runs_plan_the_same_roots_as_one_entry_each(replays):
     assert len(runs) <= len(replays)
     expanded = [
         (t, p, off, att)
-        for t, p, lo, hi, att in offsets.replay_runs({"replays": runs})
+        for t, p, lo, hi, att in logged_offset(replays=runs).replays
         for off in range(lo, hi)
     ]
     assert sorted(expanded) == sorted(replays)
     roots = [
         sorted(
-            offsets.PlannedRoots.of_offsets([{"source": "s", "ids": "s", "replays": r}], 5)
+            offsets.PlannedRoots.of_offsets([logged_offset(ids="s", replays=r)], 5)
             .inits.column("root")
             .to_pylist()
         )
@@ -200,7 +202,7 @@ def test_replays_of_many_runs_plan_each_offset_once_with_its_root():
     from ackstream.vocabulary import ids
 
     runs = [["a", 0, 5, 8, 1], ["b", 1, 100, 101, 2], ["a", 0, 20, 21, 1], ["a", 2, 0, 4, 3]]
-    end = {"source": "s", "ids": "ns", "replays": runs}
+    end = logged_offset(source="s", ids="ns", replays=runs)
     inits = offsets.PlannedRoots.of_offsets([end], 7).inits
     names = ("root", "topic", "partition", "offset", "attempt")
     planned = list(zip(*(inits.column(c).to_pylist() for c in names)))

@@ -9,6 +9,8 @@ from ackstream.sources.rows import ReadTask, too_big_reason
 from ackstream.sources.spark_reader import read_new_ranges
 from ackstream.spark.session import has_kafka_connector
 
+from helpers import logged_offset
+
 pytestmark = [pytest.mark.broker]
 
 
@@ -44,7 +46,7 @@ def test_both_readers_give_the_same_rows_and_roots_and_refuse_the_same_values(
             "ackstream.recordReader": "spark",
         }
     )
-    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [2, 15], "1": [0, 15]}}}
+    offset = logged_offset(ids=config.id_namespace, read={topic: {"0": [2, 15], "1": [0, 15]}})
     columns = ["partition", "offset", "key", "value", "headers", "_root", "_edge", "_attempt"]
 
     by_spark = read_new_ranges(spark, config, offset)
@@ -108,7 +110,7 @@ def test_untracked_the_rows_have_no_held_back_column_and_keep_big_values(
             "ackstream.recordReader": "spark",
         }
     )
-    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 2]}}}
+    offset = logged_offset(ids=config.id_namespace, read={topic: {"0": [0, 2]}})
     frame = read_new_ranges(spark, config, offset)
     assert frame is not None
     assert "_reason" not in frame.columns
@@ -138,7 +140,7 @@ def test_with_no_size_limit_no_row_is_held_back_by_either_reader(
     producer.flush()
     producer.close()
     config = _config(broker, topic, **{"ackstream.maxValueBytes": "none"})
-    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 2]}}}
+    offset = logged_offset(ids=config.id_namespace, read={topic: {"0": [0, 2]}})
     frame = read_new_ranges(spark, config, offset)
     assert frame is not None
     assert "_reason" not in frame.columns
@@ -188,7 +190,7 @@ def test_the_new_ranges_are_read_by_the_connector_s_record_rdd_without_planning_
     topic = new_topic()
     _produce(broker, topic, 3)
     config = _config(broker, topic)
-    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [1, 3]}}}
+    offset = logged_offset(ids=config.id_namespace, read={topic: {"0": [1, 3]}})
     frame = read_new_ranges(spark, config, offset)
     assert frame is not None
     plan = _plan(frame, capsys)
@@ -235,7 +237,7 @@ def test_options_that_split_ranges_read_through_spark_s_version_2_source(
     topic = new_topic()
     _produce(broker, topic, 8)
     config = _config(broker, topic, minPartitions="4")
-    offset = {"v": 1, "ids": config.id_namespace, "read": {topic: {"0": [0, 8]}}}
+    offset = logged_offset(ids=config.id_namespace, read={topic: {"0": [0, 8]}})
     frame = read_new_ranges(spark, config, offset)
     assert frame is not None
     plan = _plan(frame, capsys)
@@ -253,7 +255,7 @@ def test_an_offset_naming_no_new_range_reads_nothing(spark, connector, broker, n
             "ackstream.recordReader": "spark",
         }
     )
-    assert read_new_ranges(spark, config, {"v": 1, "read": {}, "replays": [["t", 0, 3, 1]]}) is None
+    assert read_new_ranges(spark, config, logged_offset(replays=[["t", 0, 3, 1]])) is None
 
 
 @pytest.mark.parametrize("given", [None, "250"])
@@ -288,7 +290,7 @@ def test_replays_are_read_by_spark_with_the_python_reader_s_rows(
     Python reader."""
     from kafka import KafkaProducer
 
-    from ackstream.sources.offsets import read_tasks, replay_runs, spark_reads_replays
+    from ackstream.sources.offsets import read_tasks, spark_reads_replays
     from ackstream.sources.spark_reader import read_replays
 
     topic = new_topic(partitions=2)
@@ -313,18 +315,16 @@ def test_replays_are_read_by_spark_with_the_python_reader_s_rows(
     try:
         for runs in (few, many):
             assert spark_reads_replays(runs)
-            offset = {"v": 1, "ids": config.id_namespace, "replays": runs, "replays_by": "spark"}
+            offset = logged_offset(ids=config.id_namespace, replays=runs, replays_by="spark")
             assert not [t for t in read_tasks(offset) if t.replays]  # no read task reads them
             by_spark = {
                 (r["partition"], r["offset"]): r.asDict()
                 for r in read_replays(spark, config, offset).select(*columns).collect()
             }
-            wanted = {
-                (p, o): att for _, p, lo, hi, att in replay_runs(offset) for o in range(lo, hi)
-            }
+            wanted = {(p, o): att for _, p, lo, hi, att in offset.replays for o in range(lo, hi)}
             assert sorted(by_spark) == sorted(wanted)
             python = {}
-            for task in read_tasks({"replays": runs}):
+            for task in read_tasks(logged_offset(replays=runs)):
                 for batch in upstream.read(task):
                     for row in batch.select(columns).to_pylist():
                         python[(row["partition"], row["offset"])] = row

@@ -53,15 +53,15 @@ def ten_seconds_are_left(spout, channel, clock):
 def test_a_new_spout_plans_every_record_and_names_its_terms_in_the_offset(make_spout):
     spout, _, _ = make_spout()
     offset = spout.next_offset()
-    assert offset["read"] == {TOPIC: {"0": [0, 5], "1": [0, 5]}}
-    assert offset["replays"] == []
-    assert (offset["source"], offset["timeout"]) == ("spout", 10_000)
+    assert offset.read == {(TOPIC, 0): (0, 5), (TOPIC, 1): (0, 5)}
+    assert offset.replays == ()
+    assert (offset.tracked.topology, offset.tracked.timeout_ms) == ("spout", 10_000)
     assert spout.next_offset() is None  # nothing new, nothing due
 
 
 def test_the_read_limit_is_shared_by_lag(make_spout):
     spout, _, _ = make_spout()
-    assert spout.next_offset(max_rows=4)["read"] == {TOPIC: {"0": [0, 2], "1": [0, 2]}}
+    assert spout.next_offset(max_rows=4).read == {(TOPIC, 0): (0, 2), (TOPIC, 1): (0, 2)}
 
 
 def test_acked_offsets_are_committed_up_to_the_first_gap(make_spout):
@@ -80,7 +80,7 @@ def test_a_failed_record_is_replayed_after_its_backoff_then_dead_lettered(make_s
     report(channel, FAILED, 1, [2], reason="boom")
     assert spout.next_offset() is None  # the backoff is not over
     clock.advance(1_000)
-    assert spout.next_offset()["replays"] == [[TOPIC, 1, 2, 3, 1]]
+    assert spout.next_offset().replays == ((TOPIC, 1, 2, 3, 1),)
     report(channel, FAILED, 1, [2], attempt=1, reason="boom again")
     assert spout.next_offset() is not None  # a dead letter written makes a new offset
     (letter,) = read_dead_letters(spout.config.dead_letter_dir).to_pylist()
@@ -90,8 +90,7 @@ def test_a_failed_record_is_replayed_after_its_backoff_then_dead_lettered(make_s
 
 def test_a_root_past_the_message_timeout_wakes_the_acker_then_times_out(make_spout):
     spout, channel, clock = make_spout(sourceTimeout="30s")
-    spout.next_offset()
-    spout.on_spark_commit({})  # the batch ran: the roots' timeouts start
+    spout.on_spark_commit(spout.next_offset())  # the batch ran: the roots' timeouts start
     clock.advance(10_000)
     spout.next_offset()
     assert TICK in set(channel.ack_records().column("kind").to_pylist())
@@ -101,8 +100,8 @@ def test_a_root_past_the_message_timeout_wakes_the_acker_then_times_out(make_spo
     assert spout.next_offset() is None  # every root failed, replays scheduled
     assert spout.metrics()["timed_out"] == 10
     clock.advance(500)  # the first backoff
-    replays = spout.next_offset()["replays"]
-    assert replays == [[TOPIC, p, 0, 5, 1] for p in (0, 1)]  # a run per partition
+    replays = spout.next_offset().replays
+    assert replays == tuple((TOPIC, p, 0, 5, 1) for p in (0, 1))  # a run per partition
 
 
 def test_time_the_planner_waits_for_brokers_is_not_charged_to_the_roots(make_spout):
@@ -110,8 +109,7 @@ def test_time_the_planner_waits_for_brokers_is_not_charged_to_the_roots(make_spo
     completion can be heard meanwhile, so the roots in flight keep the 10 s of source
     timeout they had left, and time out only once those have passed."""
     spout, channel, clock = make_spout(sourceTimeout="30s")
-    spout.next_offset()
-    spout.on_spark_commit({})  # the batch ran: the roots' timeouts start
+    spout.on_spark_commit(spout.next_offset())  # the batch ran: the roots' timeouts start
     clock.advance(20_000)
     latest = spout.upstream.latest
 
@@ -130,8 +128,7 @@ def test_no_root_times_out_while_the_channel_does_not_answer(make_spout):
     running: no root times out meanwhile (its ack may be waiting), and afterwards the
     roots keep the 10 s of source timeout they had left."""
     spout, channel, clock = make_spout(sourceTimeout="30s")
-    spout.next_offset()
-    spout.on_spark_commit({})
+    spout.on_spark_commit(spout.next_offset())
     clock.advance(20_000)
     spout.next_offset()
     channel.answering = lambda: False
@@ -150,8 +147,7 @@ def test_no_root_times_out_before_the_acker_has_caught_up_past_its_deadline(make
     channel for it, so no root times out at the source until the acker has echoed a tick
     written after the root's deadline; then the roots with no outcome do."""
     spout, channel, clock = make_spout(sourceTimeout="30s")
-    spout.next_offset()
-    spout.on_spark_commit({})
+    spout.on_spark_commit(spout.next_offset())
     for _ in range(12):
         clock.advance(10_000)
         spout.next_offset()  # ticks, unanswered
@@ -183,7 +179,7 @@ def test_partitions_added_upstream_are_read_from_their_start(broker, new_topic, 
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
     try:
         producer.send(topic, b"first", partition=0).get(10)
-        assert spout.next_offset()["read"] == {topic: {"0": [0, 1]}}
+        assert spout.next_offset().read == {(topic, 0): (0, 1)}
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
         admin.create_partitions({topic: NewPartitions(total_count=2)})
         admin.close()
@@ -195,12 +191,11 @@ def test_partitions_added_upstream_are_read_from_their_start(broker, new_topic, 
         planned = {}
         wait_for(
             lambda: (
-                planned.update((spout.next_offset() or {}).get("read", {}).get(topic, {}))
-                or "1" in planned
+                planned.update(getattr(spout.next_offset(), "read", {})) or (topic, 1) in planned
             ),
             what="the new partition planned",
         )
-        assert planned["1"] == [0, 2]
+        assert planned[(topic, 1)] == (0, 2)
     finally:
         producer.close()
         spout.close()
@@ -287,7 +282,7 @@ def test_a_restart_from_the_checkpoint_is_the_same_query(make_spout, tmp_path):
     restarted = Spout(spout.config, open_upstream(spout.config), channel, offset, clock)
     try:
         clock.advance(1_000)
-        restarted.on_spark_commit({})
+        restarted.on_spark_commit(offset)
         assert restarted.claim.owner == spout.claim.owner
     finally:
         restarted.close()
@@ -376,7 +371,7 @@ def run_batches(spout, channel, clock, fails, rounds=60, max_rows=None):
                 reason="slow#2: the batch deadline of 3000 ms passed" if failed else None,
             )
         )
-        spout.on_spark_commit({})
+        spout.on_spark_commit(offset)
     pytest.fail(f"still planning after {rounds} batches")
 
 
@@ -402,8 +397,8 @@ def test_a_poison_is_isolated_from_a_failed_batch_and_only_its_lone_failures_cou
     assert letter["attempts"] == 4
     with_poison = [records for _, records in batches if poison in {r[:2] for r in records}]
     assert [len(records) for records in with_poison] == [8, 1, 1, 1]
-    replayed = [(offset, records) for offset, records in batches if offset["replays"]]
-    assert all(not offset["read"] for offset, _ in replayed), "new records joined suspects"
+    replayed = [(offset, records) for offset, records in batches if offset.replays]
+    assert all(not offset.read for offset, _ in replayed), "new records joined suspects"
     # no innocent record was replayed but once, as a suspect
     innocent = [r for _, records in replayed for r in records if r[:2] != poison]
     assert sorted(r[2] for r in innocent) == [1] * 7
@@ -457,5 +452,5 @@ def test_an_unbounded_generator_releases_a_bounded_step_at_a_time(tmp_path):
     finally:
         spout.close()
     step = UNBOUNDED_STEP
-    assert first["read"] == {TOPIC: {"0": [0, step], "1": [0, step]}}
-    assert second["read"] == {TOPIC: {"0": [step, 2 * step], "1": [step, 2 * step]}}
+    assert first.read == {(TOPIC, 0): (0, step), (TOPIC, 1): (0, step)}
+    assert second.read == {(TOPIC, 0): (step, 2 * step), (TOPIC, 1): (step, 2 * step)}

@@ -13,6 +13,7 @@ from ackstream.sources.state import DEAD, SourceState, Uncharged, Unfinished, Wa
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import open_upstream
 from ackstream.vocabulary import ids
+from ackstream.vocabulary.batch_offset import BatchOffset
 from ackstream.vocabulary.records import ACKED, FAILED, completion_table
 
 TOPIC = "generator"
@@ -22,7 +23,7 @@ def report(channel, offset, status=ACKED, keep=lambda offs: offs % 7 == 0, attem
     """Report ``status`` for every offset the offset's batch read, except those ``keep``
     says stay in flight (by default every 7th)."""
     roots, parts, offsets = [], [], []
-    for p, (lo, hi) in offset["read"].get(TOPIC, {}).items():
+    for (_, p), (lo, hi) in offset.read.items():
         offs = np.arange(lo, hi)
         offs = offs[~keep(offs)]
         roots.append(ids.root_ids("spout", TOPIC, int(p), offs, attempt))
@@ -55,15 +56,15 @@ def state_of(t) -> tuple:
 def restored(spout, offset) -> Tracker:
     """The tracker a new driver rebuilds from ``offset`` as Spark logged it (through JSON)
     and its state file (the spout then merges the group's newer commits into it)."""
-    offset = json.loads(json.dumps(offset))
+    offset = BatchOffset.from_json(json.dumps(offset.to_json()))
     tracker = Tracker("spout", spout.config.retry, spout.config.source_timeout_ms)
-    tracker.restore(offset["parts"], 0, spout.state.read(offset["seq"]))
+    tracker.restore(offset.parts, 0, spout.state.read(offset.tracked.seq))
     return tracker
 
 
 def restart(spout, offset, clock):
     """A new driver, rebuilt from ``offset`` as Spark logged it (through JSON)."""
-    offset = json.loads(json.dumps(offset))
+    offset = BatchOffset.from_json(json.dumps(offset.to_json()))
     return Spout(spout.config, open_upstream(spout.config), spout.channel, offset, clock)
 
 
@@ -81,9 +82,10 @@ def test_the_offset_grows_with_the_partitions_not_with_the_work_in_flight(make_s
         report(channel, first)
         offset = spout.next_offset(max_rows=100)
         assert spout.tracker.in_flight == 100 * (len(range(0, records, 7)) + 1)
-        sizes[records] = len(json.dumps(offset).encode())
-        del offset["owner"]  # a random id
-        shapes[records] = re.sub(r"\d+", "N", json.dumps(offset))
+        logged = offset.to_json()
+        sizes[records] = len(json.dumps(logged).encode())
+        del logged["owner"]  # a random id
+        shapes[records] = re.sub(r"\d+", "N", json.dumps(logged))
     assert sizes[10_000] < 100_000
     assert shapes[10_000] == shapes[10]
 
@@ -105,7 +107,7 @@ def test_a_restart_from_any_logged_offset_resumes_exactly_its_state(make_spout):
     logged.append((offset, state_of(spout.tracker)))
     clock.advance(1_000)
     offset = spout.next_offset(max_rows=30)
-    assert offset["replays"]  # in flight at attempt 1 now
+    assert offset.replays  # in flight at attempt 1 now
     logged.append((offset, state_of(spout.tracker)))
     report(channel, offset)
     spout.next_offset(max_rows=30)  # planned, never logged: the driver dies here
@@ -122,13 +124,13 @@ def test_a_restart_plans_on_from_the_logged_offset_and_its_files_are_kept_until_
     again = restart(spout, first, clock)
     try:
         second = again.next_offset(max_rows=20)
-        assert second["seq"] == lost["seq"] and second["read"] != lost["read"]
+        assert second.tracked.seq == lost.tracked.seq and second.read != lost.read
         assert state_of(restored(again, second)) == state_of(again.tracker)  # the new file
         state = again.state
-        assert os.path.exists(state.path(first["seq"]))
+        assert os.path.exists(state.path(first.tracked.seq))
         again.on_spark_commit(second)  # Spark ran the batch that ends at second
-        assert not os.path.exists(state.path(first["seq"]))
-        assert os.path.exists(state.path(second["seq"]))
+        assert not os.path.exists(state.path(first.tracked.seq))
+        assert os.path.exists(state.path(second.tracked.seq))
     finally:
         again.close()
 
@@ -139,7 +141,7 @@ def test_a_lost_state_file_costs_replays_never_a_record(make_spout, caplog):
     report(channel, offset)
     offset = spout.next_offset(max_rows=20)
     before = state_of(spout.tracker)
-    os.remove(spout.state.path(offset["seq"]))
+    os.remove(spout.state.path(offset.tracked.seq))
     again = restart(spout, offset, clock)
     try:
         t = again.tracker

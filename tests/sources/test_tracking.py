@@ -25,6 +25,8 @@ from ackstream.vocabulary.records import (
     TIMED_OUT,
 )
 
+from helpers import logged_parts
+
 TP = ("events", 0)
 
 
@@ -190,7 +192,7 @@ def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
     )
     t.due(100)  # 13 and 14 in flight at attempt 1
     t.complete(done((root(14, 1), FAILED)), 200)  # 14 scheduled for attempt 2 at 400
-    snap = json.loads(json.dumps(t.snapshot()))
+    snap = logged_parts(t)
     r = tracker()
     r.restore(snap, now_ms=1000, unfinished=t.unfinished())
     assert r.watermarks() == {TP: 11}
@@ -327,7 +329,7 @@ def test_rounds_of_isolation_go_on_after_a_restart():
     t.new_batch()
     flying = t.due_group(0)
     r = tracker(max_retries=2)
-    r.restore(json.loads(json.dumps(t.snapshot())), 0, t.unfinished())
+    r.restore(logged_parts(t), 0, t.unfinished())
     r.restore_rounds(json.loads(json.dumps(t.rounds())))
     r.complete(done(*((root(o, a), BATCH_FAILED) for _, _, o, a in flying.tolist())), 0)
     sizes = []
@@ -364,7 +366,7 @@ def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
     state = SourceState(str(tmp_path))
     state.write(1, t)
     r = tracker()
-    r.restore(json.loads(json.dumps(t.snapshot())), 6, state.read(1))
+    r.restore(logged_parts(t), 6, state.read(1))
     assert (r.scheduled, r.suspects, r.uncharged) == (t.scheduled, t.suspects, t.uncharged)
     assert r.uncharged == {(TP, o): 1 for o in range(10, 14)}
     assert r.due(6).tolist() == [] and r.due_group(6).tolist() == [("events", 0, 11, 1)]

@@ -12,6 +12,8 @@ from ackstream.topology import Topology
 from ackstream.topology.held_watch import HeldWatch
 from ackstream.vocabulary.lineage import NO_RECORD, REASON
 
+from helpers import logged_offset
+
 pytestmark = pytest.mark.spark
 
 TOO_BIG = "value of 99 bytes is over ackstream.maxValueBytes (10); raise that option to process it"
@@ -55,9 +57,7 @@ def test_held_back_rows_are_rejected_or_acked_and_no_stage_sees_them(
         .sink(sink)
     )
     inits = (
-        PlannedRoots.of_offsets(
-            [{"read": {"t": {"0": [0, 4]}}, "source": "test", "ids": "test"}], 0
-        ).inits
+        PlannedRoots.of_offsets([logged_offset(read={"t": {"0": [0, 4]}}, source="test")], 0).inits
         if planned
         else None
     )
