@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shutil
 import signal
@@ -177,22 +176,22 @@ def topology(spark, ctx, name: str, variant: str, fraction: float, output: str):
 def batches_of(progress: list[dict]) -> list[dict]:
     """Each batch that ran, from the query's progress: its start (s), the new records
     and the replays its offset names, its duration and the spout's counts at its start."""
-    from ackstream.sources.offsets import new_ranges, replay_runs
     from ackstream.ui.status import source_metrics
+    from ackstream.vocabulary.batch_offset import BatchOffset
 
     out = []
     for p in progress:
         if not p["durationMs"].get("addBatch"):
             continue
         (source,) = p["sources"]
-        end = json.loads(source["endOffset"])
+        end = BatchOffset.from_json(source["endOffset"])
         counts = source_metrics(p) or {}
         out.append(
             {
                 "batch": p["batchId"],
                 "start_s": dt.datetime.fromisoformat(p["timestamp"]).timestamp(),
-                "new": sum(hi - lo for *_, lo, hi in new_ranges(end)),
-                "replays": sum(hi - lo for _, _, lo, hi, _ in replay_runs(end)),
+                "new": end.new_records,
+                "replays": end.replayed_records,
                 "ms": p["durationMs"].get("triggerExecution"),
                 "add_batch_ms": p["durationMs"]["addBatch"],
                 "settled": counts.get("acked", 0) + counts.get("dead_lettered", 0),

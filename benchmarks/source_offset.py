@@ -34,19 +34,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ackstream.channels.local import LocalChannel
 from ackstream.config.source import parse
 from ackstream.sources.generator import TOPIC
-from ackstream.sources.spout import Spout, initial_offset
+from ackstream.sources.spout import open_spout
+from ackstream.sources.starting import initial_offset
 from ackstream.sources.upstream import open_upstream
 from ackstream.testing import FakeClock
 from ackstream.vocabulary import ids
+from ackstream.vocabulary.batch_offset import BatchOffset
 from ackstream.vocabulary.records import ACKED, completion_table
 
 SOURCE = "bench"
 
 
-def ack_all_but_every_7th(channel: LocalChannel, offset: dict) -> None:
+def ack_all_but_every_7th(channel: LocalChannel, offset: BatchOffset) -> None:
     """Ack every offset the offset's ``read`` names except multiples of 7."""
     roots, parts, offsets = [], [], []
-    for p, (lo, hi) in offset["read"][TOPIC].items():
+    for (_, p), (lo, hi) in offset.read.items():
         offs = np.arange(lo, hi)
         offs = offs[offs % 7 != 0]
         roots.append(ids.root_ids(SOURCE, TOPIC, int(p), offs, 0))
@@ -79,7 +81,7 @@ def run(partitions: int, records: int, batch: int, batches: int, folder: str) ->
     )
     channel, clock = LocalChannel(config.channel), FakeClock()
     upstream = open_upstream(config)
-    spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel), clock)
+    spout = open_spout(config, upstream, channel, initial_offset(config, upstream, channel), clock)
     try:
         offset = spout.next_offset(max_rows=partitions * records)
         ack_all_but_every_7th(channel, offset)
@@ -91,7 +93,7 @@ def run(partitions: int, records: int, batch: int, batches: int, folder: str) ->
             offset = spout.next_offset(max_rows=partitions * batch)
             times.append(time.perf_counter() - started)
             cpu.append(time.process_time() - started_cpu)
-            written.append(os.path.getsize(spout.state.path(offset["seq"])))
+            written.append(os.path.getsize(spout.state.path(offset.tracked.seq)))
             ack_all_but_every_7th(channel, offset)
             started = time.perf_counter()
             spout.on_spark_commit(offset)  # Spark ran the batch (its completions: next round)
@@ -101,7 +103,7 @@ def run(partitions: int, records: int, batch: int, batches: int, folder: str) ->
             "partitions": partitions,
             "records_per_partition": records,
             "in_flight": spout.tracker.in_flight,
-            "offset_bytes": len(json.dumps(offset).encode()),
+            "offset_bytes": len(json.dumps(offset.to_json()).encode()),
             "state_bytes_median": int(statistics.median(written)),
             "state_bytes_max": max(written),
             "state_whole_file_bytes": os.path.getsize(spout.state.path(spout.state.base)),

@@ -76,6 +76,17 @@ def test_a_tracked_offset_written_before_the_type_reads_with_its_fields():
     assert offset.namespace == "words"
 
 
+def test_the_kafka_channel_s_position_is_kept_as_the_channel_wrote_it():
+    """The Kafka channel's position is its own JSON, a next offset per partition of its
+    topic (the channel reads the partition numbers back from their strings)."""
+    logged = {"v": 1, "parts": {}, "done": {"0": 12, "1": 3}}
+    offset = BatchOffset.from_json(logged)
+    assert offset.done == {"0": 12, "1": 3}
+    assert BatchOffset.from_json(json.dumps(offset.to_json())) == offset
+    with pytest.raises(BatchOffsetError, match="field 'done' is malformed"):
+        BatchOffset.from_json({"v": 1, "parts": {}, "done": "12"})
+
+
 def test_an_untracked_initial_offset_written_before_the_type_reads_with_its_fields():
     offset = BatchOffset.from_json(
         {"v": 1, "parts": {"t": {"0": {"end": 3, "wm": 3}}}, "replays": [], "done": -1}

@@ -26,7 +26,8 @@ from ackstream.channels.local import SOURCE_METRICS_FILE
 from ackstream.config.source import SourceConfig
 from ackstream.sources.offsets import read_tasks
 from ackstream.sources.rows import ReadTask, source_ddl
-from ackstream.sources.spout import Spout, initial_offset
+from ackstream.sources.spout import Spout, open_spout
+from ackstream.sources.starting import initial_offset
 from ackstream.sources.upstream import check_options, open_upstream
 from ackstream.storage.files import write_atomically
 from ackstream.vocabulary.batch_offset import BatchOffset
@@ -85,7 +86,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
         read only then: Spark's offsets enter as :class:`BatchOffset` at this door, and
         in :meth:`partitions` and :meth:`commit`."""
         if self._spout is None:
-            self._spout = Spout(
+            self._spout = open_spout(
                 self.config,
                 open_upstream(self.config),
                 open_channel(self.config),

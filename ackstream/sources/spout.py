@@ -31,124 +31,42 @@ import contextlib
 import json
 import logging
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from ackstream.channels.base import Channel
 from ackstream.config.source import SourceConfig, default_tick_ms
-from ackstream.errors import AckstreamError, OptionError
+from ackstream.errors import AckstreamError
 from ackstream.kafka.settings import kafka_options_of
 from ackstream.sinks.dead_letters import DeadLetterWriter, KafkaDeadLetters, ParquetDeadLetters
 from ackstream.sources.claim import GroupClaim, new_owner
 from ackstream.sources.offsets import spark_reads_replays
+from ackstream.sources.starting import new_tracker
 from ackstream.sources.state import SourceState
-from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import Upstream
+from ackstream.sources.waiting import Replays
 from ackstream.vocabulary.batch_offset import BatchOffset, Tracked
 from ackstream.vocabulary.clock import Clock, now_ms
 from ackstream.vocabulary.partition import Partition
 from ackstream.vocabulary.records import caught_up_ms, tick
 
 if TYPE_CHECKING:
-    from ackstream.sources.kafka import KafkaUpstream
+    pass
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BLOCKED_MS", "Spout", "initial_offset", "share_by_lag"]
+__all__ = [
+    "BLOCKED_MS",
+    "Spout",
+    "TrackedSpout",
+    "UntrackedSpout",
+    "open_spout",
+    "share_by_lag",
+]
 
 #: A driver call slower than this (ms) waited for brokers; see ``Spout._blocked_time_not_charged``.
 BLOCKED_MS = 1_000
-
-
-def initial_offset(config: SourceConfig, upstream: Upstream, channel: Channel) -> BatchOffset:
-    """The offset a new query starts from: every partition at its starting position,
-    and the completion channel read from its end."""
-    tps = upstream.partitions()
-    starts = _starting_positions(config, upstream, tps)
-    tracker = _new_tracker(config)
-    for tp in tps:
-        tracker.add_partition(tp, starts[tp])
-    return BatchOffset(tracker.snapshot(), done=channel.end_position(), owner=new_owner())
-
-
-def _new_tracker(config: SourceConfig) -> Tracker:
-    return Tracker(
-        config.id_namespace, config.retry, config.source_timeout_ms, config.admission.max_pending
-    )
-
-
-def _starting_positions(config: SourceConfig, upstream: Upstream, tps: list[Partition]) -> dict:
-    earliest, latest = upstream.earliest(tps), upstream.latest(tps, {})
-    explicit = config.kafka.starting_map()
-    if explicit is not None:
-        out = {}
-        for tp in tps:
-            off = explicit.get(tp[0], {}).get(tp[1], -1)
-            out[tp] = earliest[tp] if off == -2 else latest[tp] if off == -1 else off
-            if not earliest[tp] <= out[tp] <= latest[tp]:
-                raise OptionError(
-                    "startingOffsets",
-                    config.kafka.starting_offsets,
-                    f"offsets the partitions hold: {_holds(tp, earliest, latest)}, and "
-                    f"{off} is {'past its end' if off > latest[tp] else 'before its earliest'}"
-                    " (-2: its earliest, -1: its end)",
-                )
-    elif config.kafka.starting_offsets == "earliest":
-        out = dict(earliest)
-    elif config.kafka.starting_offsets == "latest":
-        out = dict(latest)
-    else:
-        committed = upstream.committed(tps)  # "committed": the group's offset, else earliest
-        out = {tp: committed[tp][0] if tp in committed else earliest[tp] for tp in tps}
-    out.update(_positions_by_time(config, upstream, tps, earliest, latest))
-    return out
-
-
-def _holds(tp: Partition, earliest: dict, latest: dict) -> str:
-    """What partition ``tp`` holds, for an error: a start may be any offset from its
-    earliest to its end."""
-    return f"{tp[0]}[{tp[1]}] starts at {earliest[tp]} and ends at {latest[tp]}"
-
-
-def _positions_by_time(
-    config: SourceConfig,
-    upstream: Upstream,
-    tps: list[Partition],
-    earliest: dict[Partition, int],
-    latest: dict[Partition, int],
-) -> dict:
-    """Where ``startingTimestamp`` (every partition) or ``startingOffsetsByTimestamp``
-    (the partitions it names; the others start as ``startingOffsets`` says) start."""
-    by_partition = config.kafka.timestamp_map() or {}
-    asked = {
-        tp: config.kafka.starting_timestamp
-        if config.kafka.starting_timestamp is not None
-        else by_partition.get(tp[0], {}).get(tp[1])
-        for tp in tps
-    }
-    times = {tp: ms for tp, ms in asked.items() if ms is not None}
-    if not times:
-        return {}
-    out = {}
-    option, given = (
-        ("startingTimestamp", config.kafka.starting_timestamp)
-        if config.kafka.starting_timestamp is not None
-        else ("startingOffsetsByTimestamp", config.kafka.starting_timestamps)
-    )
-    # only a Kafka upstream gets here: the options that set times are Kafka-only
-    # (config/source.py), and the Upstream protocol declares no offsets_for_times
-    by_time = cast("KafkaUpstream", upstream).offsets_for_times(times)
-    for tp, offset in by_time.items():
-        if offset is None and config.kafka.starting_timestamp_strategy == "error":
-            raise OptionError(
-                option,
-                given,
-                f"a time each partition has a record at or after: {_holds(tp, earliest, latest)}"
-                f", with no record at or after {times[tp]} ms; give an earlier time, or set "
-                "startingOffsetsByTimestampStrategy=latest to start at its end",
-            )
-        out[tp] = latest[tp] if offset is None else offset
-    return out
 
 
 def share_by_lag(budget: int | None, lags: dict) -> dict:
@@ -168,8 +86,12 @@ def share_by_lag(budget: int | None, lags: dict) -> dict:
     return out
 
 
-class Spout:
-    """Driver-side state of one running source: tracking, upstream, channel, dead letters.
+class Spout(ABC):
+    """Driver-side state of one running source: the partitions' positions, the upstream,
+    the consumer group's claim and commits, and the planning of each batch's new
+    ranges. What tracking adds (completions, replays, dead letters, the state files) is
+    :class:`TrackedSpout`'s; :class:`UntrackedSpout` commits what Spark ran.
+    :func:`open_spout` makes the one the options ask for.
 
     ``offset`` is where it resumes (the initial offset, or the last one Spark logged);
     ``clock`` gives the time in ms for every decision.
@@ -186,101 +108,51 @@ class Spout:
         self.config, self.upstream, self.channel, self.clock = config, upstream, channel, clock
         owner = offset.owner or new_owner()  # an offset from before owners
         self.claim = GroupClaim(config.topology, config.kafka.group_id, owner)
-        self.state = SourceState(os.path.join(config.state_dir, owner))
-        tracked = offset.tracked
-        self.seq = 0 if tracked is None else tracked.seq
-        unfinished = None if tracked is None else self.state.read(self.seq)
-        self.tracker = _new_tracker(config)
-        self.tracker.restore(offset.parts, clock(), unfinished)
-        if tracked is not None:
-            self.tracker.restore_rounds(tracked.rounds)
-            # outcomes counted up to the logged position, whose later completions are read again
-            self.tracker.counts.update(tracked.counts)
+        self.tracker = new_tracker(config)
+        self._restore(offset)
         self.tracker.clock_on_commit = True
         self.position = offset.done
-        self.letters: DeadLetterWriter | None = None
-        self._dead_since_snapshot = False
         self._planned_ms = clock()  # when the last offset was planned
-        self._ticked_ms = 0
-        #: the latest tick the acker echoed: no root times out before the acker has read
-        #: every ack record written until its deadline (a slow acker restart must not
-        #: replay trees the acker will settle once it is back)
-        self._acker_caught_up_ms = 0
-        self._started_ms, self._warned_ms = clock(), 0
-        self._deaf = False  # the channel did not answer the last completions read
-        self._heard_ms = clock()  # the last time it did
-        self._paused_since_heard = 0  # ms paused since then for blocked calls
         self.committed: dict = {}  # {tp: (offset, metadata without the claim)}
         self.latest: dict = {}  # {tp: the upstream's end offset}, as last seen
         #: records the offsets planned since this spout started name (new and replayed):
         #: what its batches read, whichever reader reads them
         self.planned_records = 0
-        if config.tracking:
-            self._merge_group_commits()
-
-    def _merge_group_commits(self) -> None:
-        """Offsets the group's commit says are done (it may be newer than the offset log:
-        acks and dead letters after the last batch was planned) are done here too."""
-        tps = list(self.tracker.parts)
-        for tp, (off, meta) in self.upstream.committed(tps).items():
-            part = self.tracker.parts[tp]
-            done = list(range(part.watermark, min(off, part.end)))
-            try:
-                spans = json.loads(meta).get("done", []) if meta else []
-            except (ValueError, AttributeError):
-                spans = []
-            for a, b in spans:
-                done += range(a, b)
-            self.tracker.mark_done(tp, done)
 
     def next_offset(self, max_rows: int | None = None) -> BatchOffset | None:
-        """Apply completions, then plan the next batch of at most ``max_rows`` new roots;
-        None when there is nothing to read."""
-        with self._blocked_time_not_charged():
-            return self._next_offset(max_rows)
-
-    @contextlib.contextmanager
-    def _blocked_time_not_charged(self) -> Iterator[None]:
-        """A driver call that took longer than ``BLOCKED_MS`` waited for brokers that did
-        not answer (a restart, an election, a stall: Kafka calls are retried for up to
-        ``OUTAGE_LIMIT_S``); no completion could be heard meanwhile, so that time is not
-        charged to the source timeouts of the roots in flight. Otherwise a long broker
-        restart would time out every root whose ack is written just after it. (The
-        acker's ``caught_up`` echo alone covers trees a batch settles, whose acks are
-        written before their roots start; not trees open across batches or processes,
-        a window's or a continued tree's, whose acks a stalled broker also delays.)"""
-        started = self.clock()
-        try:
-            yield
-        finally:
-            blocked = self.clock() - started
-            if blocked > BLOCKED_MS and self.config.tracking:
-                self.tracker.paused(blocked)
-                self._paused_since_heard += blocked
-
-    def _next_offset(self, max_rows: int | None) -> BatchOffset | None:
+        """Take in what the batches that ran left, then plan the next batch of at most
+        ``max_rows`` records; None when there is nothing to read."""
         now = self.clock()
-        tracker = self.tracker
         self._add_new_partitions()  # first: a deleted topic is named before calls wait on it
         # Spark plans a batch only after the previous one ran (and it calls commit() for
         # that one only when the next batch starts): everything planned so far has run.
-        if self.config.tracking:
-            tracker.started(now)
-            self._poll(now)
-        else:
-            self._commit_positions()
-        budget = max_rows
-        replays = None
-        if self.config.tracking:
-            tracker.new_batch()
-            # a group of suspects (or a record that failed its batch alone) is a batch of
-            # its own: nothing new is read with it, so whatever fails it is among them
-            replays = tracker.due_group(now)
-            if replays:
-                budget = 0
-            else:  # replays take no room of maxPending: they hold it since their first read
-                replays = tracker.due(now, max_rows)
-                budget = tracker.budget(None if max_rows is None else max_rows - len(replays))
+        self._batches_ran(now)
+        replays, budget = self._due(now, max_rows)
+        read = self._new_ranges(now, budget)
+        idle = not replays and not read
+        if idle and not self._empty_batch_due(now):
+            return None
+        self._planned_ms = now
+        runs = tuple((t, p, a, b, att) for t, p, a, b, att in replays.runs()) if replays else ()
+        spark_reads_new = self.config.record_reader == "spark"  # the topology reads them
+        offset = BatchOffset(
+            self.tracker.snapshot(),
+            done=self.position,
+            owner=self.claim.owner,
+            read=read,
+            replays=runs,
+            idle_ms=now if idle else None,  # nothing new: an offset of its own, so Spark runs it
+            spark_reads_new=spark_reads_new,
+            spark_reads_replays=spark_reads_new and spark_reads_replays(runs),
+            tracked=self._tracked(),
+        )
+        self.planned_records += offset.new_records + offset.replayed_records
+        return offset
+
+    def _new_ranges(self, now: int, budget: int | None) -> dict[Partition, tuple[int, int]]:
+        """``[from, to)`` each partition reads anew in the next batch: at most ``budget``
+        offsets in all, split over the partitions by lag."""
+        tracker = self.tracker
         tps = list(tracker.parts)
         self._check_retention(tps)
         positions = {tp: tracker.parts[tp].end for tp in tps}
@@ -289,59 +161,46 @@ class Spout:
         lags = {tp: max(0, latest[tp] - positions[tp]) for tp in tps}
         shares = share_by_lag(budget, lags)
         spans = [(tp, positions[tp], positions[tp] + n) for tp, n in shares.items() if n]
-        read = {tp: (start, end) for tp, start, end in spans}
-        if self.config.tracking:
-            tracker.emit_ranges(spans, now)
-        else:
-            for tp, _, end in spans:
-                tracker.parts[tp].end = tracker.parts[tp].watermark = end
-        idle = not replays and not read
-        if idle and not self._dead_since_snapshot and not self._idle_batch_due(now):
-            return None
-        self._planned_ms = now
-        # a new offset persists the snapshot, dead letters written included: a restart
-        # then does not write them again (see the report in the module doc)
-        self._dead_since_snapshot = False
-        runs = tuple((t, p, a, b, att) for t, p, a, b, att in replays.runs()) if replays else ()
-        spark_reads_new = self.config.record_reader == "spark"  # the topology reads them
-        offset = BatchOffset(
-            tracker.snapshot(),
-            done=self.position,
-            owner=self.claim.owner,
-            read=read,
-            replays=runs,
-            idle_ms=now if idle else None,  # nothing new: an offset of its own, so Spark runs it
-            spark_reads_new=spark_reads_new,
-            spark_reads_replays=spark_reads_new and spark_reads_replays(runs),
-            tracked=self._tracked() if self.config.tracking else None,
-        )
-        self.planned_records += offset.new_records + offset.replayed_records
-        return offset
+        self._emit(spans, now)
+        return {tp: (start, end) for tp, start, end in spans}
 
-    def _tracked(self) -> Tracked:
-        """The tracked part of the next offset: the batch's roots are waited for on these
-        terms. Writes the state file it names first (before Spark logs the offset)."""
-        tracker = self.tracker
-        self.seq += 1
-        self.state.write(self.seq, tracker)
-        return Tracked(
-            topology=self.config.topology,
-            channel=self.config.channel,
-            timeout_ms=self.config.message_timeout_ms,
-            namespace=self.config.id_namespace,
-            seq=self.seq,
-            counts=dict(tracker.counts),
-            rounds=tracker.rounds(),  # isolation in progress: a restart goes on with it
-        )
+    @abstractmethod
+    def _restore(self, offset: BatchOffset) -> None:
+        """Take up where ``offset`` left the partitions."""
 
-    def _idle_batch_due(self, now: int) -> bool:
-        """A batch with nothing new is due (``ackstream.idleBatchInterval``): roots are
-        in flight (always, untracked: the source cannot see what a stage holds) and no
-        batch was planned for the interval."""
+    @abstractmethod
+    def _batches_ran(self, now: int) -> None:
+        """What the batches planned so far left, taken in before the next is planned."""
+
+    def _due(self, now: int, max_rows: int | None) -> tuple[Replays | None, int | None]:
+        """The replays of the next batch, and how many new offsets it may read."""
+        return None, max_rows
+
+    @abstractmethod
+    def _emit(self, spans: list[tuple[Partition, int, int]], now: int) -> None:
+        """The ranges ``(partition, from, to)`` are read by the next batch."""
+
+    def _tracked(self) -> Tracked | None:
+        """The tracked part of the next offset (None: untracked)."""
+        return None
+
+    def _empty_batch_due(self, now: int) -> bool:
+        """A batch with nothing new is due (``ackstream.idleBatchInterval``): none was
+        planned for the interval (untracked the source cannot see what a stage holds:
+        roots may always be in flight)."""
         interval = self.config.idle_batch_ms
-        if interval is None or now - self._planned_ms < interval:
-            return False
-        return not self.config.tracking or self.tracker.in_flight > 0
+        return interval is not None and now - self._planned_ms >= interval
+
+    def on_spark_commit(self, end: BatchOffset) -> None:
+        """Spark finished the batch that ends at ``end``. The completions are not read
+        here: Spark calls this right after the next ``latestOffset``, which has just
+        read them."""
+        self._add_new_partitions()  # first, as in next_offset
+        self._ran(end)
+
+    @abstractmethod
+    def _ran(self, end: BatchOffset) -> None:
+        """What the batch ending at ``end`` having run changes."""
 
     def metrics(self) -> dict:
         """What this source has seen since its checkpoint began, JSON-ready: the
@@ -404,6 +263,189 @@ class Spout:
                     "ran. Start the query from a new checkpoint (startingOffsets=earliest "
                     "to read the new topic from its start)"
                 )
+
+    def _check_claim(self) -> bool:
+        """When due, read the group's commits and stop if another query holds it."""
+        now = self.clock()
+        if not self.claim.due(now):
+            return False
+        self.claim.check(self.upstream.committed(list(self.tracker.parts)), now)
+        return True
+
+    def _send_commits(self, entries: dict) -> None:
+        if entries:
+            now = self.clock()
+            self.upstream.commit(
+                {tp: (off, self.claim.stamp(meta, now)) for tp, (off, meta) in entries.items()}
+            )
+            self.committed.update(entries)
+
+    def close(self) -> None:
+        self.upstream.close()
+        self.channel.close()
+
+
+class UntrackedSpout(Spout):
+    """A source with tracking off: each batch's end is committed once Spark ran it
+    (Spark's at-least-once); nothing waits for completions."""
+
+    def _restore(self, offset: BatchOffset) -> None:
+        self.tracker.restore(offset.parts, self.clock(), None)  # nothing was in flight
+
+    def _emit(self, spans: list[tuple[Partition, int, int]], now: int) -> None:
+        for tp, _, end in spans:  # nothing in flight: the watermark is the read position
+            self.tracker.parts[tp].end = self.tracker.parts[tp].watermark = end
+
+    def _batches_ran(self, now: int) -> None:
+        self._commit_positions()
+
+    def _ran(self, end: BatchOffset) -> None:
+        self._commit_positions({tp: at.end for tp, at in end.parts.items()})
+
+    def _commit_positions(self, positions: dict | None = None) -> None:
+        """Commit the read positions of batches Spark has run. Called from
+        latestOffset (before the next batch is planned, so the driver's positions are
+        those of the batch that just ran) or with the end Spark committed."""
+        if positions is None:
+            positions = {tp: part.end for tp, part in self.tracker.parts.items()}
+        renew = self._check_claim()
+        changed = {}
+        for tp, end in positions.items():
+            last = self.committed.get(tp, (-1, ""))[0]
+            if end > last or (renew and end == last):  # never move backwards
+                changed[tp] = (end, "")
+        self._send_commits(changed)
+
+
+class TrackedSpout(Spout):
+    """A source with tracking on: completions in, replays scheduled with backoff or
+    dead-lettered, acked offsets committed, the acker woken while a root is overdue,
+    and the records not done kept in the state file each offset names."""
+
+    def __init__(
+        self,
+        config: SourceConfig,
+        upstream: Upstream,
+        channel: Channel,
+        offset: BatchOffset,
+        clock: Clock = now_ms,
+    ):
+        super().__init__(config, upstream, channel, offset, clock)
+        self.letters: DeadLetterWriter | None = None
+        self._dead_since_snapshot = False
+        self._ticked_ms = 0
+        #: the latest tick the acker echoed: no root times out before the acker has read
+        #: every ack record written until its deadline (a slow acker restart must not
+        #: replay trees the acker will settle once it is back)
+        self._acker_caught_up_ms = 0
+        self._started_ms, self._warned_ms = clock(), 0
+        self._deaf = False  # the channel did not answer the last completions read
+        self._heard_ms = clock()  # the last time it did
+        self._paused_since_heard = 0  # ms paused since then for blocked calls
+        self._merge_group_commits()
+
+    def _restore(self, offset: BatchOffset) -> None:
+        """The positions, and the records not done from the state file ``offset`` names
+        (all between a watermark and its read position in flight again, without it)."""
+        self.state = SourceState(os.path.join(self.config.state_dir, self.claim.owner))
+        tracked = offset.tracked
+        self.seq = 0 if tracked is None else tracked.seq
+        unfinished = None if tracked is None else self.state.read(self.seq)
+        self.tracker.restore(offset.parts, self.clock(), unfinished)
+        if tracked is not None:
+            self.tracker.restore_rounds(tracked.rounds)
+            # outcomes counted up to the logged position, whose later completions are read again
+            self.tracker.counts.update(tracked.counts)
+
+    def next_offset(self, max_rows: int | None = None) -> BatchOffset | None:
+        """Apply completions, then plan the next batch of at most ``max_rows`` new roots
+        (replays first); None when there is nothing to read."""
+        with self._blocked_time_not_charged():
+            return super().next_offset(max_rows)
+
+    def _batches_ran(self, now: int) -> None:
+        self.tracker.started(now)
+        self._poll(now)
+
+    def _due(self, now: int, max_rows: int | None) -> tuple[Replays | None, int | None]:
+        tracker = self.tracker
+        tracker.new_batch()
+        # a group of suspects (or a record that failed its batch alone) is a batch of its
+        # own: nothing new is read with it, so whatever fails it is among them
+        replays = tracker.due_group(now)
+        if replays:
+            return replays, 0
+        # replays take no room of maxPending: they hold it since their first read
+        replays = tracker.due(now, max_rows)
+        return replays, tracker.budget(None if max_rows is None else max_rows - len(replays))
+
+    def _emit(self, spans: list[tuple[Partition, int, int]], now: int) -> None:
+        self.tracker.emit_ranges(spans, now)
+
+    def _empty_batch_due(self, now: int) -> bool:
+        # a dead letter written makes a new offset, which persists the fact (see the
+        # report in the module doc); else only roots in flight make one due
+        return self._dead_since_snapshot or (
+            self.tracker.in_flight > 0 and super()._empty_batch_due(now)
+        )
+
+    def _tracked(self) -> Tracked:
+        """The batch's roots are waited for on these terms. Writes the state file the
+        offset names first (before Spark logs the offset); the offset persists the
+        dead letters written so far, so a restart does not write them again."""
+        tracker = self.tracker
+        self._dead_since_snapshot = False
+        self.seq += 1
+        self.state.write(self.seq, tracker)
+        return Tracked(
+            topology=self.config.topology,
+            channel=self.config.channel,
+            timeout_ms=self.config.message_timeout_ms,
+            namespace=self.config.id_namespace,
+            seq=self.seq,
+            counts=dict(tracker.counts),
+            rounds=tracker.rounds(),  # isolation in progress: a restart goes on with it
+        )
+
+    def _ran(self, end: BatchOffset) -> None:
+        """Commits follow acks; the roots' source timeouts start now."""
+        self.tracker.started(self.clock())
+        if end.tracked is not None:  # a restart resumes from this offset or a later one
+            self.state.forget_before(end.tracked.seq)
+
+    def _merge_group_commits(self) -> None:
+        """Offsets the group's commit says are done (it may be newer than the offset log:
+        acks and dead letters after the last batch was planned) are done here too."""
+        tps = list(self.tracker.parts)
+        for tp, (off, meta) in self.upstream.committed(tps).items():
+            part = self.tracker.parts[tp]
+            done = list(range(part.watermark, min(off, part.end)))
+            try:
+                spans = json.loads(meta).get("done", []) if meta else []
+            except (ValueError, AttributeError):
+                spans = []
+            for a, b in spans:
+                done += range(a, b)
+            self.tracker.mark_done(tp, done)
+
+    @contextlib.contextmanager
+    def _blocked_time_not_charged(self) -> Iterator[None]:
+        """A driver call that took longer than ``BLOCKED_MS`` waited for brokers that did
+        not answer (a restart, an election, a stall: Kafka calls are retried for up to
+        ``OUTAGE_LIMIT_S``); no completion could be heard meanwhile, so that time is not
+        charged to the source timeouts of the roots in flight. Otherwise a long broker
+        restart would time out every root whose ack is written just after it. (The
+        acker's ``caught_up`` echo alone covers trees a batch settles, whose acks are
+        written before their roots start; not trees open across batches or processes,
+        a window's or a continued tree's, whose acks a stalled broker also delays.)"""
+        started = self.clock()
+        try:
+            yield
+        finally:
+            blocked = self.clock() - started
+            if blocked > BLOCKED_MS:
+                self.tracker.paused(blocked)
+                self._paused_since_heard += blocked
 
     def _poll(self, now: int) -> None:
         """Completions in, replays scheduled, dead letters out, acked offsets committed;
@@ -498,51 +540,19 @@ class Spout:
                 changed[tp] = entry
         self._send_commits(changed)
 
-    def _check_claim(self) -> bool:
-        """When due, read the group's commits and stop if another query holds it."""
-        now = self.clock()
-        if not self.claim.due(now):
-            return False
-        self.claim.check(self.upstream.committed(list(self.tracker.parts)), now)
-        return True
-
-    def _send_commits(self, entries: dict) -> None:
-        if entries:
-            now = self.clock()
-            self.upstream.commit(
-                {tp: (off, self.claim.stamp(meta, now)) for tp, (off, meta) in entries.items()}
-            )
-            self.committed.update(entries)
-
-    def on_spark_commit(self, end: BatchOffset) -> None:
-        """Spark finished a batch. Tracking off: commit its end (Spark's at-least-once);
-        tracking on: commits follow acks, and the roots' source timeouts start. The
-        completions are not read here: Spark calls this right after the next
-        ``latestOffset``, which has just read them."""
-        self._add_new_partitions()  # first, as in next_offset
-        if self.config.tracking:
-            self.tracker.started(self.clock())
-            if end.tracked is not None:  # a restart resumes from this offset or a later one
-                self.state.forget_before(end.tracked.seq)
-        else:
-            self._commit_positions({tp: at.end for tp, at in end.parts.items()})
-
-    def _commit_positions(self, positions: dict | None = None) -> None:
-        """Tracking off: commit the read positions of batches Spark has run. Called from
-        latestOffset (before the next batch is planned, so the driver's positions are
-        those of the batch that just ran) or with the end Spark committed."""
-        if positions is None:
-            positions = {tp: part.end for tp, part in self.tracker.parts.items()}
-        renew = self._check_claim()
-        changed = {}
-        for tp, end in positions.items():
-            last = self.committed.get(tp, (-1, ""))[0]
-            if end > last or (renew and end == last):  # never move backwards
-                changed[tp] = (end, "")
-        self._send_commits(changed)
-
     def close(self) -> None:
-        self.upstream.close()
-        self.channel.close()
+        super().close()
         if self.letters is not None:
             self.letters.close()
+
+
+def open_spout(
+    config: SourceConfig,
+    upstream: Upstream,
+    channel: Channel,
+    offset: BatchOffset,
+    clock: Clock = now_ms,
+) -> Spout:
+    """The spout of a source with tracking on or off, as ``config`` says."""
+    kind = TrackedSpout if config.tracking else UntrackedSpout
+    return kind(config, upstream, channel, offset, clock)

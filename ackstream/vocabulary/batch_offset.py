@@ -12,7 +12,7 @@ the one way out. The JSON is version 1, as written since offsets had a version::
      "parts": {"<topic>": {"<partition>": {"end": <read position>, "wm": <watermark>}}},
      "read": {"<topic>": {"<partition>": [from, to]}},   # new offsets of this batch
      "replays": [[topic, partition, from, to, attempt], ...],  # runs replayed in it
-     "done": <position in the completion channel>,
+     "done": <position in the completion channel>,   # the channel's own JSON
      "owner": "<query id>",               # the query's claim on its consumer group
      "idle": <ms>,                        # only in a batch planned with nothing new
      "reader": "spark",                   # only when Spark's Kafka connector reads "read"
@@ -95,8 +95,9 @@ class BatchOffset:
     record the batch ending here reads (its new ranges and its replays)."""
 
     parts: Mapping[Partition, Position]
-    #: position in the completion channel read up to
-    done: int = -1
+    #: position in the completion channel read up to, the channel's own JSON value (a
+    #: file number for the local channel, ``{partition: next offset}`` for Kafka's)
+    done: Any = -1
     #: the query's claim on its consumer group (None in an offset from before claims)
     owner: str | None = None
     #: ``[from, to)`` each partition reads anew (attempt 0), as planned
@@ -160,7 +161,7 @@ class BatchOffset:
             )
         return cls(
             parts=_field(value, "parts", _parts),
-            done=_field(value, "done", int, -1),
+            done=_field(value, "done", _position, -1),
             owner=_field(value, "owner", str, None),
             read=_field(value, "read", _read, {}),
             replays=_field(value, "replays", _replays, ()),
@@ -267,6 +268,12 @@ def _replays(value: list[list[Any]]) -> tuple[ReplayRun, ...]:
             topic, p, start, end, attempt = run
             runs.append((str(topic), int(p), int(start), int(end), int(attempt)))
     return tuple(runs)
+
+
+def _position(value: Any) -> Any:
+    if not isinstance(value, int | dict) or isinstance(value, bool):
+        raise TypeError(f"{type(value).__name__}, not a channel position")
+    return value
 
 
 def _counts(value: Mapping[str, int]) -> dict[str, int]:

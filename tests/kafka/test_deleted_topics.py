@@ -16,7 +16,8 @@ from ackstream.config.source import parse
 from ackstream.errors import EnvironmentProblem
 from ackstream.sinks.dead_letters import KafkaDeadLetters
 from ackstream.sources.kafka import KafkaUpstream
-from ackstream.sources.spout import Spout, initial_offset
+from ackstream.sources.spout import open_spout
+from ackstream.sources.starting import initial_offset
 from ackstream.sources.tracking import DeadLetter
 from ackstream.testing import FakeClock, ack, ack_records
 from ackstream.vocabulary.records import ACKED, completion_table
@@ -61,7 +62,7 @@ def test_the_sources_topic_deleted_stops_the_next_planning_round_naming_it(
     )
     upstream, channel = KafkaUpstream(config), LocalChannel(config.channel)
     start = initial_offset(config, upstream, channel)
-    spout = Spout(config, upstream, channel, start, FakeClock())
+    spout = open_spout(config, upstream, channel, start, FakeClock())
     try:
         assert spout.next_offset() is None  # nothing to read yet: a round that commits
         delete_topic(broker.bootstrap, topic)

@@ -4,7 +4,8 @@ import pytest
 
 from ackstream.channels.local import LocalChannel
 from ackstream.config.source import parse
-from ackstream.sources.spout import Spout, initial_offset
+from ackstream.sources.spout import open_spout
+from ackstream.sources.starting import initial_offset
 from ackstream.sources.upstream import open_upstream
 from ackstream.testing import FakeClock
 
@@ -27,7 +28,9 @@ def make_spout(tmp_path):
         )
         channel, clock = LocalChannel(config.channel), FakeClock()
         upstream = open_upstream(config)
-        spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel), clock)
+        spout = open_spout(
+            config, upstream, channel, initial_offset(config, upstream, channel), clock
+        )
         made.append(spout)
         return spout, channel, clock
 

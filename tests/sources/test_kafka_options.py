@@ -11,7 +11,8 @@ from ackstream.channels.local import LocalChannel
 from ackstream.config.source import parse
 from ackstream.errors import EnvironmentProblem, OptionError
 from ackstream.sources.rows import ReadTask, source_schema
-from ackstream.sources.spout import Spout, initial_offset
+from ackstream.sources.spout import open_spout
+from ackstream.sources.starting import initial_offset
 from ackstream.sources.upstream import open_upstream
 
 from helpers import wait_for
@@ -104,7 +105,7 @@ def test_subscribe_pattern_reads_new_matching_topics_from_their_start(
     )
     send(broker.bootstrap, first, [(0, b"x", None, None)])
     channel = LocalChannel(config.channel)
-    spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel))
+    spout = open_spout(config, upstream, channel, initial_offset(config, upstream, channel))
     try:
         assert spout.next_offset().read == {(first, 0): (0, 1)}
         second = create_topic(broker.bootstrap, name=f"{prefix}-b", partitions=2)

@@ -7,7 +7,8 @@ from ackstream.channels.local import LocalChannel
 from ackstream.config.source import parse
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sources.generator import UNBOUNDED_STEP
-from ackstream.sources.spout import Spout, initial_offset
+from ackstream.sources.spout import open_spout
+from ackstream.sources.starting import initial_offset
 from ackstream.sources.upstream import open_upstream
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.records import ACKED, CAUGHT_UP, FAILED, TICK, completion_table
@@ -175,7 +176,7 @@ def test_partitions_added_upstream_are_read_from_their_start(broker, new_topic, 
         }
     )
     channel, upstream = LocalChannel(config.channel), open_upstream(config)
-    spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel))
+    spout = open_spout(config, upstream, channel, initial_offset(config, upstream, channel))
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
     try:
         producer.send(topic, b"first", partition=0).get(10)
@@ -260,7 +261,7 @@ def test_a_same_named_query_of_another_group_never_settles_this_ones_records(
             )
             channel, upstream = LocalChannel(config.channel), open_upstream(config)
             start = initial_offset(config, upstream, channel)
-            spouts.append(Spout(config, upstream, channel, start))
+            spouts.append(open_spout(config, upstream, channel, start))
         ours, theirs = spouts
         assert (ours.config.id_namespace, theirs.config.id_namespace) == ("twin", "twin@other")
         ours.next_offset(), theirs.next_offset()
@@ -279,7 +280,7 @@ def test_a_same_named_query_of_another_group_never_settles_this_ones_records(
 def test_a_restart_from_the_checkpoint_is_the_same_query(make_spout, tmp_path):
     spout, channel, clock = make_spout()
     offset = spout.next_offset()
-    restarted = Spout(spout.config, open_upstream(spout.config), channel, offset, clock)
+    restarted = open_spout(spout.config, open_upstream(spout.config), channel, offset, clock)
     try:
         clock.advance(1_000)
         restarted.on_spark_commit(offset)
@@ -297,7 +298,7 @@ def test_a_restart_goes_on_counting_from_the_logged_offset(make_spout):
     report(channel, ACKED, 0, [0, 1])
     offset = spout.next_offset(max_rows=4)  # 2-3 of each
     assert spout.metrics()["acked"] == 2
-    restarted = Spout(spout.config, open_upstream(spout.config), channel, offset, clock)
+    restarted = open_spout(spout.config, open_upstream(spout.config), channel, offset, clock)
     try:
         assert restarted.metrics()["acked"] == 2
         report(channel, ACKED, 1, [0, 1, 2])
@@ -446,7 +447,7 @@ def test_an_unbounded_generator_releases_a_bounded_step_at_a_time(tmp_path):
     batch taking a bounded step of each partition."""
     config = parse({"ackstream.upstream": "generator", "ackstream.channel": str(tmp_path)})
     channel, upstream = LocalChannel(config.channel), open_upstream(config)
-    spout = Spout(config, upstream, channel, initial_offset(config, upstream, channel))
+    spout = open_spout(config, upstream, channel, initial_offset(config, upstream, channel))
     try:
         first, second = spout.next_offset(), spout.next_offset()
     finally:

@@ -8,7 +8,7 @@ import re
 import numpy as np
 
 from ackstream.sources.in_flight import EMPTY_SPANS, Spans
-from ackstream.sources.spout import Spout
+from ackstream.sources.spout import open_spout
 from ackstream.sources.state import DEAD, SourceState, Uncharged, Unfinished, Waiting
 from ackstream.sources.tracking import Tracker
 from ackstream.sources.upstream import open_upstream
@@ -65,7 +65,7 @@ def restored(spout, offset) -> Tracker:
 def restart(spout, offset, clock):
     """A new driver, rebuilt from ``offset`` as Spark logged it (through JSON)."""
     offset = BatchOffset.from_json(json.dumps(offset.to_json()))
-    return Spout(spout.config, open_upstream(spout.config), spout.channel, offset, clock)
+    return open_spout(spout.config, open_upstream(spout.config), spout.channel, offset, clock)
 
 
 def test_the_offset_grows_with_the_partitions_not_with_the_work_in_flight(make_spout, tmp_path):
