@@ -44,7 +44,14 @@ from ackstream.sources.generator import committed_count
 from ackstream.ui.status import read_source_metrics, saved_ends
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.ranges import checked, expand
-from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA, NOTICES
+from ackstream.vocabulary.records import (
+    ACKED,
+    BATCH_FAILED,
+    COMPLETION_SCHEMA,
+    FAILED,
+    NOTICES,
+    TIMED_OUT,
+)
 
 __all__ = ["DemoResult", "demo_directory", "run_demo"]
 
@@ -74,6 +81,8 @@ class DemoResult:
     ...                     .to_pandas(), word_counts=pd.DataFrame())
     >>> result.acked, result.replayed, result.lost, result.accounted_for
     (2, 1, 0, True)
+    >>> result.failed, result.timed_out  # as ``ackstream status`` names them
+    (1, 0)
     >>> result.timeline(step_ms=500)["pending"].tolist()
     [2, 1, 0]
     >>> result.accounted_timeline(step_ms=500)["accounted_for"].tolist()
@@ -118,6 +127,22 @@ class DemoResult:
     def replayed(self) -> int:
         """Failed or timed-out attempts, each replayed or dead-lettered."""
         return int((~self.completions["status"].isin([ACKED, *NOTICES])).sum())
+
+    @property
+    def failed(self) -> int:
+        """Roots failed, by a stage or with their whole batch: ``ackstream status``'s
+        ``failed`` (each replayed or dead-lettered)."""
+        return self._roots_ended(FAILED, BATCH_FAILED)
+
+    @property
+    def timed_out(self) -> int:
+        """Roots whose tree outlived the message timeout: ``ackstream status``'s
+        ``timed out``."""
+        return self._roots_ended(TIMED_OUT)
+
+    def _roots_ended(self, *statuses: str) -> int:
+        done = self.completions[~self.completions["status"].isin(NOTICES)]
+        return int(done.drop_duplicates("root")["status"].isin(statuses).sum())
 
     @property
     def lost(self) -> int:
@@ -190,6 +215,8 @@ class DemoResult:
             "acked",
             "dead_lettered",
             "replayed",
+            "failed",
+            "timed_out",
             "lost",
             "both",
             "committed",
@@ -419,7 +446,7 @@ def run_demo(
                     said = ""
                 progress(
                     f"[{now.seconds:5.1f}s] committed {now.committed:>6}/{records}"
-                    f"  acked {now.acked:>6}  replayed {now.replayed:>4}"
+                    f"  acked {now.acked:>6}  failed {now.failed:>4}  timed out {now.timed_out:>3}"
                     f"  dead-lettered {now.dead_lettered:>3}"
                 )
             if (now.lost == 0 and now.committed >= records) or now.seconds > timeout_s:

@@ -57,6 +57,10 @@ def test_demo_accounts_for_every_record_and_leaves_its_channel_for_status(spark,
     assert not math.isnan(result.cold_batch_ms) and not math.isnan(result.warm_p50_ms)
     status = local_status(str(tmp_path / "channel"), "demo")
     assert (status.acked, status.dead_lettered) == (118, 2)
+    # the demo names its figures as status does, and they agree
+    assert (result.failed, result.timed_out) == (status.failed, status.timed_out)
+    assert result.failed + result.timed_out == result.replayed
+    assert f"failed {result.failed:>4}  timed out {result.timed_out:>3}" in lines[-1]
     assert status.partitions == {
         "generator": {str(p): {"end": 60, "committed": 60, "lag": 0} for p in (0, 1)}
     }

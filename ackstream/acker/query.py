@@ -13,11 +13,11 @@ Where the ledger runs depends on the channel, which says so
 Either way a batch (:class:`~ackstream.acker.batch.Acker`) checks its records and runs
 the vectorised ledger (:func:`~ackstream.acker.ledger.step`) over them and the
 pending table the previous batch left; the table lives in memory and in the
-checkpoint (:mod:`ackstream.acker.pending_store`). No shuffle, no per-key Python
-call, no Spark state store: those cost about twenty times the ledger itself when
-the acker was an ``applyInPandasWithState`` keyed by shard (see
-docs/architecture.md). The ledger's time is fixed when Spark plans the batch, so a
-batch run again after a crash yields the same completions.
+checkpoint (:mod:`ackstream.acker.pending_store`). There is no shuffle, no per-key
+Python call and no Spark state store: each costs more than the vectorised ledger it
+would feed (docs/architecture.md has the measure). The ledger's time is fixed when
+Spark plans the batch, so a batch run again after a crash yields the same
+completions.
 
 A batch runs only when records arrive and expires overdue roots by their deadlines.
 So an idle acker needs a record to wake it: the source writes a

@@ -85,9 +85,10 @@ def _demo(args) -> int:
     )
     print(
         f"\nrecords {s.records} in {s.seconds:.1f}s: acked {s.acked}, dead-lettered "
-        f"{s.dead_lettered}, replayed attempts {s.replayed}, committed {s.committed}, "
-        f"lost {s.lost}\ncomplete latency: first batch {s.cold_batch_ms:.0f} ms (cold: "
-        f"Spark start-up), {warm}\nnext: ackstream status --topology demo"
+        f"{s.dead_lettered}, failed {s.failed}, timed out {s.timed_out}, committed "
+        f"{s.committed}, lost {s.lost}\ncomplete latency: first batch "
+        f"{s.cold_batch_ms:.0f} ms (cold: Spark start-up), {warm}\n"
+        "next: ackstream status --topology demo"
     )
     if not s.accounted_for:
         print("ackstream: not every record was accounted for", file=sys.stderr)

@@ -183,7 +183,9 @@ class Admission:
     min_partitions: int | None = None
     #: at most this many records per read task: bigger offset ranges are split (Spark's)
     max_records_per_partition: int | None = None
-    max_pending: int | None = None  #: roots in flight at most (None: no limit)
+    #: records not done at most: in flight, or waiting for a replay or their dead letter
+    #: (None: no limit)
+    max_pending: int | None = None
     #: a bigger record value is rejected on read: dead-lettered (without its value) and
     #: never handed to the bolts, which it could stall or crash (None: no limit)
     max_value_bytes: int | None = 16 << 20
@@ -548,7 +550,10 @@ OPTIONS: tuple[Option[Any], ...] = (
         "ackstream.maxPending",
         "admission.max_pending",
         whole(1),
-        "Storm's max spout pending: no new offsets while this many records are in flight",
+        "Storm's max spout pending, over every record not done: no new offsets while this "
+        "many are in flight, waiting for a replay or for their dead letter. Storm frees a "
+        "tuple's slot at its fail; here a failed record keeps its slot until it is acked "
+        "or dead-lettered, so an outage that fails every record holds at most this many",
         shown_default="unlimited",
     ),
     Option(

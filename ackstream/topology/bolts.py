@@ -80,9 +80,15 @@ _GROUP_ROOTS, _GROUP_STAGE = "_group_roots", "_group_stage"
 class BatchContext:
     """What a stage may need of its batch beyond the rows: its topology's mode (how it
     tracks tuples), and for a stage that holds tuples (see :mod:`ackstream.topology.
-    window`) the batch id, the time, the completion channel (None: none to read), the
-    message timeout, the folder of held tuples (None: in memory) and the resets of
-    trees a stage keeps alive (a pandas bolt's :class:`Collector`)."""
+    window`) the batch id, the time, the completion channel (None: none to read),
+    ``timeout_ms``, the folder of held tuples (None: in memory) and the resets of
+    trees a stage keeps alive (a pandas bolt's :class:`Collector`).
+
+    ``timeout_ms`` is the topology's ``message_timeout_ms`` read as the longest a stage
+    holds a tuple: one held longer is dropped, as its root is past the acker's timeout
+    and replays. It times no tree out itself (the acker does, with its own topology's
+    timeout: for a ``continue_trees`` topology the upstream one's), and an untracked
+    topology's stages never read it."""
 
     mode: Mode
     batch_id: int
