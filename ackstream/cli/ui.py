@@ -10,6 +10,7 @@ import sys
 from ackstream.cli.arguments import add_figure_options, command_kafka_options
 from ackstream.cli.exits import EXIT_OK
 from ackstream.config.source import default_channel_dir
+from ackstream.errors import OptionError
 from ackstream.ui.status import StatusSource
 
 __all__ = ["add_arguments", "command"]
@@ -29,7 +30,19 @@ def add_arguments(ui: argparse.ArgumentParser) -> None:
     ui.set_defaults(subparser=ui)  # errors name the subcommand
     add_figure_options(ui)
     ui.add_argument("--port", type=int, default=8050, help="the port to serve on (0: a free one)")
-    ui.add_argument("--host", default="127.0.0.1", help="the address to serve on")
+    ui.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to serve on; one beyond loopback needs --access-token",
+    )
+    ui.add_argument(
+        "--access-token",
+        metavar="TOKEN",
+        default=os.environ.get("ACKSTREAM_UI_TOKEN"),
+        help="a secret every request must carry: open /?token=TOKEN once (a cookie keeps "
+        "it), or send Authorization: Bearer TOKEN, e.g. from Prometheus (env "
+        "ACKSTREAM_UI_TOKEN); required with a --host beyond loopback",
+    )
 
 
 def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
@@ -74,14 +87,20 @@ def _ui(parser: argparse.ArgumentParser, args) -> int:
     import uvicorn
 
     from ackstream.ui.metrics import Statuses
-    from ackstream.ui.view import app
+    from ackstream.ui.view import app, check_host
 
+    try:
+        check_host(args.host, args.access_token)
+    except OptionError as problem:
+        parser.error(str(problem))
     statuses = Statuses(lambda: sources, window_s=args.window)
+    view = app(statuses, access_token=args.access_token)
     print(
         f"ackstream: the live view of {', '.join(names)} at http://{args.host}:{args.port}/ "
-        f"(metrics at /metrics); Ctrl-C stops it",
+        f"(metrics at /metrics){' (open it with ?token=TOKEN)' if args.access_token else ''}; "
+        "Ctrl-C stops it",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app(statuses), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(view, host=args.host, port=args.port, log_level="warning")
     return EXIT_OK
