@@ -233,3 +233,37 @@ def test_beyond_loopback_the_view_needs_an_access_token(channel):
         assert refused.value.code == 401
     finally:
         served.close()
+
+
+def test_the_stage_label_over_http_is_bounded_however_many_reasons(channel):
+    import dataclasses
+
+    from ackstream.ui.metrics import MAX_STAGE_LABEL_CHARS, MAX_STAGE_LABELS, OTHER_STAGES
+
+    reasons = {f"amount {i} is negative " + "x" * 100: 1 for i in range(3 * MAX_STAGE_LABELS)}
+    status = dataclasses.replace(
+        local_status(channel, "words"), failed_by_stage={"parse": 5, **reasons}
+    )
+
+    class Read(Statuses):
+        def __call__(self):
+            return [status]
+
+    statuses = Read(lambda: [StatusSource("words", channel=channel)])
+    servers = [serve_metrics(statuses, 0), serve_view(statuses, 0)]
+    try:
+        for served in servers:
+            text = urllib.request.urlopen(served.url + "metrics", timeout=30).read().decode()
+            stages = re.findall(r'^ackstream_failed_by_stage_total\{stage="([^"]*)"', text, re.M)
+            assert len(stages) == MAX_STAGE_LABELS + 1 and "parse" in stages
+            assert OTHER_STAGES in stages
+            assert max(map(len, stages)) <= MAX_STAGE_LABEL_CHARS
+            total = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("ackstream_failed_by_stage_total{")
+            )
+            assert total == 5 + len(reasons)  # none lost, the rest under (other)
+    finally:
+        for served in servers:
+            served.close()

@@ -28,6 +28,10 @@ name                                    type       labels
 ``_lag``
 ======================================  =========  ===============================
 
+The ``stage`` label of the failures per stage is bounded (:func:`bounded_stages`): at
+most :data:`MAX_STAGE_LABELS` values a topology, each at most
+:data:`MAX_STAGE_LABEL_CHARS` long, the rest under ``(other)``; no reason text.
+
 Rates and quantiles are left to the server (``rate()``, ``histogram_quantile()``).
 
 >>> from ackstream.ui.status import Status
@@ -59,15 +63,51 @@ from prometheus_client.registry import Collector
 from ackstream.ui.status import Status, StatusSource
 
 __all__ = [
+    "MAX_STAGE_LABELS",
+    "MAX_STAGE_LABEL_CHARS",
+    "OTHER_STAGES",
     "Statuses",
     "StatusCollector",
     "exposition",
+    "bounded_stages",
     "families",
     "registry_of",
     "serve",
 ]
 
 log = logging.getLogger(__name__)
+
+
+#: The most ``stage`` label values a family of failures per stage takes per topology;
+#: the others are summed under :data:`OTHER_STAGES`.
+MAX_STAGE_LABELS = 20
+#: The longest ``stage`` label value: a stage's name, not a reason's text.
+MAX_STAGE_LABEL_CHARS = 64
+OTHER_STAGES = "(other)"
+
+
+def bounded_stages(by_stage: dict[str, int]) -> dict[str, int]:
+    """``by_stage`` with a bounded set of keys, for the ``stage`` label: each cut to
+    :data:`MAX_STAGE_LABEL_CHARS`, the :data:`MAX_STAGE_LABELS` most counted kept and
+    the rest summed under :data:`OTHER_STAGES`. Failures are charged to the text their
+    reason starts with, which for a reason with no stage's name in it is free text:
+    unbounded label values would make a series per reason in Prometheus.
+
+    >>> bounded_stages({"parse": 3, "x" * 100: 1})
+    {'parse': 3, 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx': 1}
+    >>> len(bounded_stages({f"reason {i}": i for i in range(50)}))
+    21
+    """
+    cut: dict[str, int] = {}
+    for stage, n in by_stage.items():
+        key = stage[:MAX_STAGE_LABEL_CHARS]
+        cut[key] = cut.get(key, 0) + n
+    ranked = sorted(cut.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = dict(ranked[:MAX_STAGE_LABELS])
+    rest = sum(n for _, n in ranked[MAX_STAGE_LABELS:])
+    if rest:
+        kept[OTHER_STAGES] = kept.get(OTHER_STAGES, 0) + rest
+    return kept
 
 
 def families(statuses: Iterable[Status]) -> list[Metric]:
@@ -113,7 +153,7 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
         if s.dead_lettered is not None:
             dead.add_metric([t], s.dead_lettered)
         for family, by_stage in ((failed, s.failed_by_stage), (rejected, s.rejected_by_stage)):
-            for stage, n in (by_stage or {}).items():
+            for stage, n in bounded_stages(by_stage or {}).items():
                 family.add_metric([t, stage], n)
         for stage, sides in (s.stages or {}).items():
             for side, n in sides.items():
