@@ -442,11 +442,50 @@ def test_status_prometheus_prints_counters_gauges_and_a_latency_histogram(capsys
     assert not any(line.startswith("ackstream_rate_per_second") for line in out)
 
 
-def test_status_window_must_be_positive(capsys, tmp_path):
+@pytest.mark.parametrize("command", ["status", "ui"])
+@pytest.mark.parametrize("window", ["0", "-5", "nan", "inf"])
+def test_the_window_must_be_a_positive_number_of_seconds(command, window, capsys, tmp_path):
+    # ui took --window 0 and every read of the page then raised ZeroDivisionError
     (tmp_path / "ch").mkdir()
-    with pytest.raises(SystemExit):
-        main(["status", "--channel", str(tmp_path / "ch"), "--window", "0"])
-    assert "--window must be a positive number" in capsys.readouterr().err
+    argv = [command, "--channel", str(tmp_path / "ch"), f"--window={window}"]
+    with pytest.raises(SystemExit) as ended:
+        main(argv + (["--port", "0"] if command == "ui" else []))
+    assert ended.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith(f"ackstream {command}: error: --window ")
+    assert "positive number of seconds" in line
+
+
+def test_abbreviated_options_are_refused_and_flags_show_no_default():
+    # argparse took --package X as --packages X (and started Spark with it)
+    done = _ackstream("run", "no-such-file.py", "--package", "org.example:x:1")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --package" in done.stderr
+    assert "Spark is starting" not in done.stderr
+    done = _ackstream("status", "--win", "5")
+    assert done.returncode == 2 and "unrecognized arguments: --win" in done.stderr
+    for command in ("run", "status", "ui", "demo", "acker"):
+        shown = _ackstream(command, "--help")
+        assert shown.returncode == 0, shown.stderr
+        assert "(default: True)" not in shown.stdout, command
+        assert "(default: False)" not in shown.stdout, command
+        assert "(default: None)" not in shown.stdout, command
+    assert "--no-spark-ui" in _ackstream("run", "--help").stdout
+
+
+def test_the_access_token_from_the_environment_is_not_shown_in_help():
+    shown = _ackstream("ui", "--help", env={"ACKSTREAM_UI_TOKEN": "s3cret-value"})
+    assert shown.returncode == 0 and "s3cret-value" not in shown.stdout
+
+
+def test_ui_beyond_loopback_without_an_access_token_exits_at_once(tmp_path):
+    (tmp_path / "ch").mkdir()
+    done = _ackstream(
+        "ui", "--channel", str(tmp_path / "ch"), "--host", "0.0.0.0", "--port", "0", timeout=60
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert "--host" in line and "--access-token" in line and "ACKSTREAM_UI_TOKEN" in line
 
 
 # --- dead letters ------------------------------------------------------------------------

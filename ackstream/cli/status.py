@@ -11,7 +11,11 @@ import os
 import sys
 import time
 
-from ackstream.cli.arguments import add_figure_options, command_kafka_options
+from ackstream.cli.arguments import (
+    add_figure_options,
+    check_figure_options,
+    command_kafka_options,
+)
 from ackstream.cli.exits import EXIT_OK, refused, unanswered
 from ackstream.config.source import default_channel_dir
 from ackstream.errors import AckstreamError
@@ -62,11 +66,7 @@ def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
 
 
 def _status(parser: argparse.ArgumentParser, args) -> int:
-    if args.channel and args.bootstrap:
-        parser.error(
-            "--channel and --bootstrap are both set (check ACKSTREAM_CHANNEL and "
-            "ACKSTREAM_BOOTSTRAP): give one"
-        )
+    check_figure_options(parser, args)
     channel = args.channel
     if not args.bootstrap:
         channel = channel or default_channel_dir(args.topology)
@@ -77,15 +77,7 @@ def _status(parser: argparse.ArgumentParser, args) -> int:
                 "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
                 "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY"
             )
-    if args.window <= 0:
-        parser.error("--window must be a positive number of seconds")
     kafka_options = command_kafka_options(parser, args, one_shot=True)
-    if args.checkpoint and not os.path.isdir(args.checkpoint):
-        parser.error(f"--checkpoint {args.checkpoint}: no such directory")
-    if args.dead_letter_topic and not args.bootstrap:
-        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
-    if args.group and not (args.bootstrap or args.upstream_bootstrap):
-        parser.error("--group needs --bootstrap or --upstream-bootstrap HOST:PORT")
     if args.watch is not None and args.watch <= 0:
         parser.error("--watch must be a positive number of seconds")
     source = StatusSource(

@@ -7,7 +7,11 @@ import argparse
 import os
 import sys
 
-from ackstream.cli.arguments import add_figure_options, command_kafka_options
+from ackstream.cli.arguments import (
+    add_figure_options,
+    check_figure_options,
+    command_kafka_options,
+)
 from ackstream.cli.exits import EXIT_OK
 from ackstream.config.source import default_channel_dir
 from ackstream.errors import OptionError
@@ -38,7 +42,6 @@ def add_arguments(ui: argparse.ArgumentParser) -> None:
     ui.add_argument(
         "--access-token",
         metavar="TOKEN",
-        default=os.environ.get("ACKSTREAM_UI_TOKEN"),
         help="a secret every request must carry: open /?token=TOKEN once (a cookie keeps "
         "it), or send Authorization: Bearer TOKEN, e.g. from Prometheus (env "
         "ACKSTREAM_UI_TOKEN); required with a --host beyond loopback",
@@ -54,12 +57,9 @@ def _ui(parser: argparse.ArgumentParser, args) -> int:
     names = [n.strip() for n in args.topology.split(",") if n.strip()]
     if not names:
         parser.error("--topology: give a topology's name (several: a,b,c)")
-    if args.channel and args.bootstrap:
-        parser.error("--channel and --bootstrap are both set: give one")
+    check_figure_options(parser, args)
     if len(names) > 1 and (args.channel or args.checkpoint or args.dead_letters):
         parser.error("--channel, --checkpoint and --dead-letters name one topology's folders")
-    if args.checkpoint and not os.path.isdir(args.checkpoint):
-        parser.error(f"--checkpoint {args.checkpoint}: no such directory")
     if not 0 <= args.port <= 65535:
         parser.error("--port must be a port number, 0 to 65535")
     kafka_options = command_kafka_options(parser, args, one_shot=True)
@@ -89,6 +89,8 @@ def _ui(parser: argparse.ArgumentParser, args) -> int:
     from ackstream.ui.metrics import Statuses
     from ackstream.ui.view import app, check_host
 
+    # read here, not as the option's default: --help would print the secret
+    args.access_token = args.access_token or os.environ.get("ACKSTREAM_UI_TOKEN")
     try:
         check_host(args.host, args.access_token)
     except OptionError as problem:
