@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from ackstream.ui.metrics import Statuses
+from ackstream.ui.metrics import Statuses, serve_metrics
 from ackstream.ui.status import StatusSource, local_status
-from ackstream.ui.view import serve_metrics, serve_view
+from ackstream.ui.view import serve_view
 
 from test_status import EXPECTED, fill_channel
 

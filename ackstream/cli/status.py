@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -127,17 +128,17 @@ def _watch(source: StatusSource, args) -> int:
     """Read every ``--watch`` seconds until Ctrl-C: on a terminal the human report is
     redrawn in place (rich's live display; Ctrl-C ends the watch, exit status 0),
     elsewhere each reading is printed after
-    the last (a blank line between two reports)."""
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
-
-    console = Console()
-    live = console.is_terminal and not (args.json or args.prometheus)
+    the last (a blank line between two reports), as on a terminal without the ``ui``
+    extra, which brings rich."""
+    live = sys.stdout.isatty() and not (args.json or args.prometheus) and _has_rich()
+    if live:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
     try:
         with (
-            Live(console=console, auto_refresh=False) if live else contextlib.nullcontext() as shown
-        ):
+            Live(console=Console(), auto_refresh=False) if live else contextlib.nullcontext()
+        ) as shown:
             first = True
             while True:
                 status = _read(source, args)
@@ -158,3 +159,11 @@ def _watch(source: StatusSource, args) -> int:
     except KeyboardInterrupt:  # the way a watch ends
         print("", file=sys.stderr)
         return EXIT_OK
+
+
+def _has_rich() -> bool:
+    """Whether rich (the ``ui`` extra) is installed, for the redrawn display."""
+    try:
+        return importlib.util.find_spec("rich") is not None
+    except (ImportError, ValueError):
+        return False

@@ -12,7 +12,7 @@ from ackstream.cli.arguments import (
     check_figure_options,
     command_kafka_options,
 )
-from ackstream.cli.exits import EXIT_OK
+from ackstream.cli.exits import EXIT_OK, check_ui_extra
 from ackstream.config.source import default_channel_dir
 from ackstream.errors import OptionError
 from ackstream.ui.status import StatusSource
@@ -54,6 +54,7 @@ def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
 
 
 def _ui(parser: argparse.ArgumentParser, args) -> int:
+    check_ui_extra(parser, "ackstream ui")
     names = [n.strip() for n in args.topology.split(",") if n.strip()]
     if not names:
         parser.error("--topology: give a topology's name (several: a,b,c)")

@@ -6,7 +6,7 @@ channel, the checkpoint and the group's offsets (what ``ackstream status`` reads
 in this process, so they are exposed the way Prometheus' docs advise for figures kept
 elsewhere (a custom collector), and a restarted process reports the same counts.
 One registry serves all three ways out: :func:`exposition` (``ackstream status
---prometheus``), :func:`serve` (``ackstream run --metrics-port``) and the live view's
+--prometheus``), :func:`serve_metrics` (``ackstream run --metrics-port``) and the live view's
 ``/metrics`` (:mod:`ackstream.ui.view`).
 
 Every sample has the label ``topology``. The families (``ackstream_`` prefix):
@@ -50,6 +50,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import (
@@ -64,6 +65,7 @@ from ackstream.ui.status import Status, StatusSource
 
 __all__ = [
     "MAX_STAGE_LABELS",
+    "Served",
     "MAX_STAGE_LABEL_CHARS",
     "OTHER_STAGES",
     "Statuses",
@@ -73,6 +75,7 @@ __all__ = [
     "families",
     "registry_of",
     "serve",
+    "serve_metrics",
 ]
 
 log = logging.getLogger(__name__)
@@ -250,3 +253,25 @@ def serve(port: int, read: Callable[[], Iterable[Status]], addr: str = "127.0.0.
     own server); returns ``(server, thread)``. ``port=0`` takes a free port:
     ``server.server_port`` tells which."""
     return start_http_server(port, addr=addr, registry=registry_of(read))
+
+
+@dataclass
+class Served:
+    """A server this process runs in a thread: where it answers, and how to stop it."""
+
+    url: str
+    close: Callable[[], None]
+
+
+def serve_metrics(read: Callable[[], Iterable], port: int, host: str = "127.0.0.1") -> Served:
+    """Serve ``/metrics`` of ``read`` (e.g. :class:`Statuses`) on ``host:port`` with
+    ``prometheus_client``'s own server (no web framework: ``run --metrics-port`` needs
+    no ``ui`` extra); ``close()`` stops it."""
+    server, thread = serve(port, read, addr=host)
+
+    def close() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+    return Served(f"http://{host}:{server.server_port}/", close)

@@ -11,10 +11,12 @@ a replay action the page asks to confirm. It reads what ``ackstream status`` rea
 offsets), so it shows a topology's history with no query running, and redraws
 itself every few seconds.
 
-It is a Starlette application (:func:`app`), served by uvicorn in a thread of its
-own (:func:`serve_view`); its plots are plotly.js, which the ``plotly`` package ships
-and the view serves from this process (nothing is loaded from elsewhere: a browser
-with no internet access shows it). Its routes:
+It needs the ``ui`` extra (``pip install 'ackstream[ui]'``): starlette, uvicorn and
+plotly; nothing an executor imports imports this module. It is a Starlette application
+(:func:`app`), served by uvicorn in a thread of its own (:func:`serve_view`); its
+plots are plotly.js, which the ``plotly`` package ships and the view serves from this
+process (nothing is loaded from elsewhere: a browser with no internet access shows
+it). Its routes:
 
 - ``/``: the page; ``/static/...``: its script, style sheet and plotly.js;
 - ``/api/topologies``: what the page shows, as JSON;
@@ -36,8 +38,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -51,17 +51,15 @@ from ackstream.errors import OptionError
 from ackstream.sinks.dead_letters import replay_dead_letters, select_dead_letters
 from ackstream.sinks.replay_log import letter_name
 from ackstream.ui.access import AccessToken, SameOrigin, is_loopback, new_page_token
-from ackstream.ui.metrics import Statuses, registry_of, serve
+from ackstream.ui.metrics import Served, Statuses, registry_of
 from ackstream.ui.status import StatusSource
 from ackstream.vocabulary.clock import now_ms
 
 __all__ = [
     "DEAD_LETTERS_SHOWN",
     "TOKEN_META",
-    "Served",
     "app",
     "check_host",
-    "serve_metrics",
     "serve_view",
 ]
 
@@ -232,14 +230,6 @@ def _replay(source: StatusSource, names: set[str]) -> int:
     return sent
 
 
-@dataclass
-class Served:
-    """A server this process runs in a thread: where it answers, and how to stop it."""
-
-    url: str
-    close: Callable[[], None]
-
-
 def serve_view(
     statuses: Statuses, port: int, host: str = "127.0.0.1", access_token: str | None = None
 ) -> Served:
@@ -265,16 +255,3 @@ def serve_view(
         thread.join(timeout=10)
 
     return Served(f"http://{host}:{bound}/", close)
-
-
-def serve_metrics(read: Callable[[], Iterable], port: int, host: str = "127.0.0.1") -> Served:
-    """Serve ``/metrics`` of ``read`` (e.g. :class:`~ackstream.ui.metrics.Statuses`) on
-    ``host:port`` with ``prometheus_client``'s own server; ``close()`` stops it."""
-    server, thread = serve(port, read, addr=host)
-
-    def close() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-    return Served(f"http://{host}:{server.server_port}/", close)
