@@ -444,8 +444,13 @@ def test_status_prometheus_prints_counters_gauges_and_a_latency_histogram(capsys
 
 @pytest.mark.parametrize("command", ["status", "ui"])
 @pytest.mark.parametrize("window", ["0", "-5", "nan", "inf"])
-def test_the_window_must_be_a_positive_number_of_seconds(command, window, capsys, tmp_path):
+def test_the_window_must_be_a_positive_number_of_seconds(
+    command, window, capsys, tmp_path, monkeypatch
+):
     # ui took --window 0 and every read of the page then raised ZeroDivisionError
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: pytest.fail("served the view"))
     (tmp_path / "ch").mkdir()
     argv = [command, "--channel", str(tmp_path / "ch"), f"--window={window}"]
     with pytest.raises(SystemExit) as ended:

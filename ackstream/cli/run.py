@@ -113,7 +113,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PORT",
         help="serve the live view of the started topologies at http://127.0.0.1:PORT/ "
-        "(and their metrics at /metrics) while the run lasts",
+        "(and their metrics at /metrics) while the run lasts; needs the ui extra",
     )
     add_verbose(run)
     add_session_options(run)

@@ -29,7 +29,10 @@ def add_arguments(ui: argparse.ArgumentParser) -> None:
         "a replay button (it asks to confirm). It reads what `ackstream status` reads\n"
         "(the channel, --checkpoint, the group's offsets), every few seconds, so it\n"
         "works with no topology running. Prometheus metrics at /metrics.\n"
-        "`ackstream run FILE --ui PORT` serves the same beside a run."
+        "`ackstream run FILE --ui PORT` serves the same beside a run.\n\n"
+        "Only the page itself can replay (its origin, a JSON body and the token the\n"
+        "server wrote into it). A --host beyond loopback needs --access-token. It\n"
+        "needs the ui extra: pip install 'ackstream[ui]'."
     )
     ui.set_defaults(subparser=ui)  # errors name the subcommand
     add_figure_options(ui)
