@@ -224,6 +224,19 @@ def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, cap
     assert (status.roots, status.acked, status.pending) == (20, 20, 0)
 
 
+@pytest.mark.spark
+def test_run_serves_its_metrics_and_view_while_it_lasts(spark, tmp_path, capsys):
+    # --metrics-port serves with prometheus-client's own server (core), --ui the view
+    channel = str(tmp_path / "channel")
+    topo = tmp_path / "topo.py"
+    topo.write_text(TOPOLOGY_FILE.format(channel=channel, checkpoint=str(tmp_path / "ckpt")))
+    argv = ["run", str(topo), "--until-idle", "4", "--timeout", "150"]
+    assert main([*argv, "--metrics-port", "0", "--ui", "0"]) == 0
+    said = capsys.readouterr().err
+    assert re.search(r"metrics at http://127\.0\.0\.1:\d+/metrics", said), said
+    assert re.search(r"live view at http://127\.0\.0\.1:\d+/", said), said
+
+
 SPARK_READER_FILE = """
 from pyspark.sql import functions as F
 
