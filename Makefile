@@ -1,5 +1,6 @@
 # Two entry points for a fresh machine (see README Quickstart):
-#   make demo   creates .venv, installs ackstream, runs the main job on the embedded default
+#   make demo   creates .venv, installs ackstream (its core install, no extra), runs the
+#               main job on the embedded default
 #   make test   creates .venv, installs ackstream with its test extra, brings Apache Kafka
 #               (make kafka), runs the test suite
 #   make test-bench the benchmarks' end-to-end runs at tiny sizes (marked bench), not in make test
@@ -43,7 +44,9 @@ E2E_ARGS ?= --batch-sizes 20000,100000 --batches 10 --repeats 3
 # a smaller run: make bench-failure FAILURE_ARGS="--batch-sizes 20000 --repeats 1"
 FAILURE_ARGS ?=
 
-demo: $(VENV)/.installed java
+# The demo needs the core install only (no test, ui or docs extra): a fresh machine's
+# first result comes sooner. make test adds the test extra to the same venv later.
+demo: $(VENV)/.core java
 	$(PY) -m ackstream demo
 
 # The tests' sessions load Spark's Kafka connector (make spark-kafka), so that topologies
@@ -152,6 +155,12 @@ bench-failure: $(VENV)/.installed java kafka spark-kafka
 SCALE_ARGS ?=
 bench-scale: $(VENV)/.installed java
 	$(PY) benchmarks/scale.py $(SCALE_ARGS)
+
+$(VENV)/.core: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

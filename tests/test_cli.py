@@ -228,6 +228,19 @@ def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, cap
     assert (status.roots, status.acked, status.pending) == (20, 20, 0)
 
 
+@pytest.mark.spark
+def test_run_serves_its_metrics_and_view_while_it_lasts(spark, tmp_path, capsys):
+    # --metrics-port serves with prometheus-client's own server (core), --ui the view
+    channel = str(tmp_path / "channel")
+    topo = tmp_path / "topo.py"
+    topo.write_text(TOPOLOGY_FILE.format(channel=channel, checkpoint=str(tmp_path / "ckpt")))
+    argv = ["run", str(topo), "--until-idle", "4", "--timeout", "150"]
+    assert main([*argv, "--metrics-port", "0", "--ui", "0"]) == 0
+    said = capsys.readouterr().err
+    assert re.search(r"metrics at http://127\.0\.0\.1:\d+/metrics", said), said
+    assert re.search(r"live view at http://127\.0\.0\.1:\d+/", said), said
+
+
 SPARK_READER_FILE = """
 from pyspark.sql import functions as F
 
@@ -508,11 +521,55 @@ def test_status_prometheus_prints_counters_gauges_and_a_latency_histogram(capsys
     assert not any(line.startswith("ackstream_rate_per_second") for line in out)
 
 
-def test_status_window_must_be_positive(capsys, tmp_path):
+@pytest.mark.parametrize("command", ["status", "ui"])
+@pytest.mark.parametrize("window", ["0", "-5", "nan", "inf"])
+def test_the_window_must_be_a_positive_number_of_seconds(
+    command, window, capsys, tmp_path, monkeypatch
+):
+    # ui took --window 0 and every read of the page then raised ZeroDivisionError
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: pytest.fail("served the view"))
     (tmp_path / "ch").mkdir()
-    with pytest.raises(SystemExit):
-        main(["status", "--channel", str(tmp_path / "ch"), "--window", "0"])
-    assert "--window must be a positive number" in capsys.readouterr().err
+    argv = [command, "--channel", str(tmp_path / "ch"), f"--window={window}"]
+    with pytest.raises(SystemExit) as ended:
+        main(argv + (["--port", "0"] if command == "ui" else []))
+    assert ended.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith(f"ackstream {command}: error: --window ")
+    assert "positive number of seconds" in line
+
+
+def test_abbreviated_options_are_refused_and_flags_show_no_default():
+    # argparse took --package X as --packages X (and started Spark with it)
+    done = _ackstream("run", "no-such-file.py", "--package", "org.example:x:1")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --package" in done.stderr
+    assert "Spark is starting" not in done.stderr
+    done = _ackstream("status", "--win", "5")
+    assert done.returncode == 2 and "unrecognized arguments: --win" in done.stderr
+    for command in ("run", "status", "ui", "demo", "acker"):
+        shown = _ackstream(command, "--help")
+        assert shown.returncode == 0, shown.stderr
+        assert "(default: True)" not in shown.stdout, command
+        assert "(default: False)" not in shown.stdout, command
+        assert "(default: None)" not in shown.stdout, command
+    assert "--no-spark-ui" in _ackstream("run", "--help").stdout
+
+
+def test_the_access_token_from_the_environment_is_not_shown_in_help():
+    shown = _ackstream("ui", "--help", env={"ACKSTREAM_UI_TOKEN": "s3cret-value"})
+    assert shown.returncode == 0 and "s3cret-value" not in shown.stdout
+
+
+def test_ui_beyond_loopback_without_an_access_token_exits_at_once(tmp_path):
+    (tmp_path / "ch").mkdir()
+    done = _ackstream(
+        "ui", "--channel", str(tmp_path / "ch"), "--host", "0.0.0.0", "--port", "0", timeout=60
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert "--host" in line and "--access-token" in line and "ACKSTREAM_UI_TOKEN" in line
 
 
 # --- dead letters ------------------------------------------------------------------------

@@ -7,8 +7,13 @@ package at /usr/bin/chromium, never from Playwright's own download. With
 ``ACKSTREAM_UI_SCREENSHOT=PATH`` the page's screenshot is also saved there (the docs'
 picture is made so)."""
 
+import contextlib
+import html
+import http.server
+import json
 import os
 import shutil
+import threading
 import uuid
 
 import pytest
@@ -45,6 +50,37 @@ def browser():
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@contextlib.contextmanager
+def another_site(target: str, body: str):
+    """A page on another loopback origin whose form posts ``body`` to ``target`` at once
+    as a cross-site "simple" request (text/plain); yields the page's address."""
+    page = (
+        f'<form method="post" action="{html.escape(target)}" enctype="text/plain">'
+        f'<input type="hidden" name="{html.escape(body)}" value=""></form>'
+        "<script>document.forms[0].submit()</script>"
+    ).encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_port}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 def figure(page, name: str) -> str:
@@ -174,6 +210,23 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
         row = page.locator(f'.dead-letters tr[data-letter="{letter}"]')
         assert row.locator(".value").inner_text() in ("abc", "-3", "x9")
         assert row.locator(".time").inner_text() != ""
+
+        # another site's page cannot replay: neither a form it posts (text/plain, its
+        # own origin) nor a fetch without the page's token
+        asked = {"topology": name, "letters": [other_letter], "confirmed": True}
+        with another_site(served.url + "api/replay", json.dumps(asked)) as site:
+            foreign = browser.new_page()
+            with foreign.expect_response(served.url + "api/replay") as answer:
+                foreign.goto(site)
+            assert answer.value.status == 403 and "cross-site" in answer.value.json()["error"]
+        tokenless = page.evaluate(
+            """async (asked) => (await fetch("/api/replay", {method: "POST",
+                headers: {"content-type": "application/json"},
+                body: JSON.stringify(asked)})).status""",
+            asked,
+        )
+        assert tokenless == 403
+        assert len(consume(broker.bootstrap, source)) == 2 * len(VALUES) + 1
 
         shot = tmp_path / "live-view.png"
         page.screenshot(path=str(shot), full_page=True)

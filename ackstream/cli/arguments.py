@@ -7,6 +7,7 @@ Spark, pandas or Arrow: building the parser keeps ``ackstream --help`` fast.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from ackstream.errors import OptionError
@@ -21,6 +22,7 @@ __all__ = [
     "add_session_options",
     "add_spark_conf_options",
     "add_verbose",
+    "check_figure_options",
     "command_kafka_options",
     "env_float",
     "env_int",
@@ -43,7 +45,14 @@ def env_float(name: str) -> float | None:
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown in --help, descriptions kept as written."""
+    """Defaults shown in --help, descriptions kept as written; a flag's (``--verbose``,
+    ``--no-spark-ui``) and an unset one's are not: ``(default: True)`` beside
+    ``--no-spark-ui`` reads as if the flag were on."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_verbose(command) -> None:
@@ -202,6 +211,24 @@ def add_figure_options(command) -> None:
     command.add_argument(
         "--window", type=float, default=60.0, metavar="SECONDS", help="the rates' window"
     )
+
+
+def check_figure_options(parser: argparse.ArgumentParser, args) -> None:
+    """Stop the command on :func:`add_figure_options` that cannot go together or a
+    ``--window`` that is not a positive number of seconds (``status`` and ``ui``)."""
+    if args.channel and args.bootstrap:
+        parser.error(
+            "--channel and --bootstrap are both set (check ACKSTREAM_CHANNEL and "
+            "ACKSTREAM_BOOTSTRAP): give one"
+        )
+    if not (math.isfinite(args.window) and args.window > 0):
+        parser.error(f"--window {args.window:g}: give a positive number of seconds, e.g. 60")
+    if args.checkpoint and not os.path.isdir(args.checkpoint):
+        parser.error(f"--checkpoint {args.checkpoint}: no such directory")
+    if args.dead_letter_topic and not args.bootstrap:
+        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    if args.group and not (args.bootstrap or args.upstream_bootstrap):
+        parser.error("--group needs --bootstrap or --upstream-bootstrap HOST:PORT")
 
 
 def command_kafka_options(

@@ -47,7 +47,9 @@ def add_arguments(dead: argparse.ArgumentParser) -> None:
             "a second replay leaves them out unless --again",
         ),
     ):
-        action = actions.add_parser(name, help=text, description=text, formatter_class=Formatter)
+        action = actions.add_parser(
+            name, help=text, description=text, formatter_class=Formatter, allow_abbrev=False
+        )
         action.set_defaults(subparser=action)  # errors name the subcommand
         add_channel_options(action)
         add_dead_letter_options(action)

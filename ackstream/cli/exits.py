@@ -1,8 +1,11 @@
 """How a command ends: its exit status (:data:`EXIT_STATUS`) and, when it ends badly,
-one last line, ``ackstream: ...``, saying what failed and what to do."""
+one last line, ``ackstream: ...``, saying what failed and what to do; and the line of a
+command that needs the ``ui`` extra where it is not installed."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import sys
 import traceback
 
@@ -15,6 +18,8 @@ __all__ = [
     "EXIT_OK",
     "EXIT_STATUS",
     "EXIT_USAGE",
+    "UI_EXTRA_MODULES",
+    "check_ui_extra",
     "refused",
     "status_of",
     "unanswered",
@@ -51,3 +56,23 @@ def unanswered(doing: str, problem: Exception) -> int:
         file=sys.stderr,
     )
     return EXIT_ENVIRONMENT
+
+
+#: What the ``ui`` extra brings that the live view imports (``pip install 'ackstream[ui]'``).
+UI_EXTRA_MODULES = ("starlette", "uvicorn", "plotly")
+
+
+def check_ui_extra(parser: argparse.ArgumentParser, what: str) -> None:
+    """Stop ``what`` (``ackstream ui``, ``ackstream run --ui``) with one line if the
+    ``ui`` extra is not installed: the core install, what executors need, has no web
+    server and no plotly."""
+    missing = []
+    for module in UI_EXTRA_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a finder that refuses it, a broken install
+            found = False
+        if not found:
+            missing.append(module)
+    if missing:
+        parser.exit(EXIT_ENVIRONMENT, f"{what} needs the ui extra: pip install 'ackstream[ui]'\n")

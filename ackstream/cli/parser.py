@@ -88,13 +88,18 @@ def build_parser(*declared: str) -> argparse.ArgumentParser:
         epilog="exit status:\n"
         + "\n".join(f"  {code:<5}{meaning}" for code, meaning in EXIT_STATUS.items()),
         formatter_class=Formatter,
+        allow_abbrev=False,  # --package is a mistake, not --packages
     )
     parser.add_argument("--version", action="version", version=f"ackstream {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         # undeclared, a command leaves its options, --help too, to the declared parser
         subparser = commands.add_parser(
-            name, help=command.summary, formatter_class=Formatter, add_help=name in declared
+            name,
+            help=command.summary,
+            formatter_class=Formatter,
+            add_help=name in declared,
+            allow_abbrev=False,
         )
         if name in declared:
             _module(name).add_arguments(subparser)

@@ -20,7 +20,14 @@ from ackstream.cli.arguments import (
     spark_conf,
 )
 from ackstream.cli.console import LogFile
-from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, refused, status_of
+from ackstream.cli.exits import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    check_ui_extra,
+    refused,
+    status_of,
+)
 from ackstream.cli.queries import Progress, local_session, stop, stopping, supervise
 from ackstream.errors import AckstreamError, cause_of
 from ackstream.sources.datasource import register
@@ -106,7 +113,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PORT",
         help="serve the live view of the started topologies at http://127.0.0.1:PORT/ "
-        "(and their metrics at /metrics) while the run lasts",
+        "(and their metrics at /metrics) while the run lasts; needs the ui extra",
     )
     add_verbose(run)
     add_session_options(run)
@@ -124,6 +131,8 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     if not os.path.isfile(args.file):
         parser.error(f"no topology file at {args.file}")
+    if args.ui is not None:
+        check_ui_extra(parser, "ackstream run --ui")
     for name in ("metrics_port", "ui"):
         port = getattr(args, name)
         if port is not None and not 0 <= port <= 65535:
@@ -187,9 +196,8 @@ def _serve(args, topologies: list, progress: Progress) -> list:
     ``(topology, checkpoint)`` pairs the file started; each says where it is."""
     if args.metrics_port is None and args.ui is None:
         return []
-    from ackstream.ui.metrics import Statuses
+    from ackstream.ui.metrics import Served, Statuses, serve_metrics
     from ackstream.ui.status import StatusSource
-    from ackstream.ui.view import Served, serve_metrics, serve_view
 
     sources = [StatusSource.of_topology(t, checkpoint) for t, checkpoint in topologies]
     statuses = Statuses(lambda: sources)
@@ -198,6 +206,8 @@ def _serve(args, topologies: list, progress: Progress) -> list:
         servers.append(serve_metrics(statuses, args.metrics_port))
         progress.say(f"metrics at {servers[-1].url}metrics")
     if args.ui is not None:
+        from ackstream.ui.view import serve_view  # the ui extra's web server
+
         servers.append(serve_view(statuses, args.ui))
         progress.say(f"live view at {servers[-1].url}")
     return servers

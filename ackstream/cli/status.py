@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import sys
 import time
 
-from ackstream.cli.arguments import add_figure_options, command_kafka_options
+from ackstream.cli.arguments import (
+    add_figure_options,
+    check_figure_options,
+    command_kafka_options,
+)
 from ackstream.cli.exits import EXIT_OK, refused, unanswered
 from ackstream.config.source import default_channel_dir
 from ackstream.errors import AckstreamError
@@ -62,11 +67,7 @@ def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
 
 
 def _status(parser: argparse.ArgumentParser, args) -> int:
-    if args.channel and args.bootstrap:
-        parser.error(
-            "--channel and --bootstrap are both set (check ACKSTREAM_CHANNEL and "
-            "ACKSTREAM_BOOTSTRAP): give one"
-        )
+    check_figure_options(parser, args)
     channel = args.channel
     if not args.bootstrap:
         channel = channel or default_channel_dir(args.topology)
@@ -77,15 +78,7 @@ def _status(parser: argparse.ArgumentParser, args) -> int:
                 "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
                 "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY"
             )
-    if args.window <= 0:
-        parser.error("--window must be a positive number of seconds")
     kafka_options = command_kafka_options(parser, args, one_shot=True)
-    if args.checkpoint and not os.path.isdir(args.checkpoint):
-        parser.error(f"--checkpoint {args.checkpoint}: no such directory")
-    if args.dead_letter_topic and not args.bootstrap:
-        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
-    if args.group and not (args.bootstrap or args.upstream_bootstrap):
-        parser.error("--group needs --bootstrap or --upstream-bootstrap HOST:PORT")
     if args.watch is not None and args.watch <= 0:
         parser.error("--watch must be a positive number of seconds")
     source = StatusSource(
@@ -135,17 +128,17 @@ def _watch(source: StatusSource, args) -> int:
     """Read every ``--watch`` seconds until Ctrl-C: on a terminal the human report is
     redrawn in place (rich's live display; Ctrl-C ends the watch, exit status 0),
     elsewhere each reading is printed after
-    the last (a blank line between two reports)."""
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
-
-    console = Console()
-    live = console.is_terminal and not (args.json or args.prometheus)
+    the last (a blank line between two reports), as on a terminal without the ``ui``
+    extra, which brings rich."""
+    live = sys.stdout.isatty() and not (args.json or args.prometheus) and _has_rich()
+    if live:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
     try:
         with (
-            Live(console=console, auto_refresh=False) if live else contextlib.nullcontext() as shown
-        ):
+            Live(console=Console(), auto_refresh=False) if live else contextlib.nullcontext()
+        ) as shown:
             first = True
             while True:
                 status = _read(source, args)
@@ -166,3 +159,11 @@ def _watch(source: StatusSource, args) -> int:
     except KeyboardInterrupt:  # the way a watch ends
         print("", file=sys.stderr)
         return EXIT_OK
+
+
+def _has_rich() -> bool:
+    """Whether rich (the ``ui`` extra) is installed, for the redrawn display."""
+    try:
+        return importlib.util.find_spec("rich") is not None
+    except (ImportError, ValueError):
+        return False

@@ -6,7 +6,7 @@ channel, the checkpoint and the group's offsets (what ``ackstream status`` reads
 in this process, so they are exposed the way Prometheus' docs advise for figures kept
 elsewhere (a custom collector), and a restarted process reports the same counts.
 One registry serves all three ways out: :func:`exposition` (``ackstream status
---prometheus``), :func:`serve` (``ackstream run --metrics-port``) and the live view's
+--prometheus``), :func:`serve_metrics` (``ackstream run --metrics-port``) and the live view's
 ``/metrics`` (:mod:`ackstream.ui.view`).
 
 Every sample has the label ``topology``. The families (``ackstream_`` prefix):
@@ -29,6 +29,10 @@ name                                    type       labels
 ``_lag``
 ======================================  =========  ===============================
 
+The ``stage`` label of the failures per stage is bounded (:func:`bounded_stages`): at
+most :data:`MAX_STAGE_LABELS` values a topology, each at most
+:data:`MAX_STAGE_LABEL_CHARS` long, the rest under ``(other)``; no reason text.
+
 Rates and quantiles are left to the server (``rate()``, ``histogram_quantile()``).
 
 >>> from ackstream.ui.status import Status
@@ -47,6 +51,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import (
@@ -60,15 +65,53 @@ from prometheus_client.registry import Collector
 from ackstream.ui.status import Status, StatusSource
 
 __all__ = [
+    "MAX_STAGE_LABELS",
+    "Served",
+    "MAX_STAGE_LABEL_CHARS",
+    "OTHER_STAGES",
     "Statuses",
     "StatusCollector",
     "exposition",
+    "bounded_stages",
     "families",
     "registry_of",
     "serve",
+    "serve_metrics",
 ]
 
 log = logging.getLogger(__name__)
+
+
+#: The most ``stage`` label values a family of failures per stage takes per topology;
+#: the others are summed under :data:`OTHER_STAGES`.
+MAX_STAGE_LABELS = 20
+#: The longest ``stage`` label value: a stage's name, not a reason's text.
+MAX_STAGE_LABEL_CHARS = 64
+OTHER_STAGES = "(other)"
+
+
+def bounded_stages(by_stage: dict[str, int]) -> dict[str, int]:
+    """``by_stage`` with a bounded set of keys, for the ``stage`` label: each cut to
+    :data:`MAX_STAGE_LABEL_CHARS`, the :data:`MAX_STAGE_LABELS` most counted kept and
+    the rest summed under :data:`OTHER_STAGES`. Failures are charged to the text their
+    reason starts with, which for a reason with no stage's name in it is free text:
+    unbounded label values would make a series per reason in Prometheus.
+
+    >>> bounded_stages({"parse": 3, "x" * 100: 1})
+    {'parse': 3, 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx': 1}
+    >>> len(bounded_stages({f"reason {i}": i for i in range(50)}))
+    21
+    """
+    cut: dict[str, int] = {}
+    for stage, n in by_stage.items():
+        key = stage[:MAX_STAGE_LABEL_CHARS]
+        cut[key] = cut.get(key, 0) + n
+    ranked = sorted(cut.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = dict(ranked[:MAX_STAGE_LABELS])
+    rest = sum(n for _, n in ranked[MAX_STAGE_LABELS:])
+    if rest:
+        kept[OTHER_STAGES] = kept.get(OTHER_STAGES, 0) + rest
+    return kept
 
 
 def families(statuses: Iterable[Status]) -> list[Metric]:
@@ -119,7 +162,7 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
         if s.read is not None:
             read.add_metric([t], s.read)
         for family, by_stage in ((failed, s.failed_by_stage), (rejected, s.rejected_by_stage)):
-            for stage, n in (by_stage or {}).items():
+            for stage, n in bounded_stages(by_stage or {}).items():
                 family.add_metric([t, stage], n)
         for stage, sides in (s.stages or {}).items():
             for side, n in sides.items():
@@ -217,3 +260,25 @@ def serve(port: int, read: Callable[[], Iterable[Status]], addr: str = "127.0.0.
     own server); returns ``(server, thread)``. ``port=0`` takes a free port:
     ``server.server_port`` tells which."""
     return start_http_server(port, addr=addr, registry=registry_of(read))
+
+
+@dataclass
+class Served:
+    """A server this process runs in a thread: where it answers, and how to stop it."""
+
+    url: str
+    close: Callable[[], None]
+
+
+def serve_metrics(read: Callable[[], Iterable], port: int, host: str = "127.0.0.1") -> Served:
+    """Serve ``/metrics`` of ``read`` (e.g. :class:`Statuses`) on ``host:port`` with
+    ``prometheus_client``'s own server (no web framework: ``run --metrics-port`` needs
+    no ``ui`` extra); ``close()`` stops it."""
+    server, thread = serve(port, read, addr=host)
+
+    def close() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+    return Served(f"http://{host}:{server.server_port}/", close)

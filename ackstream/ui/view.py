@@ -11,17 +11,25 @@ a replay action the page asks to confirm. It reads what ``ackstream status`` rea
 offsets), so it shows a topology's history with no query running, and redraws
 itself every few seconds.
 
-It is a Starlette application (:func:`app`), served by uvicorn in a thread of its
-own (:func:`serve_view`); its plots are plotly.js, which the ``plotly`` package ships
-and the view serves from this process (nothing is loaded from elsewhere: a browser
-with no internet access shows it). Its routes:
+It needs the ``ui`` extra (``pip install 'ackstream[ui]'``): starlette, uvicorn and
+plotly; nothing an executor imports imports this module. It is a Starlette application
+(:func:`app`), served by uvicorn in a thread of its own (:func:`serve_view`); its
+plots are plotly.js, which the ``plotly`` package ships and the view serves from this
+process (nothing is loaded from elsewhere: a browser with no internet access shows
+it). Its routes:
 
 - ``/``: the page; ``/static/...``: its script, style sheet and plotly.js;
 - ``/api/topologies``: what the page shows, as JSON;
 - ``POST /api/replay``: ``{"topology": name, "letters": ["topic:partition:offset",
   ...], "confirmed": true}`` sends those dead letters back to their source topic (as
   ``ackstream dead-letters replay --yes`` does) and marks them replayed;
-- ``/metrics``: the Prometheus text (:mod:`ackstream.ui.metrics`).
+- ``/metrics``: the Prometheus text (:mod:`ackstream.ui.metrics`), answered there
+  (no redirect to ``/metrics/``).
+
+Only the page itself may replay (:mod:`ackstream.ui.access`): the page carries a
+token the server made at its start, which every state-changing request must send
+with the page's own origin and a JSON body; a view served beyond loopback needs an
+access token, which every request then carries.
 """
 
 from __future__ import annotations
@@ -30,30 +38,30 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import uvicorn
-from prometheus_client import make_asgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ackstream.errors import OptionError
 from ackstream.sinks.dead_letters import replay_dead_letters, select_dead_letters
 from ackstream.sinks.replay_log import letter_name
-from ackstream.ui.metrics import Statuses, registry_of, serve
+from ackstream.ui.access import AccessToken, SameOrigin, is_loopback, new_page_token
+from ackstream.ui.metrics import Served, Statuses, registry_of
 from ackstream.ui.status import StatusSource
 from ackstream.vocabulary.clock import now_ms
 
 __all__ = [
     "DEAD_LETTERS_SHOWN",
     "SHOWN_CHARS",
-    "Served",
+    "TOKEN_META",
     "app",
+    "check_host",
     "letter_text",
-    "serve_metrics",
     "serve_view",
 ]
 
@@ -63,6 +71,8 @@ STATIC = os.path.join(os.path.dirname(__file__), "static")
 #: The most dead letters the page lists per topology (the newest by record); the count
 #: above the list is of all of them.
 DEAD_LETTERS_SHOWN = 200
+#: The tag of index.html the page token is written into (the page reads it from there).
+TOKEN_META = '<meta name="ackstream-token" content="">'
 
 
 def _plotly_js() -> str:
@@ -72,14 +82,41 @@ def _plotly_js() -> str:
     return os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
 
 
-def app(statuses: Statuses, title: str = "ackstream") -> Starlette:
-    """The live view of the topologies ``statuses`` reads (see the module doc)."""
+def check_host(host: str, access_token: str | None) -> None:
+    """Refuse to serve the view beyond loopback without an access token: anyone who
+    can reach the address could read the figures and replay dead letters."""
+    if not is_loopback(host) and not access_token:
+        raise OptionError(
+            "--host",
+            host,
+            "a loopback address (127.0.0.1, ::1, localhost), or set --access-token TOKEN "
+            "(or ACKSTREAM_UI_TOKEN) so that only those given the token can use the view",
+        )
+
+
+def app(
+    statuses: Statuses,
+    title: str = "ackstream",
+    access_token: str | None = None,
+    page_token: str | None = None,
+):
+    """The live view of the topologies ``statuses`` reads (see the module doc), behind
+    :mod:`ackstream.ui.access`'s guards: state-changing requests only from its page
+    (which carries ``page_token``, random unless given), and with ``access_token``
+    every request must hold it."""
+    page_token = page_token or new_page_token()
+    with open(os.path.join(STATIC, "index.html"), encoding="utf-8") as file:
+        page = file.read()
+    if TOKEN_META not in page:
+        raise RuntimeError(f"index.html lost its {TOKEN_META} tag: the page could not replay")
+    page = page.replace(TOKEN_META, TOKEN_META.replace('""', f'"{page_token}"'))
+    registry = registry_of(statuses)
 
     def sources() -> dict[str, StatusSource]:
         return {s.topology: s for s in statuses.sources()}
 
-    async def index(request: Request) -> FileResponse:
-        return FileResponse(os.path.join(STATIC, "index.html"))
+    async def index(request: Request) -> HTMLResponse:
+        return HTMLResponse(page, headers={"cache-control": "no-store"})
 
     async def plotly_js(request: Request) -> FileResponse:
         return FileResponse(_plotly_js(), media_type="text/javascript")
@@ -125,8 +162,10 @@ def app(statuses: Statuses, title: str = "ackstream") -> Starlette:
     async def no_icon(request: Request) -> Response:
         return Response(status_code=204)
 
-    metrics = make_asgi_app(registry=registry_of(statuses))
-    return Starlette(
+    def metrics(request: Request) -> Response:  # sync: a scrape reads the channel
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    view = Starlette(
         routes=[
             Route("/", index),
             Route("/favicon.ico", no_icon),
@@ -134,9 +173,11 @@ def app(statuses: Statuses, title: str = "ackstream") -> Starlette:
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
             Route("/api/topologies", topologies),
             Route("/api/replay", replay, methods=["POST"]),
-            Mount("/metrics", metrics),
+            Route("/metrics", metrics),
         ]
     )
+    guarded = SameOrigin(view, page_token, loopback_only=not access_token)
+    return AccessToken(guarded, access_token) if access_token else guarded
 
 
 def _graph(source: StatusSource, status) -> dict:
@@ -215,19 +256,16 @@ def _replay(source: StatusSource, names: set[str]) -> int:
     return sent
 
 
-@dataclass
-class Served:
-    """A server this process runs in a thread: where it answers, and how to stop it."""
-
-    url: str
-    close: Callable[[], None]
-
-
-def serve_view(statuses: Statuses, port: int, host: str = "127.0.0.1") -> Served:
+def serve_view(
+    statuses: Statuses, port: int, host: str = "127.0.0.1", access_token: str | None = None
+) -> Served:
     """Serve :func:`app` on ``host:port`` (0: a free port) in a daemon thread, once it
-    answers; ``close()`` stops it."""
+    answers; ``close()`` stops it. A ``host`` beyond loopback needs ``access_token``
+    (:func:`check_host`)."""
+    check_host(host, access_token)
+    view = app(statuses, access_token=access_token)
     server = uvicorn.Server(
-        uvicorn.Config(app(statuses), host=host, port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(view, host=host, port=port, log_level="warning", lifespan="off")
     )
     thread = threading.Thread(target=server.run, name="ackstream-ui", daemon=True)
     thread.start()
@@ -243,16 +281,3 @@ def serve_view(statuses: Statuses, port: int, host: str = "127.0.0.1") -> Served
         thread.join(timeout=10)
 
     return Served(f"http://{host}:{bound}/", close)
-
-
-def serve_metrics(read: Callable[[], Iterable], port: int, host: str = "127.0.0.1") -> Served:
-    """Serve ``/metrics`` of ``read`` (e.g. :class:`~ackstream.ui.metrics.Statuses`) on
-    ``host:port`` with ``prometheus_client``'s own server; ``close()`` stops it."""
-    server, thread = serve(port, read, addr=host)
-
-    def close() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-    return Served(f"http://{host}:{server.server_port}/", close)

@@ -216,7 +216,12 @@ async function replay(topology, letters) {
   const what = letters.length === 1 ? `the dead letter ${letters[0]}` : `${letters.length} dead letters`;
   if (!confirm(`Replay ${what} of ${topology}? Each record is sent again to its source topic.`)) return;
   const answer = await fetch("/api/replay", {
-    method: "POST", headers: { "content-type": "application/json" },
+    method: "POST",
+    headers: {
+      "content-type": "application/json",
+      // the server's token, written into the page: only the page itself may replay
+      "x-ackstream-token": document.querySelector('meta[name="ackstream-token"]').content,
+    },
     body: JSON.stringify({ topology, letters, confirmed: true }),
   });
   const said = await answer.json();
