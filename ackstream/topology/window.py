@@ -80,7 +80,7 @@ class WindowStage(Stage):
         the late tuples. Untracked, a time window whose aggregates merge holds one
         partial aggregate per window and key instead (:mod:`ackstream.topology.
         window_aggregates`)."""
-        if not ctx.mode.tracks:
+        if not ctx.mode.tracks and self.closing.holds_partials:
             partials = self.partials(df)
             if partials is not None:
                 store = self.holding.store(ctx.folder)

@@ -39,9 +39,12 @@ def held_aggregates(
     stage: str,
 ) -> StageOutput | None:
     """The batch ``df`` through a window holding ``partials`` per window and key (see
-    the module doc), its state in ``store``; None when ``closing`` holds rows."""
+    the module doc), its state in ``store``; None when ``closing`` holds rows, or the
+    store holds rows saved before (the window then goes on holding rows)."""
     spark = df.sparkSession
     state = store.before(spark, ctx.batch_id)
+    if state is not None and state.rows is not None and LAST_SINCE not in state.rows.columns:
+        return None  # a checkpoint whose window held rows before: it goes on holding rows
     clock = None if state is None else state.clock
     assigned = closing.assign(closing.stamp(df, ctx.now_ms, stage), clock, ctx.now_ms, stage)
     if assigned is None:

@@ -100,6 +100,9 @@ class Closing(Protocol):
     #: how often the source should run a batch with no new records while roots are in
     #: flight, so this window closes on time (None: it closes only on new tuples)
     idle_batch_ms: int | None
+    #: whether :meth:`assign` places rows in windows, so the window may hold partial
+    #: aggregates (a count window closes by its rows, so it holds them)
+    holds_partials: bool
 
     def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
         """Refuse a window that cannot close before its tracked tuples' roots time out."""
@@ -125,6 +128,7 @@ class CountClosing:
     """Per key, a window of every ``count`` tuples in arrival order."""
 
     idle_batch_ms: int | None = None
+    holds_partials = False
 
     def __init__(self, count: int):
         self.count = count
@@ -176,6 +180,7 @@ class TimeClosing:
         self.duration_ms, self.slide_ms = duration_ms, slide_ms
         self.time, self.delay_ms = time, delay_ms
         self.idle_batch_ms = slide_ms if time is None else None
+        self.holds_partials = True
 
     def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
         if self.slide_ms > self.duration_ms:

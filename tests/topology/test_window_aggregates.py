@@ -168,3 +168,17 @@ def test_a_batch_run_again_writes_the_same_held_ids(spark, tmp_path):
         r["_hold"] for r in stage().holding.store(folder).before(spark, 2).rows.collect()
     )
     assert first == again and len(first) == 5
+
+
+def test_a_store_that_held_rows_goes_on_holding_rows(spark, tmp_path):
+    """A checkpoint whose window held rows (an aggregate that cannot merge, or saved
+    before windows held partials), restarted with one that merges: it goes on
+    holding rows, every row counted, rather than failing to read them as partials."""
+    folder = str(tmp_path / "held-store")
+    data = batches(spark, 2, 20)
+    rows_first = WindowStage(1, ["k"], [F.count_distinct("x")], TimeClosing(10_000, 10_000), "held")
+    run(rows_first, data[0][0], 0, data[0][1], folder)
+    merging = WindowStage(1, ["k"], [F.count("*").alias("n")], TimeClosing(10_000, 10_000), "held")
+    run(merging, data[1][0], 1, data[1][1], folder)
+    rows = run(merging, data[0][0].where("false"), 2, T + 20_000, folder)
+    assert sum(r["n"] for r in rows) == 40
