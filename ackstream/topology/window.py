@@ -34,7 +34,9 @@ from ackstream.errors import StageError
 from ackstream.topology.anchoring import Grouping
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
 from ackstream.topology.holding import Holding
+from ackstream.topology.window_aggregates import held_aggregates
 from ackstream.topology.window_closing import SINCE, Closing
+from ackstream.topology.window_partials import Partial, partials_of
 from ackstream.vocabulary.lineage import REASON
 
 __all__ = ["WindowStage"]
@@ -60,6 +62,14 @@ class WindowStage(Stage):
         if not self.aggs:
             raise StageError(self.name, "needs at least one aggregate expression")
         self.holding = Holding(self.name, number, self.kind)
+        self._partials: list[Partial] | None | bool = False  # False: not analysed yet
+
+    def partials(self, df: DataFrame) -> list[Partial] | None:
+        """The aggregates as partials the window can hold (None: it holds rows), read
+        once from the first batch's rows (see :mod:`ackstream.topology.window_partials`)."""
+        if self._partials is False:
+            self._partials = partials_of(df.sparkSession, df, self.aggs)
+        return self._partials  # type: ignore[return-value]
 
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         """The windows this batch closes, from the tuples held before it and ``df``;
@@ -67,7 +77,16 @@ class WindowStage(Stage):
         ``StageOutput.acked`` is the tuples released (per-stage acks ack those, not the
         input), ``holds`` the ``(root, value)`` pairs of the new and released holds
         (telescoped), ``fails`` the other roots of held tuples dropped and ``rejected``
-        the late tuples."""
+        the late tuples. Untracked, a time window whose aggregates merge holds one
+        partial aggregate per window and key instead (:mod:`ackstream.topology.
+        window_aggregates`)."""
+        if not ctx.mode.tracks and self.closing.holds_partials:
+            partials = self.partials(df)
+            if partials is not None:
+                store = self.holding.store(ctx.folder)
+                held = held_aggregates(df, ctx, store, self.keys, partials, self.closing, self.name)
+                if held is not None:
+                    return held
         df = self.holding.holdable(df, ctx)
         before = self.holding.before(df.sparkSession, ctx)
         stamped = self.holding.stamp(self.holding.arriving(df, ctx), self.keys, ctx)

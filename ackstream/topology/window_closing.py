@@ -39,6 +39,7 @@ from ackstream.topology.modes import Mode
 from ackstream.vocabulary.lineage import REASON
 
 __all__ = [
+    "Assigned",
     "Closed",
     "Closing",
     "CountClosing",
@@ -80,12 +81,28 @@ class Closed:
     cached: tuple = ()
 
 
+@dataclass(frozen=True)
+class Assigned:
+    """A batch's rows in their windows: ``rows`` has a row per (row, open window that
+    holds it) with ``window``; ``late`` the rows refused (with ``_reason``; None: none);
+    ``clock`` the clock after the batch (None: none yet); ``closes`` true on a
+    ``window`` that has closed by ``clock``."""
+
+    rows: DataFrame
+    late: DataFrame | None
+    clock: int | None
+    closes: Column
+
+
 class Closing(Protocol):
     """A window's closing rule (see the module doc)."""
 
     #: how often the source should run a batch with no new records while roots are in
     #: flight, so this window closes on time (None: it closes only on new tuples)
     idle_batch_ms: int | None
+    #: whether :meth:`assign` places rows in windows, so the window may hold partial
+    #: aggregates (a count window closes by its rows, so it holds them)
+    holds_partials: bool
 
     def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
         """Refuse a window that cannot close before its tracked tuples' roots time out."""
@@ -99,11 +116,19 @@ class Closing(Protocol):
         """Which windows ``rows`` (held and new tuples) close, given the clock saved by
         the batch before (None: none yet) and the batch's time."""
 
+    def assign(
+        self, rows: DataFrame, clock: int | None, now_ms: int, stage: str
+    ) -> Assigned | None:
+        """``rows`` (stamped, of one batch) in the windows still open that hold them,
+        for a window that holds partial aggregates; None when this rule closes by
+        the rows themselves (a count window), which then holds rows."""
+
 
 class CountClosing:
     """Per key, a window of every ``count`` tuples in arrival order."""
 
     idle_batch_ms: int | None = None
+    holds_partials = False
 
     def __init__(self, count: int):
         self.count = count
@@ -113,6 +138,11 @@ class CountClosing:
 
     def stamp(self, new: DataFrame, now_ms: int, stage: str) -> DataFrame:
         return new
+
+    def assign(
+        self, rows: DataFrame, clock: int | None, now_ms: int, stage: str
+    ) -> Assigned | None:
+        return None
 
     def close(
         self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
@@ -150,6 +180,7 @@ class TimeClosing:
         self.duration_ms, self.slide_ms = duration_ms, slide_ms
         self.time, self.delay_ms = time, delay_ms
         self.idle_batch_ms = slide_ms if time is None else None
+        self.holds_partials = True
 
     def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
         if self.slide_ms > self.duration_ms:
@@ -184,6 +215,47 @@ class TimeClosing:
                 stage, f"time={self.time!r} is a {kind.simpleString()}: give a timestamp or ms"
             )
         return new.withColumn(TIME, F.unix_millis(column.cast("timestamp")))
+
+    def assign(
+        self, rows: DataFrame, clock: int | None, now_ms: int, stage: str
+    ) -> Assigned | None:
+        """The batch's rows (stamped with the batch's time ``now``, or their own) in each
+        window not closed before it (``clock``); an event-time row whose windows all
+        closed is late."""
+        before = _NO_CLOCK if clock is None else clock
+        late = None
+        if self.time is not None:
+            if clock is not None:
+                reason = F.format_string(
+                    f"late for window stage {stage}: time %d ms is behind the watermark "
+                    f"{before} ms",
+                    F.col(TIME),
+                )
+                is_late = self._last_end() <= F.lit(before)
+                late = rows.where(is_late).withColumn(REASON, reason)
+                rows = rows.where(~is_late)
+            newest = rows.agg(F.max(TIME)).collect()[0][0]
+            after = before if newest is None else max(before, int(newest) - self.delay_ms)
+        else:
+            after = max(before, now_ms)
+        windowed = rows.withColumn(WINDOW, self._span()).where(self._end() > F.lit(before))
+        return Assigned(
+            windowed,
+            late,
+            None if after == _NO_CLOCK else after,
+            self._end() <= F.lit(after),
+        )
+
+    def _span(self) -> Column:
+        return F.window(
+            F.timestamp_millis(F.col(TIME)),
+            f"{self.duration_ms} milliseconds",
+            f"{self.slide_ms} milliseconds",
+        )
+
+    @staticmethod
+    def _end() -> Column:
+        return F.unix_millis(F.col(f"{WINDOW}.end"))
 
     def _last_end(self) -> Column:
         """The end of the last window that holds a tuple's time."""

@@ -1,0 +1,96 @@
+"""A time window that holds one partial aggregate per window and key, not raw rows.
+
+What Spark's state store holds for ``groupBy(window(...), key).agg(...)``: each batch
+reduces its rows to one partial row per (window, key) (:mod:`ackstream.topology.
+window_partials`), merges it with the partial row held for that window and key, emits
+the final aggregates of the windows its clock closes and keeps the rest. The held
+store (:class:`~ackstream.topology.held_store.HeldStore`) writes the change: the
+merged rows of the windows and keys the batch touched, and the ids of the versions
+they replace or that closed. A held row's id hashes its key, its window and the last
+batch that merged into it, so a batch Spark runs again writes the same ids.
+
+Untracked only for now: a tracked window still holds rows, with their roots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from ackstream.topology.bolts import BatchContext, StageOutput
+from ackstream.topology.held_store import HOLD, ChangeLog, Changes, HeldState, HeldStore
+from ackstream.topology.window_closing import WINDOW, Closing
+from ackstream.topology.window_partials import FIRST_SINCE, LAST_SINCE, Partial, fitted
+
+__all__ = ["held_aggregates"]
+
+_TOUCHED, _WAS = "_touched", "_was"
+
+
+def held_aggregates(
+    df: DataFrame,
+    ctx: BatchContext,
+    store: HeldStore,
+    keys: Sequence[str | Column],
+    partials: Sequence[Partial],
+    closing: Closing,
+    stage: str,
+) -> StageOutput | None:
+    """The batch ``df`` through a window holding ``partials`` per window and key (see
+    the module doc), its state in ``store``; None when ``closing`` holds rows, or the
+    store holds rows saved before (the window then goes on holding rows)."""
+    spark = df.sparkSession
+    state = store.before(spark, ctx.batch_id)
+    if state is not None and state.rows is not None and LAST_SINCE not in state.rows.columns:
+        return None  # a checkpoint whose window held rows before: it goes on holding rows
+    clock = None if state is None else state.clock
+    assigned = closing.assign(closing.stamp(df, ctx.now_ms, stage), clock, ctx.now_ms, stage)
+    if assigned is None:
+        return None
+    batch = F.lit(ctx.batch_id).cast("long")
+    new = assigned.rows.groupBy(*keys, WINDOW).agg(
+        *(c.alias(n) for p in partials for n, c in p.parts),
+        batch.alias(FIRST_SINCE),
+        batch.alias(LAST_SINCE),
+    )
+    names = new.columns[: len(keys)]
+    held_cols = new.columns
+    rows = new.withColumn(_TOUCHED, F.lit(True)).withColumn(HOLD, F.lit(None).cast("long"))
+    if state is not None and state.rows is not None:
+        held = state.rows.select(*(F.col(f"`{c}`") for c in (*held_cols, HOLD)))
+        held = held.withColumn(_TOUCHED, F.lit(False))
+        rows = held.unionByName(rows)
+    types = {f.name: f.dataType for f in new.schema.fields}
+    merged = (
+        rows.groupBy(*names, WINDOW)
+        .agg(
+            *(fitted(c, types[n]).alias(n) for p in partials for n, c in p.merges),
+            F.min(FIRST_SINCE).alias(FIRST_SINCE),
+            F.max(LAST_SINCE).alias(LAST_SINCE),
+            F.max(_TOUCHED).alias(_TOUCHED),
+            F.max(F.when(~F.col(_TOUCHED), F.col(HOLD))).alias(_WAS),
+        )
+        .withColumn(
+            HOLD,
+            F.xxhash64(*(F.col(f"`{n}`") for n in names), F.col(WINDOW), F.col(LAST_SINCE)),
+        )
+        .persist()  # read by the output, the saved change and the state
+    )
+    closes, touched = assigned.closes, F.col(_TOUCHED)
+    out = merged.where(closes).select(
+        *(F.col(f"`{n}`") for n in names), WINDOW, *(p.final.alias(p.name) for p in partials)
+    )
+    kept = merged.where(~closes)
+    released = merged.where(F.col(_WAS).isNotNull() & (touched | closes)).select(
+        F.col(_WAS).alias(HOLD)
+    )
+    saved = [F.col(f"`{c}`") for c in (*held_cols, HOLD)]
+    since = state.log if state is not None else ChangeLog()
+    store.save(
+        ctx.batch_id,
+        HeldState(kept.select(*saved), None if state is None else state.position, assigned.clock),
+        Changes(kept.where(touched).select(*saved), released, since),
+    )
+    return StageOutput(out, cached=(merged,))
