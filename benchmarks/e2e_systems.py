@@ -38,7 +38,6 @@ SYSTEMS = (
     "ackstream_kafka_window",
     "ackstream_kafka_window_event",
     "ackstream_kafka_window_guide",
-    "ackstream_kafka_window_guide_untracked",
     "ackstream_kafka_join",
     "ackstream_kafka_per_stage",
     "ackstream_local",
@@ -57,9 +56,8 @@ WINDOWED = "ackstream_kafka_window"
 #: the same window by event time (the records' Kafka timestamps) with a watermark
 WINDOWED_EVENT = "ackstream_kafka_window_event"
 #: the window as the guide teaches it, straight over the exploded words (no aggregate
-#: first), tracked and untracked: what a new user writes
+#: first): what a new user writes
 WINDOWED_GUIDE = "ackstream_kafka_window_guide"
-WINDOWED_GUIDE_UNTRACKED = "ackstream_kafka_window_guide_untracked"
 #: Spark's own windowed count: ``withWatermark`` + ``groupBy(window, word).count()``
 SPARK_WINDOW = "spark_kafka_window"
 #: a waiting join of each record with its neighbour, then the count of both's words
@@ -80,7 +78,6 @@ INPUT_KIND = {
     WINDOWED: "event",
     WINDOWED_EVENT: "event",
     WINDOWED_GUIDE: "event",
-    WINDOWED_GUIDE_UNTRACKED: "event",
     SPARK_WINDOW: "event",
     JOINED: "pairs",
     SPARK_JOIN: "pairs",
@@ -198,8 +195,8 @@ def work_ackstream(spark, a, stop, started) -> dict:
 
     from ackstream import KafkaChannel, KafkaSink, LocalChannel, Topology
 
-    tracking = a.system not in (UNTRACKED, WINDOWED_GUIDE_UNTRACKED)
-    if a.system in (UNTRACKED, WINDOWED_GUIDE_UNTRACKED, "ackstream_local"):
+    tracking = a.system != UNTRACKED
+    if a.system in (UNTRACKED, "ackstream_local"):
         channel = LocalChannel(os.path.join(a.workdir, "channel"))
     else:
         channel = KafkaChannel(a.bootstrap, a.name)
@@ -238,7 +235,7 @@ def work_ackstream(spark, a, stop, started) -> dict:
             time="t",
             delay=WATERMARK_DELAY,
         )
-    elif a.system in (WINDOWED_GUIDE, WINDOWED_GUIDE_UNTRACKED):  # the words counted per window
+    elif a.system == WINDOWED_GUIDE:  # the words counted per window
         window = f"{WINDOW_SECONDS}s"
         topology = topology.window("word", F.count("*").alias("n"), duration=window)
     else:
