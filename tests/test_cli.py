@@ -314,6 +314,9 @@ topology.start(frame, {checkpoint!r}, trigger_ms=200)
 """
 
 
+# marked long (make test-long): it needs Spark to report idle triggers within its wait, and
+# on a loaded 2-core machine Spark sometimes reports none, so the records never go
+@pytest.mark.long
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("reader", ["spark", "python"])

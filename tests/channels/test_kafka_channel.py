@@ -12,7 +12,7 @@ from ackstream.sources.offsets import PlannedRoots
 from ackstream.testing import ack_records, fail
 from ackstream.vocabulary.records import ACKED, COMPLETION_SCHEMA, INVALID
 
-from helpers import consume, produce
+from helpers import consume, logged_offset, produce
 
 pytestmark = pytest.mark.broker
 
@@ -147,7 +147,7 @@ def test_a_forged_run_is_not_expanded_past_the_offsets_its_partition_holds(broke
     produce(broker.bootstrap, topic, [f"v{i}" for i in range(20)])
 
     def run(topic: str, start: int, end: int) -> pa.Table:
-        offset = {"v": 1, "source": "t", "ids": "t", "read": {topic: {"0": [start, end]}}}
+        offset = logged_offset(source="t", read={topic: {"0": [start, end]}})
         return PlannedRoots.of_offsets([offset], now_ms=1_000).acked(1_003)
 
     channel = KafkaChannel(broker.bootstrap, f"forged-{uuid.uuid4().hex[:8]}")
