@@ -223,21 +223,7 @@ class TimeClosing:
         window not closed before it (``clock``); an event-time row whose windows all
         closed is late."""
         before = _NO_CLOCK if clock is None else clock
-        late = None
-        if self.time is not None:
-            if clock is not None:
-                reason = F.format_string(
-                    f"late for window stage {stage}: time %d ms is behind the watermark "
-                    f"{before} ms",
-                    F.col(TIME),
-                )
-                is_late = self._last_end() <= F.lit(before)
-                late = rows.where(is_late).withColumn(REASON, reason)
-                rows = rows.where(~is_late)
-            newest = rows.agg(F.max(TIME)).collect()[0][0]
-            after = before if newest is None else max(before, int(newest) - self.delay_ms)
-        else:
-            after = max(before, now_ms)
+        rows, late, after = self._advance(rows, clock, now_ms, stage)
         windowed = rows.withColumn(WINDOW, self._span()).where(self._end() > F.lit(before))
         return Assigned(
             windowed,
@@ -245,6 +231,27 @@ class TimeClosing:
             None if after == _NO_CLOCK else after,
             self._end() <= F.lit(after),
         )
+
+    def _advance(
+        self, rows: DataFrame, clock: int | None, now_ms: int, stage: str
+    ) -> tuple[DataFrame, DataFrame | None, int]:
+        """``rows`` less the late ones, the late ones with their reason (event time: a
+        tuple whose windows all closed before it came), and the clock after the batch."""
+        before = _NO_CLOCK if clock is None else clock
+        if self.time is None:
+            return rows, None, max(before, now_ms)
+        late = None
+        if clock is not None:
+            reason = F.format_string(
+                f"late for window stage {stage}: time %d ms is behind the watermark {before} ms",
+                F.col(TIME),
+            )
+            is_late = self._last_end() <= F.lit(before)
+            late = rows.where(is_late).withColumn(REASON, reason)
+            rows = rows.where(~is_late)
+        newest = rows.agg(F.max(TIME)).collect()[0][0]
+        after = before if newest is None else max(before, int(newest) - self.delay_ms)
+        return rows, late, after
 
     def _span(self) -> Column:
         return F.window(
@@ -266,22 +273,8 @@ class TimeClosing:
         self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
     ) -> Closed:
         before = _NO_CLOCK if clock is None else clock
-        late, cached = None, rows.persist()  # read by several jobs: computed once
-        rows = cached
-        if self.time is not None:
-            if clock is not None:  # a tuple whose windows all closed before it came
-                reason = F.format_string(
-                    f"late for window stage {stage}: time %d ms is behind the watermark "
-                    f"{before} ms",
-                    F.col(TIME),
-                )
-                is_late = self._last_end() <= F.lit(before)
-                late = rows.where(is_late).withColumn(REASON, reason)
-                rows = rows.where(~is_late)
-            newest = rows.agg(F.max(TIME)).collect()[0][0]
-            after = before if newest is None else max(before, int(newest) - self.delay_ms)
-        else:
-            after = max(before, now_ms)
+        cached = rows.persist()  # read by several jobs: computed once
+        rows, late, after = self._advance(cached, clock, now_ms, stage)
         span = F.window(
             F.timestamp_millis(F.col(TIME)),
             f"{self.duration_ms} milliseconds",
