@@ -41,6 +41,7 @@ from ackstream.topology.graph import (
     subscribers,
 )
 from ackstream.topology.held_watch import HeldWatch
+from ackstream.topology.hold_tokens import BatchTokens, HoldTokens
 from ackstream.topology.modes import BatchRecords, Mode, ack_records
 from ackstream.topology.stage_counts import StageCounts
 from ackstream.vocabulary.clock import now_ms
@@ -63,6 +64,7 @@ class DeclaredTopology(Protocol):
     mode: Mode
     message_timeout_ms: int
     held_folder: str | None
+    hold_tokens: HoldTokens
     stages: list[Stage]
     sinks: list[SinkNode]
 
@@ -77,14 +79,18 @@ def run_batch(
     planned: PlannedRoots | None,
     counts: StageCounts | None = None,
     now: int | None = None,
+    reported: bool = False,
 ) -> BatchRecords:
     """Run every stage of ``topology`` on ``batch`` (a static DataFrame), write the
     sinks, and return the batch's ack records. ``planned``: the batch's roots when
     they are known without reading the batch (from the source's offset); else their
     inits are read from the rows, which then costs a cache and a second Spark job.
     ``counts``: where to count each stage's and sink's tuples in and out, as the
-    batch's jobs read them. ``now``: the batch's time (default: the clock's)."""
-    run = BatchRun(topology, batch_id, planned, counts, now)
+    batch's jobs read them. ``now``: the batch's time (default: the clock's).
+    ``reported``: the records go to the mode's report (a started topology's batch),
+    where a window may hold the batch's roots by token; returned records alone cannot
+    say that, so without it a tracked window holds rows and their roots."""
+    run = BatchRun(topology, batch_id, planned, counts, now, reported)
     try:
         run.read_spout(batch)
         for stage in topology.stages:
@@ -109,8 +115,10 @@ class BatchRun:
         planned: PlannedRoots | None,
         counts: StageCounts | None,
         now: int | None = None,
+        reported: bool = False,
     ):
         self.topology, self.batch_id, self.planned = topology, batch_id, planned
+        self.reported = reported
         self.mode = topology.mode
         self.now = now_ms() if now is None else now
         self.subs = subscribers(topology.stages, topology.sinks)
@@ -135,7 +143,19 @@ class BatchRun:
             topology.message_timeout_ms,
             topology.held_folder,
             groups=self.groups,  # filled as the stages run
+            tokens=self._tokens(),
         )
+
+    def _tokens(self) -> BatchTokens | None:
+        """The batch's hold tokens, when its windows may hold its roots by token: a
+        reported batch of its own roots (telescoped), no sink of which continues the
+        trees (it writes each row's roots, which a token-held window no longer has)."""
+        topology = self.topology
+        if not (self.reported and self.mode.holds_by_token):
+            return None
+        if any(node.continues_trees for node in topology.sinks):
+            return None
+        return topology.hold_tokens.batch(topology.held_folder, self.batch_id)
 
     # --- the phases -------------------------------------------------------------------
 
@@ -215,7 +235,7 @@ class BatchRun:
         if self.upstream is not None:
             local = translate(precombine(rest), self.upstream, self.now)
             rest = pa.concat_tables([local, *self.passed_on])
-        return BatchRecords(None if self.read_inits else self.planned, rest)
+        return BatchRecords(None if self.read_inits else self.planned, rest, self.context.tokens)
 
     def release(self) -> None:
         for df in self.kept:

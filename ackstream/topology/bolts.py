@@ -55,6 +55,8 @@ from ackstream.vocabulary.lineage import (
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from ackstream.topology.hold_tokens import BatchTokens
+
 __all__ = [
     "BatchContext",
     "StageOutput",
@@ -102,6 +104,9 @@ class BatchContext:
     #: the aggregates' inputs of the batch so far, by stage: where the roots of a row
     #: that carries ``_group`` are found (a stage that holds rows needs them)
     groups: Mapping[int, GroupInput] = field(default_factory=dict)
+    #: the batch's hold tokens, when its roots may wait for windows that hold partial
+    #: aggregates (None: a tracked window holds rows and their roots)
+    tokens: BatchTokens | None = None
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from ackstream.topology.bolts import (
 from ackstream.topology.declared import analyse, record_start
 from ackstream.topology.described import describe, record_run, write_graph
 from ackstream.topology.graph import SPOUT, SinkNode
+from ackstream.topology.hold_tokens import HoldTokens
 from ackstream.topology.modes import Mode, mode_of
 from ackstream.topology.running import RunningTopology, start_topology
 from ackstream.topology.waiting_join import WaitingJoinStage, check_within
@@ -165,6 +166,8 @@ class Topology:
         #: where window stages keep their held tuples (set by :meth:`start` beside the
         #: checkpoint; None: in memory, as :meth:`run_batch` in tests)
         self.held_folder: str | None = None
+        #: the batches whose roots wait for windows holding partial aggregates
+        self.hold_tokens = HoldTokens()
         self.sinks: list[SinkNode] = []
         self._ends_in_sink = False
         #: the options of the stream :meth:`read_stream` made, parsed: a batch whose new

@@ -29,6 +29,7 @@ Both ack modes give the same outcome for every root (tests hold them to it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +49,9 @@ from ackstream.topology.anchoring import (
 )
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.records import ACK, FAIL, REJECT
+
+if TYPE_CHECKING:
+    from ackstream.topology.hold_tokens import BatchTokens
 
 __all__ = [
     "ACK_MODES",
@@ -71,6 +75,8 @@ class BatchRecords:
 
     planned: PlannedRoots | None  #: None: the inits were read from the rows, in ``rest``
     rest: pa.Table
+    #: the batch's hold tokens (None: no window held its roots by token)
+    tokens: BatchTokens | None = None
 
     def table(self) -> pa.Table:
         """Every record of the batch."""
@@ -97,6 +103,9 @@ class Mode:
     #: a tuple a stage holds past its batch keeps its tree open with a hold record of
     #: its own, no edge's ack doing it (see :mod:`ackstream.topology.holding`)
     hold_records: bool = False
+    #: a window holding partial aggregates holds the batch's roots by token, its acked
+    #: completions waiting for the windows to close (:mod:`ackstream.topology.hold_tokens`)
+    holds_by_token: bool = False
 
     def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         """The ack records a stage sends for its inputs, given the children it emitted."""
@@ -124,16 +133,21 @@ class Untracked(Mode):
 
 class Telescoped(Mode):
     name, anchoring, plans_inits, hold_records = "telescoped", BY_ROOTS, True, True
+    holds_by_token = True
 
     def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         now = now_ms()
-        planned = records.planned
+        planned, rest, tokens = records.planned, records.rest, records.tokens
+        if tokens is not None:
+            rest = tokens.take_outcomes(rest)
         if planned is None:
-            done, still_open = settle(records.rest, now)
+            done, still_open = settle(rest, now)
         else:  # a planned root no other record names is acked: its init's value is 0
-            named = planned.inits_of(pc.unique(records.rest.column("root")))
-            done, still_open = settle(pa.concat_tables([named, records.rest]), now)
+            named = planned.inits_of(pc.unique(rest.column("root")))
+            done, still_open = settle(pa.concat_tables([named, rest]), now)
             done = pa.concat_tables([planned.acked(now, named), done])
+        if tokens is not None:
+            done = tokens.completions(done, now)
         if done.num_rows:
             channel.write_completions(done, batch_id)
         if still_open.num_rows:  # open trees: one record per root for the acker

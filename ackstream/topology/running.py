@@ -139,6 +139,7 @@ class BatchFunction:
                     batch_id,
                     planned if mode.plans_inits else None,
                     counts,
+                    reported=True,
                 )
         except Exception as error:
             if planned is None or not isolates(error, deadline):

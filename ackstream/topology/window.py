@@ -80,11 +80,14 @@ class WindowStage(Stage):
         the late tuples. Untracked, a time window whose aggregates merge holds one
         partial aggregate per window and key instead (:mod:`ackstream.topology.
         window_aggregates`)."""
-        if not ctx.mode.tracks and self.closing.holds_partials:
+        by_partials = not ctx.mode.tracks or ctx.tokens is not None
+        if by_partials and self.closing.holds_partials:
             partials = self.partials(df)
             if partials is not None:
                 store = self.holding.store(ctx.folder)
-                held = held_aggregates(df, ctx, store, self.keys, partials, self.closing, self.name)
+                held = held_aggregates(
+                    df, ctx, store, self.keys, partials, self.closing, self.name, self.number
+                )
                 if held is not None:
                     return held
         df = self.holding.holdable(df, ctx)

@@ -9,7 +9,10 @@ merged rows of the windows and keys the batch touched, and the ids of the versio
 they replace or that closed. A held row's id hashes its key, its window and the last
 batch that merged into it, so a batch Spark runs again writes the same ids.
 
-Untracked only for now: a tracked window still holds rows, with their roots.
+Tracked, the rows' roots are not held at all: the batch holds a token per window its
+rows went into, and its roots wait for those windows to close (:mod:`ackstream.
+topology.hold_tokens`). An output row carries ``_group``, its window's token root, so
+that a failure downstream fails the roots of every batch the window held.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import BatchContext, StageOutput
 from ackstream.topology.held_store import HOLD, ChangeLog, Changes, HeldState, HeldStore
 from ackstream.topology.window_closing import WINDOW, Closing
 from ackstream.topology.window_partials import FIRST_SINCE, LAST_SINCE, Partial, fitted
+from ackstream.vocabulary.lineage import GROUP, REASON, ROOT
 
 __all__ = ["held_aggregates"]
 
-_TOUCHED, _WAS = "_touched", "_was"
+_TOUCHED, _WAS, _END = "_touched", "_was", "_window_end"
 
 
 def held_aggregates(
@@ -37,10 +42,12 @@ def held_aggregates(
     partials: Sequence[Partial],
     closing: Closing,
     stage: str,
+    number: int,
 ) -> StageOutput | None:
-    """The batch ``df`` through a window holding ``partials`` per window and key (see
-    the module doc), its state in ``store``; None when ``closing`` holds rows, or the
-    store holds rows saved before (the window then goes on holding rows)."""
+    """The batch ``df`` through window stage ``stage`` (``number``) holding ``partials``
+    per window and key (see the module doc), its state in ``store``; None when
+    ``closing`` holds rows, or the store holds rows saved before (the window then goes
+    on holding rows). Tracked, ``ctx.tokens`` holds the batch's roots."""
     spark = df.sparkSession
     state = store.before(spark, ctx.batch_id)
     if state is not None and state.rows is not None and LAST_SINCE not in state.rows.columns:
@@ -93,4 +100,15 @@ def held_aggregates(
         HeldState(kept.select(*saved), None if state is None else state.position, assigned.clock),
         Changes(kept.where(touched).select(*saved), released, since),
     )
-    return StageOutput(out, cached=(merged,))
+    if ctx.tokens is None:
+        return StageOutput(out, cached=(merged,))
+    ctx.tokens.hold(number, assigned.ends)
+    closing_ends = ctx.tokens.release(number, assigned.clock)
+    tokens = spark.createDataFrame(
+        ctx.tokens.token_frame_rows(number, closing_ends), f"{ROOT} long, {_END} long"
+    )
+    end = F.unix_millis(F.col(f"{WINDOW}.end"))
+    group = F.struct(F.lit(number).alias("stage"), end.alias("id"))
+    out = out.withColumn(ROOT, F.lit(None).cast("long")).withColumn(GROUP, group)
+    late = None if assigned.late is None else assigned.late.select(*df.columns, REASON)
+    return StageOutput(out, rejected=late, cached=(merged,), groups=GroupInput(tokens, F.col(_END)))

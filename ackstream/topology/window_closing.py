@@ -59,6 +59,8 @@ TIME, SINCE = "_time", "_since"
 _ARRIVAL = ("topic", "partition", "offset")
 _COUNT, _RANK, _ORDINAL = "_count", "_rank", "_window"
 _NO_CLOCK = -(2**63)
+#: a batch's rows spread over more slides than this: their windows are read, not listed
+_SPREAD = 1000
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,15 @@ class Assigned:
     """A batch's rows in their windows: ``rows`` has a row per (row, open window that
     holds it) with ``window``; ``late`` the rows refused (with ``_reason``; None: none);
     ``clock`` the clock after the batch (None: none yet); ``closes`` true on a
-    ``window`` that has closed by ``clock``."""
+    ``window`` that has closed by ``clock``; ``ends`` the ends (ms) of the open windows
+    the batch's rows may have gone into (a few more when their times spread: a hold
+    token waits for each, see :mod:`ackstream.topology.hold_tokens`)."""
 
     rows: DataFrame
     late: DataFrame | None
     clock: int | None
     closes: Column
+    ends: list[int] = field(default_factory=list)
 
 
 class Closing(Protocol):
@@ -223,23 +228,34 @@ class TimeClosing:
         window not closed before it (``clock``); an event-time row whose windows all
         closed is late."""
         before = _NO_CLOCK if clock is None else clock
-        rows, late, after = self._advance(rows, clock, now_ms, stage)
+        rows, late, after, times = self._advance(rows, clock, now_ms, stage)
         windowed = rows.withColumn(WINDOW, self._span()).where(self._end() > F.lit(before))
+        if times is None:
+            ends = []
+        elif (times[1] - times[0]) // self.slide_ms < _SPREAD:
+            ends = self._ends_holding(*times, before)
+        else:  # times far apart: the windows the rows went into, exactly
+            ends = sorted(r[0] for r in windowed.select(self._end()).distinct().collect())
         return Assigned(
-            windowed,
-            late,
-            None if after == _NO_CLOCK else after,
-            self._end() <= F.lit(after),
+            windowed, late, None if after == _NO_CLOCK else after, self._end() <= F.lit(after), ends
         )
+
+    def _ends_holding(self, first: int, last: int, before: int) -> list[int]:
+        """The ends of the windows that hold a time in ``[first, last]`` and end after
+        ``before``."""
+        start = ((first - self.duration_ms) // self.slide_ms + 1) * self.slide_ms
+        ends = (s + self.duration_ms for s in range(start, last + 1, self.slide_ms))
+        return [end for end in ends if end > before]
 
     def _advance(
         self, rows: DataFrame, clock: int | None, now_ms: int, stage: str
-    ) -> tuple[DataFrame, DataFrame | None, int]:
+    ) -> tuple[DataFrame, DataFrame | None, int, tuple[int, int] | None]:
         """``rows`` less the late ones, the late ones with their reason (event time: a
-        tuple whose windows all closed before it came), and the clock after the batch."""
+        tuple whose windows all closed before it came), the clock after the batch, and
+        the first and last time of the rows kept (None: none)."""
         before = _NO_CLOCK if clock is None else clock
         if self.time is None:
-            return rows, None, max(before, now_ms)
+            return rows, None, max(before, now_ms), (now_ms, now_ms)
         late = None
         if clock is not None:
             reason = F.format_string(
@@ -249,9 +265,9 @@ class TimeClosing:
             is_late = self._last_end() <= F.lit(before)
             late = rows.where(is_late).withColumn(REASON, reason)
             rows = rows.where(~is_late)
-        newest = rows.agg(F.max(TIME)).collect()[0][0]
+        oldest, newest = rows.agg(F.min(TIME), F.max(TIME)).collect()[0]
         after = before if newest is None else max(before, int(newest) - self.delay_ms)
-        return rows, late, after
+        return rows, late, after, None if newest is None else (int(oldest), int(newest))
 
     def _span(self) -> Column:
         return F.window(
@@ -274,7 +290,7 @@ class TimeClosing:
     ) -> Closed:
         before = _NO_CLOCK if clock is None else clock
         cached = rows.persist()  # read by several jobs: computed once
-        rows, late, after = self._advance(cached, clock, now_ms, stage)
+        rows, late, after, _ = self._advance(cached, clock, now_ms, stage)
         span = F.window(
             F.timestamp_millis(F.col(TIME)),
             f"{self.duration_ms} milliseconds",
