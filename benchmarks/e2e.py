@@ -296,7 +296,7 @@ def make_input(
     times = None
     if kind != "plain":
         start = int(time.time() * 1000)
-        step = WINDOW_SECONDS * 1000 / max_per_batch  # a batch's records span one window
+        step = ctx.window_seconds * 1000 / max_per_batch  # a batch's records span one window
         times = [start + int(i * step) for i in range(count)]
     warm = warm_batches * max_per_batch
     log(f"producing {len(lines):,} sentences to {topic} ({warm:,} of them the warm-up)")
@@ -634,6 +634,7 @@ def start_job(worker: Worker, ctx, system: str, name: str, topic: str, max_per_b
         trigger_ms=ctx.trigger_ms,
         warmup_batches=ctx.warmup_batches,
         ackstream_options=ctx.ackstream_options,
+        window_seconds=ctx.window_seconds,
     )
     return output
 
@@ -992,6 +993,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="runs per system and size")
     parser.add_argument("--trigger-ms", type=int, default=200, help="the Spark systems' trigger")
+    parser.add_argument(
+        "--window-seconds", type=int, default=WINDOW_SECONDS, help="the window systems' length"
+    )
     parser.add_argument("--systems", default="all", help=f"comma-separated, of {SYSTEMS}")
     parser.add_argument(
         "--cold-systems", default="all", help="systems timed cold, once each ('' for none)"
@@ -1056,6 +1060,7 @@ def main(argv=None) -> dict:
             run=uuid.uuid4().hex[:6],  # topics and groups of this run (a shared broker)
             partitions=args.partitions,
             trigger_ms=args.trigger_ms,
+            window_seconds=args.window_seconds,
             warmup_batches=args.warmup_batches,
             ackstream_options=ackstream_options(args.ackstream_option, parser),
             workdir=workdir,
@@ -1138,6 +1143,7 @@ def main(argv=None) -> dict:
                 "partitions": args.partitions,
                 "repeats": args.repeats,
                 "trigger_ms": args.trigger_ms,
+                "window_seconds": args.window_seconds,
                 "vocabulary": len(vocabulary()),
                 "event_time": "a batch's records span one window (2 s)",
                 "message_timeout_ms": MESSAGE_TIMEOUT_MS,

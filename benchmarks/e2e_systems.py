@@ -66,7 +66,7 @@ JOINED = "ackstream_kafka_join"
 SPARK_JOIN = "spark_kafka_join"
 #: the tracked pipeline with every stage's acks sent to the acker, as Storm sends them
 PER_STAGE = "ackstream_kafka_per_stage"
-#: the window's length: its rows' records stay pending this long
+#: the window's length by default (``--window-seconds``): its records stay pending this long
 WINDOW_SECONDS = 2
 #: how far behind the newest event time the watermark of the event-time systems is
 WATERMARK_DELAY = "2 seconds"
@@ -224,24 +224,24 @@ def work_ackstream(spark, a, stop, started) -> dict:
         topology = topology.map(lambda df: df.withColumn("line", F.col("value").cast("string")))
         topology = topology.explode(F.split("line", " "), "word")
     if a.system == WINDOWED_EVENT:  # per batch, per word and window; then over batches
-        ms = WINDOW_SECONDS * 1000
+        ms = a.window_seconds * 1000
         start = F.expr(f"timestamp_millis(unix_millis(timestamp) - unix_millis(timestamp) % {ms})")
         topology = topology.aggregate(
             ["word", start.alias("start")], F.count("*").alias("n"), F.max("timestamp").alias("t")
         ).window(
             "word",
             F.sum("n").alias("n"),
-            duration=f"{WINDOW_SECONDS}s",
+            duration=f"{a.window_seconds}s",
             time="t",
             delay=WATERMARK_DELAY,
         )
     elif a.system == WINDOWED_GUIDE:  # the words counted per window
-        window = f"{WINDOW_SECONDS}s"
+        window = f"{a.window_seconds}s"
         topology = topology.window("word", F.count("*").alias("n"), duration=window)
     else:
         topology = topology.aggregate("word", F.count("*").alias("n"))
     if a.system == WINDOWED:  # the batch's counts summed per word over 2 s windows
-        topology = topology.window("word", F.sum("n").alias("n"), duration=f"{WINDOW_SECONDS}s")
+        topology = topology.window("word", F.sum("n").alias("n"), duration=f"{a.window_seconds}s")
     topology = topology.map(
         lambda df: df.selectExpr("*", "word AS key", "CAST(n AS STRING) AS value")
     ).sink(KafkaSink(a.bootstrap, a.output))
@@ -382,7 +382,7 @@ def work_spark_window(spark, a, stop, started) -> dict:
     )
     counts = (
         words.withWatermark("timestamp", WATERMARK_DELAY)
-        .groupBy(F.window("timestamp", f"{WINDOW_SECONDS} seconds"), "word")
+        .groupBy(F.window("timestamp", f"{a.window_seconds} seconds"), "word")
         .count()
     )
     return run_spark_query(

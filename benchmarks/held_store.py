@@ -16,7 +16,11 @@ bytes it wrote (the files under its folder created or changed by the batch):
 - ``window``: the changelog as a stage uses it, a count window of two per key
   (``Topology.run_batch``, tracked, held rows in a folder as a running query keeps
   them): a first batch of ``--held`` rows of as many keys, then each batch
-  ``--changes`` rows of new keys and as many that fill the windows of the oldest.
+  ``--changes`` rows of new keys and as many that fill the windows of the oldest;
+- ``partials``: a time window holding partial aggregates (one row per window and key;
+  untracked ``Topology.run_batch``, the same store a tracked one uses), one hour long:
+  each batch ``--changes`` rows over the same ``--keys`` keys, so what it writes a
+  batch should follow the keys touched, not the rows seen.
 
 For the two file candidates a batch's time is the save (``save_s``) and a count of the
 state read back (``scan_s``: what the next batch of a window or join reads); the state
@@ -52,7 +56,7 @@ from ackstream import MemorySink, Topology, local_session  # noqa: E402
 from ackstream.testing import with_lineage  # noqa: E402
 from ackstream.topology.held_store import Changes, HeldState, HeldStore  # noqa: E402
 
-CANDIDATES = ("rewrite", "changelog", "state_store", "window")
+CANDIDATES = ("rewrite", "changelog", "state_store", "window", "partials")
 BUCKETS = 64  # the state store's grouping keys: ids spread over them
 T = 1_000_000_000_000  # the window candidate's first batch time (ms)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -252,6 +256,30 @@ def run_window(spark, folder: str, held: int, changes: int, batches: int):
     return out
 
 
+def run_partials(spark, folder: str, keys: int, changes: int, batches: int):
+    """The ``partials`` candidate."""
+    from pyspark.sql import functions as F
+
+    topology = (
+        Topology("held-partials", spark, None, tracking=False)
+        .window("k", F.count("*").alias("n"), F.sum("x").alias("x"), duration="1h", name="w")
+        .sink(MemorySink())
+    )
+    topology.held_folder = folder
+    out = []
+    for b in range(batches + 1):
+        rows = spark.range(changes).selectExpr(f"id % {keys} AS k", "id AS x")
+        snapshot = files_of(folder)
+        started = time.perf_counter()
+        topology.run_batch(rows, b, now_ms=T + 1000 * b)
+        elapsed = time.perf_counter() - started
+        out.append({"batch_s": elapsed, "bytes": written(folder, snapshot)})
+    held = HeldStore(os.path.join(folder, "w")).counts()["tuples"]
+    if held != keys:
+        raise RuntimeError(f"{held:,} partial rows held, expected one per key ({keys:,})")
+    return out
+
+
 def summary(batches: list[dict]) -> dict:
     timed = batches[1:] or batches
     return {
@@ -261,7 +289,9 @@ def summary(batches: list[dict]) -> dict:
     } | {"bytes_mean": statistics.fmean(b["bytes"] for b in batches)}
 
 
-def run(spark, held: int, changes: int, batches: int, repeats: int, candidates) -> dict:
+def run(
+    spark, held: int, changes: int, batches: int, repeats: int, candidates, keys: int = 1000
+) -> dict:
     runs: dict[str, list] = {c: [] for c in candidates}
     workdir = tempfile.mkdtemp(prefix="ackstream-held-store-")
     try:
@@ -273,6 +303,8 @@ def run(spark, held: int, changes: int, batches: int, repeats: int, candidates) 
                     batch = run_state_store(spark, folder, held, changes, batches)
                 elif candidate == "window":
                     batch = run_window(spark, folder, held, changes, batches)
+                elif candidate == "partials":
+                    batch = run_partials(spark, folder, keys, changes, batches)
                 else:
                     incremental = candidate == "changelog"
                     batch = run_files(spark, folder, held, changes, batches, incremental)
@@ -294,6 +326,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--held", type=int, default=100_000, help="rows held throughout")
     parser.add_argument("--changes", type=int, default=10_000, help="added (and released) a batch")
     parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--keys", type=int, default=1000, help="the partials' keys")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
     parser.add_argument("--no-save", action="store_true")
@@ -306,7 +339,9 @@ def main(argv=None) -> dict:
     spark = local_session("ackstream-held-store-bench")
     load_before = os.getloadavg()
     try:
-        runs = run(spark, args.held, args.changes, args.batches, args.repeats, candidates)
+        runs = run(
+            spark, args.held, args.changes, args.batches, args.repeats, candidates, args.keys
+        )
     finally:
         spark.stop()
     out = {

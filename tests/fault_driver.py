@@ -54,12 +54,14 @@ def build(
     fail_rate: float = 0.0,
     kafka_options: dict | None = None,
     stage_counts: bool = False,
+    window: str | None = None,
 ):
     """The tracked input stream and the topology (tests run it in-process too).
     ``ack_mode="per_stage"`` puts every tree on the acker query's path; ``fail_rate``
     is the fraction of words whose first attempt fails (reason ``flaky``);
     ``kafka_options`` (``kafka.*`` client settings) go to the source, the channel and
-    the sink alike."""
+    the sink alike; ``window`` (a duration) counts the words in processing-time
+    windows across batches instead of per batch and record (valued by the count)."""
     kafka_options = kafka_options or {}
 
     def refuse_poison(frame):
@@ -87,12 +89,18 @@ def build(
         topology = topology.fail_where(
             (F.col("_attempt") == 0) & (F.rand() < fail_rate), "flaky", name="flaky"
         )
-    topology = (
-        topology.pandas_bolt(refuse_poison, "word string, record string", name="refuse_poison")
-        .aggregate(["word", "record"], F.count("*").alias("n"))
-        .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("record")))
-        .sink(KafkaSink(bootstrap, outbox, kafka_options=kafka_options))
+    topology = topology.pandas_bolt(
+        refuse_poison, "word string, record string", name="refuse_poison"
     )
+    if window is None:
+        topology = topology.aggregate(["word", "record"], F.count("*").alias("n"))
+        value = F.col("record")
+    else:
+        topology = topology.window("word", F.count("*").alias("n"), duration=window)
+        value = F.col("n").cast("string")
+    topology = topology.map(
+        lambda df: df.withColumn("key", F.col("word")).withColumn("value", value)
+    ).sink(KafkaSink(bootstrap, outbox, kafka_options=kafka_options))
     stream = topology.read_stream(
         {
             **kafka_options,

@@ -41,6 +41,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from ackstream.storage.files import BatchFiles
+from ackstream.topology.hold_tokens import FOLDER as TOKENS
 
 if TYPE_CHECKING:  # ``ackstream status`` reads the counts without Spark
     from pyspark.sql import DataFrame, SparkSession
@@ -293,15 +294,17 @@ class HeldStore:
             data = ds.dataset(where, filesystem=fs, format="parquet")
             if piece.startswith(_RELEASED):
                 gone.append(data.to_table(columns=[HOLD]).column(HOLD))
-            elif "_root" in data.schema.names:
-                columns = ["_root", *([HOLD] if HOLD in data.schema.names else [])]
+            else:  # a window's partial rows carry no root: counted as rows
+                columns = [c for c in ("_root", HOLD) if c in data.schema.names]
                 tables.append(data.to_table(columns=columns))
         if not tables:
             return {"tuples": 0, "roots": 0}
         rows = pa.concat_tables(tables, promote_options="default")
-        if gone:
+        if gone and HOLD in rows.column_names:
             released = pa.chunked_array(gone).combine_chunks()
             rows = rows.filter(pc.invert(pc.is_in(rows.column(HOLD), value_set=released)))
+        if "_root" not in rows.column_names:
+            return {"tuples": rows.num_rows, "roots": 0}
         roots = rows.column("_root").drop_null()
         return {"tuples": rows.num_rows, "roots": pc.count_distinct(roots).as_py()}
 
@@ -312,5 +315,5 @@ def held_counts(folder: str) -> dict[str, dict[str, int]]:
     when there is none. Plain paths only; no Spark."""
     if not os.path.isdir(folder):
         return {}
-    stages = sorted(os.listdir(folder))
+    stages = sorted(name for name in os.listdir(folder) if name != TOKENS)
     return {stage: HeldStore(os.path.join(folder, stage)).counts() for stage in stages}

@@ -50,8 +50,7 @@ from ackstream.vocabulary.records import (
 
 __all__ = ["FOLDER", "BatchTokens", "HoldTokens", "token_root"]
 
-#: the ledger's folder in the topology's held folder (a stage's name may not start
-#: with an underscore's neighbour ``.``, and no stage folder is named this)
+#: the ledger's folder in the topology's held folder (no holding stage may be named so)
 FOLDER = "_tokens"
 _BATCH = "_held_batch"
 _TOKENS = b"ackstream.tokens"

@@ -49,6 +49,7 @@ from pyspark.sql import types as T
 from ackstream.errors import StageError
 from ackstream.topology.bolts import BatchContext, anchored_to_roots
 from ackstream.topology.held_store import HOLD, ChangeLog, Changes, HeldState, HeldStore
+from ackstream.topology.hold_tokens import FOLDER as TOKENS
 from ackstream.vocabulary.lineage import ANCHORS, GROUP, ROOT
 from ackstream.vocabulary.records import ACKED, NOTICES
 
@@ -153,8 +154,10 @@ class Holding:
     the steps every holding stage takes each batch (see the module doc)."""
 
     def __init__(self, name: str, number: int, kind: str):
-        if "/" in name or name.startswith("."):  # its held store's folder name
-            raise StageError(name, f"a {kind}'s name may not hold '/' or start with '.'")
+        if "/" in name or name.startswith(".") or name == TOKENS:  # its store's folder
+            raise StageError(
+                name, f"a {kind}'s name may not hold '/', start with '.' or be {TOKENS!r}"
+            )
         self.name, self.number, self.kind = name, number, kind
         self._stores: dict[str | None, HeldStore] = {}
 

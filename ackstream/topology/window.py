@@ -9,7 +9,10 @@ window_closing.Closing`'s business: every k tuples (Storm's tumbling count windo
 duration windows, Spark's ``window()``, by processing or event time). A tuple stays
 held until the last window that holds it has closed. Its tree stays open meanwhile:
 
-Held tuples are acked as :mod:`ackstream.topology.holding` says (a hold id per
+A time window whose aggregates merge holds one partial aggregate per window and key
+instead (:mod:`ackstream.topology.window_aggregates`), and, tracked, its batches'
+roots by token (:mod:`ackstream.topology.hold_tokens`). Otherwise, held tuples are
+acked as :mod:`ackstream.topology.holding` says (a hold id per
 tuple, telescoped), dropped when their root has an outcome elsewhere, and what
 changed is saved per batch beside the checkpoint with the closing's clock, so a
 driver restart keeps them. The window's output row carries ``_group`` as an
@@ -77,9 +80,9 @@ class WindowStage(Stage):
         ``StageOutput.acked`` is the tuples released (per-stage acks ack those, not the
         input), ``holds`` the ``(root, value)`` pairs of the new and released holds
         (telescoped), ``fails`` the other roots of held tuples dropped and ``rejected``
-        the late tuples. Untracked, a time window whose aggregates merge holds one
-        partial aggregate per window and key instead (:mod:`ackstream.topology.
-        window_aggregates`)."""
+        the late tuples. A time window whose aggregates merge holds one partial
+        aggregate per window and key instead, untracked or with the batch's hold
+        tokens (:mod:`ackstream.topology.window_aggregates`)."""
         by_partials = not ctx.mode.tracks or ctx.tokens is not None
         if by_partials and self.closing.holds_partials:
             partials = self.partials(df)
