@@ -58,6 +58,7 @@ _SCHEMA = COMPLETION_SCHEMA.append(pa.field(_BATCH, pa.int64()))
 _TAG = ids.hash_text("ackstream hold token")
 
 Token = tuple[int, int]  #: (stage number, window end ms)
+_LOST = "its window's rows were not written (the batch that closed it failed as a whole)"
 
 
 def token_root(stage: int, end_ms: int) -> int:
@@ -136,17 +137,26 @@ class BatchTokens:
         """This batch's rows went into the windows of ``stage`` ending at ``ends``."""
         self._held.update((stage, int(end)) for end in ends)
 
-    def release(self, stage: int, clock: int | None) -> list[int]:
-        """The windows of ``stage`` that ``clock`` closes (their end at or before it)
-        and some batch waits for: their ends, ascending. Their token roots are known
-        to :meth:`take_outcomes` from here on."""
+    def release(self, stage: int, before: int | None, clock: int | None) -> list[int]:
+        """The windows of ``stage`` that this batch closes (its clock moved from
+        ``before`` to ``clock`` past their end) and some batch waits for: their ends,
+        ascending; their token roots are known to :meth:`take_outcomes` from here on.
+        A window waited for that an earlier batch closed was never written (that batch
+        failed as a whole, after the window's store had let it go): the batches in it
+        fail, so that their replays bring its content back."""
         if clock is None:
             return []
         waiting = {t for tokens in self._state.tokens.values() for t in tokens} | self._held
-        ends = sorted(end for s, end in waiting if s == stage and end <= clock)
-        for end in ends:
-            self._released.add((stage, end))
-            self._roots[token_root(stage, end)] = (stage, end)
+        ends = []
+        for s, end in sorted(waiting):
+            if s != stage or end > clock:
+                continue
+            self._released.add((s, end))
+            if before is not None and end <= before:
+                self._outcomes[(s, end)] = (FAILED, _LOST)
+            else:
+                ends.append(end)
+                self._roots[token_root(s, end)] = (s, end)
         return ends
 
     def token_frame_rows(self, stage: int, ends: Iterable[int]) -> list[tuple[int, int]]:

@@ -103,7 +103,7 @@ def held_aggregates(
     if ctx.tokens is None:
         return StageOutput(out, cached=(merged,))
     ctx.tokens.hold(number, assigned.ends)
-    closing_ends = ctx.tokens.release(number, assigned.clock)
+    closing_ends = ctx.tokens.release(number, clock, assigned.clock)
     tokens = spark.createDataFrame(
         ctx.tokens.token_frame_rows(number, closing_ends), f"{ROOT} long, {_END} long"
     )

@@ -36,10 +36,10 @@ def offsets(completions: pa.Table, status: str = ACKED) -> list[int]:
     return sorted(r["offset"] for r in rows if r["status"] == status)
 
 
-def batch(ledger, folder, batch_id, done, now, held=(), clock=None, rest=None):
+def batch(ledger, folder, batch_id, done, now, held=(), clock=None, rest=None, before=None):
     tokens = ledger.batch(folder, batch_id)
     tokens.hold(STAGE, held)
-    tokens.release(STAGE, clock)
+    tokens.release(STAGE, before, clock)
     tokens.take_outcomes(ACK_RECORD_SCHEMA.empty_table() if rest is None else rest)
     return tokens.completions(done, now)
 
@@ -71,7 +71,7 @@ def test_a_failed_window_fails_every_batch_it_held_and_a_rejection_rejects(tmp_p
         [failure(token_root(STAGE, 1000), FAIL, "bad sum"), failure(7, FAIL, "other")]
     )
     tokens = ledger.batch(folder, 2)
-    tokens.release(STAGE, 2000)
+    tokens.release(STAGE, None, 2000)
     left = tokens.take_outcomes(rest)
     assert left.column("root").to_pylist() == [7]
     out = tokens.completions(COMPLETION_SCHEMA.empty_table(), 2100)
@@ -80,7 +80,7 @@ def test_a_failed_window_fails_every_batch_it_held_and_a_rejection_rejects(tmp_p
     assert reasons == {"a window that held it failed: bad sum"}
     batch(ledger, folder, 3, acked_runs(0, 3, 4), 0, [3000])
     tokens = ledger.batch(folder, 4)
-    tokens.release(STAGE, 3000)
+    tokens.release(STAGE, None, 3000)
     tokens.take_outcomes(failure(token_root(STAGE, 3000), REJECT, "negative"))
     out = tokens.completions(COMPLETION_SCHEMA.empty_table(), 3100)
     assert offsets(out, REJECTED) == [3]
@@ -113,3 +113,14 @@ def test_a_batch_whose_windows_close_in_it_reports_at_once():
     itself closes: nothing waits."""
     out = batch(HoldTokens(), None, 0, acked_runs(0, 0, 2), 0, [1000], clock=1000)
     assert offsets(out) == [0, 1]
+
+
+def test_a_window_closed_by_a_batch_that_failed_as_a_whole_fails_the_batches_it_held():
+    """Batch 1 closed the window ending at 1000 (its store let it go) but failed as a
+    whole, so it reported nothing; batch 2 finds the clock already past 1000: the
+    window's rows were never written, and batch 0's roots fail."""
+    ledger = HoldTokens()
+    batch(ledger, None, 0, acked_runs(0, 0, 2), 0, [1000])
+    out = batch(ledger, None, 2, COMPLETION_SCHEMA.empty_table(), 1500, before=1100, clock=1500)
+    assert offsets(out, FAILED) == [0, 1]
+    assert "not written" in expand(out).column("reason")[0].as_py()
