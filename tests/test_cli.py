@@ -1,7 +1,9 @@
 """The command line: argument parsing apart, and the demo end to end in-process."""
 
+import datetime
 import json
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -611,12 +613,20 @@ def _write_letters(bootstrap, dead_topic, source_topic):
 @pytest.mark.broker
 def test_dead_letters_list_reads_the_topic_with_filters(broker, new_topic, capsys):
     dead, source = new_topic(), new_topic()
+    before = int(time.time())  # the letters' times are said to the second
     _write_letters(broker.bootstrap, dead, source)
+    after = time.time()
     base = ("dead-letters", "list", "--bootstrap", broker.bootstrap, "--dead-letter-topic", dead)
     done = _in_process(capsys, *base)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[:3] == [
+    # each says when it died: the time its letter was written, in UTC
+    died = [re.search(r"  died (\S+ \S+) UTC  ", line) for line in lines[:3]]
+    assert all(died), lines
+    for at in died:
+        moment = datetime.datetime.strptime(at.group(1), "%Y-%m-%d %H:%M:%S")
+        assert before <= moment.replace(tzinfo=datetime.UTC).timestamp() <= after
+    assert [line.replace(at.group(0), "  ") for line, at in zip(lines, died)] == [
         f"{source}[0]@3  attempts=3  failed: parse#1: ValueError: bad",
         f"{source}[0]@5  attempts=1  rejected: value of 99 bytes is over",
         f"{source}[0]@8  attempts=3  timed_out",

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 from dataclasses import replace
 
 import pyarrow as pa
@@ -9,7 +10,11 @@ import pytest
 
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import EnvironmentProblem
-from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
+from ackstream.sinks.dead_letters import (
+    DEAD_LETTER_SCHEMA,
+    ParquetDeadLetters,
+    read_dead_letters,
+)
 from ackstream.sources.tracking import DeadLetter
 from ackstream.testing import ack, ack_records, init
 from ackstream.ui.metrics import exposition
@@ -158,6 +163,18 @@ def test_local_status_reads_acks_completions_and_dead_letters(tmp_path):
     assert (status.topology, status.channel) == ("words", str(tmp_path / "ch"))
     text = "\n".join(status.lines())
     assert "pending" in text and "p99 50 ms" in text
+
+
+def test_status_says_when_the_newest_dead_letter_died(tmp_path):
+    fill_channel(tmp_path / "ch")
+    folder = os.path.join(tmp_path / "ch", "dead_letters")
+    ParquetDeadLetters(folder, "words").write([DeadLetter("t", 0, 9, 1, REJECTED)], {})
+    newest = max(read_dead_letters(folder).column("written_ms").to_pylist())
+    status = local_status(str(tmp_path / "ch"), "words")
+    assert status.last_dead_letter_ms == newest
+    (line,) = [x for x in status.lines() if x.strip().startswith("dead-lettered")]
+    said = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(newest / 1000))
+    assert line.endswith(f"(the newest died {said})")
 
 
 def test_local_status_of_a_missing_directory_says_what_to_give(tmp_path):

@@ -23,7 +23,8 @@ channel counts each root once, with its first completion.
   that attempt, so the source reads it again (or will, after its backoff).
 - ``dead_lettered``: records in the dead-letter Parquet folder or on the dead-letter
   topic (Kafka channel), each once (a letter written twice after a crash counts
-  once); ``None`` when unknown.
+  once); ``None`` when unknown. ``last_dead_letter_ms``: when the newest of them was
+  written (its record died); ``None`` when none says.
 - ``latency_ms``: complete latency (init to ack, as Storm's ``complete latency``)
   percentiles of the acked roots; ``None`` when nothing was acked.
   ``latency_histogram``: the same latencies counted in :data:`LATENCY_BUCKETS_MS`
@@ -184,6 +185,7 @@ class Status:
     #: records the source's batches read since it started (its own count, whichever
     #: reader reads them); None when the source saves no metrics (the Kafka channel)
     read: int | None = None
+    last_dead_letter_ms: int | None = None  #: when the newest dead letter was written
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -199,7 +201,13 @@ class Status:
             ("timed out", str(self.timed_out), ""),
             ("replayed", str(self.replayed), "failed or timed out, not dead-lettered"),
             ("rejected", str(self.rejected), "dead-lettered without a replay"),
-            ("dead-lettered", dead, ""),
+            (
+                "dead-lettered",
+                dead,
+                ""
+                if self.last_dead_letter_ms is None
+                else f"the newest died {_utc(self.last_dead_letter_ms)}",
+            ),
         ]
         if self.read is not None:
             rows.append(("read", str(self.read), "records the source read since it started"))
@@ -420,6 +428,9 @@ def summarize(
         unknown=counts[UNKNOWN],
         invalid=n_invalid,
         dead_lettered=None if dead_letters is None else len(dead_keys),
+        last_dead_letter_ms=None
+        if dead_letters is None
+        else pc.max(dead_letters.column("written_ms")).as_py(),
         latency_ms=percentiles,
         window_s=window_s,
         rates_per_s=None if since is None else {k: n / window_s for k, n in recent.items()},

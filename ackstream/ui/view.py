@@ -203,7 +203,8 @@ def _graph(source: StatusSource, status) -> dict:
 
 def _letters(source: StatusSource) -> dict:
     """The dead letters of ``source`` for the page: where, how many, and the newest
-    :data:`DEAD_LETTERS_SHOWN` with their reasons and when they were replayed."""
+    :data:`DEAD_LETTERS_SHOWN` with their reasons, when they were written (died) and
+    when they were replayed."""
     try:
         where, letters, marks = source.dead_letters_at()
         replayed = marks.replayed()
@@ -224,6 +225,7 @@ def _letters(source: StatusSource) -> dict:
                 "key": letter_text(r["key"]),
                 "value": letter_text(r["value"]),
                 "timestamp_ms": r["timestamp_ms"],
+                "written_ms": r["written_ms"],
                 "replayed_ms": replayed.get(letter_name(r)),
             }
             for r in reversed(rows)

@@ -193,7 +193,9 @@ function drawLetters(el, t) {
     const row = body.insertRow();
     row.dataset.letter = r.letter;
     cell(row, `${r.topic}[${r.partition}]@${r.offset}`);
-    cell(row, r.timestamp_ms === null || r.timestamp_ms === undefined ? "" : whenFull(r.timestamp_ms), "time");
+    const at = (t) => (t === null || t === undefined ? "" : whenFull(t));
+    cell(row, at(r.written_ms), "died");
+    cell(row, at(r.timestamp_ms), "time");
     cell(row, r.key ?? "", "key");
     cell(row, r.value ?? "", "value");
     cell(row, r.attempts, "n");
