@@ -59,10 +59,12 @@ channel counts each root once, with its first completion.
 - ``graph``: the topology's declared stages and sinks and the streams they read, as
   ``start()`` wrote them beside the checkpoint
   (:func:`~ackstream.topology.described.describe`); ``None`` without a checkpoint.
-- ``run``: whether the topology query runs, since when, its last batch (id,
-  duration, input and processing rates) and Spark's UI address, as its process keeps
-  them beside the checkpoint (:func:`~ackstream.topology.described.read_run`), with
-  ``heard_ms`` its last word; ``None`` without a checkpoint or before a start.
+- ``run``: whether the topology query runs (running, stopped, or not responding:
+  its process killed or silent), since when, its last batch (id, duration, rows and
+  input and processing rates, by the source's own count) and Spark's UI address, as
+  its process keeps them beside the checkpoint
+  (:func:`~ackstream.topology.described.read_run`), with ``heard_ms`` its last word;
+  ``None`` without a checkpoint or before a start.
 
 Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
 
@@ -97,7 +99,7 @@ from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.settings import client_settings, kafka_options_of
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sinks.replay_log import FileReplayLog, ReplayLog, TopicReplayLog
-from ackstream.topology.described import read_graph, read_run
+from ackstream.topology.described import read_graph, read_run, source_metrics
 from ackstream.topology.held_store import FOLDER as HELD_FOLDER
 from ackstream.topology.held_store import held_counts
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
@@ -183,7 +185,8 @@ class Status:
     graph: dict | None = None  #: {"nodes": [{"name", "kind", "after", "reason"}, ...]}
     run: dict | None = None  #: see the module doc
     #: records the source's batches read since it started (its own count, whichever
-    #: reader reads them); None when the source saves no metrics (the Kafka channel)
+    #: reader reads them): as it saved them in a local channel, else as its run's
+    #: process recorded them beside the checkpoint; None when neither is at hand
     read: int | None = None
     last_dead_letter_ms: int | None = None  #: when the newest dead letter was written
 
@@ -275,16 +278,24 @@ class Status:
 
 def run_line(run: dict) -> str:
     """The run state :func:`~ackstream.topology.described.read_run` gives, in a line:
-    running or stopped since when, the last batch and Spark's UI address.
+    running, stopped or not responding since when, the last batch and Spark's UI
+    address.
 
     >>> run_line({"state": "stopped", "started_ms": 0, "stopped_ms": 60_000,
     ...           "heard_ms": 60_000, "error": None, "spark_ui": None, "last_batch": None})
     'stopped at 1970-01-01 00:01:00 UTC (started 1970-01-01 00:00:00 UTC), no batch yet'
     """
     if run["state"] == "stopped":
-        said = f"stopped at {_utc(run['stopped_ms'])} (started {_utc(run['started_ms'])})"
+        at = (
+            f"at {_utc(run['stopped_ms'])}"
+            if run.get("stopped_ms") is not None
+            else f"after {_utc(run['heard_ms'])}, when it was last heard"
+        )
+        said = f"stopped {at} (started {_utc(run['started_ms'])})"
         if run.get("error"):
             said += f" with an error: {run['error']}"
+    elif run["state"] == "not responding":
+        said = f"not responding since {_utc(run['heard_ms'])} (started {_utc(run['started_ms'])})"
     else:
         said = f"running since {_utc(run['started_ms'])}, last heard {_utc(run['heard_ms'])}"
     batch = run.get("last_batch")
@@ -822,7 +833,12 @@ class StatusSource:
                 status = replace(status, partitions=lag)
         if self.checkpoint:
             status = replace(
-                status, held=held_in(self.checkpoint), stages=stages_in(self.checkpoint), run=run
+                status,
+                held=held_in(self.checkpoint),
+                stages=stages_in(self.checkpoint),
+                run=run,
+                # the Kafka channel keeps no source metrics: the run's process says it
+                read=status.read if status.read is not None else (run or {}).get("read"),
             )
         return status
 
@@ -903,25 +919,3 @@ def _init_roots(records: pa.Table) -> np.ndarray:
     is_init = pc.not_equal(pc.bit_wise_and(records.column("kind"), pa.scalar(INIT, pa.int8())), 0)
     roots = records.column("root").filter(pc.fill_null(is_init, False))
     return np.unique(roots.to_numpy(zero_copy_only=False).astype(np.int64))
-
-
-def source_metrics(progress) -> dict | None:
-    """The ``ackstream`` source's metrics in a ``StreamingQueryProgress`` (as
-    ``query.lastProgress`` gives it, or its JSON as a dict): acked, failed, timed_out,
-    rejected, replayed and dead_lettered since the checkpoint began, pending roots, and
-    per topic and partition ``end``, ``committed`` and ``lag``. Spark shows them as the
-    source's ``latestOffset`` (see ``Spout.metrics``). None if no source reported them.
-
-    >>> source_metrics({"sources": [{"latestOffset": '{"acked": 3, "pending": 1, '
-    ...                              '"partitions": {"t": {"0": {"lag": 1}}}}'}]})["acked"]
-    3
-    """
-    for source in (progress or {}).get("sources", ()):
-        latest = source.get("latestOffset")
-        try:
-            latest = json.loads(latest) if isinstance(latest, str) else latest
-        except ValueError:
-            continue
-        if isinstance(latest, dict) and {"pending", "partitions"} <= latest.keys():
-            return latest
-    return None
