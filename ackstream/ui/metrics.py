@@ -128,7 +128,9 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
     replayed = counter("roots_replayed", "Failed or timed-out roots whose record is read again.")
     dead = counter("dead_letters", "Records dead-lettered.")
     read = counter(
-        "records_read", "Records the source's batches read since it started (local channel)."
+        "records_read",
+        "Records the source's batches read since it started (a local channel, or a "
+        "checkpoint given).",
     )
     failed = counter(
         "failed_by_stage", "Failed and timed-out roots by the stage at fault.", ["stage"]
