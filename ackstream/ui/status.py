@@ -84,8 +84,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -118,6 +119,9 @@ from ackstream.vocabulary.records import (
     UNKNOWN,
     one_outcome_per_root,
 )
+
+if TYPE_CHECKING:
+    from ackstream.topology.dsl import Topology
 
 __all__ = [
     "HISTORY_BINS",
@@ -173,24 +177,24 @@ class Status:
     rates_per_s: dict[str, float] | None = None  #: {"acked": .., "replayed": .., ..}
     failed_by_stage: dict[str, int] | None = None
     rejected_by_stage: dict[str, int] | None = None
-    partitions: dict | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
-    held: dict | None = None  #: {stage: {"tuples": n, "roots": n}}
-    stages: dict | None = None  #: {stage or sink: {"in": n, "out": n}}
+    partitions: dict[str, Any] | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
+    held: dict[str, Any] | None = None  #: {stage: {"tuples": n, "roots": n}}
+    stages: dict[str, Any] | None = None  #: {stage or sink: {"in": n, "out": n}}
     #: {"buckets": [[le_ms, cumulative count], ...], "count": n, "sum": ms}
-    latency_histogram: dict | None = None
-    history: list | None = None  #: see :func:`history`
-    failed_reasons: dict | None = None  #: {stage: {reason: roots}}
-    rejected_reasons: dict | None = None
+    latency_histogram: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None  #: see :func:`history`
+    failed_reasons: dict[str, Any] | None = None  #: {stage: {reason: roots}}
+    rejected_reasons: dict[str, Any] | None = None
     stages_since_ms: int | None = None  #: when the checkpoint began; None: all completions
-    graph: dict | None = None  #: {"nodes": [{"name", "kind", "after", "reason"}, ...]}
-    run: dict | None = None  #: see the module doc
+    graph: dict[str, Any] | None = None  #: {"nodes": [{"name", "kind", "after", "reason"}, ...]}
+    run: dict[str, Any] | None = None  #: see the module doc
     #: records the source's batches read since it started (its own count, whichever
     #: reader reads them): as it saved them in a local channel, else as its run's
     #: process recorded them beside the checkpoint; None when neither is at hand
     read: int | None = None
     last_dead_letter_ms: int | None = None  #: when the newest dead letter was written
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def lines(self) -> list[str]:
@@ -276,7 +280,7 @@ class Status:
         return out
 
 
-def run_line(run: dict) -> str:
+def run_line(run: dict[str, Any]) -> str:
     """The run state :func:`~ackstream.topology.described.read_run` gives, in a line:
     running, stopped or not responding since when, the last batch and Spark's UI
     address.
@@ -320,7 +324,7 @@ def _utc(t_ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t_ms / 1000))
 
 
-def stage_of(status: str, reason: str | None, graph: dict | None = None) -> str:
+def stage_of(status: str, reason: str | None, graph: dict[str, Any] | None = None) -> str:
     """The stage a failed root is charged to: the one its reason begins with, the text
     before its first colon (``"poison: (offset % 10) = 5"`` -> ``"poison"``; a sink's
     reason names the sink); with the declared ``graph``
@@ -344,7 +348,7 @@ def stage_of(status: str, reason: str | None, graph: dict | None = None) -> str:
             for n in nodes:
                 fixed = n.get("reason")
                 if fixed is not None and reason == fixed[:REASON_LIMIT]:
-                    return n["name"]
+                    return str(n["name"])
     return named or "(no reason)"
 
 
@@ -357,8 +361,8 @@ def summarize(
     channel: str = "",
     now_ms: int | None = None,
     window_s: float = 60.0,
-    partitions: dict | None = None,
-    graph: dict | None = None,
+    partitions: dict[str, Any] | None = None,
+    graph: dict[str, Any] | None = None,
     stages_since_ms: int | None = None,
 ) -> Status:
     """Count roots by outcome from the roots of init records, the completions
@@ -462,7 +466,7 @@ def summarize(
     )
 
 
-def latency_histogram(latency_ms: np.ndarray) -> dict:
+def latency_histogram(latency_ms: np.ndarray) -> dict[str, Any]:
     """The latencies counted in :data:`LATENCY_BUCKETS_MS`, cumulative as Prometheus'
     histograms have them: ``{"buckets": [[le, n], ...], "count": n, "sum": ms}``.
 
@@ -483,7 +487,7 @@ def history(
     latency_ms: np.ndarray,
     bins: int = HISTORY_BINS,
     kinds: np.ndarray | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Per time bin of the completions (at most ``bins`` of them, each a whole number of
     seconds, over the span the completions cover): the bin's start ``t_ms`` and width
     ``bin_s``; ``acked``, ``failed``, ``timed_out`` and ``rejected`` roots a second by
@@ -516,7 +520,7 @@ def history(
         acked = got == "acked"
         lat = latency_ms[here][acked]
         lat = lat[~np.isnan(lat)]
-        row: dict = {"t_ms": first + i * bin_s * 1000, "bin_s": bin_s}
+        row: dict[str, Any] = {"t_ms": first + i * bin_s * 1000, "bin_s": bin_s}
         if kinds is None:
             row.update(acked=float(acked.sum()) / bin_s, failed=float((~acked).sum()) / bin_s)
         else:
@@ -553,7 +557,7 @@ def local_status(
     topology: str = "ackstream",
     dead_letter_dir: str | None = None,
     window_s: float = 60.0,
-    graph: dict | None = None,
+    graph: dict[str, Any] | None = None,
     stages_since_ms: int | None = None,
 ) -> Status:
     """The status of the local channel in ``directory`` (dead letters default to
@@ -585,7 +589,7 @@ def local_status(
     return replace(status, read=saved.get("read"))
 
 
-def saved_ends(partitions: dict | None) -> dict[tuple[str, int], int]:
+def saved_ends(partitions: dict[str, Any] | None) -> dict[tuple[str, int], int]:
     """``{(topic, partition): end}`` of the partitions in the source's saved metrics
     (:func:`read_source_metrics`): the ends no run of acked offsets may pass, since the
     source saves them each trigger before it plans the batch whose runs they bound."""
@@ -596,25 +600,26 @@ def saved_ends(partitions: dict | None) -> dict[tuple[str, int], int]:
     }
 
 
-def held_in(checkpoint: str) -> dict:
+def held_in(checkpoint: str) -> dict[str, Any]:
     """Per window or join stage of the topology started with ``checkpoint`` (the directory
     given to ``Topology.start``), the tuples and distinct roots it holds now: ``{stage:
     {"tuples": n, "roots": n}}``, {} when it has no such stage or has run none."""
     return held_counts(os.path.join(checkpoint, "topology", HELD_FOLDER))
 
 
-def stages_in(checkpoint: str) -> dict:
+def stages_in(checkpoint: str) -> dict[str, Any]:
     """Per stage and sink of the topology started with ``checkpoint``, the tuples it
     read and emitted since the checkpoint began: ``{node: {"in": n, "out": n}}``, {}
     before its first counted batch."""
     return read_stage_counts(os.path.join(checkpoint, "topology", STAGE_COUNTS_FILE))
 
 
-def read_source_metrics(directory: str) -> dict | None:
+def read_source_metrics(directory: str) -> dict[str, Any] | None:
     """The metrics the source last saved in the local channel ``directory``, or None."""
     try:
         with open(os.path.join(directory, SOURCE_METRICS_FILE)) as f:
-            return json.load(f)
+            saved: dict[str, Any] = json.load(f)
+            return saved
     except (FileNotFoundError, ValueError):
         return None
 
@@ -626,9 +631,9 @@ def kafka_status(
     dead_letter_topic: str | None = None,
     window_s: float = 60.0,
     group_id: str | None = None,
-    kafka_options=None,
+    kafka_options: Mapping[str, str] | None = None,
     upstream_bootstrap: str | None = None,
-    graph: dict | None = None,
+    graph: dict[str, Any] | None = None,
     stages_since_ms: int | None = None,
 ) -> Status:
     """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
@@ -684,7 +689,11 @@ def kafka_status(
     )
 
 
-def partition_ends(bootstrap: str, partitions, kafka_options=None) -> dict[tuple[str, int], int]:
+def partition_ends(
+    bootstrap: str,
+    partitions: Iterable[tuple[str, int]],
+    kafka_options: Mapping[str, str] | None = None,
+) -> dict[tuple[str, int], int]:
     """``{(topic, partition): end offset}`` of those of ``partitions`` the brokers at
     ``bootstrap`` have (none asked when there are none)."""
     if not partitions:
@@ -722,7 +731,7 @@ class StatusSource:
     topology: str
     channel: str | None = None
     bootstrap: str | None = None
-    kafka_options: dict | None = None
+    kafka_options: dict[str, Any] | None = None
     dead_letters: str | None = None
     dead_letter_topic: str | None = None
     group: str | None = None
@@ -732,17 +741,15 @@ class StatusSource:
     edges: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def of_topology(cls, topology, checkpoint: str | None = None) -> StatusSource:
+    def of_topology(cls, topology: Topology, checkpoint: str | None = None) -> StatusSource:
         """Where the status of ``topology`` (a :class:`~ackstream.topology.Topology`,
         started with ``checkpoint``) is: its channel, its source's consumer group,
         brokers and dead-letter topic."""
         config = topology.source_config
         channel = topology.channel
-        edges = tuple(
-            (stream, node.name)
-            for node in (*topology.stages, *topology.sinks)
-            for stream in node.after
-        )
+        named = [(n.name, n.after) for n in topology.stages]
+        named += [(n.name, n.after) for n in topology.sinks]
+        edges = tuple((stream, name) for name, after in named for stream in after)
         group = upstream = topic = None
         if config is not None and config.upstream == "kafka":
             group = config.kafka.group_id
@@ -761,6 +768,11 @@ class StatusSource:
                 upstream_bootstrap=upstream,
                 checkpoint=checkpoint,
                 edges=edges,
+            )
+        if not isinstance(channel, LocalChannel):
+            raise TypeError(
+                f"the status of {topology.name!r} is read from a local or a Kafka channel, "
+                f"not a {type(channel).__name__}"
             )
         return cls(
             topology.name,
@@ -843,7 +855,7 @@ class StatusSource:
         return status
 
 
-def graph_of(edges: Iterable[tuple[str, str]]) -> dict:
+def graph_of(edges: Iterable[tuple[str, str]]) -> dict[str, Any]:
     """A graph as :func:`~ackstream.topology.described.describe` has it, from edges
     ``(stream, reader)`` alone (kinds and reasons unknown).
 
@@ -871,7 +883,9 @@ def checkpoint_began(folder: str) -> int | None:
         return None
 
 
-def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:
+def group_lag(
+    bootstrap: str, group_id: str, kafka_options: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
     """``{topic: {partition: {"end", "committed", "lag"}}}`` for every partition the
     consumer group ``group_id`` has committed (the source commits its acked watermark,
     so ``lag`` counts the offsets not yet acked or dead-lettered); None when the group
@@ -904,7 +918,7 @@ def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:
         ends = end_offsets(consumer, list(committed))
     finally:
         consumer.close()
-    partitions: dict = {}
+    partitions: dict[str, Any] = {}
     for tp in sorted(committed):
         done, end = committed[tp].offset, ends[tp]
         partitions.setdefault(tp.topic, {})[str(tp.partition)] = {
