@@ -195,11 +195,11 @@ function drawLetters(el, t) {
   el.querySelector(".letters-where").textContent = d.error ? `could not read them: ${d.error}` : `in ${d.where}`;
   const body = el.querySelector("table.dead-letters tbody");
   body.replaceChildren();
+  const at = (tMs) => (tMs === null || tMs === undefined ? "" : whenFull(tMs));
   for (const r of d.rows) {
     const row = body.insertRow();
     row.dataset.letter = r.letter;
     cell(row, `${r.topic}[${r.partition}]@${r.offset}`);
-    const at = (t) => (t === null || t === undefined ? "" : whenFull(t));
     cell(row, at(r.written_ms), "died");
     cell(row, at(r.timestamp_ms), "time");
     cell(row, r.key ?? "", "key");
