@@ -268,9 +268,10 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
     the timeout."""
     from kafka import KafkaAdminClient
 
+    from ackstream.topology.described import read_run
     from ackstream.ui.status import local_status
 
-    from helpers import produce, sentences
+    from helpers import produce, sentences, wait_for
 
     topic = new_topic()
     produce(broker.bootstrap, topic, sentences(40))
@@ -289,6 +290,11 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
     err = capsys.readouterr().err
     assert "no rows read for 5s" in err and "--timeout" not in err, err
     assert re.search(r"idle-spark-reader: batch \d+, 40 rows read", err), err
+    # the run file beside the checkpoint (the live view's header, status) counts the
+    # same rows, the source's own count: Spark's progress has none of these
+    folder = str(tmp_path / "ckpt" / "topology")
+    run = wait_for(lambda: (r := read_run(folder))["state"] == "stopped" and r, what="stopped")
+    assert run["read"] == 40, run
     if tracking:
         status = local_status(channel, "idle-spark-reader")
         assert (status.acked, status.pending) == (40, 0)
