@@ -696,6 +696,7 @@ def test_a_killed_process_s_run_reads_stopped_and_a_silent_one_not_responding(tm
     import sys
 
     from ackstream.topology.described import RUN_FILE, SILENT_MS, read_run
+    from ackstream.vocabulary.clock import now_ms
 
     folder = str(tmp_path / "topology")
     process = subprocess.Popen(
@@ -738,6 +739,12 @@ def test_a_killed_process_s_run_reads_stopped_and_a_silent_one_not_responding(tm
     late = read_run(folder, now=elsewhere["heard_ms"] + SILENT_MS + 1)
     assert late["state"] == "not responding"
     assert run_line(late).startswith("not responding since ")
+    # under Spark Connect the query runs in the server: no listener here, no silence
+    from ackstream.topology.described import RunRecorder
+
+    connected = str(tmp_path / "connected")
+    RunRecorder(connected, "q-2", None, listened=False)
+    assert read_run(connected, now=now_ms() + 10 * SILENT_MS)["state"] == "running"
 
 
 @pytest.mark.broker

@@ -44,10 +44,10 @@ from ackstream.vocabulary.clock import now_ms
 __all__ = [
     "GRAPH_FILE",
     "RUN_FILE",
+    "SILENT_MS",
     "RunRecorder",
     "describe",
     "read_graph",
-    "SILENT_MS",
     "read_run",
     "record_run",
     "source_metrics",
@@ -169,13 +169,14 @@ def read_run(folder: str, now: int | None = None) -> dict | None:
     "duration_ms", "input_per_s", "processed_per_s", "rows", "ended_ms"} | None}``.
 
     The file says running until its process says otherwise; what it says is checked
-    (``now``: the time to check against, ms): a process on this host that is gone is
+    (``now``: the time to check against, ms), unless the query runs under Spark
+    Connect (``"listened": false``): a process on this host that is gone is
     ``"stopped"`` without a ``stopped_ms`` (it was killed or crashed: the error says
     so), one not heard from for :data:`SILENT_MS` (or twice its last batch's
     duration) ``"not responding"`` since ``heard_ms``."""
     run = _read(os.path.join(folder, RUN_FILE))
-    if run is None or run.get("state") != "running":
-        return run
+    if run is None or run.get("state") != "running" or run.get("listened") is False:
+        return run  # a query under Spark Connect runs whatever becomes of this process
     pid, host = run.get("pid"), run.get("host")
     if pid and host == socket.gethostname() and not _alive(pid):
         said = f"its process (pid {pid} on {host}) ended without stopping the query: killed?"
@@ -226,7 +227,7 @@ def record_run(folder: str, running: Any) -> None:
     spark = running.spark
     connect = is_connect(spark)
     spark_ui = None if connect else spark.sparkContext.uiWebUrl
-    recorder = RunRecorder(folder, str(running.query.id), spark_ui)
+    recorder = RunRecorder(folder, str(running.query.id), spark_ui, listened=not connect)
     if not connect:
         recorder.streams = spark.streams
         spark.streams.addListener(recorder)
@@ -235,11 +236,14 @@ def record_run(folder: str, running: Any) -> None:
 class RunRecorder(StreamingQueryListener):
     """Keeps :data:`RUN_FILE` of the query ``query_id`` (see the module doc). Spark
     calls it for every query of the session: it answers to its own only, and takes
-    itself off the session's ``streams`` (when given) once its query has stopped."""
+    itself off the session's ``streams`` (when given) once its query has stopped.
+    ``listened``: whether Spark will call it (not under Spark Connect, where the query
+    runs in the server: then neither this process's end nor its silence says anything
+    of the query's)."""
 
     streams: Any = None
 
-    def __init__(self, folder: str, query_id: str, spark_ui: str | None):
+    def __init__(self, folder: str, query_id: str, spark_ui: str | None, *, listened: bool = True):
         self.path = os.path.join(folder, RUN_FILE)
         self.query_id = query_id
         self.state: dict = {
@@ -251,6 +255,7 @@ class RunRecorder(StreamingQueryListener):
             "stopped_ms": None,
             "error": None,
             "spark_ui": spark_ui,
+            "listened": listened,
             "read": None,
             "last_batch": None,
         }
