@@ -1,7 +1,9 @@
 """The command line: argument parsing apart, and the demo end to end in-process."""
 
+import datetime
 import json
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -266,9 +268,10 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
     the timeout."""
     from kafka import KafkaAdminClient
 
+    from ackstream.topology.described import read_run
     from ackstream.ui.status import local_status
 
-    from helpers import produce, sentences
+    from helpers import produce, sentences, wait_for
 
     topic = new_topic()
     produce(broker.bootstrap, topic, sentences(40))
@@ -287,6 +290,11 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
     err = capsys.readouterr().err
     assert "no rows read for 5s" in err and "--timeout" not in err, err
     assert re.search(r"idle-spark-reader: batch \d+, 40 rows read", err), err
+    # the run file beside the checkpoint (the live view's header, status) counts the
+    # same rows, the source's own count: Spark's progress has none of these
+    folder = str(tmp_path / "ckpt" / "topology")
+    run = wait_for(lambda: (r := read_run(folder))["state"] == "stopped" and r, what="stopped")
+    assert run["read"] == 40, run
     if tracking:
         status = local_status(channel, "idle-spark-reader")
         assert (status.acked, status.pending) == (40, 0)
@@ -611,12 +619,20 @@ def _write_letters(bootstrap, dead_topic, source_topic):
 @pytest.mark.broker
 def test_dead_letters_list_reads_the_topic_with_filters(broker, new_topic, capsys):
     dead, source = new_topic(), new_topic()
+    before = int(time.time())  # the letters' times are said to the second
     _write_letters(broker.bootstrap, dead, source)
+    after = time.time()
     base = ("dead-letters", "list", "--bootstrap", broker.bootstrap, "--dead-letter-topic", dead)
     done = _in_process(capsys, *base)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[:3] == [
+    # each says when it died: the time its letter was written, in UTC
+    died = [re.search(r"  died (\S+ \S+) UTC  ", line) for line in lines[:3]]
+    assert all(died), lines
+    for at in died:
+        moment = datetime.datetime.strptime(at.group(1), "%Y-%m-%d %H:%M:%S")
+        assert before <= moment.replace(tzinfo=datetime.UTC).timestamp() <= after
+    assert [line.replace(at.group(0), "  ") for line, at in zip(lines, died)] == [
         f"{source}[0]@3  attempts=3  failed: parse#1: ValueError: bad",
         f"{source}[0]@5  attempts=1  rejected: value of 99 bytes is over",
         f"{source}[0]@8  attempts=3  timed_out",

@@ -3,12 +3,14 @@ is given is what ``ackstream status`` reads, and ``/metrics`` is Prometheus text
 (tests/test_ui_browser.py opens the page itself in Chromium against a broker.)"""
 
 import json
+import os
 import re
 import urllib.error
 import urllib.request
 
 import pytest
 
+from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.ui.metrics import Statuses, serve_metrics
 from ackstream.ui.status import StatusSource, local_status
 from ackstream.ui.view import serve_view
@@ -176,6 +178,9 @@ def test_the_page_is_given_the_declared_graph_without_stage_counts(channel, tmp_
         "value": None,
         "timestamp_ms": None,
     }
+    # when it died, as its file has it (the record's own time is not known here)
+    (kept,) = read_dead_letters(os.path.join(channel, "dead_letters")).to_pylist()
+    assert letter["written_ms"] == kept["written_ms"] is not None
 
 
 def test_a_letter_s_key_and_value_are_shown_cut():

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 from dataclasses import replace
 
 import pyarrow as pa
@@ -9,7 +10,11 @@ import pytest
 
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import EnvironmentProblem
-from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
+from ackstream.sinks.dead_letters import (
+    DEAD_LETTER_SCHEMA,
+    ParquetDeadLetters,
+    read_dead_letters,
+)
 from ackstream.sources.tracking import DeadLetter
 from ackstream.testing import ack, ack_records, init
 from ackstream.ui.metrics import exposition
@@ -158,6 +163,18 @@ def test_local_status_reads_acks_completions_and_dead_letters(tmp_path):
     assert (status.topology, status.channel) == ("words", str(tmp_path / "ch"))
     text = "\n".join(status.lines())
     assert "pending" in text and "p99 50 ms" in text
+
+
+def test_status_says_when_the_newest_dead_letter_died(tmp_path):
+    fill_channel(tmp_path / "ch")
+    folder = os.path.join(tmp_path / "ch", "dead_letters")
+    ParquetDeadLetters(folder, "words").write([DeadLetter("t", 0, 9, 1, REJECTED)], {})
+    newest = max(read_dead_letters(folder).column("written_ms").to_pylist())
+    status = local_status(str(tmp_path / "ch"), "words")
+    assert status.last_dead_letter_ms == newest
+    (line,) = [x for x in status.lines() if x.strip().startswith("dead-lettered")]
+    said = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(newest / 1000))
+    assert line.endswith(f"(the newest died {said})")
 
 
 def test_local_status_of_a_missing_directory_says_what_to_give(tmp_path):
@@ -600,13 +617,16 @@ def test_the_declared_graph_is_read_beside_the_checkpoint_without_stage_counts(t
     assert (without.graph, without.stages_since_ms) == (None, None)
 
 
-class Progress:
-    """What Spark's listener bus gives a listener (the fields the recorder reads)."""
+class Progress(dict):
+    """What Spark's listener bus gives a listener (pyspark's progress is a dict too):
+    the source's own count of the records read since it started (``read``), when it
+    reports one, beside Spark's ``numInputRows``."""
 
-    def __init__(self, query_id, batch_id):
-        self.id, self.batchId, self.numInputRows = query_id, batch_id, 40
+    def __init__(self, query_id, batch_id, read=None, spark_rows=40):
+        metrics = {"pending": 0, "partitions": {}, "read": read}
+        super().__init__(sources=[{"latestOffset": json.dumps(metrics)}] if read else [])
+        self.id, self.batchId, self.numInputRows = query_id, batch_id, spark_rows
         self.durationMs = {"triggerExecution": 120}
-        self.inputRowsPerSecond, self.processedRowsPerSecond = 20.0, float("nan")
 
 
 class Event:
@@ -624,28 +644,134 @@ def test_the_run_a_process_records_is_read_as_the_header_says_it(tmp_path):
     source = StatusSource("words", channel=str(tmp_path / "ch"), checkpoint=checkpoint)
     recorder = RunRecorder(folder, "q-1", "http://127.0.0.1:4040")
     run = source.read().run
-    assert (run["state"], run["last_batch"], run["spark_ui"]) == (
+    assert (run["state"], run["last_batch"], run["spark_ui"], run["pid"]) == (
         "running",
         None,
         "http://127.0.0.1:4040",
+        os.getpid(),
     )
-    recorder.onQueryProgress(Event("q-1", Progress("q-other", 9)))  # another query's
-    recorder.onQueryProgress(Event("q-1", Progress("q-1", 4)))
+    recorder.onQueryProgress(Event("q-1", Progress("q-other", 9, read=5)))  # another query's
+    recorder.onQueryProgress(Event("q-1", Progress("q-1", 3)))  # no count of its own: Spark's
+    assert source.read().run["last_batch"]["rows"] == 40
+    recorder.onQueryProgress(Event("q-1", Progress("q-1", 4, read=22, spark_rows=0)))
+    before = source.read().run["last_batch"]["ended_ms"]
+    recorder.onQueryProgress(Event("q-1", Progress("q-1", 5, read=30, spark_rows=0)))
     status = source.read()
-    assert status.run["last_batch"] == {
-        "id": 4,
+    # the source's count, not Spark's 0 (its Kafka connector's rows are counted nowhere
+    # there): the batch's rows are what it read since the last progress
+    assert status.read == 30 and status.run["read"] == 30
+    batch = status.run["last_batch"]
+    waited = batch["ended_ms"] - before  # since the last progress
+    assert {k: batch[k] for k in ("id", "duration_ms", "rows", "processed_per_s")} == {
+        "id": 5,
         "duration_ms": 120,
-        "input_per_s": 20.0,
-        "processed_per_s": None,  # Spark's NaN: no rate
-        "rows": 40,
-        "ended_ms": status.run["last_batch"]["ended_ms"],
+        "rows": 8,
+        "processed_per_s": 8 * 1000 / 120,
     }
+    assert batch["input_per_s"] == (8 * 1000 / waited if waited else None)
     (line,) = [x for x in status.lines() if "last batch" in x]
-    assert (
-        "running since" in line and "last batch 4 took 120 ms (40 rows, input 20.0 rows/s)" in line
-    )
+    assert "running since" in line and "last batch 5 took 120 ms (8 rows, " in line
+    assert "processed 66.7 rows/s" in line
     assert line.endswith("Spark UI http://127.0.0.1:4040")
     recorder.onQueryTerminated(Event("q-1", exception="StreamingQueryException: boom\n at ..."))
     run = source.read().run
     assert run["state"] == "stopped" and run["stopped_ms"] >= run["started_ms"]
     assert run["error"] == "StreamingQueryException: boom"
+
+
+#: A process that keeps a run file as a started topology's does, then waits for stdin.
+RECORDING = """
+import sys
+from ackstream.topology.described import RunRecorder
+RunRecorder(sys.argv[1], "q-1", None)
+print("recording", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_process_s_run_reads_stopped_and_a_silent_one_not_responding(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from ackstream.topology.described import RUN_FILE, SILENT_MS, read_run
+    from ackstream.vocabulary.clock import now_ms
+
+    folder = str(tmp_path / "topology")
+    process = subprocess.Popen(
+        [sys.executable, "-c", RECORDING, folder],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() == "recording\n"  # its file is written
+        run = read_run(folder)
+        assert (run["state"], run["pid"], run["host"]) == (
+            "running",
+            process.pid,
+            socket.gethostname(),
+        )
+        # alive but not heard from for longer than the bound: not responding
+        silent = read_run(folder, now=run["heard_ms"] + SILENT_MS + 1)
+        assert silent["state"] == "not responding"
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)  # gone (and reaped): no more a process
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=60)
+    with open(os.path.join(folder, RUN_FILE)) as f:
+        assert json.load(f)["state"] == "running"  # what the killed process left
+    run = read_run(folder)
+    assert run["state"] == "stopped" and run["stopped_ms"] is None
+    assert f"pid {process.pid}" in run["error"] and "killed" in run["error"]
+    from ackstream.ui.status import run_line
+
+    assert run_line(run).startswith("stopped after ")
+    # read from another host, the pid says nothing: the silence does
+    with open(os.path.join(folder, RUN_FILE)) as f:
+        elsewhere = {**json.load(f), "host": "another-host"}
+    with open(os.path.join(folder, RUN_FILE), "w") as f:
+        json.dump(elsewhere, f)
+    assert read_run(folder, now=elsewhere["heard_ms"] + 1)["state"] == "running"
+    late = read_run(folder, now=elsewhere["heard_ms"] + SILENT_MS + 1)
+    assert late["state"] == "not responding"
+    assert run_line(late).startswith("not responding since ")
+    # under Spark Connect the query runs in the server: no listener here, no silence
+    from ackstream.topology.described import RunRecorder
+
+    connected = str(tmp_path / "connected")
+    RunRecorder(connected, "q-2", None, listened=False)
+    assert read_run(connected, now=now_ms() + 10 * SILENT_MS)["state"] == "running"
+
+
+@pytest.mark.broker
+def test_status_of_a_kafka_channel_shows_the_rows_read_as_a_local_one_does(
+    broker, tmp_path, capsys
+):
+    from ackstream.channels.kafka import KafkaChannel
+    from ackstream.cli import main
+    from ackstream.topology.described import RunRecorder
+
+    topology = f"status-{os.urandom(4).hex()}"
+    channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
+    channel.prepare()
+    try:
+        channel.write_acks(ack_records([init(r, r, offset=r, ts=1) for r in (1, 2)]))
+        channel.write_completions(completions([done(1, ACKED, 1, latency=7)]), 0)
+    finally:
+        channel.close()
+    checkpoint = a_checkpoint(tmp_path)
+    recorder = RunRecorder(os.path.join(checkpoint, "topology"), "q-1", None)
+    # the source's own count, as its progress carries it; Spark's connector counted 0
+    recorder.onQueryProgress(Event("q-1", Progress("q-1", 1, read=2, spark_rows=0)))
+    base = ["status", "--bootstrap", broker.bootstrap, "--topology", topology]
+    assert main([*base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["read"] is None  # no checkpoint: unknown
+    assert main([*base, "--checkpoint", checkpoint, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["read"] == 2
+    assert main([*base, "--checkpoint", checkpoint]) == 0
+    said = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["read", "2", "(records", "the", "source", "read", "since", "it", "started)"] in said

@@ -38,6 +38,8 @@ CHROMIUM_ARGS = [
 #: Per partition: "abc" is rejected (a dead letter at once), "-3" fails every attempt
 #: (a dead letter after its retry), the rest are acked and written to the sink.
 VALUES = ["12.50", "7", "abc", "3.25", "-3", "40", "1", "2", "x9", "5"]
+#: The headers of a dead letter that name its record, as its name has them.
+WHERE = ("topic", "partition", "offset")
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +212,15 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
         row = page.locator(f'.dead-letters tr[data-letter="{letter}"]')
         assert row.locator(".value").inner_text() in ("abc", "-3", "x9")
         assert row.locator(".time").inner_text() != ""
+        # and when it died: its message's time on the dead-letter topic, in the
+        # browser's locale
+        (died,) = [
+            m.timestamp
+            for m in letters
+            if letter == ":".join(dict(m.headers)[f"ackstream.{k}"].decode() for k in WHERE)
+        ]
+        said = page.evaluate("(t) => new Date(t).toLocaleString()", died)
+        assert row.locator(".died").inner_text() == said
 
         # another site's page cannot replay: neither a form it posts (text/plain, its
         # own origin) nor a fetch without the page's token

@@ -37,7 +37,7 @@ def add_arguments(dead: argparse.ArgumentParser) -> None:
     )
     actions = dead.add_subparsers(dest="action", required=True)
     for name, text in (
-        ("list", "one line per dead letter: where from, attempts, reason"),
+        ("list", "one line per dead letter: where from, attempts, when it died, reason"),
         (
             "replay",
             "send chosen dead letters back to their source topic and partition (key, value "
@@ -126,9 +126,10 @@ def _dead_letters(parser: argparse.ArgumentParser, args) -> int:
     for r in rows:
         at = replayed.get(letter_name(r))
         mark = "" if at is None else f"  (replayed {_utc(at)})"
+        died = "" if r["written_ms"] is None else f"died {_utc(r['written_ms'])}  "
         print(
             f"{r['topic']}[{r['partition']}]@{r['offset']}  attempts={r['attempts']}  "
-            f"{r['reason']}{mark}"
+            f"{died}{r['reason']}{mark}"
         )
     print(f"{len(rows)} of {letters.num_rows} dead letters in {where}")
     if skipped:

@@ -14,7 +14,8 @@ done, and ``close()``):
   ``ackstream.Failed``, ``ackstream.TimedOut`` or ``ackstream.Rejected``,
   ``.exception.message`` = the reason), so tools made for Connect's dead letters
   read them. The key stays the record's own; (topic, partition, offset) in the
-  headers is the dedupe key.
+  headers is the dedupe key. The message's own timestamp is the time the letter was
+  written (``written_ms``).
 - :class:`ParquetDeadLetters`: a Parquet file per write in a folder (the generator
   and embedded mode), same fields as columns.
 
@@ -36,6 +37,7 @@ from ackstream.kafka.reading import read_records, topic_ranges
 from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, deleted_topics
 from ackstream.storage.files import write_atomically
+from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.ids import content_id, hash_text
 
 __all__ = [
@@ -69,6 +71,9 @@ DEAD_LETTER_SCHEMA = pa.schema(
         pa.field("value", pa.binary()),
         pa.field("timestamp_ms", pa.int64()),
         pa.field("headers", _HEADERS),  # the record's own, null when it had none
+        # when the letter was written (ms since the epoch): the record's time of death;
+        # null in letters written before it was kept
+        pa.field("written_ms", pa.int64()),
     ]
 )
 
@@ -108,6 +113,7 @@ class DeadLetterWriter(Protocol):
 
 
 def _rows(topology: str, letters: Sequence[Letter], records: LetterRecords):
+    written = now_ms()
     for letter in letters:
         key, value, ts, *rest = records.get(
             ((letter.topic, letter.partition), letter.offset), (None, None, None)
@@ -124,6 +130,7 @@ def _rows(topology: str, letters: Sequence[Letter], records: LetterRecords):
             "value": value,
             "timestamp_ms": ts,
             "headers": [{"key": k, "value": v} for k, v in headers] if headers else None,
+            "written_ms": written,
         }
 
 
@@ -259,7 +266,13 @@ class KafkaDeadLetters:
         if row["key"] is None and value is None:
             value = b""
         try:
-            return self._producer.send(self.topic, key=row["key"], value=value, headers=headers)
+            return self._producer.send(
+                self.topic,
+                key=row["key"],
+                value=value,
+                headers=headers,
+                timestamp_ms=row["written_ms"],
+            )
         except MessageSizeTooLargeError:  # over the producer's max_request_size
             if drop_value:
                 raise
@@ -293,7 +306,8 @@ def read_dead_letters(
 
 
 def _with_every_column(table: pa.Table) -> pa.Table:
-    """A file written before a column existed (``headers``) gets it, all null."""
+    """A file written before a column existed (``headers``, ``written_ms``) gets it,
+    all null."""
     columns = [
         table.column(f.name).cast(f.type)
         if f.name in table.column_names
@@ -344,6 +358,9 @@ def _row_of(rec) -> dict | None:
         "value": rec.value,
         "timestamp_ms": int(ours["timestamp"]) if "timestamp" in ours else None,
         "headers": own or None,
+        # the message's timestamp: the producer's (the letter's writer) or the broker's
+        # append time, a topic's message.timestamp.type says which; both when it died
+        "written_ms": rec.timestamp if rec.timestamp is not None and rec.timestamp >= 0 else None,
     }
 
 

@@ -11,11 +11,14 @@ in ``<checkpoint>/topology`` tell them what the channel cannot:
   failure whose reason does not begin with a stage's name to the stage whose fixed
   reason it is.
 - :data:`RUN_FILE`, kept by a Spark streaming listener in the process that started
-  the query: when it started, its last batch (id, duration, input and processing
-  rates, as Spark's progress reports them), when it was last heard from (each
+  the query: that process's pid and host, when it started, its last batch (id,
+  duration, rows and input and processing rates, from the source's own count of
+  the records it read: Spark's ``numInputRows`` leaves out what its Kafka connector
+  reads), the records read since it started, when it was last heard from (each
   progress, and each idle trigger Spark reports), when it stopped and why, and
-  Spark's UI address. A process that is killed says nothing: the file then still
-  says running, and :func:`read_run` gives the time it was last heard from.
+  Spark's UI address. A process that is killed says nothing: :func:`read_run` then
+  tells by the pid (on the same host) that it is gone, or by the silence (from
+  elsewhere) that it does not respond.
 
 Under Spark Connect the listener would run beside the server, not here: the run file
 then says when the query started and nothing after.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -40,11 +44,13 @@ from ackstream.vocabulary.clock import now_ms
 __all__ = [
     "GRAPH_FILE",
     "RUN_FILE",
+    "SILENT_MS",
     "RunRecorder",
     "describe",
     "read_graph",
     "read_run",
     "record_run",
+    "source_metrics",
     "sql_text",
     "write_graph",
 ]
@@ -55,6 +61,10 @@ log = logging.getLogger(__name__)
 GRAPH_FILE = "ackstream-graph.json"
 #: The run's state file in a topology query's checkpoint folder.
 RUN_FILE = "ackstream-run.json"
+#: How long a running query may go unheard before :func:`read_run` says it does not
+#: respond (at least: twice its last batch's duration, if longer). Spark reports an idle
+#: trigger every ``spark.sql.streaming.noDataProgressEventInterval`` (10 s by default).
+SILENT_MS = 60_000
 
 
 def sql_text(column: Column | str) -> str:
@@ -152,12 +162,63 @@ def read_graph(folder: str) -> dict | None:
     return _read(os.path.join(folder, GRAPH_FILE))
 
 
-def read_run(folder: str) -> dict | None:
+def read_run(folder: str, now: int | None = None) -> dict | None:
     """The run state a :class:`RunRecorder` keeps in ``folder``, or None: ``{"state":
-    "running" | "stopped", "started_ms", "heard_ms", "stopped_ms", "error",
-    "spark_ui", "last_batch": {"id", "duration_ms", "input_per_s", "processed_per_s",
-    "rows", "ended_ms"} | None}``."""
-    return _read(os.path.join(folder, RUN_FILE))
+    "running" | "stopped" | "not responding", "pid", "host", "started_ms",
+    "heard_ms", "stopped_ms", "error", "spark_ui", "read", "last_batch": {"id",
+    "duration_ms", "input_per_s", "processed_per_s", "rows", "ended_ms"} | None}``.
+
+    The file says running until its process says otherwise; what it says is checked
+    (``now``: the time to check against, ms), unless the query runs under Spark
+    Connect (``"listened": false``): a process on this host that is gone is
+    ``"stopped"`` without a ``stopped_ms`` (it was killed or crashed: the error says
+    so), one not heard from for :data:`SILENT_MS` (or twice its last batch's
+    duration) ``"not responding"`` since ``heard_ms``."""
+    run = _read(os.path.join(folder, RUN_FILE))
+    if run is None or run.get("state") != "running" or run.get("listened") is False:
+        return run  # a query under Spark Connect runs whatever becomes of this process
+    pid, host = run.get("pid"), run.get("host")
+    if pid and host == socket.gethostname() and not _alive(pid):
+        said = f"its process (pid {pid} on {host}) ended without stopping the query: killed?"
+        return {**run, "state": "stopped", "stopped_ms": None, "error": said}
+    batch_ms = (run.get("last_batch") or {}).get("duration_ms") or 0
+    if (now_ms() if now is None else now) - run["heard_ms"] > max(SILENT_MS, 2 * batch_ms):
+        return {**run, "state": "not responding"}
+    return run
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` is there on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
+
+
+def source_metrics(progress: Any) -> dict | None:
+    """The ``ackstream`` source's metrics in a ``StreamingQueryProgress`` (as
+    ``query.lastProgress`` or a listener's event gives it, or its JSON as a dict):
+    acked, failed, timed_out, rejected, replayed and dead_lettered since the checkpoint
+    began, pending roots, records ``read`` since the source started, and per topic and
+    partition ``end``, ``committed`` and ``lag``. Spark shows them as the source's
+    ``latestOffset`` (see ``Spout.metrics``). None if no source reported them.
+
+    >>> source_metrics({"sources": [{"latestOffset": '{"acked": 3, "pending": 1, '
+    ...                              '"partitions": {"t": {"0": {"lag": 1}}}}'}]})["acked"]
+    3
+    """
+    for source in (progress or {}).get("sources", ()):
+        latest = source.get("latestOffset")
+        try:
+            latest = json.loads(latest) if isinstance(latest, str) else latest
+        except ValueError:
+            continue
+        if isinstance(latest, dict) and {"pending", "partitions"} <= latest.keys():
+            return latest
+    return None
 
 
 def record_run(folder: str, running: Any) -> None:
@@ -166,7 +227,7 @@ def record_run(folder: str, running: Any) -> None:
     spark = running.spark
     connect = is_connect(spark)
     spark_ui = None if connect else spark.sparkContext.uiWebUrl
-    recorder = RunRecorder(folder, str(running.query.id), spark_ui)
+    recorder = RunRecorder(folder, str(running.query.id), spark_ui, listened=not connect)
     if not connect:
         recorder.streams = spark.streams
         spark.streams.addListener(recorder)
@@ -175,20 +236,27 @@ def record_run(folder: str, running: Any) -> None:
 class RunRecorder(StreamingQueryListener):
     """Keeps :data:`RUN_FILE` of the query ``query_id`` (see the module doc). Spark
     calls it for every query of the session: it answers to its own only, and takes
-    itself off the session's ``streams`` (when given) once its query has stopped."""
+    itself off the session's ``streams`` (when given) once its query has stopped.
+    ``listened``: whether Spark will call it (not under Spark Connect, where the query
+    runs in the server: then neither this process's end nor its silence says anything
+    of the query's)."""
 
     streams: Any = None
 
-    def __init__(self, folder: str, query_id: str, spark_ui: str | None):
+    def __init__(self, folder: str, query_id: str, spark_ui: str | None, *, listened: bool = True):
         self.path = os.path.join(folder, RUN_FILE)
         self.query_id = query_id
         self.state: dict = {
             "state": "running",
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
             "started_ms": now_ms(),
             "heard_ms": now_ms(),
             "stopped_ms": None,
             "error": None,
             "spark_ui": spark_ui,
+            "listened": listened,
+            "read": None,
             "last_batch": None,
         }
         self._save()
@@ -197,17 +265,32 @@ class RunRecorder(StreamingQueryListener):
         pass
 
     def onQueryProgress(self, event: Any) -> None:  # noqa: N802 - Spark's name
+        """The batch's rows are the records the source counted read since the last
+        progress (an idle trigger's planning included), else Spark's ``numInputRows``;
+        its input rate is those rows over the time since the last progress, its
+        processing rate over the batch's duration, as Spark's rates are."""
         progress = event.progress
         if str(progress.id) != self.query_id:
             return
-        self.state["heard_ms"] = now_ms()
+        now = now_ms()
+        metrics = source_metrics(progress)
+        read = None if metrics is None else metrics.get("read")
+        if read is None:
+            rows = progress.numInputRows
+        else:  # a source that started again counts from 0
+            before = self.state["read"] or 0
+            rows = read - before if read >= before else read
+        took = (progress.durationMs or {}).get("triggerExecution")
+        since = self.state["last_batch"]["ended_ms"] if self.state["last_batch"] else None
+        waited = now - (self.state["started_ms"] if since is None else since)
+        self.state["heard_ms"], self.state["read"] = now, read
         self.state["last_batch"] = {
             "id": progress.batchId,
-            "duration_ms": (progress.durationMs or {}).get("triggerExecution"),
-            "input_per_s": _rate(progress.inputRowsPerSecond),
-            "processed_per_s": _rate(progress.processedRowsPerSecond),
-            "rows": progress.numInputRows,
-            "ended_ms": now_ms(),
+            "duration_ms": took,
+            "input_per_s": _per_s(rows, waited),
+            "processed_per_s": _per_s(rows, took),
+            "rows": rows,
+            "ended_ms": now,
         }
         self._save()
 
@@ -234,8 +317,8 @@ class RunRecorder(StreamingQueryListener):
             log.warning("could not write %s: %s", self.path, error)
 
 
-def _rate(value: float | None) -> float | None:
-    return None if value is None or value != value else float(value)  # NaN: no rate
+def _per_s(rows: int | None, ms: int | None) -> float | None:
+    return None if rows is None or not ms else rows * 1000 / ms
 
 
 def _write(path: str, value: dict) -> None:

@@ -50,8 +50,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import (
@@ -118,17 +119,19 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
     """The metric families of ``statuses`` (one per topology; see the module doc)."""
     statuses = list(statuses)
 
-    def counter(name, text, labels=()):
+    def counter(name: str, text: str, labels: Sequence[str] = ()) -> CounterMetricFamily:
         return CounterMetricFamily(f"ackstream_{name}", text, labels=["topology", *labels])
 
-    def gauge(name, text, labels=()):
+    def gauge(name: str, text: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
         return GaugeMetricFamily(f"ackstream_{name}", text, labels=["topology", *labels])
 
     roots = counter("roots", "Completed roots by outcome.", ["outcome"])
     replayed = counter("roots_replayed", "Failed or timed-out roots whose record is read again.")
     dead = counter("dead_letters", "Records dead-lettered.")
     read = counter(
-        "records_read", "Records the source's batches read since it started (local channel)."
+        "records_read",
+        "Records the source's batches read since it started (a local channel, or a "
+        "checkpoint given).",
     )
     failed = counter(
         "failed_by_stage", "Failed and timed-out roots by the stage at fault.", ["stage"]
@@ -177,9 +180,9 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
                 held.add_metric([t, stage, what], n[what])
         for topic, partitions in (s.partitions or {}).items():
             for p, m in partitions.items():
-                for name, family in parts.items():
-                    family.add_metric([t, topic, str(p)], m[name])
-    every = [
+                for name, gauged in parts.items():
+                    gauged.add_metric([t, topic, str(p)], m[name])
+    every: list[Metric] = [
         roots,
         replayed,
         dead,
@@ -255,7 +258,9 @@ class Statuses:
             return list(self._last.values())
 
 
-def serve(port: int, read: Callable[[], Iterable[Status]], addr: str = "127.0.0.1"):
+def serve(
+    port: int, read: Callable[[], Iterable[Status]], addr: str = "127.0.0.1"
+) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``/metrics`` on ``addr:port`` in a daemon thread (``prometheus_client``'s
     own server); returns ``(server, thread)``. ``port=0`` takes a free port:
     ``server.server_port`` tells which."""
@@ -270,7 +275,9 @@ class Served:
     close: Callable[[], None]
 
 
-def serve_metrics(read: Callable[[], Iterable], port: int, host: str = "127.0.0.1") -> Served:
+def serve_metrics(
+    read: Callable[[], Iterable[Status]], port: int, host: str = "127.0.0.1"
+) -> Served:
     """Serve ``/metrics`` of ``read`` (e.g. :class:`Statuses`) on ``host:port`` with
     ``prometheus_client``'s own server (no web framework: ``run --metrics-port`` needs
     no ``ui`` extra); ``close()`` stops it."""

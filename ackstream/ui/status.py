@@ -23,7 +23,8 @@ channel counts each root once, with its first completion.
   that attempt, so the source reads it again (or will, after its backoff).
 - ``dead_lettered``: records in the dead-letter Parquet folder or on the dead-letter
   topic (Kafka channel), each once (a letter written twice after a crash counts
-  once); ``None`` when unknown.
+  once); ``None`` when unknown. ``last_dead_letter_ms``: when the newest of them was
+  written (its record died); ``None`` when none says.
 - ``latency_ms``: complete latency (init to ack, as Storm's ``complete latency``)
   percentiles of the acked roots; ``None`` when nothing was acked.
   ``latency_histogram``: the same latencies counted in :data:`LATENCY_BUCKETS_MS`
@@ -58,10 +59,12 @@ channel counts each root once, with its first completion.
 - ``graph``: the topology's declared stages and sinks and the streams they read, as
   ``start()`` wrote them beside the checkpoint
   (:func:`~ackstream.topology.described.describe`); ``None`` without a checkpoint.
-- ``run``: whether the topology query runs, since when, its last batch (id,
-  duration, input and processing rates) and Spark's UI address, as its process keeps
-  them beside the checkpoint (:func:`~ackstream.topology.described.read_run`), with
-  ``heard_ms`` its last word; ``None`` without a checkpoint or before a start.
+- ``run``: whether the topology query runs (running, stopped, or not responding:
+  its process killed or silent), since when, its last batch (id, duration, rows and
+  input and processing rates, by the source's own count) and Spark's UI address, as
+  its process keeps them beside the checkpoint
+  (:func:`~ackstream.topology.described.read_run`), with ``heard_ms`` its last word;
+  ``None`` without a checkpoint or before a start.
 
 Reading needs pyarrow only, no Spark session. :func:`summarize` is the pure part.
 
@@ -81,8 +84,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -96,7 +100,7 @@ from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.settings import client_settings, kafka_options_of
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.sinks.replay_log import FileReplayLog, ReplayLog, TopicReplayLog
-from ackstream.topology.described import read_graph, read_run
+from ackstream.topology.described import read_graph, read_run, source_metrics
 from ackstream.topology.held_store import FOLDER as HELD_FOLDER
 from ackstream.topology.held_store import held_counts
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
@@ -115,6 +119,9 @@ from ackstream.vocabulary.records import (
     UNKNOWN,
     one_outcome_per_root,
 )
+
+if TYPE_CHECKING:
+    from ackstream.topology.dsl import Topology
 
 __all__ = [
     "HISTORY_BINS",
@@ -170,22 +177,24 @@ class Status:
     rates_per_s: dict[str, float] | None = None  #: {"acked": .., "replayed": .., ..}
     failed_by_stage: dict[str, int] | None = None
     rejected_by_stage: dict[str, int] | None = None
-    partitions: dict | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
-    held: dict | None = None  #: {stage: {"tuples": n, "roots": n}}
-    stages: dict | None = None  #: {stage or sink: {"in": n, "out": n}}
+    partitions: dict[str, Any] | None = None  #: {topic: {partition: {"end", "committed", "lag"}}}
+    held: dict[str, Any] | None = None  #: {stage: {"tuples": n, "roots": n}}
+    stages: dict[str, Any] | None = None  #: {stage or sink: {"in": n, "out": n}}
     #: {"buckets": [[le_ms, cumulative count], ...], "count": n, "sum": ms}
-    latency_histogram: dict | None = None
-    history: list | None = None  #: see :func:`history`
-    failed_reasons: dict | None = None  #: {stage: {reason: roots}}
-    rejected_reasons: dict | None = None
+    latency_histogram: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None  #: see :func:`history`
+    failed_reasons: dict[str, Any] | None = None  #: {stage: {reason: roots}}
+    rejected_reasons: dict[str, Any] | None = None
     stages_since_ms: int | None = None  #: when the checkpoint began; None: all completions
-    graph: dict | None = None  #: {"nodes": [{"name", "kind", "after", "reason"}, ...]}
-    run: dict | None = None  #: see the module doc
+    graph: dict[str, Any] | None = None  #: {"nodes": [{"name", "kind", "after", "reason"}, ...]}
+    run: dict[str, Any] | None = None  #: see the module doc
     #: records the source's batches read since it started (its own count, whichever
-    #: reader reads them); None when the source saves no metrics (the Kafka channel)
+    #: reader reads them): as it saved them in a local channel, else as its run's
+    #: process recorded them beside the checkpoint; None when neither is at hand
     read: int | None = None
+    last_dead_letter_ms: int | None = None  #: when the newest dead letter was written
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def lines(self) -> list[str]:
@@ -199,7 +208,13 @@ class Status:
             ("timed out", str(self.timed_out), ""),
             ("replayed", str(self.replayed), "failed or timed out, not dead-lettered"),
             ("rejected", str(self.rejected), "dead-lettered without a replay"),
-            ("dead-lettered", dead, ""),
+            (
+                "dead-lettered",
+                dead,
+                ""
+                if self.last_dead_letter_ms is None
+                else f"the newest died {_utc(self.last_dead_letter_ms)}",
+            ),
         ]
         if self.read is not None:
             rows.append(("read", str(self.read), "records the source read since it started"))
@@ -265,18 +280,26 @@ class Status:
         return out
 
 
-def run_line(run: dict) -> str:
+def run_line(run: dict[str, Any]) -> str:
     """The run state :func:`~ackstream.topology.described.read_run` gives, in a line:
-    running or stopped since when, the last batch and Spark's UI address.
+    running, stopped or not responding since when, the last batch and Spark's UI
+    address.
 
     >>> run_line({"state": "stopped", "started_ms": 0, "stopped_ms": 60_000,
     ...           "heard_ms": 60_000, "error": None, "spark_ui": None, "last_batch": None})
     'stopped at 1970-01-01 00:01:00 UTC (started 1970-01-01 00:00:00 UTC), no batch yet'
     """
     if run["state"] == "stopped":
-        said = f"stopped at {_utc(run['stopped_ms'])} (started {_utc(run['started_ms'])})"
+        at = (
+            f"at {_utc(run['stopped_ms'])}"
+            if run.get("stopped_ms") is not None
+            else f"after {_utc(run['heard_ms'])}, when it was last heard"
+        )
+        said = f"stopped {at} (started {_utc(run['started_ms'])})"
         if run.get("error"):
             said += f" with an error: {run['error']}"
+    elif run["state"] == "not responding":
+        said = f"not responding since {_utc(run['heard_ms'])} (started {_utc(run['started_ms'])})"
     else:
         said = f"running since {_utc(run['started_ms'])}, last heard {_utc(run['heard_ms'])}"
     batch = run.get("last_batch")
@@ -301,7 +324,7 @@ def _utc(t_ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t_ms / 1000))
 
 
-def stage_of(status: str, reason: str | None, graph: dict | None = None) -> str:
+def stage_of(status: str, reason: str | None, graph: dict[str, Any] | None = None) -> str:
     """The stage a failed root is charged to: the one its reason begins with, the text
     before its first colon (``"poison: (offset % 10) = 5"`` -> ``"poison"``; a sink's
     reason names the sink); with the declared ``graph``
@@ -325,7 +348,7 @@ def stage_of(status: str, reason: str | None, graph: dict | None = None) -> str:
             for n in nodes:
                 fixed = n.get("reason")
                 if fixed is not None and reason == fixed[:REASON_LIMIT]:
-                    return n["name"]
+                    return str(n["name"])
     return named or "(no reason)"
 
 
@@ -338,8 +361,8 @@ def summarize(
     channel: str = "",
     now_ms: int | None = None,
     window_s: float = 60.0,
-    partitions: dict | None = None,
-    graph: dict | None = None,
+    partitions: dict[str, Any] | None = None,
+    graph: dict[str, Any] | None = None,
     stages_since_ms: int | None = None,
 ) -> Status:
     """Count roots by outcome from the roots of init records, the completions
@@ -420,6 +443,9 @@ def summarize(
         unknown=counts[UNKNOWN],
         invalid=n_invalid,
         dead_lettered=None if dead_letters is None else len(dead_keys),
+        last_dead_letter_ms=None
+        if dead_letters is None
+        else pc.max(dead_letters.column("written_ms")).as_py(),
         latency_ms=percentiles,
         window_s=window_s,
         rates_per_s=None if since is None else {k: n / window_s for k, n in recent.items()},
@@ -440,7 +466,7 @@ def summarize(
     )
 
 
-def latency_histogram(latency_ms: np.ndarray) -> dict:
+def latency_histogram(latency_ms: np.ndarray) -> dict[str, Any]:
     """The latencies counted in :data:`LATENCY_BUCKETS_MS`, cumulative as Prometheus'
     histograms have them: ``{"buckets": [[le, n], ...], "count": n, "sum": ms}``.
 
@@ -461,7 +487,7 @@ def history(
     latency_ms: np.ndarray,
     bins: int = HISTORY_BINS,
     kinds: np.ndarray | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Per time bin of the completions (at most ``bins`` of them, each a whole number of
     seconds, over the span the completions cover): the bin's start ``t_ms`` and width
     ``bin_s``; ``acked``, ``failed``, ``timed_out`` and ``rejected`` roots a second by
@@ -494,7 +520,7 @@ def history(
         acked = got == "acked"
         lat = latency_ms[here][acked]
         lat = lat[~np.isnan(lat)]
-        row: dict = {"t_ms": first + i * bin_s * 1000, "bin_s": bin_s}
+        row: dict[str, Any] = {"t_ms": first + i * bin_s * 1000, "bin_s": bin_s}
         if kinds is None:
             row.update(acked=float(acked.sum()) / bin_s, failed=float((~acked).sum()) / bin_s)
         else:
@@ -531,7 +557,7 @@ def local_status(
     topology: str = "ackstream",
     dead_letter_dir: str | None = None,
     window_s: float = 60.0,
-    graph: dict | None = None,
+    graph: dict[str, Any] | None = None,
     stages_since_ms: int | None = None,
 ) -> Status:
     """The status of the local channel in ``directory`` (dead letters default to
@@ -563,7 +589,7 @@ def local_status(
     return replace(status, read=saved.get("read"))
 
 
-def saved_ends(partitions: dict | None) -> dict[tuple[str, int], int]:
+def saved_ends(partitions: dict[str, Any] | None) -> dict[tuple[str, int], int]:
     """``{(topic, partition): end}`` of the partitions in the source's saved metrics
     (:func:`read_source_metrics`): the ends no run of acked offsets may pass, since the
     source saves them each trigger before it plans the batch whose runs they bound."""
@@ -574,25 +600,26 @@ def saved_ends(partitions: dict | None) -> dict[tuple[str, int], int]:
     }
 
 
-def held_in(checkpoint: str) -> dict:
+def held_in(checkpoint: str) -> dict[str, Any]:
     """Per window or join stage of the topology started with ``checkpoint`` (the directory
     given to ``Topology.start``), the tuples and distinct roots it holds now: ``{stage:
     {"tuples": n, "roots": n}}``, {} when it has no such stage or has run none."""
     return held_counts(os.path.join(checkpoint, "topology", HELD_FOLDER))
 
 
-def stages_in(checkpoint: str) -> dict:
+def stages_in(checkpoint: str) -> dict[str, Any]:
     """Per stage and sink of the topology started with ``checkpoint``, the tuples it
     read and emitted since the checkpoint began: ``{node: {"in": n, "out": n}}``, {}
     before its first counted batch."""
     return read_stage_counts(os.path.join(checkpoint, "topology", STAGE_COUNTS_FILE))
 
 
-def read_source_metrics(directory: str) -> dict | None:
+def read_source_metrics(directory: str) -> dict[str, Any] | None:
     """The metrics the source last saved in the local channel ``directory``, or None."""
     try:
         with open(os.path.join(directory, SOURCE_METRICS_FILE)) as f:
-            return json.load(f)
+            saved: dict[str, Any] = json.load(f)
+            return saved
     except (FileNotFoundError, ValueError):
         return None
 
@@ -604,9 +631,9 @@ def kafka_status(
     dead_letter_topic: str | None = None,
     window_s: float = 60.0,
     group_id: str | None = None,
-    kafka_options=None,
+    kafka_options: Mapping[str, str] | None = None,
     upstream_bootstrap: str | None = None,
-    graph: dict | None = None,
+    graph: dict[str, Any] | None = None,
     stages_since_ms: int | None = None,
 ) -> Status:
     """The status of the Kafka channel of ``topology`` (topics ``<topology>.acks`` and
@@ -662,7 +689,11 @@ def kafka_status(
     )
 
 
-def partition_ends(bootstrap: str, partitions, kafka_options=None) -> dict[tuple[str, int], int]:
+def partition_ends(
+    bootstrap: str,
+    partitions: Iterable[tuple[str, int]],
+    kafka_options: Mapping[str, str] | None = None,
+) -> dict[tuple[str, int], int]:
     """``{(topic, partition): end offset}`` of those of ``partitions`` the brokers at
     ``bootstrap`` have (none asked when there are none)."""
     if not partitions:
@@ -700,7 +731,7 @@ class StatusSource:
     topology: str
     channel: str | None = None
     bootstrap: str | None = None
-    kafka_options: dict | None = None
+    kafka_options: dict[str, Any] | None = None
     dead_letters: str | None = None
     dead_letter_topic: str | None = None
     group: str | None = None
@@ -710,17 +741,15 @@ class StatusSource:
     edges: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def of_topology(cls, topology, checkpoint: str | None = None) -> StatusSource:
+    def of_topology(cls, topology: Topology, checkpoint: str | None = None) -> StatusSource:
         """Where the status of ``topology`` (a :class:`~ackstream.topology.Topology`,
         started with ``checkpoint``) is: its channel, its source's consumer group,
         brokers and dead-letter topic."""
         config = topology.source_config
         channel = topology.channel
-        edges = tuple(
-            (stream, node.name)
-            for node in (*topology.stages, *topology.sinks)
-            for stream in node.after
-        )
+        named = [(n.name, n.after) for n in topology.stages]
+        named += [(n.name, n.after) for n in topology.sinks]
+        edges = tuple((stream, name) for name, after in named for stream in after)
         group = upstream = topic = None
         if config is not None and config.upstream == "kafka":
             group = config.kafka.group_id
@@ -739,6 +768,11 @@ class StatusSource:
                 upstream_bootstrap=upstream,
                 checkpoint=checkpoint,
                 edges=edges,
+            )
+        if not isinstance(channel, LocalChannel):
+            raise TypeError(
+                f"the status of {topology.name!r} is read from a local or a Kafka channel, "
+                f"not a {type(channel).__name__}"
             )
         return cls(
             topology.name,
@@ -811,12 +845,17 @@ class StatusSource:
                 status = replace(status, partitions=lag)
         if self.checkpoint:
             status = replace(
-                status, held=held_in(self.checkpoint), stages=stages_in(self.checkpoint), run=run
+                status,
+                held=held_in(self.checkpoint),
+                stages=stages_in(self.checkpoint),
+                run=run,
+                # the Kafka channel keeps no source metrics: the run's process says it
+                read=status.read if status.read is not None else (run or {}).get("read"),
             )
         return status
 
 
-def graph_of(edges: Iterable[tuple[str, str]]) -> dict:
+def graph_of(edges: Iterable[tuple[str, str]]) -> dict[str, Any]:
     """A graph as :func:`~ackstream.topology.described.describe` has it, from edges
     ``(stream, reader)`` alone (kinds and reasons unknown).
 
@@ -844,7 +883,9 @@ def checkpoint_began(folder: str) -> int | None:
         return None
 
 
-def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:
+def group_lag(
+    bootstrap: str, group_id: str, kafka_options: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
     """``{topic: {partition: {"end", "committed", "lag"}}}`` for every partition the
     consumer group ``group_id`` has committed (the source commits its acked watermark,
     so ``lag`` counts the offsets not yet acked or dead-lettered); None when the group
@@ -877,7 +918,7 @@ def group_lag(bootstrap: str, group_id: str, kafka_options=None) -> dict | None:
         ends = end_offsets(consumer, list(committed))
     finally:
         consumer.close()
-    partitions: dict = {}
+    partitions: dict[str, Any] = {}
     for tp in sorted(committed):
         done, end = committed[tp].offset, ends[tp]
         partitions.setdefault(tp.topic, {})[str(tp.partition)] = {
@@ -892,25 +933,3 @@ def _init_roots(records: pa.Table) -> np.ndarray:
     is_init = pc.not_equal(pc.bit_wise_and(records.column("kind"), pa.scalar(INIT, pa.int8())), 0)
     roots = records.column("root").filter(pc.fill_null(is_init, False))
     return np.unique(roots.to_numpy(zero_copy_only=False).astype(np.int64))
-
-
-def source_metrics(progress) -> dict | None:
-    """The ``ackstream`` source's metrics in a ``StreamingQueryProgress`` (as
-    ``query.lastProgress`` gives it, or its JSON as a dict): acked, failed, timed_out,
-    rejected, replayed and dead_lettered since the checkpoint began, pending roots, and
-    per topic and partition ``end``, ``committed`` and ``lag``. Spark shows them as the
-    source's ``latestOffset`` (see ``Spout.metrics``). None if no source reported them.
-
-    >>> source_metrics({"sources": [{"latestOffset": '{"acked": 3, "pending": 1, '
-    ...                              '"partitions": {"t": {"0": {"lag": 1}}}}'}]})["acked"]
-    3
-    """
-    for source in (progress or {}).get("sources", ()):
-        latest = source.get("latestOffset")
-        try:
-            latest = json.loads(latest) if isinstance(latest, str) else latest
-        except ValueError:
-            continue
-        if isinstance(latest, dict) and {"pending", "partitions"} <= latest.keys():
-            return latest
-    return None

@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -46,13 +47,14 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from ackstream.errors import OptionError
 from ackstream.sinks.dead_letters import replay_dead_letters, select_dead_letters
 from ackstream.sinks.replay_log import letter_name
 from ackstream.ui.access import AccessToken, SameOrigin, is_loopback, new_page_token
 from ackstream.ui.metrics import Served, Statuses, registry_of
-from ackstream.ui.status import StatusSource
+from ackstream.ui.status import Status, StatusSource
 from ackstream.vocabulary.clock import now_ms
 
 __all__ = [
@@ -99,7 +101,7 @@ def app(
     title: str = "ackstream",
     access_token: str | None = None,
     page_token: str | None = None,
-):
+) -> ASGIApp:
     """The live view of the topologies ``statuses`` reads (see the module doc), behind
     :mod:`ackstream.ui.access`'s guards: state-changing requests only from its page
     (which carries ``page_token``, random unless given), and with ``access_token``
@@ -180,7 +182,7 @@ def app(
     return AccessToken(guarded, access_token) if access_token else guarded
 
 
-def _graph(source: StatusSource, status) -> dict:
+def _graph(source: StatusSource, status: Status | None) -> dict[str, Any]:
     """The stage graph as ``{"nodes": [...], "edges": [[from, to], ...], "kinds": {node:
     kind}}``: the declared graph the status read (:attr:`Status.graph`), else the edges
     a started topology gives (:attr:`StatusSource.edges`), else the stages and sinks in
@@ -201,9 +203,10 @@ def _graph(source: StatusSource, status) -> dict:
     return {"nodes": nodes, "edges": [[a, b] for a, b in zip(nodes, nodes[1:])]}
 
 
-def _letters(source: StatusSource) -> dict:
+def _letters(source: StatusSource) -> dict[str, Any]:
     """The dead letters of ``source`` for the page: where, how many, and the newest
-    :data:`DEAD_LETTERS_SHOWN` with their reasons and when they were replayed."""
+    :data:`DEAD_LETTERS_SHOWN` with their reasons, when they were written (died) and
+    when they were replayed."""
     try:
         where, letters, marks = source.dead_letters_at()
         replayed = marks.replayed()
@@ -224,6 +227,7 @@ def _letters(source: StatusSource) -> dict:
                 "key": letter_text(r["key"]),
                 "value": letter_text(r["value"]),
                 "timestamp_ms": r["timestamp_ms"],
+                "written_ms": r["written_ms"],
                 "replayed_ms": replayed.get(letter_name(r)),
             }
             for r in reversed(rows)

@@ -1,5 +1,8 @@
 """The DeadLetterWriter contract: one suite that every dead-letter writer passes."""
 
+import os
+
+import pyarrow.parquet as pq
 import pytest
 
 from ackstream.sinks.dead_letters import (
@@ -10,6 +13,7 @@ from ackstream.sinks.dead_letters import (
     read_dead_letters,
 )
 from ackstream.sources.tracking import DeadLetter
+from ackstream.vocabulary.clock import now_ms
 
 
 @pytest.fixture(params=["parquet", pytest.param("kafka", marks=pytest.mark.broker)])
@@ -33,6 +37,7 @@ def by_offset(table) -> list[dict]:
 
 def test_every_letter_reads_back_with_its_record_and_why(writer_and_reader):
     writer, read = writer_and_reader
+    before = now_ms()
     records = {
         (("in", 0), 3): (b"k3", b"v3", 1_700_000_000_003),
         (("in", 1), 4): (b"k4", b"v4", 1_700_000_000_004, [("trace", b"t4")]),
@@ -44,9 +49,13 @@ def test_every_letter_reads_back_with_its_record_and_why(writer_and_reader):
         ],
         records,
     )
+    after = now_ms()
     got = read()
     assert got.schema == DEAD_LETTER_SCHEMA
-    assert by_offset(got) == [
+    rows = by_offset(got)
+    # the letter's own time, when it was written: the record's time of death
+    assert all(before <= row.pop("written_ms") <= after for row in rows)
+    assert rows == [
         {
             "topology": "topo",
             "topic": "in",
@@ -89,3 +98,13 @@ def test_no_letters_writes_nothing(writer_and_reader):
     assert read().num_rows == 0
     writer.write([DeadLetter("in", 0, 1, 1, "failed")], {})
     assert read().num_rows == 1
+
+
+def test_letters_written_before_they_kept_their_time_still_read(tmp_path):
+    folder = tmp_path / "dead"
+    ParquetDeadLetters(str(folder), "topo").write([DeadLetter("in", 0, 1, 2, "failed")], {})
+    (name,) = os.listdir(folder)
+    old = pq.read_table(folder / name).drop_columns(["written_ms"])  # as an older writer had it
+    pq.write_table(old, folder / name)
+    (row,) = read_dead_letters(str(folder)).to_pylist()
+    assert (row["offset"], row["attempts"], row["written_ms"]) == (1, 2, None)

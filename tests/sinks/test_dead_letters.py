@@ -49,6 +49,7 @@ def test_a_letter_carries_the_records_headers_ours_and_kafka_connects(broker, ne
         "__connect.errors.exception.message": "failed: parse#1: boom",
     }
     (back,) = read_dead_letters(bootstrap=broker.bootstrap, topic=topic).to_pylist()
+    assert back.pop("written_ms") == got.timestamp  # the letter's time: the message's
     assert back == {
         "topology": "topo",
         "topic": "in",

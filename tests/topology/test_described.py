@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from ackstream.channels.local import LocalChannel
 from ackstream.sinks.memory import MemorySink
 from ackstream.topology import Topology
-from ackstream.topology.described import read_graph, read_run
+from ackstream.topology.described import read_graph, read_run, source_metrics
 
 pytestmark = pytest.mark.spark
 
@@ -58,5 +58,8 @@ def test_start_writes_the_graph_and_the_run_is_kept_until_it_stops(spark, tmp_pa
         running.stop()
     run = until(lambda: (r := read_run(folder))["state"] == "stopped" and r)
     assert run["stopped_ms"] >= run["started_ms"] and run["error"] is None
+    # the rows read are the source's own count, as its last progress had it
+    assert run["read"] == source_metrics(running.query.lastProgress)["read"] > 0
+    assert run["pid"] == os.getpid()
     assert os.path.exists(os.path.join(folder, "metadata"))  # when the checkpoint began
     until(lambda: len(listeners()) == before)  # the recorder is off the session again

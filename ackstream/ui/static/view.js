@@ -67,13 +67,19 @@ function drawRun(el, t) {
     link.hidden = true;
     return;
   }
+  // the state as read_run checked it: a killed process's file still says running
   state.textContent = run.state;
-  state.className = `state ${run.state}`;
+  state.className = `state ${run.state.replace(" ", "-")}`;
+  const started = `started ${whenFull(run.started_ms)}`;
   said("since").textContent = run.state === "stopped"
-    ? `at ${whenFull(run.stopped_ms)} (started ${whenFull(run.started_ms)})${run.error ? `: ${run.error}` : ""}`
-    : `since ${whenFull(run.started_ms)}, last heard ${when(run.heard_ms)}`;
+    ? `${run.stopped_ms ? `at ${whenFull(run.stopped_ms)}` : `after ${whenFull(run.heard_ms)}, when last heard`}`
+      + ` (${started})${run.error ? `: ${run.error}` : ""}`
+    : run.state === "not responding"
+      ? `since ${whenFull(run.heard_ms)} (${started})`
+      : `since ${whenFull(run.started_ms)}, last heard ${when(run.heard_ms)}`;
   const b = run.last_batch;
-  said("batch").textContent = b ? `· last batch ${b.id} took ${ms(b.duration_ms)} (${fmt(b.rows)} rows)` : "· no batch yet";
+  said("batch").textContent = (b ? `· last batch ${b.id} took ${ms(b.duration_ms)} (${fmt(b.rows)} rows)` : "· no batch yet")
+    + (run.read === null || run.read === undefined ? "" : ` · ${fmt(run.read)} read since it started`);
   const rate = (v) => (v === null || v === undefined ? "–" : `${Number(v).toFixed(1)}/s`);
   said("rates").textContent = b ? `· input ${rate(b.input_per_s)} · processed ${rate(b.processed_per_s)}` : "";
   link.hidden = !run.spark_ui;
@@ -189,11 +195,13 @@ function drawLetters(el, t) {
   el.querySelector(".letters-where").textContent = d.error ? `could not read them: ${d.error}` : `in ${d.where}`;
   const body = el.querySelector("table.dead-letters tbody");
   body.replaceChildren();
+  const at = (tMs) => (tMs === null || tMs === undefined ? "" : whenFull(tMs));
   for (const r of d.rows) {
     const row = body.insertRow();
     row.dataset.letter = r.letter;
     cell(row, `${r.topic}[${r.partition}]@${r.offset}`);
-    cell(row, r.timestamp_ms === null || r.timestamp_ms === undefined ? "" : whenFull(r.timestamp_ms), "time");
+    cell(row, at(r.written_ms), "died");
+    cell(row, at(r.timestamp_ms), "time");
     cell(row, r.key ?? "", "key");
     cell(row, r.value ?? "", "value");
     cell(row, r.attempts, "n");
