@@ -10,10 +10,10 @@ import pytest
 from ackstream.channels.local import LocalChannel
 from ackstream.errors import EnvironmentProblem
 from ackstream.sinks.dead_letters import DEAD_LETTER_SCHEMA, ParquetDeadLetters
-from ackstream.sources.tracking import DeadLetter
 from ackstream.testing import ack, ack_records, init
 from ackstream.ui.metrics import exposition
 from ackstream.ui.status import history, latency_histogram, local_status, summarize
+from ackstream.vocabulary.dead_letter import DeadLetter
 from ackstream.vocabulary.records import (
     ACKED,
     BATCH_FAILED,

@@ -37,6 +37,7 @@ from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
 from ackstream.kafka.topics import deleted_topics, never_create_topics, shared_listing
+from ackstream.sources.done_runs import ranges
 from ackstream.sources.rows import (
     NO_RECORD,
     Headers,
@@ -45,7 +46,6 @@ from ackstream.sources.rows import (
     spout_batch,
     too_big_reason,
 )
-from ackstream.sources.tracking import ranges
 from ackstream.vocabulary.partition import Partition
 
 if TYPE_CHECKING:

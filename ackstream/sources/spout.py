@@ -11,7 +11,7 @@ dead-lettered), wakes the acker while a root is overdue, then plans the next
 batch: due replays first, then new offsets, within ``maxPending`` and the read
 limit, split over partitions by lag. The roots of a batch that failed as a whole
 replay in groups, each group a batch of its own, until the record at fault fails
-alone (see :mod:`ackstream.sources.tracking`). The offset it returns holds each partition's
+alone (see :mod:`ackstream.sources.isolation`). The offset it returns holds each partition's
 read position and watermark (see :mod:`ackstream.sources.offsets`); the records
 between the two that are not done go to the source's state file that the offset
 names (:mod:`ackstream.sources.state`), written before the offset is returned.

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ackstream.sources.in_flight import Spans
+from ackstream.sources.spans import Spans
 
 __all__ = ["NO_GROUP", "Replays", "Scheduled", "UnchargedCounts", "packed"]
 
@@ -171,7 +171,7 @@ class Scheduled:
 
 class UnchargedCounts:
     """Per record not done, how many of its attempts were not charged to its retries
-    (it was replayed as a suspect, see :mod:`ackstream.sources.tracking`): sorted keys
+    (it was replayed as a suspect, see :mod:`ackstream.sources.isolation`): sorted keys
     (:func:`packed`) and a count each."""
 
     def __init__(self) -> None:

@@ -9,7 +9,7 @@ from ackstream.sinks.dead_letters import (
     ParquetDeadLetters,
     read_dead_letters,
 )
-from ackstream.sources.tracking import DeadLetter
+from ackstream.vocabulary.dead_letter import DeadLetter
 
 
 @pytest.fixture(params=["parquet", pytest.param("kafka", marks=pytest.mark.broker)])
