@@ -163,7 +163,8 @@ def ranges(offsets: Iterable[int]) -> list[list[int]]:
     if not isinstance(offsets, np.ndarray):
         offsets = np.fromiter(offsets, np.int64)
     starts, ends = _spans(distinct(offsets))
-    return np.stack([starts, ends], axis=1).tolist()
+    runs: list[list[int]] = np.stack([starts, ends], axis=1).tolist()
+    return runs
 
 
 def _spans(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,7 @@ from ackstream.sources.spans import (
     EMPTY_SPANS,
     NOT_STARTED,
     Changes,
+    Coordinates,
     Roots,
     Spans,
     started_at_or_before,
@@ -167,7 +168,8 @@ class _Chunk:
             self._sorted_roots = rows.root[self._by_root]
         at = np.searchsorted(self._sorted_roots, roots).clip(0, len(self._by_root) - 1)
         hit = self._by_root[at[self._sorted_roots[at] == roots]]
-        return hit[self.live[hit]]
+        found: np.ndarray = hit[self.live[hit]]
+        return found
 
     def find_keys(
         self, keys: np.ndarray | None, part: np.ndarray, offset: np.ndarray, attempt: np.ndarray
@@ -182,7 +184,8 @@ class _Chunk:
             for p, o, a in zip(part.tolist(), offset.tolist(), attempt.tolist()):
                 mask |= (rows.part == p) & (rows.offset == o) & (rows.attempt == a)
             hit = np.flatnonzero(mask)
-        return hit[self.live[hit]]
+        found: np.ndarray = hit[self.live[hit]]
+        return found
 
     def find_spans(self, spans: np.ndarray) -> np.ndarray:
         """Positions of the live rows at attempt 0 in ``spans`` (rows ``(part, from, to)``)."""
@@ -216,7 +219,7 @@ class _Chunk:
         self.count -= len(hit)
         return self.rows if whole and (hit[1:] > hit[:-1]).all() else self.rows.at(hit)
 
-    def compacted(self, removed: list, share: float = 0.5) -> _Chunk:
+    def compacted(self, removed: list[Coordinates], share: float = 0.5) -> _Chunk:
         """This chunk without the rows taken once more than ``share`` of it is gone (any,
         if 0); the rows dropped that were there at the mark go to ``removed``."""
         gone = len(self.live) - self.count
@@ -534,4 +537,5 @@ def _all_packable(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray | in
 def _key(part: npt.ArrayLike, offset: npt.ArrayLike, attempt: npt.ArrayLike) -> np.ndarray:
     """One int64 per (partition index, offset, attempt) within the widths of
     :func:`_all_packable`, ordered by partition, then attempt, then offset."""
-    return (np.asarray(part) << 48) | (np.asarray(attempt) << 40) | np.asarray(offset)
+    key: np.ndarray = (np.asarray(part) << 48) | (np.asarray(attempt) << 40) | np.asarray(offset)
+    return key

@@ -64,4 +64,5 @@ class Numbering:
         for code, p, i in known:
             table[code + 1, p + 1] = i
         at = np.where((number >= 0) & (number < width - 1), number + 1, 0)
-        return np.take(table.ravel(), (codes + 1) * width + at)
+        numbers: np.ndarray = np.take(table.ravel(), (codes + 1) * width + at)
+        return numbers

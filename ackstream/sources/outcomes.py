@@ -25,7 +25,8 @@ class Statuses:
         """Which rows have status ``name``."""
         if name not in self.names:
             return np.zeros(len(self.codes), bool)
-        return self.codes == self.names.index(name)
+        mask: np.ndarray = self.codes == self.names.index(name)
+        return mask
 
 
 def rows_where(table: pa.Table, mask: np.ndarray) -> pa.Table:

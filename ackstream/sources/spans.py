@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 __all__ = [
     "EMPTY",
+    "Coordinates",
     "EMPTY_SPANS",
     "NOT_STARTED",
     "Changes",
@@ -24,11 +25,14 @@ __all__ = [
     "started_at_or_before",
 ]
 
+#: ``part``, ``offset`` and ``attempt`` of some records, a column each
+Coordinates = tuple[np.ndarray, np.ndarray, np.ndarray]
+
 #: ``emitted_ms`` of a root whose batch Spark has not run yet: its timeout has not begun.
 NOT_STARTED = -1
 
 
-def _own(col: np.ndarray, shape: tuple, size: int) -> np.ndarray:
+def _own(col: np.ndarray, shape: tuple[int, ...], size: int) -> np.ndarray:
     """``col`` as a flat column of ``size`` rows of its own: a scalar repeated, an array
     broadcast to ``shape`` and copied (a caller's array is never shared)."""
     if not col.ndim:
@@ -163,4 +167,5 @@ class Changes(NamedTuple):
 
 def started_at_or_before(rows: Roots, ms: int) -> np.ndarray:
     """Mask of ``rows`` whose timeout started at ``ms`` or earlier."""
-    return (rows.emitted_ms != NOT_STARTED) & (rows.emitted_ms <= ms)
+    started: np.ndarray = (rows.emitted_ms != NOT_STARTED) & (rows.emitted_ms <= ms)
+    return started

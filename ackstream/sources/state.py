@@ -280,7 +280,7 @@ def _narrow(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _member(rows: tuple, of: tuple) -> np.ndarray:
+def _member(rows: tuple[np.ndarray, ...], of: tuple[np.ndarray, ...]) -> np.ndarray:
     """Mask of ``rows`` (``part``, ``offset``, ``attempt``; distinct) that are also in ``of``."""
     size, other = len(rows[1]), len(of[1])
     if not size or not other:

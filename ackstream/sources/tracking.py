@@ -38,7 +38,15 @@ from ackstream.sources.isolation import Isolation
 from ackstream.sources.numbering import Numbering
 from ackstream.sources.outcomes import Outcomes, Statuses, rows_where
 from ackstream.sources.retries import Retries
-from ackstream.sources.spans import EMPTY, EMPTY_SPANS, NOT_STARTED, Changes, Roots, Spans
+from ackstream.sources.spans import (
+    EMPTY,
+    EMPTY_SPANS,
+    NOT_STARTED,
+    Changes,
+    Coordinates,
+    Roots,
+    Spans,
+)
 from ackstream.sources.state import DEAD, Uncharged, Unfinished, Waiting
 from ackstream.sources.waiting import NO_GROUP, Replays, packed
 from ackstream.vocabulary import ids
@@ -271,7 +279,7 @@ class Tracker:
         if len(offset):
             self.flights.restart_at(part, offset, attempt, now_ms)
 
-    def _placed(self, completions: pa.Table) -> tuple[np.ndarray, tuple]:
+    def _placed(self, completions: pa.Table) -> tuple[np.ndarray, Coordinates]:
         """The roots of ``completions`` to find by id, and the coordinates (``part``,
         ``offset``, ``attempt``) of the others. A completion that names its record's
         coordinates (as the ledger's do) is found by them, once its id is checked
