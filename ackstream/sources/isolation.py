@@ -6,10 +6,18 @@ known to be at fault. Each is replayed at once, no retry charged, in a batch of 
 own group: the failed batch's roots split in :data:`ISOLATION_PARTS` groups, a
 *round*, so a record at fault is alone after a few rounds. Only a record that fails
 alone in its batch is charged, and it stays alone for its replays. Once every group
-of a round has failed as a whole, the error is every record's (a stage that fails
-them all, a downstream outage): the round's records are charged a retry each and
-replayed together after their backoff, not split again; they end acked once the
-error goes, or dead-lettered with its reason after their retries.
+of a first round (or of one as wide) has failed as a whole, the error is every
+record's (a stage that fails them all, a downstream outage): the round's records are
+charged a retry each and replayed together after their backoff, not split again;
+they end acked once the error goes, or dead-lettered with its reason after their
+retries.
+
+A group that fails is split as widely as the failures of its round suggest records
+at fault in it (twice the groups of its round failed so far, at most
+:data:`ISOLATION_PARTS`): a record at fault alone in a first round's group is then
+found by halving, a batch or two a round, not eight. A narrower round all of whose
+groups failed says only that each holds a record at fault: its groups split on,
+wider.
 """
 
 from __future__ import annotations
@@ -82,9 +90,13 @@ class Isolation:
         return None if taken is None else taken[1:]
 
     def _split(self, roots: Roots, parent: int, now_ms: int) -> None:
-        """Replay the suspects ``roots`` at once, uncharged, in a round of groups."""
+        """Replay the suspects ``roots`` at once, uncharged, in a round of groups: as
+        many as the module doc says."""
         retries, n = self._retries, len(roots.root)
-        size = -(-n // ISOLATION_PARTS)  # ceiling
+        parts = ISOLATION_PARTS
+        if parent != NO_GROUP:
+            parts = max(2, min(ISOLATION_PARTS, 2 * self.rounds.failures(parent)))
+        size = -(-n // parts)  # ceiling
         numbers = retries.new_groups(-(-n // size))
         groups = numbers[np.arange(n) // size]
         self.rounds.add(numbers.tolist(), parent)
@@ -151,12 +163,25 @@ class Rounds:
             self._children[parent] = groups
 
     def failed(self, group: int) -> bool:
-        """Group ``group`` failed as a whole: whether every group of its round now has."""
+        """Group ``group`` failed as a whole: whether every group of its round now has,
+        and the round says the error is every record's (a first round, or one of
+        :data:`ISOLATION_PARTS` groups)."""
         first = self._round.get(group)
         if first is None:
             return False
         self._failed[first] += 1
-        return self._failed[first] >= self._size[first]
+        if self._failed[first] < self._size[first]:
+            return False
+        return self._size[first] >= ISOLATION_PARTS or not self._split_from_a_group(first)
+
+    def failures(self, group: int) -> int:
+        """How many groups of ``group``'s round have failed as a whole (0: no round)."""
+        first = self._round.get(group)
+        return 0 if first is None else self._failed[first]
+
+    def _split_from_a_group(self, first: int) -> bool:
+        """Whether the round ``first`` was split out of a group (not a batch of none)."""
+        return any(first in children for children in self._children.values())
 
     def descendants(self, group: int) -> list[int]:
         """The groups that the groups of ``group``'s round were split into, and theirs;

@@ -359,6 +359,45 @@ def test_a_round_with_one_group_through_keeps_isolating_the_others():
     assert scheduled(t) == {(TP, 10): (3, 100)}  # its first charged failure, alone
 
 
+def isolate(t, first, end, poisons):
+    """Fail the batch ``[first, end)`` as a whole, then replay its groups until none is due,
+    failing a group whole when it holds one of ``poisons`` and acking it otherwise: the
+    number of batches the isolation took."""
+    t.new_batch()
+    t.emit_range(TP, first, end, 0)
+    t.complete(done(*((root(o), BATCH_FAILED) for o in range(first, end))), 0)
+    batches = 0
+    while group := (t.new_batch(), t.due_group(0))[1]:
+        batches += 1
+        rows = group.tolist()
+        status = BATCH_FAILED if {o for _, _, o, _ in rows} & poisons else ACKED
+        t.complete(done(*((root(o, a), status) for _, _, o, a in rows)), 0)
+    return batches
+
+
+def test_a_record_at_fault_is_found_by_halving_its_group_after_the_first_round():
+    """One record at fault among 512: the first round's 8 groups of 64, then its group
+    halved, a round of 2 batches each, to the record alone: 8 + 2 * 6 batches, where
+    rounds of 8 all through took 8 + 8 + 8."""
+    t = tracker()
+    assert isolate(t, 10, 522, {180}) == 8 + 2 * 6
+    # alone, charged its first retry after its first read and 1 + 6 rounds uncharged
+    assert scheduled(t) == {(TP, 180): (1 + 1 + 6, 100)}
+    assert t.watermarks() == {TP: 180} and t.in_flight == 0
+
+
+def test_two_records_at_fault_in_one_halved_group_are_each_found_not_charged_together():
+    """Both halves of a group fail: a round split out of a group and narrower than a
+    first round says each half holds a record at fault, not that the error is every
+    record's; the halves split on and the two end alone, the rest acked."""
+    t = tracker()
+    isolate(t, 10, 74, {10, 17})  # 10 and 17: one group of the first round, two halves
+    waiting = scheduled(t)
+    assert set(waiting) == {(TP, 10), (TP, 17)}
+    assert {due for _, due in waiting.values()} == {100}  # each charged alone, once
+    assert t.watermarks() == {TP: 10} and len(t.parts[TP].done) == 64 - 2
+
+
 def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
     t = tracker()
     t.new_batch()
