@@ -211,3 +211,37 @@ def logged_parts(tracker):
     from ackstream.vocabulary.batch_offset import BatchOffset
 
     return BatchOffset.from_json(json.dumps(BatchOffset(tracker.snapshot()).to_json())).parts
+
+
+def scheduled(tracker):
+    """``(attempt, due_ms)`` of each record ``tracker`` holds for a replay, by ``(tp, offset)``."""
+    part, offset, attempt, due, _ = tracker.waiting.columns()
+    tps = tracker.partitions
+    return {
+        (tps[p], o): (a, d)
+        for p, o, a, d in zip(part.tolist(), offset.tolist(), attempt.tolist(), due.tolist())
+    }
+
+
+def suspects(tracker):
+    """The group of each record waiting for a replay with its group, by ``(tp, offset)``."""
+    from ackstream.sources.waiting import NO_GROUP
+
+    part, offset, _, _, group = tracker.waiting.columns()
+    grouped = group != NO_GROUP
+    tps = tracker.partitions
+    return {
+        (tps[p], o): g for p, o, g in zip(*(c[grouped].tolist() for c in (part, offset, group)))
+    }
+
+
+def uncharged(tracker):
+    """Attempts not charged to its retries, by ``(tp, offset)`` of each record with any."""
+    kept = tracker.unfinished(flying=False)
+    columns = (kept.uncharged.part, kept.uncharged.offset, kept.uncharged.attempts)
+    return {(kept.tps[p], o): n for p, o, n in zip(*(c.tolist() for c in columns))}
+
+
+def done_offsets(runs):
+    """Every offset of done runs (a :class:`~ackstream.sources.done_runs.DoneRuns`), sorted."""
+    return [o for a, b in zip(runs.starts.tolist(), runs.ends.tolist()) for o in range(a, b)]

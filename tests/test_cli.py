@@ -597,7 +597,7 @@ def _in_process(capsys, *argv):
 
 def _write_letters(bootstrap, dead_topic, source_topic):
     from ackstream.sinks.dead_letters import KafkaDeadLetters
-    from ackstream.sources.tracking import DeadLetter
+    from ackstream.vocabulary.dead_letter import DeadLetter
 
     letters = KafkaDeadLetters(bootstrap, dead_topic, "orders")
     try:

@@ -15,10 +15,10 @@ from ackstream.sinks.dead_letters import (
     ParquetDeadLetters,
     read_dead_letters,
 )
-from ackstream.sources.tracking import DeadLetter
 from ackstream.testing import ack, ack_records, init
 from ackstream.ui.metrics import exposition
 from ackstream.ui.status import history, latency_histogram, local_status, summarize
+from ackstream.vocabulary.dead_letter import DeadLetter
 from ackstream.vocabulary.records import (
     ACKED,
     BATCH_FAILED,

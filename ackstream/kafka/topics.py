@@ -12,6 +12,7 @@ round or write, before the calls that would wait, and again when a call fails; a
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Container, Iterable
+from typing import TypeVar
 
 from ackstream.vocabulary.clock import Clock, now_ms
 
@@ -22,6 +23,9 @@ __all__ = [
     "never_create_topics",
     "shared_listing",
 ]
+
+#: a kafka-python consumer or producer
+_Client = TypeVar("_Client")
 
 #: How often a client waiting on a topic (a producer's flush) asks whether it is there.
 CHECK_EVERY_S = 1.0
@@ -103,7 +107,7 @@ def _brokers(client) -> tuple[str, str] | None:
     return ",".join(sorted(servers)), str(config.get("security_protocol", "PLAINTEXT"))
 
 
-def never_create_topics(client):
+def never_create_topics(client: _Client) -> _Client:
     """``client`` (a kafka-python consumer or producer), made to never ask the brokers to
     create a topic. kafka-python 3.0 takes ``allow_auto_create_topics=False`` but its
     metadata requests do not carry it: a client assigned to (or sending to) a deleted

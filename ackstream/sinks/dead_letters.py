@@ -38,13 +38,13 @@ from ackstream.kafka.settings import client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, deleted_topics
 from ackstream.storage.files import write_atomically
 from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.dead_letter import DeadLetter
 from ackstream.vocabulary.ids import content_id, hash_text
 
 __all__ = [
     "CONNECT_ERRORS",
     "DEAD_LETTER_SCHEMA",
     "DeadLetterWriter",
-    "Letter",
     "LetterRecords",
     "KafkaDeadLetters",
     "ParquetDeadLetters",
@@ -78,22 +78,6 @@ DEAD_LETTER_SCHEMA = pa.schema(
 )
 
 
-class Letter(Protocol):
-    """What a writer reads of a dead letter (the source's ``DeadLetter``): the record's
-    coordinates, how many times it was emitted, and why it is dead."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def reason(self) -> str: ...
-
-
 #: The records of the letters, as the source fetched them again: ``((topic, partition),
 #: offset) -> (key, value, timestamp ms[, headers])``; a letter whose record is missing
 #: is written without its key and value.
@@ -107,12 +91,12 @@ class DeadLetterWriter(Protocol):
     :data:`DEAD_LETTER_SCHEMA`; no letters, nothing written; ``close`` releases what
     the writer holds."""
 
-    def write(self, letters: Sequence[Letter], records: LetterRecords) -> None: ...
+    def write(self, letters: Sequence[DeadLetter], records: LetterRecords) -> None: ...
 
     def close(self) -> None: ...
 
 
-def _rows(topology: str, letters: Sequence[Letter], records: LetterRecords):
+def _rows(topology: str, letters: Sequence[DeadLetter], records: LetterRecords):
     written = now_ms()
     for letter in letters:
         key, value, ts, *rest = records.get(
@@ -161,7 +145,7 @@ class ParquetDeadLetters:
     def __init__(self, directory: str, topology: str):
         self.directory, self.topology = directory, topology
 
-    def write(self, letters: Sequence[Letter], records: LetterRecords) -> None:
+    def write(self, letters: Sequence[DeadLetter], records: LetterRecords) -> None:
         if not letters:
             return
         os.makedirs(self.directory, exist_ok=True)
@@ -209,7 +193,7 @@ class KafkaDeadLetters:
         self._lister: Any = None  # a consumer that lists the topics, made at the first write
         self._written = False  # the topic exists: a letter was written to it
 
-    def write(self, letters: Sequence[Letter], records: LetterRecords) -> None:
+    def write(self, letters: Sequence[DeadLetter], records: LetterRecords) -> None:
         if not letters:
             return
         self._check_not_deleted()

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 
 from ackstream.errors import AckstreamError
+from ackstream.vocabulary.partition import Partition
 
 __all__ = ["GroupClaim", "new_owner"]
 
@@ -44,7 +46,7 @@ class GroupClaim:
         """Whether it is time to check the group and renew the claim (it is at first)."""
         return self._beat_ms is None or now_ms - self._beat_ms >= self.heartbeat_ms
 
-    def check(self, committed: dict, now_ms: int) -> None:
+    def check(self, committed: Mapping[Partition, tuple[int, str]], now_ms: int) -> None:
         """Raise if another owner claimed the group less than a lease ago; else this
         claim counts as renewed now. ``committed``: ``{tp: (offset, metadata)}``."""
         for _offset, metadata in committed.values():

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -81,7 +81,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
 
     # --- driver side ----------------------------------------------------------------
 
-    def _spout_from(self, offset: dict) -> Spout:
+    def _spout_from(self, offset: dict[str, Any]) -> Spout:
         """The spout; on the first call, rebuilt from ``offset`` (a restart), which is
         read only then: Spark's offsets enter as :class:`BatchOffset` at this door, and
         in :meth:`partitions` and :meth:`commit`."""
@@ -94,7 +94,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
             )
         return self._spout
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         upstream, channel = open_upstream(self.config), open_channel(self.config)
         try:
             return initial_offset(self.config, upstream, channel).to_json()
@@ -107,12 +107,12 @@ class AckstreamStreamReader(DataSourceStreamReader):
             return ReadMaxRows(self.config.admission.max_offsets_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         offset = self._spout_from(start).next_offset(max_rows)
         return start if offset is None else offset.to_json()
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
         """The spout's :meth:`~ackstream.sources.spout.Spout.metrics`, shown by Spark as
         the source's ``latestOffset`` in every ``StreamingQueryProgress``: pyspark's
         Python data source has no custom metrics, and this is the one dict of the
@@ -126,7 +126,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
             write_atomically(path, lambda hidden: _write_json(hidden, metrics))
         return metrics
 
-    def partitions(self, start: dict, end: dict) -> list[TaskPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TaskPartition]:
         if self.config.tracking:
             self._spout_from(end)  # a restart re-running its last batch starts here
         tasks = read_tasks(
@@ -136,7 +136,7 @@ class AckstreamStreamReader(DataSourceStreamReader):
         )
         return [TaskPartition(task) for task in tasks]
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         if self._spout is not None:
             self._spout.on_spark_commit(BatchOffset.from_json(end))
 
@@ -151,6 +151,6 @@ class AckstreamStreamReader(DataSourceStreamReader):
         yield from open_upstream(self.config).read(partition.task)
 
 
-def _write_json(path: str, value: dict) -> None:
+def _write_json(path: str, value: dict[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump(value, f)

@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -113,11 +113,12 @@ def committed_count(channel: str) -> int:
     return sum(offset for offset, _ in _saved(channel).values())
 
 
-def _saved(channel: str) -> dict[str, list]:
+def _saved(channel: str) -> dict[str, list[Any]]:
     """The commit file: ``"topic/partition" -> [offset, metadata]``."""
     try:
         with open(os.path.join(channel, COMMITS_FILE)) as f:
-            return json.load(f)
+            saved: dict[str, list[Any]] = json.load(f)
+            return saved
     except FileNotFoundError:
         return {}
 
@@ -135,7 +136,7 @@ class GeneratorUpstream:
     def __init__(self, config: SourceConfig):
         self.config = config
         self._t0 = time.monotonic()
-        self._base: dict = {}
+        self._base: dict[Partition, int] = {}
         self._commits = os.path.join(config.channel, COMMITS_FILE)
 
     def check(self) -> None:
@@ -179,7 +180,9 @@ class GeneratorUpstream:
         text = json.dumps({f"{t}/{p}": list(v) for (t, p), v in saved.items()})
         write_atomically(self._commits, lambda path: _write_text(path, text))
 
-    def fetch(self, coords: list[tuple[Partition, int]]) -> dict[tuple[Partition, int], tuple]:
+    def fetch(
+        self, coords: list[tuple[Partition, int]]
+    ) -> dict[tuple[Partition, int], tuple[Any, ...]]:
         out = {}
         for tp, off in coords:
             out[(tp, off)] = (

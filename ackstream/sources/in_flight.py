@@ -27,19 +27,26 @@ its earlier attempt out).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from ackstream.sources.spans import (
+    EMPTY,
+    EMPTY_SPANS,
+    NOT_STARTED,
+    Changes,
+    Coordinates,
+    Roots,
+    Spans,
+    started_at_or_before,
+)
 from ackstream.vocabulary.arrays import distinct
 
-__all__ = ["EMPTY_SPANS", "NOT_STARTED", "Changes", "InFlight", "Roots", "Spans"]
+__all__ = ["InFlight"]
 
-#: ``emitted_ms`` of a root whose batch Spark has not run yet: its timeout has not begun.
-NOT_STARTED = -1
 #: More chunks than this and the smallest half are merged into one.
 MAX_CHUNKS = 16
 #: A piece of a run left this long or longer stays a run; a shorter one becomes rows.
@@ -51,139 +58,6 @@ _PARTS, _ATTEMPTS, _OFFSETS = 1 << 15, 255, 1 << 40
 
 #: a root id per record from its partition index, offset and attempt (columns)
 Mint = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-
-
-def _own(col: np.ndarray, shape: tuple, size: int) -> np.ndarray:
-    """``col`` as a flat column of ``size`` rows of its own: a scalar repeated, an array
-    broadcast to ``shape`` and copied (a caller's array is never shared)."""
-    if not col.ndim:
-        return np.full(size, col)
-    return np.broadcast_to(col, shape).reshape(-1).copy()
-
-
-class Roots(NamedTuple):
-    """Rows of the in-flight table, one numpy column each; ``part`` indexes the
-    tracker's partitions; ``batch`` numbers the batch the source planned the root in
-    (a batch that fails as a whole fails these roots together)."""
-
-    root: np.ndarray
-    part: np.ndarray
-    offset: np.ndarray
-    attempt: np.ndarray
-    emitted_ms: np.ndarray
-    batch: np.ndarray
-
-    @classmethod
-    def of(
-        cls,
-        root: npt.ArrayLike,
-        part: npt.ArrayLike,
-        offset: npt.ArrayLike,
-        attempt: npt.ArrayLike,
-        emitted_ms: npt.ArrayLike,
-        batch: npt.ArrayLike = 0,
-    ) -> Roots:
-        """Columns of the right types, the rows' own (copies); scalars are repeated to
-        the length of the others."""
-        values = (root, part, offset, attempt, emitted_ms, batch)
-        columns = [np.asarray(v, np.int64) for v in values]
-        shape = np.broadcast_shapes(*(col.shape for col in columns))
-        size = math.prod(shape)
-        return cls(*(_own(col, shape, size) for col in columns))
-
-    def sorted_by(self, *keys: str) -> Roots:
-        """The rows ordered by ``keys``, the first key major."""
-        order = np.lexsort([getattr(self, k) for k in reversed(keys)])
-        return self.at(order)
-
-    def at(self, index: np.ndarray) -> Roots:
-        """The rows at ``index`` (positions or a mask)."""
-        return Roots(*(col[index] for col in self))
-
-    @staticmethod
-    def concat(parts: list[Roots]) -> Roots:
-        if len(parts) == 1:  # the usual take: one chunk's rows, no copy
-            return parts[0]
-        return Roots(*(np.concatenate(cols) for cols in zip(*parts))) if parts else EMPTY
-
-
-EMPTY = Roots.of([], 0, [], 0, 0)
-
-
-class Spans(NamedTuple):
-    """Records as runs of consecutive offsets, one row per run: ``[start, end)`` of the
-    partition indexed ``part`` at ``attempt``."""
-
-    part: np.ndarray
-    attempt: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-
-    @classmethod
-    def of_rows(cls, part: npt.ArrayLike, offset: npt.ArrayLike, attempt: npt.ArrayLike) -> Spans:
-        """The runs of records given a row each: a row whose offset follows the row
-        before it (same partition and attempt) continues its run, so rows ordered by
-        partition, attempt and offset give the fewest runs."""
-        part, offset, attempt = np.broadcast_arrays(
-            *(np.asarray(c, np.int64).reshape(-1) for c in (part, offset, attempt))
-        )
-        if not len(offset):
-            return EMPTY_SPANS
-        cut = np.ones(len(offset), bool)
-        cut[1:] = (
-            (part[1:] != part[:-1])
-            | (attempt[1:] != attempt[:-1])
-            | (offset[1:] != offset[:-1] + 1)
-        )
-        first = np.flatnonzero(cut)
-        last = np.append(first[1:], len(offset)) - 1
-        return cls(part[first], attempt[first], offset[first], offset[last] + 1)
-
-    @staticmethod
-    def concat(parts: list[Spans]) -> Spans:
-        parts = [p for p in parts if len(p.start)]
-        if len(parts) == 1:
-            return parts[0]
-        return Spans(*(np.concatenate(cols) for cols in zip(*parts))) if parts else EMPTY_SPANS
-
-    @property
-    def runs(self) -> int:
-        return len(self.start)
-
-    @property
-    def records(self) -> int:
-        return int((self.end - self.start).sum())
-
-    def at(self, index: np.ndarray) -> Spans:
-        """The runs at ``index`` (positions or a mask)."""
-        return Spans(*(col[index] for col in self))
-
-    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``part``, ``offset`` and ``attempt`` of every record, run after run."""
-        length = self.end - self.start
-        within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
-        return (
-            np.repeat(self.part, length),
-            np.repeat(self.start, length) + within,
-            np.repeat(self.attempt, length),
-        )
-
-
-EMPTY_SPANS = Spans(*(np.empty(0, np.int64) for _ in range(4)))
-
-
-class Changes(NamedTuple):
-    """Records in flight at :meth:`InFlight.mark` taken out since (``removed``), and
-    records added since and still in flight (``added``): what was in flight at the
-    mark, less ``removed``, plus ``added``, is in flight now. A record added and taken
-    again since is in neither."""
-
-    added: Spans
-    removed: Spans
-
-    @property
-    def runs(self) -> int:
-        return self.added.runs + self.removed.runs
 
 
 class _Runs(NamedTuple):
@@ -294,7 +168,8 @@ class _Chunk:
             self._sorted_roots = rows.root[self._by_root]
         at = np.searchsorted(self._sorted_roots, roots).clip(0, len(self._by_root) - 1)
         hit = self._by_root[at[self._sorted_roots[at] == roots]]
-        return hit[self.live[hit]]
+        found: np.ndarray = hit[self.live[hit]]
+        return found
 
     def find_keys(
         self, keys: np.ndarray | None, part: np.ndarray, offset: np.ndarray, attempt: np.ndarray
@@ -309,7 +184,8 @@ class _Chunk:
             for p, o, a in zip(part.tolist(), offset.tolist(), attempt.tolist()):
                 mask |= (rows.part == p) & (rows.offset == o) & (rows.attempt == a)
             hit = np.flatnonzero(mask)
-        return hit[self.live[hit]]
+        found: np.ndarray = hit[self.live[hit]]
+        return found
 
     def find_spans(self, spans: np.ndarray) -> np.ndarray:
         """Positions of the live rows at attempt 0 in ``spans`` (rows ``(part, from, to)``)."""
@@ -343,7 +219,7 @@ class _Chunk:
         self.count -= len(hit)
         return self.rows if whole and (hit[1:] > hit[:-1]).all() else self.rows.at(hit)
 
-    def compacted(self, removed: list, share: float = 0.5) -> _Chunk:
+    def compacted(self, removed: list[Coordinates], share: float = 0.5) -> _Chunk:
         """This chunk without the rows taken once more than ``share`` of it is gone (any,
         if 0); the rows dropped that were there at the mark go to ``removed``."""
         gone = len(self.live) - self.count
@@ -649,11 +525,6 @@ def _coordinates(rows: Roots, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return rows.part[mask], rows.offset[mask], rows.attempt[mask]
 
 
-def started_at_or_before(rows: Roots, ms: int) -> np.ndarray:
-    """Mask of ``rows`` whose timeout started at ``ms`` or earlier."""
-    return (rows.emitted_ms != NOT_STARTED) & (rows.emitted_ms <= ms)
-
-
 def _all_packable(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray | int) -> bool:
     """Whether every row's coordinates fit a packed key (:func:`_key`): by each column's
     least and greatest value, a pass per column and no mask."""
@@ -666,4 +537,5 @@ def _all_packable(part: np.ndarray, offset: np.ndarray, attempt: np.ndarray | in
 def _key(part: npt.ArrayLike, offset: npt.ArrayLike, attempt: npt.ArrayLike) -> np.ndarray:
     """One int64 per (partition index, offset, attempt) within the widths of
     :func:`_all_packable`, ordered by partition, then attempt, then offset."""
-    return (np.asarray(part) << 48) | (np.asarray(attempt) << 40) | np.asarray(offset)
+    key: np.ndarray = (np.asarray(part) << 48) | (np.asarray(attempt) << 40) | np.asarray(offset)
+    return key

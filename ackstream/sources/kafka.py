@@ -25,7 +25,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
@@ -37,6 +37,7 @@ from ackstream.kafka.outage import Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
 from ackstream.kafka.topics import deleted_topics, never_create_topics, shared_listing
+from ackstream.sources.done_runs import ranges
 from ackstream.sources.rows import (
     NO_RECORD,
     Headers,
@@ -45,7 +46,6 @@ from ackstream.sources.rows import (
     spout_batch,
     too_big_reason,
 )
-from ackstream.sources.tracking import ranges
 from ackstream.vocabulary.partition import Partition
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class KafkaUpstream:
         does not exist (later, Spark would report it from inside a running query). The
         check is bounded: a broker that holds the connection without answering (a
         listener speaking another security protocol can) fails it like a silent one."""
-        outcome: list = []
+        outcome: list[AckstreamError | None] = []
         probe = threading.Thread(target=self._probe, args=(outcome,), daemon=True)
         probe.start()
         probe.join(CHECK_TIMEOUT_MS / 1000 + 5)
@@ -138,7 +138,7 @@ class KafkaUpstream:
         if outcome[0] is not None:
             raise outcome[0]
 
-    def _probe(self, outcome: list) -> None:
+    def _probe(self, outcome: list[AckstreamError | None]) -> None:
         from kafka.errors import KafkaError
 
         config = self.config
@@ -294,7 +294,9 @@ class KafkaUpstream:
             }
             self._retried("a commit", lambda consumer: consumer.commit(commits))
 
-    def fetch(self, coords: list[tuple[Partition, int]]) -> dict[tuple[Partition, int], tuple]:
+    def fetch(
+        self, coords: list[tuple[Partition, int]]
+    ) -> dict[tuple[Partition, int], tuple[Any, ...]]:
         """``(key, value, timestamp_ms, headers)`` of single records (for dead letters)."""
         by_tp: dict[Partition, list[int]] = {}
         for tp, off in coords:
@@ -379,11 +381,11 @@ _IDLE_READERS: dict[str, list[KafkaConsumer]] = {}
 _IDLE_LOCK = threading.Lock()
 
 
-def _pool_key(settings: dict) -> str:
+def _pool_key(settings: dict[str, Any]) -> str:
     return repr(sorted(settings.items()))
 
 
-def _pooled_reader(settings: dict) -> KafkaConsumer:
+def _pooled_reader(settings: dict[str, Any]) -> KafkaConsumer:
     with _IDLE_LOCK:
         idle = _IDLE_READERS.get(_pool_key(settings))
         if idle:
@@ -391,7 +393,7 @@ def _pooled_reader(settings: dict) -> KafkaConsumer:
     return never_create_topics(KafkaConsumer(group_id=None, **settings))
 
 
-def _return_reader(settings: dict, consumer: KafkaConsumer, keep: bool) -> None:
+def _return_reader(settings: dict[str, Any], consumer: KafkaConsumer, keep: bool) -> None:
     """Keep a consumer whose task read to its end for the next task; close any other
     (an error or an abandoned read may leave it in any state)."""
     if keep:
@@ -417,11 +419,11 @@ def _batch(config: SourceConfig, task: ReadTask, rows: list[_Record]) -> pa.Reco
     )
 
 
-def _partitions_of(topic: str) -> Callable:
+def _partitions_of(topic: str) -> Callable[[KafkaConsumer], Any]:
     """What :meth:`KafkaUpstream._retried` calls to ask a consumer for ``topic``'s partitions."""
     return lambda consumer: consumer.partitions_for_topic(topic)
 
 
-def _committed_of(tp: Partition) -> Callable:
+def _committed_of(tp: Partition) -> Callable[[KafkaConsumer], Any]:
     """What :meth:`KafkaUpstream._retried` calls to ask for the group's commit of ``tp``."""
     return lambda consumer: consumer.committed(TopicPartition(*tp), metadata=True)

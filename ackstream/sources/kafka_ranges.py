@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 
@@ -101,7 +101,7 @@ class RecordRdd:
     """What the record RDD path needs of the JVM, made once per process and settings:
     each piece is a call into the JVM, and a batch should make only its ranges."""
 
-    _made: dict[tuple, RecordRdd] = {}
+    _made: dict[tuple[Any, ...], RecordRdd] = {}
 
     def __init__(self, spark: SparkSession, config: SourceConfig):
         # never None here: a Spark Connect session (no JVM) is turned away before

@@ -49,16 +49,7 @@ def local_session(
     from pyspark.sql import SparkSession
 
     if remote:
-        builder = SparkSession.builder.remote(remote).appName(app_name)
-        for key, value in {
-            "spark.sql.execution.arrow.pyspark.enabled": "true",
-            **(conf or {}),
-        }.items():
-            builder = builder.config(key, str(value))
-        session = builder.getOrCreate()
-        register(session)
-        return session
-
+        return _connect_session(remote, app_name, conf or {})
     major = java_major_version()
     if major < 17:
         raise EnvironmentProblem(f"Java {major} found", "Spark 4 needs Java 17 or newer.")
@@ -87,5 +78,17 @@ def local_session(
         builder = builder.config(key, str(value))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    return session
+
+
+def _connect_session(remote: str, app_name: str, conf: dict[str, Any]) -> SparkSession:
+    """A Spark Connect client of ``remote`` with ackstream's data sources registered."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(remote).appName(app_name)
+    for key, value in {"spark.sql.execution.arrow.pyspark.enabled": "true", **conf}.items():
+        builder = builder.config(key, str(value))
+    session = builder.getOrCreate()
     register(session)
     return session

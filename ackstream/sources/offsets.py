@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,7 @@ import pyarrow.compute as pc
 from ackstream.sources.rows import ReadTask
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.batch_offset import BatchOffset, ReplayRun
+from ackstream.vocabulary.partition import Partition
 from ackstream.vocabulary.records import (
     ACK_RECORD_SCHEMA,
     ACKED,
@@ -49,6 +51,11 @@ ROWS_PER_TASK = 100_000
 REPLAY_COVER_GAP = 100_000
 
 
+#: A run of new offsets a batch names: ``(namespace, topic, partition, from, to)``, ``to``
+#: exclusive.
+Run = tuple[str, str, int, int, int]
+
+
 def spark_reads_replays(runs: Sequence[ReplayRun]) -> bool:
     """Whether Spark's Kafka reader reads replays logged as ``runs`` (with the batch's new
     records): any two records or more. A record replayed alone is read by the source's
@@ -64,7 +71,7 @@ def covering(runs: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int,
     >>> covering([("t", 0, 5, 9), ("t", 0, 20, 21), ("t", 1, 0, 3), ("t", 0, 500_000, 500_002)])
     [('t', 0, 5, 21), ('t', 0, 500000, 500002), ('t', 1, 0, 3)]
     """
-    out: list[list] = []
+    out: list[list[Any]] = []
     for topic, partition, start, end in sorted(runs):
         last = out[-1] if out else None
         if last and last[:2] == [topic, partition] and start - last[3] <= REPLAY_COVER_GAP:
@@ -100,7 +107,7 @@ def read_tasks(
         pieces = min(max(pieces, 1), hi - lo)
         cuts = [lo + (hi - lo) * i // pieces for i in range(pieces + 1)]
         tasks += [ReadTask(topic, p, a, b) for a, b in zip(cuts, cuts[1:])]
-    replays: dict = {}
+    replays: dict[Partition, list[tuple[int, int]]] = {}
     for topic, p, lo, hi, att in () if end.spark_reads_replays else end.replays:
         replays.setdefault((topic, p), []).extend((off, att) for off in range(lo, hi))
     for (topic, p), pairs in sorted(replays.items()):
@@ -112,11 +119,11 @@ def read_tasks(
     return tasks
 
 
-def runs_of(replays: Iterable[tuple[str, int, int, int]]) -> list[list]:
+def runs_of(replays: Iterable[tuple[str, int, int, int]]) -> list[list[Any]]:
     """Replays given one per record, ``(topic, partition, offset, attempt)``, as the runs of
     consecutive offsets at one attempt an offset logs: a batch that replays a whole
     failed batch logs a run per partition, not an entry per record."""
-    runs: list[list] = []
+    runs: list[list[Any]] = []
     for topic, p, off, att in sorted(replays, key=lambda r: (r[0], r[1], r[3], r[2])):
         last = runs[-1] if runs else None
         if last and last[0] == topic and last[1] == p and last[4] == att and last[3] == off:
@@ -134,8 +141,7 @@ class PlannedRoots:
     they are (:meth:`acked`, see :mod:`ackstream.vocabulary.ranges`), so the driver mints no id
     for them."""
 
-    #: ``(namespace, topic, partition, from, to)``, ``to`` exclusive
-    runs: list[tuple[str, str, int, int, int]]
+    runs: list[Run]
     #: init records of the roots outside the runs
     singles: pa.Table
     #: when the roots were planned: their inits' ``ts``
@@ -150,7 +156,7 @@ class PlannedRoots:
     def of_offsets(cls, offsets: Iterable[BatchOffset], now_ms: int) -> PlannedRoots:
         """The roots the ``ackstream`` offsets of a batch name. With tracking off the
         source waits for no root: none."""
-        runs: list[tuple[str, str, int, int, int]] = []
+        runs: list[Run] = []
         singles = []
         for end in offsets:
             namespace = end.namespace
@@ -165,7 +171,7 @@ class PlannedRoots:
 
     @property
     def num_rows(self) -> int:
-        return sum(hi - lo for *_, lo, hi in self.runs) + self.singles.num_rows
+        return sum(hi - lo for *_, lo, hi in self.runs) + int(self.singles.num_rows)
 
     @property
     def namespace(self) -> str | None:
@@ -218,7 +224,7 @@ class PlannedRoots:
         )
 
 
-def _cut(runs: list, settled: pa.Table) -> list:
+def _cut(runs: list[Run], settled: pa.Table) -> list[Run]:
     """``runs`` without the attempt-0 offsets of ``settled`` (init records): each run
     split around them."""
     first = settled.filter(pc.equal(settled.column("attempt"), 0))
@@ -236,7 +242,7 @@ def _cut(runs: list, settled: pa.Table) -> list:
     return out
 
 
-def _first_roots(runs: list) -> np.ndarray:
+def _first_roots(runs: list[Run]) -> np.ndarray:
     """The root id of each run's first offset (attempt 0), hashed a namespace at a time:
     runs cut around scattered failures are thousands a batch."""
     out = np.empty(len(runs), np.int64)
@@ -247,7 +253,7 @@ def _first_roots(runs: list) -> np.ndarray:
     return out
 
 
-def _inits_of_runs(namespace: str, runs: list, now_ms: int) -> pa.Table:
+def _inits_of_runs(namespace: str, runs: Sequence[ReplayRun], now_ms: int) -> pa.Table:
     """Init records of every offset of ``runs`` (``(topic, partition, from, to,
     attempt)``), in one table."""
     topics, partitions, starts, ends, attempts = (np.asarray(c) for c in zip(*runs))

@@ -11,7 +11,7 @@ dead-lettered), wakes the acker while a root is overdue, then plans the next
 batch: due replays first, then new offsets, within ``maxPending`` and the read
 limit, split over partitions by lag. The roots of a batch that failed as a whole
 replay in groups, each group a batch of its own, until the record at fault fails
-alone (see :mod:`ackstream.sources.tracking`). The offset it returns holds each partition's
+alone (see :mod:`ackstream.sources.isolation`). The offset it returns holds each partition's
 read position and watermark (see :mod:`ackstream.sources.offsets`); the records
 between the two that are not done go to the source's state file that the offset
 names (:mod:`ackstream.sources.state`), written before the offset is returned.
@@ -33,7 +33,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ackstream.channels.base import Channel
 from ackstream.config.source import SourceConfig, default_tick_ms
@@ -69,7 +69,7 @@ __all__ = [
 BLOCKED_MS = 1_000
 
 
-def share_by_lag(budget: int | None, lags: dict) -> dict:
+def share_by_lag(budget: int | None, lags: dict[Partition, int]) -> dict[Partition, int]:
     """Split ``budget`` offsets over partitions in proportion to their lag (as Spark's
     Kafka source does for maxOffsetsPerTrigger)."""
     total = sum(lags.values())
@@ -113,8 +113,10 @@ class Spout(ABC):
         self.tracker.clock_on_commit = True
         self.position = offset.done
         self._planned_ms = clock()  # when the last offset was planned
-        self.committed: dict = {}  # {tp: (offset, metadata without the claim)}
-        self.latest: dict = {}  # {tp: the upstream's end offset}, as last seen
+        self.committed: dict[
+            Partition, tuple[int, str]
+        ] = {}  # {tp: (offset, metadata without the claim)}
+        self.latest: dict[Partition, int] = {}  # the upstream's end offsets, as last seen
         #: records the offsets planned since this spout started name (new and replayed):
         #: what its batches read, whichever reader reads them
         self.planned_records = 0
@@ -202,7 +204,7 @@ class Spout(ABC):
     def _ran(self, end: BatchOffset) -> None:
         """What the batch ending at ``end`` having run changes."""
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
         """What this source has seen since its checkpoint began, JSON-ready: the
         :attr:`Tracker.counts <ackstream.sources.tracking.Tracker.counts>`, roots
         ``pending`` (in flight), records ``waiting`` for a replay's backoff, records
@@ -211,7 +213,7 @@ class Spout(ABC):
         topic and partition its ``end`` (upstream), ``committed`` (the watermark: every
         offset below it is acked or dead-lettered) and ``lag`` (end - committed)."""
         tracker = self.tracker
-        parts: dict = {}
+        parts: dict[str, dict[str, dict[str, int]]] = {}
         for tp, part in sorted(tracker.parts.items()):
             end = self.latest.get(tp, part.end)
             parts.setdefault(tp[0], {})[str(tp[1])] = {
@@ -252,7 +254,7 @@ class Spout(ABC):
                 self.tracker.skip_to(tp, earliest[tp])
 
     @staticmethod
-    def _check_not_reset(latest: dict, positions: dict) -> None:
+    def _check_not_reset(latest: dict[Partition, int], positions: dict[Partition, int]) -> None:
         """An end offset below what was already read: the topic was deleted and created
         again under the query (its records past the old offsets would be skipped)."""
         for tp, end in latest.items():
@@ -272,7 +274,7 @@ class Spout(ABC):
         self.claim.check(self.upstream.committed(list(self.tracker.parts)), now)
         return True
 
-    def _send_commits(self, entries: dict) -> None:
+    def _send_commits(self, entries: dict[Partition, tuple[int, str]]) -> None:
         if entries:
             now = self.clock()
             self.upstream.commit(
@@ -302,7 +304,7 @@ class UntrackedSpout(Spout):
     def _ran(self, end: BatchOffset) -> None:
         self._commit_positions({tp: at.end for tp, at in end.parts.items()})
 
-    def _commit_positions(self, positions: dict | None = None) -> None:
+    def _commit_positions(self, positions: dict[Partition, int] | None = None) -> None:
         """Commit the read positions of batches Spark has run. Called from
         latestOffset (before the next batch is planned, so the driver's positions are
         those of the batch that just ran) or with the end Spark committed."""

@@ -42,7 +42,9 @@ def new_tracker(config: SourceConfig) -> Tracker:
     )
 
 
-def _starting_positions(config: SourceConfig, upstream: Upstream, tps: list[Partition]) -> dict:
+def _starting_positions(
+    config: SourceConfig, upstream: Upstream, tps: list[Partition]
+) -> dict[Partition, int]:
     earliest, latest = upstream.earliest(tps), upstream.latest(tps, {})
     explicit = config.kafka.starting_map()
     if explicit is not None:
@@ -69,7 +71,7 @@ def _starting_positions(config: SourceConfig, upstream: Upstream, tps: list[Part
     return out
 
 
-def _holds(tp: Partition, earliest: dict, latest: dict) -> str:
+def _holds(tp: Partition, earliest: dict[Partition, int], latest: dict[Partition, int]) -> str:
     """What partition ``tp`` holds, for an error: a start may be any offset from its
     earliest to its end."""
     return f"{tp[0]}[{tp[1]}] starts at {earliest[tp]} and ends at {latest[tp]}"
@@ -81,7 +83,7 @@ def _positions_by_time(
     tps: list[Partition],
     earliest: dict[Partition, int],
     latest: dict[Partition, int],
-) -> dict:
+) -> dict[Partition, int]:
     """Where ``startingTimestamp`` (every partition) or ``startingOffsetsByTimestamp``
     (the partitions it names; the others start as ``startingOffsets`` says) start."""
     by_partition = config.kafka.timestamp_map() or {}

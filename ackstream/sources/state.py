@@ -14,7 +14,7 @@ and the few scheduled, dead and uncharged ones in full. A steady batch with a
 million records in flight writes a few kilobytes; a whole file is written again once
 the changes hold more runs than a quarter of the records in flight, and first of all
 after a start. Records in flight are written as runs of offsets (as the in-flight
-table gives them, :class:`ackstream.sources.in_flight.Spans`), with small numbers
+table gives them, :class:`ackstream.sources.spans.Spans`), with small numbers
 (steps between runs) in the narrowest integers that hold them: a byte or two a run.
 
 A file is written whole (hidden name, then renamed) before the offset that names
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from ackstream.sources.in_flight import EMPTY_SPANS, Changes, Spans
+from ackstream.sources.spans import EMPTY_SPANS, Changes, Spans
 from ackstream.storage.files import write_atomically
 from ackstream.vocabulary.partition import Partition
 
@@ -59,7 +59,7 @@ _FEW_CHANGES = 10_000
 class Waiting(NamedTuple):
     """Records scheduled for a replay (``due``: when, in ms) or dead (``due`` is
     :data:`DEAD`); ``group``: the group a scheduled replay belongs to, or -1 (see
-    :mod:`ackstream.sources.tracking`)."""
+    :mod:`ackstream.sources.isolation`)."""
 
     part: np.ndarray
     offset: np.ndarray
@@ -280,7 +280,7 @@ def _narrow(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _member(rows: tuple, of: tuple) -> np.ndarray:
+def _member(rows: tuple[np.ndarray, ...], of: tuple[np.ndarray, ...]) -> np.ndarray:
     """Mask of ``rows`` (``part``, ``offset``, ``attempt``; distinct) that are also in ``of``."""
     size, other = len(rows[1]), len(of[1])
     if not size or not other:

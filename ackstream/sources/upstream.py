@@ -9,7 +9,7 @@ same config. Both implementations pass one contract suite
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -46,7 +46,9 @@ class Upstream(Protocol):
     def commit(self, offsets: dict[Partition, tuple[int, str]]) -> None:
         """Commit ``{tp: (offset, metadata)}`` for the group."""
 
-    def fetch(self, coords: list[tuple[Partition, int]]) -> dict[tuple[Partition, int], tuple]:
+    def fetch(
+        self, coords: list[tuple[Partition, int]]
+    ) -> dict[tuple[Partition, int], tuple[Any, ...]]:
         """``{(tp, offset): (key, value, timestamp_ms, headers)}`` of single records (dead
         letters); headers a list of ``(key, value)`` pairs, or None."""
 

@@ -10,12 +10,13 @@ record waits at most once, whatever its attempt).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from ackstream.sources.in_flight import Spans
+from ackstream.sources.spans import Spans
+from ackstream.vocabulary.partition import Partition
 
 __all__ = ["NO_GROUP", "Replays", "Scheduled", "UnchargedCounts", "packed"]
 
@@ -31,7 +32,7 @@ def packed(part: npt.ArrayLike, offset: npt.ArrayLike) -> np.ndarray:
 class Replays(NamedTuple):
     """Records taken out to be replayed now, a row each (``part`` indexes ``tps``)."""
 
-    tps: list
+    tps: list[Partition]
     part: np.ndarray
     offset: np.ndarray
     attempt: np.ndarray
@@ -49,7 +50,7 @@ class Replays(NamedTuple):
             for p, off, att in zip(self.part.tolist(), self.offset.tolist(), self.attempt.tolist())
         ]
 
-    def runs(self) -> list[list]:
+    def runs(self) -> list[list[Any]]:
         """``[topic, partition, from, to, attempt]`` of each run of consecutive offsets at
         one attempt (the form an offset logs them in)."""
         if not len(self.offset):
@@ -171,7 +172,7 @@ class Scheduled:
 
 class UnchargedCounts:
     """Per record not done, how many of its attempts were not charged to its retries
-    (it was replayed as a suspect, see :mod:`ackstream.sources.tracking`): sorted keys
+    (it was replayed as a suspect, see :mod:`ackstream.sources.isolation`): sorted keys
     (:func:`packed`) and a count each."""
 
     def __init__(self) -> None:

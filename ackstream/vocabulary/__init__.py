@@ -6,6 +6,7 @@
 - :mod:`ackstream.vocabulary.batch_offset`: the source's offset, its one message to
   the batch, and its JSON;
 - :mod:`ackstream.vocabulary.partition`: an upstream partition;
+- :mod:`ackstream.vocabulary.dead_letter`: a record the source gave up on;
 - :mod:`ackstream.vocabulary.ids`: root and edge ids by hash, in numpy and in Spark;
 - :mod:`ackstream.vocabulary.lineage`: the columns a tracked row carries;
 - :mod:`ackstream.vocabulary.clock`: the one clock ackstream reads (epoch ms);

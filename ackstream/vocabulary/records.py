@@ -68,7 +68,7 @@ REJECTED = "rejected"  #: a REJECT record: the source dead-letters it at once
 #: the root's micro-batch failed as a whole (an error out of its Spark jobs, or the
 #: batch deadline): the root is a suspect, not known to be at fault; the source
 #: replays the batch's roots in smaller batches of their own until the record at
-#: fault fails alone (``ackstream.sources.tracking``)
+#: fault fails alone (``ackstream.sources.isolation``)
 BATCH_FAILED = "batch_failed"
 #: the acker never saw this root's init within the message timeout (a stray ack, or a
 #: root of another source): reported, and ignored by every source not tracking it

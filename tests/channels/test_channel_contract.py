@@ -102,7 +102,7 @@ def write_garbage(channel):
 
 def test_a_local_batch_written_again_replaces_its_file(tmp_path):
     from ackstream.sinks.dead_letters import ParquetDeadLetters, read_dead_letters
-    from ackstream.sources.tracking import DeadLetter
+    from ackstream.vocabulary.dead_letter import DeadLetter
 
     local = LocalChannel(tmp_path / "channel")
     first = ack_records([fail(1), fail(2)])

@@ -18,8 +18,8 @@ from ackstream.sinks.dead_letters import KafkaDeadLetters
 from ackstream.sources.kafka import KafkaUpstream
 from ackstream.sources.spout import open_spout
 from ackstream.sources.starting import initial_offset
-from ackstream.sources.tracking import DeadLetter
 from ackstream.testing import FakeClock, ack, ack_records
+from ackstream.vocabulary.dead_letter import DeadLetter
 from ackstream.vocabulary.records import ACKED, completion_table
 
 from helpers import delete_topic, wait_for

@@ -12,8 +12,8 @@ from ackstream.sinks.dead_letters import (
     ParquetDeadLetters,
     read_dead_letters,
 )
-from ackstream.sources.tracking import DeadLetter
 from ackstream.vocabulary.clock import now_ms
+from ackstream.vocabulary.dead_letter import DeadLetter
 
 
 @pytest.fixture(params=["parquet", pytest.param("kafka", marks=pytest.mark.broker)])

@@ -4,7 +4,7 @@ the record's headers, ours and Kafka Connect's; read back as a table."""
 import pytest
 
 from ackstream.sinks.dead_letters import CONNECT_ERRORS, KafkaDeadLetters, read_dead_letters
-from ackstream.sources.tracking import DeadLetter
+from ackstream.vocabulary.dead_letter import DeadLetter
 
 from helpers import consume
 

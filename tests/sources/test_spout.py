@@ -13,7 +13,7 @@ from ackstream.sources.upstream import open_upstream
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.records import ACKED, CAUGHT_UP, FAILED, TICK, completion_table
 
-from helpers import wait_for
+from helpers import scheduled, wait_for
 
 TOPIC = "generator"
 
@@ -351,7 +351,7 @@ def run_batches(spout, channel, clock, fails, rounds=60, max_rows=None):
     for _ in range(rounds):
         offset = spout.next_offset(max_rows)
         if offset is None:
-            if not spout.tracker.scheduled and not spout.tracker.in_flight:
+            if not scheduled(spout.tracker) and not spout.tracker.in_flight:
                 return batches
             clock.advance(1_000)  # a backoff
             continue

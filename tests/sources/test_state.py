@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from ackstream.sources.in_flight import EMPTY_SPANS, Spans
+from ackstream.sources.spans import EMPTY_SPANS, Spans
 from ackstream.sources.spout import open_spout
 from ackstream.sources.state import DEAD, SourceState, Uncharged, Unfinished, Waiting
 from ackstream.sources.tracking import Tracker
@@ -15,6 +15,8 @@ from ackstream.sources.upstream import open_upstream
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.batch_offset import BatchOffset
 from ackstream.vocabulary.records import ACKED, FAILED, completion_table
+
+from helpers import done_offsets, scheduled
 
 TOPIC = "generator"
 
@@ -49,8 +51,8 @@ def state_of(t) -> tuple:
     rows = t.flights.rows
     parts = (t.partitions[p] for p in rows.part.tolist())
     flying = sorted(zip(parts, rows.offset.tolist(), rows.attempt.tolist()))
-    done = {tp: part.done.tolist() for tp, part in t.parts.items()}
-    return t.snapshot(), flying, dict(t.scheduled), done
+    done = {tp: done_offsets(part.done) for tp, part in t.parts.items()}
+    return t.snapshot(), flying, dict(scheduled(t)), done
 
 
 def restored(spout, offset) -> Tracker:
@@ -103,7 +105,7 @@ def test_a_restart_from_any_logged_offset_resumes_exactly_its_state(make_spout):
     report(channel, offset)  # 1,000 in flight a partition, 999 runs of done between
     report(channel, offset, FAILED, keep=lambda offs: (offs % 7 != 0) | (offs % 2 == 0))
     offset = spout.next_offset(max_rows=30)
-    assert spout.tracker.scheduled  # odd multiples of 7 wait for their replay
+    assert scheduled(spout.tracker)  # odd multiples of 7 wait for their replay
     logged.append((offset, state_of(spout.tracker)))
     clock.advance(1_000)
     offset = spout.next_offset(max_rows=30)
@@ -151,7 +153,7 @@ def test_a_lost_state_file_costs_replays_never_a_record(make_spout, caplog):
         assert {(tp, o) for tp, o, _ in before[1]} <= {(tp, o) for tp, o, _ in flying}
         assert {a for *_, a in flying} == {0}
         for tp, part in t.parts.items():  # the rest is done: the group's commit says so
-            mine = [o for p, o, _ in flying if p == tp] + part.done.tolist()
+            mine = [o for p, o, _ in flying if p == tp] + done_offsets(part.done)
             assert sorted(mine) == list(range(part.watermark, part.end))
     finally:
         again.close()

@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackstream.config.source import RetryPolicy
-from ackstream.sources.in_flight import NOT_STARTED, InFlight
+from ackstream.sources.done_runs import METADATA_LIMIT, DoneRuns, ranges
+from ackstream.sources.in_flight import InFlight
+from ackstream.sources.spans import NOT_STARTED
 from ackstream.sources.state import SourceState
-from ackstream.sources.tracking import METADATA_LIMIT, DoneRuns, Tracker, ranges
+from ackstream.sources.tracking import Tracker
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.records import (
     ACKED,
@@ -25,7 +27,7 @@ from ackstream.vocabulary.records import (
     TIMED_OUT,
 )
 
-from helpers import logged_parts
+from helpers import done_offsets, logged_parts, scheduled, suspects, uncharged
 
 TP = ("events", 0)
 
@@ -71,7 +73,7 @@ def test_unknown_and_duplicate_completions_are_ignored():
     t.complete(done((root(10, attempt=3), ACKED), (12345, ACKED)), 1)
     t.complete(done((root(10), ACKED)), 1)
     t.complete(done((root(10), FAILED), (root(10), ACKED)), 2)
-    assert t.watermarks() == {TP: 11} and not t.scheduled
+    assert t.watermarks() == {TP: 11} and not scheduled(t)
 
 
 def test_of_two_outcomes_read_together_a_rejection_wins_over_an_ack():
@@ -137,7 +139,7 @@ def test_rejected_is_dead_lettered_at_once_with_its_reason_and_invalid_is_ignore
     assert [(d.offset, d.attempts, d.reason) for d in dead] == [
         (10, 1, "rejected: value is not JSON")
     ]
-    assert t.scheduled == {(TP, 11): (1, 102)}  # a fail replays
+    assert scheduled(t) == {(TP, 11): (1, 102)}  # a fail replays
 
 
 def test_max_pending_bounds_new_roots():
@@ -201,7 +203,7 @@ def test_snapshot_restore_resumes_in_flight_and_scheduled_through_json():
         (13, 1),
         (15, 0),
     ]
-    assert r.scheduled == {(TP, 14): (2, 400)}
+    assert scheduled(r) == {(TP, 14): (2, 400)}
     r.complete(done((root(11), ACKED), (root(13, 1), ACKED), (root(15), ACKED)), 1000)
     assert r.due(1000).tolist() == [("events", 0, 14, 2)]
 
@@ -224,7 +226,7 @@ def test_suspects_replay_by_group_and_alone_with_no_retry_charged():
     t.new_batch()  # 11, 12 in flight again: 11 is the poison, alone this time
     t.flights.take([root(o, 1) for o in range(12, 26)])
     t.complete(done((root(11, 1), BATCH_FAILED)), 0)  # alone: charged, replayed alone
-    assert t.scheduled == {(TP, 11): (2, 100)} and set(t.suspects) == {(TP, 11)}
+    assert scheduled(t) == {(TP, 11): (2, 100)} and set(suspects(t)) == {(TP, 11)}
     assert t.due(1000).tolist() == [] and t.due_group(1000).tolist() == [("events", 0, 11, 2)]
     t.new_batch()
     t.complete(done((root(11, 2), BATCH_FAILED)), 0)  # its retry used: dead, 3 emits
@@ -259,7 +261,7 @@ def test_an_error_every_group_hits_is_charged_to_all_and_never_split_again():
         batches += 1
         assert len(group) == 8  # a group of the first round: never a smaller one
         fail_batch(group, 0)
-    assert batches == 8 and len(t.waiting) == 64 and len(t.suspects) == 64
+    assert batches == 8 and len(t.waiting) == 64 and len(suspects(t)) == 64
     assert t.due_group(99).tolist() == []  # charged: their backoff first
     t.new_batch()
     together = t.due_group(100)
@@ -337,7 +339,7 @@ def test_rounds_of_isolation_go_on_after_a_restart():
         sizes.append(len(group))
         r.complete(done(*((root(o, a), BATCH_FAILED) for _, _, o, a in group.tolist())), 0)
     assert sizes == [8] * 4  # the round's other four groups; then all 64, charged
-    assert len(r.waiting) == 64 and len(set(r.suspects.values())) == 1
+    assert len(r.waiting) == 64 and len(set(suspects(r).values())) == 1
 
 
 def test_a_round_with_one_group_through_keeps_isolating_the_others():
@@ -354,7 +356,46 @@ def test_a_round_with_one_group_through_keeps_isolating_the_others():
         else:
             t.complete(done(*((root(o, a), ACKED) for _, _, o, a in group.tolist())), 0)
     assert seen == [2] * 8 + [1, 1]  # then 10 and 11 alone
-    assert t.scheduled == {(TP, 10): (3, 100)}  # its first charged failure, alone
+    assert scheduled(t) == {(TP, 10): (3, 100)}  # its first charged failure, alone
+
+
+def isolate(t, first, end, poisons):
+    """Fail the batch ``[first, end)`` as a whole, then replay its groups until none is due,
+    failing a group whole when it holds one of ``poisons`` and acking it otherwise: the
+    number of batches the isolation took."""
+    t.new_batch()
+    t.emit_range(TP, first, end, 0)
+    t.complete(done(*((root(o), BATCH_FAILED) for o in range(first, end))), 0)
+    batches = 0
+    while group := (t.new_batch(), t.due_group(0))[1]:
+        batches += 1
+        rows = group.tolist()
+        status = BATCH_FAILED if {o for _, _, o, _ in rows} & poisons else ACKED
+        t.complete(done(*((root(o, a), status) for _, _, o, a in rows)), 0)
+    return batches
+
+
+def test_a_record_at_fault_is_found_by_halving_its_group_after_the_first_round():
+    """One record at fault among 512: the first round's 8 groups of 64, then its group
+    halved, a round of 2 batches each, to the record alone: 8 + 2 * 6 batches, where
+    rounds of 8 all through took 8 + 8 + 8."""
+    t = tracker()
+    assert isolate(t, 10, 522, {180}) == 8 + 2 * 6
+    # alone, charged its first retry after its first read and 1 + 6 rounds uncharged
+    assert scheduled(t) == {(TP, 180): (1 + 1 + 6, 100)}
+    assert t.watermarks() == {TP: 180} and t.in_flight == 0
+
+
+def test_two_records_at_fault_in_one_halved_group_are_each_found_not_charged_together():
+    """Both halves of a group fail: a round split out of a group and narrower than a
+    first round says each half holds a record at fault, not that the error is every
+    record's; the halves split on and the two end alone, the rest acked."""
+    t = tracker()
+    isolate(t, 10, 74, {10, 17})  # 10 and 17: one group of the first round, two halves
+    waiting = scheduled(t)
+    assert set(waiting) == {(TP, 10), (TP, 17)}
+    assert {due for _, due in waiting.values()} == {100}  # each charged alone, once
+    assert t.watermarks() == {TP: 10} and len(t.parts[TP].done) == 64 - 2
 
 
 def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
@@ -367,8 +408,8 @@ def test_suspects_and_their_uncharged_attempts_survive_a_restore(tmp_path):
     state.write(1, t)
     r = tracker()
     r.restore(logged_parts(t), 6, state.read(1))
-    assert (r.scheduled, r.suspects, r.uncharged) == (t.scheduled, t.suspects, t.uncharged)
-    assert r.uncharged == {(TP, o): 1 for o in range(10, 14)}
+    assert (scheduled(r), suspects(r), uncharged(r)) == (scheduled(t), suspects(t), uncharged(t))
+    assert uncharged(r) == {(TP, o): 1 for o in range(10, 14)}
     assert r.due(6).tolist() == [] and r.due_group(6).tolist() == [("events", 0, 11, 1)]
 
 
@@ -548,7 +589,7 @@ def test_a_reset_reported_by_the_acker_restarts_the_source_timeout():
         t.complete(done((root(10), ALIVE)), now)
         t.expire(now)
     assert in_flight_offsets(t) == [10]  # reset all along
-    assert set(t.scheduled) == {(TP, 11)}  # not reset: timed out at 20 s
+    assert set(scheduled(t)) == {(TP, 11)}  # not reset: timed out at 20 s
     t.complete(done((root(10), ACKED)), 40_000)
     assert t.watermarks() == {TP: 11}
 
@@ -587,10 +628,10 @@ def test_a_late_ack_of_an_earlier_attempt_settles_the_record():
     assert [r[2] for r in t.due(5_100, budget=1).tolist()] == [10]  # replayed at attempt 1
     t.complete(acks_with_coordinates((10, 0), (11, 0)), 5_200)
     assert t.watermarks() == {TP: 12} and not t.in_flight
-    assert set(t.scheduled) == {(TP, 12)}  # its ack has not come
+    assert set(scheduled(t)) == {(TP, 12)}  # its ack has not come
     assert t.counts["acked"] == 2
     t.complete(done((root(10, 1), FAILED)), 5_300)  # the replay's tree fails after all
-    assert t.watermarks() == {TP: 12} and set(t.scheduled) == {(TP, 12)}
+    assert t.watermarks() == {TP: 12} and set(scheduled(t)) == {(TP, 12)}
 
 
 def test_a_late_ack_is_only_taken_from_roots_this_source_minted():
@@ -601,7 +642,7 @@ def test_a_late_ack_is_only_taken_from_roots_this_source_minted():
     forged = acks_with_coordinates((11, 0))
     forged = forged.set_column(4, "offset", pa.array([10], pa.int64()))
     t.complete(forged, 5_100)  # a root of offset 11 claiming to be offset 10
-    assert t.watermarks() == {TP: 10} and set(t.scheduled) == {(TP, 10), (TP, 11)}
+    assert t.watermarks() == {TP: 10} and set(scheduled(t)) == {(TP, 10), (TP, 11)}
 
 
 def test_a_pause_is_not_charged_to_the_roots_in_flight():
@@ -688,7 +729,7 @@ def test_a_batch_read_anew_is_settled_and_written_down_at_a_cost_per_run(tmp_pat
     assert state.read(1).flying.records == HUGE - 1
     t.complete(run_of(10, last), 2)
     assert not t.in_flight and t.counts["acked"] == HUGE - 1
-    assert t.watermarks() == {TP: last} and t.scheduled == {(TP, last): (1, 1 + 100)}
+    assert t.watermarks() == {TP: last} and scheduled(t) == {(TP, last): (1, 1 + 100)}
 
 
 def alive_at(offset, attempt=0, minted_for=None):
@@ -723,7 +764,7 @@ def test_a_reset_named_by_coordinates_restarts_that_record_timeout_alone():
     t.complete(alive_at(60, minted_for=61), 9_000)  # not this source's id: ignored
     t.expire(25_000)
     assert in_flight_offsets(t) == [50]
-    assert len(t.scheduled) == 99 and (TP, 60) in t.scheduled
+    assert len(scheduled(t)) == 99 and (TP, 60) in scheduled(t)
     t.complete(alive_at(50), 28_000)
     t.expire(40_000)
     assert in_flight_offsets(t) == [50]
@@ -759,7 +800,7 @@ def test_a_run_does_not_ack_a_replay_in_flight_but_settles_its_record_late():
     t.expire(5_000)
     assert [r[2] for r in t.due(5_100, budget=1).tolist()] == [10]
     t.complete(run_of(10, 13), 5_200)
-    assert t.watermarks() == {TP: 13} and not t.in_flight and not t.scheduled
+    assert t.watermarks() == {TP: 13} and not t.in_flight and not scheduled(t)
     assert t.counts["acked"] == 3
 
 
@@ -767,7 +808,7 @@ def test_a_root_failed_in_the_same_read_as_its_run_is_replayed():
     t = tracker()
     t.emit_range(TP, 10, 14, now_ms=0)
     t.complete(pa.concat_tables([done((root(12), FAILED)), run_of(10, 14)]), 1)
-    assert t.watermarks() == {TP: 12} and set(t.scheduled) == {(TP, 12)}
+    assert t.watermarks() == {TP: 12} and set(scheduled(t)) == {(TP, 12)}
     assert t.counts["acked"] == 3 and t.counts["failed"] == 1
 
 
@@ -787,11 +828,11 @@ def test_a_completion_naming_its_record_is_applied_without_minting_the_ids_in_fl
     )
     failed = acks_with_coordinates((500, 0)).set_column(1, "status", pa.array([FAILED]))
     t.complete(failed, 1)
-    assert set(t.scheduled) == {(TP, 500)} and t.in_flight == 9_999
+    assert set(scheduled(t)) == {(TP, 500)} and t.in_flight == 9_999
     assert sum(minted) <= 4
     forged = failed.set_column(4, "offset", pa.array([501], pa.int64()))  # another's root
     t.complete(forged, 2)
-    assert t.in_flight == 9_999 and set(t.scheduled) == {(TP, 500)}
+    assert t.in_flight == 9_999 and set(scheduled(t)) == {(TP, 500)}
 
 
 @settings(max_examples=200, deadline=None)
@@ -817,7 +858,7 @@ def test_done_runs_merge_as_a_set_of_offsets(batches, ascending):
             base = max([base, *ends])
         done = done.merged(starts, ends)
         model |= {o for start, end in zip(starts, ends) for o in range(start, end)}
-        assert done.tolist() == sorted(model) and len(done) == len(model)
+        assert done_offsets(done) == sorted(model) and len(done) == len(model)
         assert (done.ends > done.starts).all() and (done.starts[1:] > done.ends[:-1]).all()
         probe = np.arange(-1, base + 220)
         assert done.contains(probe).tolist() == [o in model for o in probe.tolist()]

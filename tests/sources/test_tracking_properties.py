@@ -9,7 +9,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ackstream.config.source import RetryPolicy
-from ackstream.sources.tracking import METADATA_LIMIT, Tracker
+from ackstream.sources.done_runs import METADATA_LIMIT
+from ackstream.sources.tracking import Tracker
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.records import (
     ACKED,
@@ -20,7 +21,7 @@ from ackstream.vocabulary.records import (
     TIMED_OUT,
 )
 
-from helpers import logged_parts
+from helpers import done_offsets, logged_parts, scheduled
 
 TPS = [("a", 0), ("a", 1), ("b", 0)]
 STATUSES = [ACKED, ACKED, ACKED, FAILED, TIMED_OUT, REJECTED, INVALID]
@@ -51,12 +52,12 @@ def check_states(t):
     seen = {}
     for tp, off, _ in in_flight(t):
         seen.setdefault((tp, off), []).append("in flight")
-    for key in t.scheduled:
+    for key in scheduled(t):
         seen.setdefault(key, []).append("scheduled")
     for key in t.dead:
         seen.setdefault(key, []).append("dead")
     for tp, part in t.parts.items():
-        for off in part.done.tolist():
+        for off in done_offsets(part.done):
             seen.setdefault((tp, off), []).append("done")
         expected = {(tp, o) for o in range(part.watermark, part.end)}
         mine = {k for k in seen if k[0] == tp}
@@ -114,7 +115,7 @@ def test_every_record_is_in_one_state_and_all_end_committed(ops, clock_on_commit
                 ((d.topic, d.partition), d.offset, d.attempts - 1) for d in t.dead.values()
             ]
             assert sorted(in_flight(restored)) == sorted(in_flight(t) + unwritten)
-            assert restored.scheduled == t.scheduled
+            assert scheduled(restored) == scheduled(t)
             t = restored
         if t.dead and now % 2:  # dead letters are sometimes written late
             t.dead_lettered(list(t.dead.values()))
@@ -150,9 +151,9 @@ def test_done_offsets_watermark_and_commit_metadata_follow_a_plain_set(batches, 
         while watermark in marked:
             watermark += 1
         assert part.watermark == watermark
-        assert part.done.tolist() == sorted(o for o in marked if o > watermark)
+        assert done_offsets(part.done) == sorted(o for o in marked if o > watermark)
         spans, lo = [], None  # runs of the done offsets above the watermark, in full
-        for o in part.done.tolist():
+        for o in done_offsets(part.done):
             if lo is not None and o == spans[-1][1]:
                 spans[-1][1] = o + 1
             else:
