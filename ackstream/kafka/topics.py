@@ -12,6 +12,7 @@ round or write, before the calls that would wait, and again when a call fails; a
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Container, Iterable
+from typing import Any, TypeVar
 
 from ackstream.vocabulary.clock import Clock, now_ms
 
@@ -60,7 +61,7 @@ class TopicListing:
         self._clock = clock
         self._last: tuple[object, int, Collection[str]] | None = None  # asker, when, names
 
-    def names(self, client, having: Iterable[str] = ()) -> Collection[str]:
+    def names(self, client: Any, having: Iterable[str] = ()) -> Collection[str]:
         """``client.topics()``, or its answer of less than the client's backoff ago if
         that lists every topic ``having`` names (one missing from it may have been made
         since: the brokers are asked)."""
@@ -75,7 +76,7 @@ class TopicListing:
             and all(topic in last[2] for topic in having)
         ):
             return last[2]
-        names = client.topics()
+        names: Collection[str] = client.topics()
         self._last = (asker, self._clock(), names)
         return names
 
@@ -93,7 +94,7 @@ def shared_listing() -> TopicListing:
     return _SHARED
 
 
-def _brokers(client) -> tuple[str, str] | None:
+def _brokers(client: Any) -> tuple[str, str] | None:
     """Which brokers a kafka-python ``client`` asks (None when its settings do not say)."""
     config = getattr(client, "config", None)
     if not isinstance(config, dict) or not config.get("bootstrap_servers"):
@@ -103,7 +104,11 @@ def _brokers(client) -> tuple[str, str] | None:
     return ",".join(sorted(servers)), str(config.get("security_protocol", "PLAINTEXT"))
 
 
-def never_create_topics(client):
+#: a kafka-python client (kafka-python has no types: any object)
+Client = TypeVar("Client")
+
+
+def never_create_topics(client: Client) -> Client:
     """``client`` (a kafka-python consumer or producer), made to never ask the brokers to
     create a topic. kafka-python 3.0 takes ``allow_auto_create_topics=False`` but its
     metadata requests do not carry it: a client assigned to (or sending to) a deleted
