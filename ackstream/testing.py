@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict, Unpack
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-import pyarrow as pa
 
 from ackstream.acker import precombine as batch
 from ackstream.ui.status import source_metrics
@@ -30,6 +29,7 @@ from ackstream.vocabulary.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.vocabulary.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from ackstream.channels.base import Channel

@@ -90,7 +90,7 @@ class _ChannelReader(DataSourceStreamReader):
         self._listing = TopicListing()
         self._outage = Outage(bootstrap)
 
-    def __getstate__(self) -> Offset:
+    def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_consumer": None, "_listing": TopicListing()}
 
     def initialOffset(self) -> Offset:

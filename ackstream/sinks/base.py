@@ -34,12 +34,11 @@ class Sink(Protocol):
         lineage columns) for micro-batch ``batch_id``. Return None when every row was
         written, or the rows that were not, as a DataFrame with at least their lineage
         columns (and a ``_reason`` column, if the sink knows why): their roots fail and
-        are replayed. Raising fails the
-        roots of every row it was given (an error out of Spark's jobs, which computed
-        the stages, fails the batch as a whole instead: see
-        :mod:`ackstream.topology.batch_failure`). A batch re-run after a crash is
-        written again (at least once): ``batch_id`` lets a sink drop what it already
-        has."""
+        are replayed. Raising fails the roots of every row it was given (an error out
+        of Spark's jobs, which computed the stages, fails the batch as a whole
+        instead: see :mod:`ackstream.topology.batch_failure`). A batch re-run after a
+        crash is written again (at least once): ``batch_id`` lets a sink drop what it
+        already has."""
 
     def close(self) -> None:
         """Release clients; called once ``RunningTopology.stop()`` has stopped the

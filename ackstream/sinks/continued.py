@@ -161,7 +161,7 @@ class UpstreamResets:
     (``lineage``, as :func:`translate` reads it), on the upstream ``channel``. It is
     pickled to wherever the stage runs; :meth:`close` releases the channel's client."""
 
-    channel: Any  # an AckWriter: the topology hands its optional channel, set when it continues
+    channel: Any  # an AckWriter; Any while the topology passes its channel as optional
     lineage: Mapping[int, Lineage]
     clock: Clock = now_ms
 

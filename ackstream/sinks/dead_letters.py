@@ -285,8 +285,9 @@ class KafkaDeadLetters:
             )
 
     def _send(self, row: DeadLetterRow, drop_value: bool = False) -> Any:
-        """Produce one letter; a value too large for the topic is dropped (the record
-        stays upstream) and the header ``ackstream.dropped`` says so."""
+        """Produce one letter (kafka-python's future of the send); a value too large for
+        the topic is dropped (the record stays upstream) and the header
+        ``ackstream.dropped`` says so."""
         headers = letter_headers(row)
         value = row["value"]
         if drop_value:
