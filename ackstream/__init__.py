@@ -13,7 +13,7 @@ on first use, so ``import ackstream`` (and ``ackstream --help``) stays light.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -75,7 +75,7 @@ _EXPORTS = {
 __all__ = ["__version__", "testing", *_EXPORTS]  # noqa: F822 - provided by __getattr__
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "testing":
         return importlib.import_module("ackstream.testing")
     if name in _EXPORTS:

@@ -31,12 +31,18 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import functions as F
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
 from ackstream.config.source import default_channel_dir
@@ -102,17 +108,17 @@ class DemoResult:
     #: ``end`` (upstream) and ``committed`` (everything below acked or dead-lettered).
     offsets: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
 
-    def generated_records(self) -> set:
+    def generated_records(self) -> set[tuple[int, int]]:
         """(partition, offset) of every record, split as the generator splits its count."""
         per, extra = divmod(self.records, self.partitions)
         return {(p, o) for p in range(self.partitions) for o in range(per + (p < extra))}
 
-    def acked_records(self) -> set:
+    def acked_records(self) -> set[tuple[int, int]]:
         """(partition, offset) of the records whose tree completed."""
         done = self.completions[self.completions["status"] == ACKED]
         return set(zip(done["partition"], done["offset"])) & self.generated_records()
 
-    def dead_lettered_records(self) -> set:
+    def dead_lettered_records(self) -> set[tuple[int, int]]:
         return set(zip(self.dead_letters["partition"], self.dead_letters["offset"]))
 
     @property
@@ -170,7 +176,7 @@ class DemoResult:
         ok = self.completions.loc[acked, "latency_ms"]
         return float(np.percentile(ok.to_numpy(float), q)) if len(ok) else float("nan")
 
-    def first_batch_roots(self) -> set:
+    def first_batch_roots(self) -> set[int]:
         """The roots of the first (cold) batch: a batch's roots share their init time,
         and the first batch's is :attr:`t0_ms`."""
         roots = self.roots()
@@ -208,7 +214,7 @@ class DemoResult:
             0,
         ) and self.acked + self.dead_lettered == self.records == self.committed
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, int | float | bool]:
         """The figures ``ackstream demo`` prints, JSON-ready."""
         names = (
             "records",
@@ -317,7 +323,7 @@ class DemoResult:
         in seconds."""
         bucket_ms, t0 = bucket_ms or self.bucket_ms(), self.t0_ms
 
-        def counts(ms):
+        def counts(ms: pd.Series) -> pd.Series:
             starts = (np.asarray(ms, dtype=np.int64) - t0) // bucket_ms * bucket_ms / 1000
             return pd.Series(starts).value_counts()
 
@@ -338,7 +344,7 @@ class DemoResult:
 
 
 def run_demo(
-    spark,
+    spark: SparkSession,
     records: int = 2_000,
     partitions: int = 2,
     fail_percent: int = 3,
@@ -347,7 +353,7 @@ def run_demo(
     message_timeout_ms: int = 10_000,
     max_per_batch: int | None = None,
     directory: str | None = None,
-    progress=print,
+    progress: Callable[[str], object] = print,
     timeout_s: float = 600.0,
 ) -> DemoResult:
     """Run the word-split topology over ``records`` generated sentences until every one
@@ -403,7 +409,7 @@ def run_demo(
     running = topology.start(topology.read_stream(options), checkpoint, trigger_ms=500)
     done, position = COMPLETION_SCHEMA.empty_table(), None
 
-    samples: list[dict] = []
+    samples: list[dict[str, int]] = []
 
     def seen() -> DemoResult:
         nonlocal done, position
@@ -457,7 +463,7 @@ def run_demo(
     return seen()
 
 
-def _query_phase(query) -> str:
+def _query_phase(query: StreamingQuery) -> str:
     """What Spark says the topology query is doing, in words for the demo's progress."""
     status = query.status
     if query.lastProgress is None and not status.get("isTriggerActive"):

@@ -24,7 +24,7 @@ class OptionError(AckstreamError, ValueError):
     """An option has a value ackstream cannot use. The value of an option whose name
     says it holds a secret (a password, a JAAS config) is never shown."""
 
-    def __init__(self, option: str, value, allowed: str):
+    def __init__(self, option: str, value: object, allowed: str):
         if _SECRET.search(str(option)) and value is not None:
             value = "***"
         self.option, self.value, self.allowed = option, value, allowed

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Required, TypedDict, Unpack
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from ackstream.acker import precombine as batch
@@ -24,6 +27,14 @@ from ackstream.vocabulary import ids
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, ROOT
 from ackstream.vocabulary.records import ACK, ACK_RECORD_SCHEMA, FAIL, INIT, REJECT, RESET, as_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from ackstream.channels.base import Channel
+    from ackstream.topology import Topology
+    from ackstream.topology.running import RunningTopology
 
 __all__ = [
     "init",
@@ -44,9 +55,38 @@ __all__ = [
 ]
 
 
-def init(root: int, value: int, *, topic="t", partition=0, offset=0, attempt=0, ts=0) -> dict:
+class Coordinates(TypedDict, total=False):
+    """Where a root's record is: what a spout's init record carries of it."""
+
+    topic: str
+    partition: int
+    offset: int
+    attempt: int
+
+
+class AckRecordRow(Coordinates, total=False):
+    """One ack record as a dict (a row of ``ACK_RECORD_SCHEMA``; the coordinates only on
+    an init, the reason only on a fail or reject)."""
+
+    root: Required[int]
+    value: Required[int]
+    kind: Required[int]
+    ts: Required[int]
+    reason: str | None
+
+
+def init(
+    root: int,
+    value: int,
+    *,
+    topic: str = "t",
+    partition: int = 0,
+    offset: int = 0,
+    attempt: int = 0,
+    ts: int = 0,
+) -> AckRecordRow:
     """The spout's record for ``root``: ``value`` is the XOR of its spout tuples' edges."""
-    return dict(
+    return AckRecordRow(
         root=root,
         value=value,
         kind=INIT,
@@ -58,23 +98,23 @@ def init(root: int, value: int, *, topic="t", partition=0, offset=0, attempt=0, 
     )
 
 
-def ack(root: int, value: int, *, ts=0) -> dict:
-    return dict(root=root, value=value, kind=ACK, ts=ts)
+def ack(root: int, value: int, *, ts: int = 0) -> AckRecordRow:
+    return AckRecordRow(root=root, value=value, kind=ACK, ts=ts)
 
 
-def fail(root: int, *, ts=0, reason=None) -> dict:
-    return dict(root=root, value=0, kind=FAIL, ts=ts, reason=reason)
+def fail(root: int, *, ts: int = 0, reason: str | None = None) -> AckRecordRow:
+    return AckRecordRow(root=root, value=0, kind=FAIL, ts=ts, reason=reason)
 
 
-def reject(root: int, *, ts=0, reason=None) -> dict:
-    return dict(root=root, value=0, kind=REJECT, ts=ts, reason=reason)
+def reject(root: int, *, ts: int = 0, reason: str | None = None) -> AckRecordRow:
+    return AckRecordRow(root=root, value=0, kind=REJECT, ts=ts, reason=reason)
 
 
-def reset(root: int, *, ts=0) -> dict:
-    return dict(root=root, value=0, kind=RESET, ts=ts)
+def reset(root: int, *, ts: int = 0) -> AckRecordRow:
+    return AckRecordRow(root=root, value=0, kind=RESET, ts=ts)
 
 
-def ack_records(rows) -> pd.DataFrame:
+def ack_records(rows: Iterable[AckRecordRow]) -> pd.DataFrame:
     """A frame with exactly the ack-record columns, as the acker query receives it."""
     table = pd.DataFrame(list(rows), columns=ACK_RECORD_SCHEMA.names)
     table = table.astype({"root": np.int64, "value": np.int64, "kind": np.int8})
@@ -121,12 +161,12 @@ class TupleGraph:
         self._counter = itertools.count()
         self._seed = seed
         self._init: dict[int, int] = {}
-        self._coords: dict[int, dict] = {}
+        self._coords: dict[int, Coordinates] = {}
 
     def _edge(self) -> int:
         return int(ids.hash_longs(next(self._counter), seed=self._seed))
 
-    def spout(self, root: int, **coords) -> Tuple:
+    def spout(self, root: int, **coords: Unpack[Coordinates]) -> Tuple:
         """A spout tuple of ``root``; its edge joins the root's init value."""
         edge = self._edge()
         self._init[root] = self._init.get(root, 0) ^ edge
@@ -145,15 +185,15 @@ class TupleGraph:
                 anchors[root] = anchors.get(root, 0) ^ edge
         return Tuple(anchors)
 
-    def init_records(self, ts: int = 0) -> list[dict]:
+    def init_records(self, ts: int = 0) -> list[AckRecordRow]:
         return [init(r, v, ts=ts, **self._coords[r]) for r, v in self._init.items()]
 
-    def ack(self, t: Tuple, ts: int = 0) -> list[dict]:
+    def ack(self, t: Tuple, ts: int = 0) -> list[AckRecordRow]:
         """One ack record per root the tuple is anchored to."""
         t.done = True
         return [ack(r, v ^ t.children_xor, ts=ts) for r, v in t.anchors.items()]
 
-    def fail(self, t: Tuple, ts: int = 0) -> list[dict]:
+    def fail(self, t: Tuple, ts: int = 0) -> list[AckRecordRow]:
         t.done = True
         return [fail(r, ts=ts) for r in t.anchors]
 
@@ -171,12 +211,17 @@ class SpoutAcker:
 
     COLUMNS = ("topic", "partition", "offset", ROOT, EDGE, ATTEMPT, REASON)
 
-    def __init__(self, channel, fail=None, lose=None):
+    def __init__(
+        self,
+        channel: Channel,
+        fail: Callable[[pd.DataFrame], npt.ArrayLike] | None = None,
+        lose: Callable[[pd.DataFrame], npt.ArrayLike] | None = None,
+    ):
         self.channel, self.fail, self.lose = channel, fail, lose
-        self.rows: list[dict] = []
+        self.rows: list[dict[str, Any]] = []  # pandas' records: any column's values
 
-    def __call__(self, batch, batch_id: int) -> None:
-        frame = batch.select(*self.COLUMNS).toPandas()
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        frame: pd.DataFrame = batch.select(*self.COLUMNS).toPandas()
         if not len(frame):
             return
         self.rows += frame.to_dict("records")
@@ -215,7 +260,7 @@ class SpoutAcker:
 # --- topology helpers ----------------------------------------------------------------
 
 
-def with_lineage(df, source: str = "test", attempt: int = 0):
+def with_lineage(df: DataFrame, source: str = "test", attempt: int = 0) -> DataFrame:
     """``df`` (static or streaming, with ``topic``, ``partition``, ``offset``) plus the
     ``_root``, ``_edge`` and ``_attempt`` columns the ``ackstream`` source would give it,
     so topologies can be tested on any DataFrame."""
@@ -228,7 +273,15 @@ def with_lineage(df, source: str = "test", attempt: int = 0):
     )
 
 
-def tracked_frame(spark, values, *, keys=None, topic="t", partition=0, source="test"):
+def tracked_frame(
+    spark: SparkSession,
+    values: Sequence[str | None],
+    *,
+    keys: Sequence[str | None] | None = None,
+    topic: str = "t",
+    partition: int = 0,
+    source: str = "test",
+) -> DataFrame:
     """A static tracked DataFrame of string ``values`` at offsets 0, 1, 2, ..."""
     keys = keys or [None] * len(values)
     rows = [(k, v, topic, partition, i) for i, (k, v) in enumerate(zip(keys, values))]
@@ -238,7 +291,9 @@ def tracked_frame(spark, values, *, keys=None, topic="t", partition=0, source="t
     return with_lineage(df, source)
 
 
-def settle(records, now_ms: int = 1_000_000) -> dict[int, str]:
+def settle(
+    records: pa.Table | pd.DataFrame | list[AckRecordRow], now_ms: int = 1_000_000
+) -> dict[int, str]:
     """What a topology batch settles of these ack records (Arrow, pandas or a list of
     dicts): per root ``acked``, ``failed``, ``rejected``, or ``pending`` for a root
     whose tree the batch leaves open (it would go to the acker)."""
@@ -250,14 +305,14 @@ def settle(records, now_ms: int = 1_000_000) -> dict[int, str]:
 
 
 def run_until_settled(
-    topology,
-    stream,
+    topology: Topology,
+    stream: DataFrame,
     checkpoint: str,
     *,
     records: int | None = None,
     timeout_s: float = 180.0,
     trigger_ms: int = 200,
-) -> dict:
+) -> dict[str, Any]:
     """Start ``topology`` over ``stream``, wait until it settled (see
     :func:`wait_until_settled`), stop it, and return the source's figures."""
     running = topology.start(stream, checkpoint, trigger_ms=trigger_ms)
@@ -267,7 +322,9 @@ def run_until_settled(
         running.stop()
 
 
-def wait_until_settled(running, *, records: int | None = None, timeout_s: float = 180.0) -> dict:
+def wait_until_settled(
+    running: RunningTopology, *, records: int | None = None, timeout_s: float = 180.0
+) -> dict[str, Any]:
     """Wait until the started topology's source says every record it read is settled
     (acked or dead-lettered: no root pending, no replay waiting, every partition's
     watermark at its end), and at least ``records`` of them when given; return its
@@ -280,7 +337,7 @@ def wait_until_settled(running, *, records: int | None = None, timeout_s: float 
     that stopped raises its error; ``timeout_s`` passing raises :class:`TimeoutError`
     with the last figures."""
     deadline = time.monotonic() + timeout_s
-    figures: dict | None = None
+    figures: dict[str, Any] | None = None  # the source's figures: numbers and nested maps
     while time.monotonic() < deadline:
         error = running.exception()
         if error is not None:
@@ -292,7 +349,7 @@ def wait_until_settled(running, *, records: int | None = None, timeout_s: float 
     raise TimeoutError(f"not settled within {timeout_s:g} s; the source's last figures: {figures}")
 
 
-def _settled(figures: dict, records: int | None) -> bool:
+def _settled(figures: dict[str, Any], records: int | None) -> bool:
     parts = [p for topic in figures["partitions"].values() for p in topic.values()]
     done = figures.get("acked", 0) + figures.get("dead_lettered", 0)
     return (

@@ -13,6 +13,8 @@ completion saying why, and a root whose init never comes an ``unknown`` one.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -125,10 +127,11 @@ def _nulls(records: pa.Table, name: str) -> np.ndarray:
     column = records.column(name)
     if not column.null_count:
         return np.zeros(records.num_rows, bool)
-    return pc.is_null(column).to_numpy(zero_copy_only=False)
+    nulls: np.ndarray = pc.is_null(column).to_numpy(zero_copy_only=False)
+    return nulls
 
 
-def _why(record: dict) -> str:
+def _why(record: dict[str, Any]) -> str:
     """Why the acker cannot use ``record``, with the record's own reason if it has one."""
     kind = record["kind"]
     if record["root"] is None:

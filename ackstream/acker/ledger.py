@@ -111,7 +111,7 @@ class Pending:
         """Bytes the table takes in the shard's state (topic names excluded)."""
         return self.table.nbytes
 
-    def to_state(self) -> tuple:
+    def to_state(self) -> tuple[int, str, bytes]:
         """The Spark state row: (epoch_ms, topic names joined by newlines, table bytes).
 
         Topic names travel as one string because pyspark 4.3 cannot read an array
@@ -206,11 +206,13 @@ def _column(
         if rows is not None:
             column = column.take(rows)
         if dtype is object:
-            return column.to_numpy(zero_copy_only=False).astype(object, copy=False)
+            strings: np.ndarray = column.to_numpy(zero_copy_only=False)
+            return strings.astype(object, copy=False)
         if column.null_count:
             column = pc.fill_null(column, 0)
-        return column.to_numpy().astype(dtype, copy=False)
-    values = records[name].to_numpy()
+        numbers: np.ndarray = column.to_numpy()
+        return numbers.astype(dtype, copy=False)
+    values: np.ndarray = records[name].to_numpy()
     values = values if rows is None else values[rows]
     return values if dtype is object else values.astype(dtype, copy=False)
 

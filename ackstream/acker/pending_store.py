@@ -50,7 +50,7 @@ class PendingStore:
         self.files = BatchFiles(f"{checkpoint.rstrip('/')}/{FOLDER}")
         self._cached: tuple[int, Pending] | None = None  # (batch id, table after it)
 
-    def __getstate__(self) -> dict:  # pickled to Spark Connect's server: no table
+    def __getstate__(self) -> dict[str, object]:  # pickled to Spark Connect's server: no table
         return {**self.__dict__, "_cached": None}
 
     def before(self, batch_id: int, now_ms: int) -> Pending:

@@ -34,6 +34,10 @@ __all__ = ["SUMMARY_DDL", "ShardLedger"]
 #: What a shard's task returns to the driver: one row a batch. The counts of unusable
 #: records and unknown roots, and their first root and reason, are named after their
 #: statuses (``records.INVALID``, ``records.UNKNOWN``): the driver reads them so.
+#: A shard's summary of one batch, a row of ``SUMMARY_DDL``.
+Summary = tuple[
+    int, int, int, int, int, int | None, str | None, int, int | None, str | None, int | None
+]
 SUMMARY_DDL = (
     "shard int, records long, completions long, pending long, invalid long, "
     "invalid_root long, invalid_reason string, unknown long, unknown_root long, "
@@ -56,7 +60,7 @@ class ShardLedger:
         self.channel, self.checkpoint = channel, checkpoint.rstrip("/")
         self.message_timeout_ms = message_timeout_ms
 
-    def __call__(self, records: pa.Table, shard: int, batch_id: int, now_ms: int) -> tuple:
+    def __call__(self, records: pa.Table, shard: int, batch_id: int, now_ms: int) -> Summary:
         """Run shard ``shard``'s ledger over its ``records`` of batch ``batch_id`` at
         ``now_ms``, write its completions, and return its summary (``SUMMARY_DDL``)."""
         key = (self.checkpoint, shard)

@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ChannelSource", "ShardSource"]
 
+#: A reader's Spark offset: ``{"<partition>": next offset}`` (a shard reader's also
+#: holds its batch's number and time).
+Offset = dict[str, int]
+
 log = logging.getLogger(__name__)
 
 
@@ -80,19 +84,19 @@ class ChannelSource(DataSource):
 
 
 class _ChannelReader(DataSourceStreamReader):
-    def __init__(self, bootstrap: str, topic: str, settings: dict | None = None) -> None:
+    def __init__(self, bootstrap: str, topic: str, settings: dict[str, Any] | None = None) -> None:
         self.bootstrap, self.topic, self.settings = bootstrap, topic, dict(settings or {})
         self._consumer = None  # the planner's, made by the first latestOffset
         self._listing = TopicListing()
         self._outage = Outage(bootstrap)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_consumer": None, "_listing": TopicListing()}
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offset:
         return {}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         """The acks topic's end offsets. While the brokers do not answer (a lost leader,
         a stall), the acker sees no new acks rather than dying: each trigger tries a
         fresh client, and only an outage longer than ``OUTAGE_LIMIT_S`` fails it
@@ -119,7 +123,7 @@ class _ChannelReader(DataSourceStreamReader):
             ends[str(partition)] = end
         return ends
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
         return [
             MessageRange(int(p), int(start.get(p, 0)), int(e))
             for p, e in sorted(end.items())
@@ -131,7 +135,7 @@ class _ChannelReader(DataSourceStreamReader):
     ) -> Iterator[pa.RecordBatch]:
         yield from _records(self, partition).to_batches()
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: Offset) -> None:
         """Nothing to do: the acker's checkpoint holds its position."""
 
     def stop(self) -> None:
@@ -179,7 +183,7 @@ class ShardSource(ChannelSource):
     ``ddl``). Options as for ``ackstream-channel``, and ``shards``: the partitions the
     topic must have (a partition beyond them stops the query, naming it)."""
 
-    run_shard: Any = None  # set by :meth:`running`
+    run_shard: ShardRunner  # set by :meth:`running`, on the class it makes
 
     @classmethod
     def running(cls, run_shard: ShardRunner, name: str) -> type[ShardSource]:
@@ -208,12 +212,18 @@ class ShardSource(ChannelSource):
 
 class _ShardReader(_ChannelReader):
     def __init__(
-        self, bootstrap: str, topic: str, settings: dict, *, run_shard: ShardRunner, shards: int
+        self,
+        bootstrap: str,
+        topic: str,
+        settings: dict[str, Any],
+        *,
+        run_shard: ShardRunner,
+        shards: int,
     ) -> None:
         super().__init__(bootstrap, topic, settings)
         self.run_shard, self.shards = run_shard, shards
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         """The partitions' end offsets, and the next batch's number and time once any
         partition has new messages (the same offsets otherwise: no batch)."""
         positions = {p: e for p, e in start.items() if p not in (_BATCH, _NOW)}
@@ -232,7 +242,7 @@ class _ShardReader(_ChannelReader):
             return dict(start)
         return {**ends, _BATCH: int(start.get(_BATCH, -1)) + 1, _NOW: int(time.time() * 1000)}
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
         batch, now_ms = int(end.get(_BATCH, 0)), int(end.get(_NOW, 0))
         return [
             ShardRange(int(p), int(start.get(p, 0)), int(e), batch, now_ms)
@@ -242,6 +252,6 @@ class _ShardReader(_ChannelReader):
 
     def read(  # type: ignore[override]  # ours, from partitions()
         self, partition: ShardRange
-    ) -> Iterator[tuple]:
+    ) -> Iterator[tuple[object, ...]]:
         records = _records(self, partition)
         yield self.run_shard(records, partition.partition, partition.batch, partition.now_ms)

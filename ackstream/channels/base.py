@@ -41,7 +41,9 @@ class ShardRunner(Protocol):
     #: the Spark DDL of the row it returns
     ddl: str
 
-    def __call__(self, records: pa.Table, shard: int, batch_id: int, now_ms: int) -> tuple:
+    def __call__(
+        self, records: pa.Table, shard: int, batch_id: int, now_ms: int
+    ) -> tuple[object, ...]:
         """Run shard ``shard`` over its ``records`` of batch ``batch_id`` at ``now_ms``."""
 
 

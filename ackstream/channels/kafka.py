@@ -67,6 +67,11 @@ if TYPE_CHECKING:
 
 __all__ = ["KafkaChannel"]
 
+#: A completions reader's position: ``{"<partition>": next offset}``.
+KafkaPosition = dict[str, int]
+#: Rows to send to one partition of a topic (None: the producer picks).
+Piece = tuple[int | None, pa.Table]
+
 log = logging.getLogger(__name__)
 
 #: A topology's batches and its acker's write through one channel from two threads.
@@ -129,7 +134,7 @@ class KafkaChannel:
         """The channel itself: its acks topic's partitions are the acker's shards."""
         return self
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, object]:
         return {
             **self.__dict__,
             "_producer": None,
@@ -177,7 +182,7 @@ class KafkaChannel:
             retention_ms=self.retention_ms,
         )
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._reading = threading.Lock()
         self._listing = shared_listing()
@@ -292,8 +297,8 @@ class KafkaChannel:
             self._send(self.done_topic, as_table(table, COMPLETION_SCHEMA), key=key)
 
     def completions_since(
-        self, position: dict | None = None, *, runs: bool = False
-    ) -> tuple[pa.Table, dict]:
+        self, position: KafkaPosition | None = None, *, runs: bool = False
+    ) -> tuple[pa.Table, KafkaPosition]:
         """Completions after ``position`` ({partition: next offset}) and the new position.
         While the brokers do not answer, none and the same position (the spout polls
         again next trigger); an outage past ``OUTAGE_LIMIT_S`` raises (see
@@ -332,13 +337,15 @@ class KafkaChannel:
         """False from a completions read the brokers did not answer until one they did."""
         return self._outage.since is None
 
-    def end_position(self) -> dict:
+    def end_position(self) -> KafkaPosition:
         """The position after every completion written so far (see LocalChannel)."""
         with self._reader() as consumer:
             ranges = message_ranges(self.bootstrap, self.done_topic, {}, consumer=consumer)
         return {str(p): end for p, _, end in ranges}
 
-    def _read(self, topic: str, schema: pa.Schema, position: dict) -> tuple[pa.Table, dict]:
+    def _read(
+        self, topic: str, schema: pa.Schema, position: KafkaPosition
+    ) -> tuple[pa.Table, KafkaPosition]:
         from kafka.errors import KafkaError
 
         self._check_not_deleted(topic)
@@ -349,7 +356,9 @@ class KafkaChannel:
             self._check_not_deleted(topic)
             raise
 
-    def _read_ranges(self, topic: str, schema: pa.Schema, position: dict) -> tuple[pa.Table, dict]:
+    def _read_ranges(
+        self, topic: str, schema: pa.Schema, position: KafkaPosition
+    ) -> tuple[pa.Table, KafkaPosition]:
         tables = [schema.empty_table()]
         with self._reader() as consumer:
             for partition, start, end in message_ranges(
@@ -402,7 +411,7 @@ class KafkaChannel:
         waiting for what it holds (see :func:`_close_now`)."""
         from kafka.errors import KafkaError
 
-        refused: list | None = None
+        refused: list[Piece] | None = None
         while True:
             producer = self._producer_now()
             if not _knows_partitions(producer, topic):
@@ -443,8 +452,13 @@ class KafkaChannel:
             return self._producer
 
     def _send_within(
-        self, producer: KafkaProducer, topic: str, key: bytes | None, pieces: list, budget: int
-    ) -> list:
+        self,
+        producer: KafkaProducer,
+        topic: str,
+        key: bytes | None,
+        pieces: list[Piece],
+        budget: int,
+    ) -> list[Piece]:
         """Send each ``(partition, rows)`` of ``pieces`` as messages of at most ``budget``
         bytes; return those the brokers refused for their size (kafka-python's producer
         then fails every message it held: they are all sent again, by a new producer)."""

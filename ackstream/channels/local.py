@@ -67,7 +67,7 @@ class LocalChannel:
     to it from the executors, so on a non-local master an undeclared folder is refused
     (see :func:`ackstream.channels.check_reach`)."""
 
-    def __init__(self, directory: str | os.PathLike, *, shared: bool = False):
+    def __init__(self, directory: str | os.PathLike[str], *, shared: bool = False):
         # absolute: a relative folder would move with the working folder (Spark's
         # file source and the acker resolve it against theirs)
         self.directory, self.shared = os.path.abspath(os.fspath(directory)), bool(shared)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -101,7 +101,7 @@ class MessageTooLarge(ValueError):
 
 
 def decode(
-    message: bytes, schema: pa.Schema, topic: str, partition: int, offset: int
+    message: bytes | None, schema: pa.Schema, topic: str, partition: int, offset: int
 ) -> pa.Table | str:
     """The records of one message, or a reason string when it is not an Arrow IPC
     stream of ``schema``: a foreign or corrupt message is reported, never fatal.
@@ -116,7 +116,7 @@ def decode(
         return reason
 
 
-def channel_consumer(bootstrap: str, settings: dict | None = None) -> KafkaConsumer:
+def channel_consumer(bootstrap: str, settings: dict[str, Any] | None = None) -> KafkaConsumer:
     """A consumer that reads channel topics by offset: no group, no commits. Its
     fetches wait at most 50 ms for data: a prefetch left pending at a partition's end
     would otherwise hold the next read of a reused consumer for the broker's wait. A
@@ -158,10 +158,10 @@ def check_not_deleted(
 def message_ranges(
     bootstrap: str,
     topic: str,
-    position: dict,
+    position: Mapping[str, int],
     *,
     consumer: KafkaConsumer | None = None,
-    settings: dict | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> list[tuple[int, int, int]]:
     """(partition, start, end) for each partition of ``topic`` with messages past
     ``position``; with ``consumer`` (see :func:`channel_consumer`), through it, else
@@ -178,8 +178,8 @@ def fetch_messages(
     end: int,
     *,
     consumer: KafkaConsumer | None = None,
-    settings: dict | None = None,
-) -> list[tuple[int, bytes]]:
+    settings: dict[str, Any] | None = None,
+) -> list[tuple[int, bytes | None]]:
     """``(offset, value)`` of the messages ``start`` (inclusive) to ``end`` (exclusive) of
     one partition; the caller decodes them, the offset names a bad one. ``consumer``
     as for :func:`message_ranges`."""
@@ -216,7 +216,7 @@ def partition_ends(
 
 @contextlib.contextmanager
 def _using(
-    bootstrap: str, consumer: KafkaConsumer | None, settings: dict | None
+    bootstrap: str, consumer: KafkaConsumer | None, settings: dict[str, Any] | None
 ) -> Iterator[KafkaConsumer]:
     if consumer is not None:
         yield consumer

@@ -56,12 +56,12 @@ def add_arguments(acker: argparse.ArgumentParser) -> None:
     add_session_options(acker)
 
 
-def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
+def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     """``ackstream acker``; its errors name the subcommand."""
     return _acker(args.subparser, args)
 
 
-def _acker(parser: argparse.ArgumentParser, args) -> int:
+def _acker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.channel and args.bootstrap:
         parser.error("--channel and --bootstrap are both set: give one")
     if args.ackers < 1 or args.trigger_ms < 1:
@@ -79,7 +79,9 @@ def _acker(parser: argparse.ArgumentParser, args) -> int:
     return code
 
 
-def _run_acker(args, kafka_options: dict, timeout_ms: int, log_file: LogFile) -> int:
+def _run_acker(
+    args: argparse.Namespace, kafka_options: dict[str, str], timeout_ms: int, log_file: LogFile
+) -> int:
     """Start the acker query, wait for it, stop it; the exit status."""
     try:
         spark = local_session(args, f"ackstream-acker-{args.topology}", log_file)

@@ -55,7 +55,7 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionH
         return super()._get_help_string(action)
 
 
-def add_verbose(command) -> None:
+def add_verbose(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--verbose",
         action="store_true",
@@ -63,7 +63,7 @@ def add_verbose(command) -> None:
     )
 
 
-def add_session_options(command) -> None:
+def add_session_options(command: argparse.ArgumentParser) -> None:
     """Where the command's Spark session runs: local[N], a master, or a Connect server."""
     command.add_argument(
         "--cores",
@@ -89,7 +89,7 @@ def add_session_options(command) -> None:
     )
 
 
-def add_spark_conf_options(command) -> None:
+def add_spark_conf_options(command: argparse.ArgumentParser) -> None:
     """--conf KEY=VALUE (repeatable) and --packages: Spark settings of the command's
     session, as spark-submit takes them."""
     command.add_argument(
@@ -110,7 +110,7 @@ def add_spark_conf_options(command) -> None:
     )
 
 
-def spark_conf(parser: argparse.ArgumentParser, args) -> dict[str, str]:
+def spark_conf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
     """The settings of ``--conf`` and ``--packages`` (added to a ``spark.jars.packages``
     given with ``--conf``); a ``--conf`` without ``=`` stops the command."""
     conf: dict[str, str] = {}
@@ -156,7 +156,7 @@ _CHANNEL_OPTIONS = (
 )
 
 
-def add_channel_options(command) -> None:
+def add_channel_options(command: argparse.ArgumentParser) -> None:
     """--topology, --channel and --bootstrap: which ack and completion channels."""
     for flag, metavar, default, text in _CHANNEL_OPTIONS:
         env = "ACKSTREAM_" + flag[2:].upper().replace("-", "_")
@@ -165,7 +165,7 @@ def add_channel_options(command) -> None:
         )
 
 
-def add_dead_letter_options(command) -> None:
+def add_dead_letter_options(command: argparse.ArgumentParser) -> None:
     """--dead-letters and --dead-letter-topic: where a topology's dead letters are."""
     command.add_argument(
         "--dead-letters",
@@ -182,7 +182,7 @@ def add_dead_letter_options(command) -> None:
     )
 
 
-def add_figure_options(command) -> None:
+def add_figure_options(command: argparse.ArgumentParser) -> None:
     """The options of the commands that read a topology's figures (``status``, ``ui``):
     where its channel and dead letters are, its checkpoint, the source's group, the
     brokers the source reads and the rates' window."""
@@ -213,7 +213,7 @@ def add_figure_options(command) -> None:
     )
 
 
-def check_figure_options(parser: argparse.ArgumentParser, args) -> None:
+def check_figure_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Stop the command on :func:`add_figure_options` that cannot go together or a
     ``--window`` that is not a positive number of seconds (``status`` and ``ui``)."""
     if args.channel and args.bootstrap:
@@ -232,7 +232,7 @@ def check_figure_options(parser: argparse.ArgumentParser, args) -> None:
 
 
 def command_kafka_options(
-    parser: argparse.ArgumentParser, args, one_shot: bool = False
+    parser: argparse.ArgumentParser, args: argparse.Namespace, one_shot: bool = False
 ) -> dict[str, str]:
     """The ``kafka.*`` client options of ``--command-config`` (none without it); a file
     that is missing or holds a setting no Kafka client knows stops the command. A

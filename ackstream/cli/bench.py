@@ -39,7 +39,7 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
 
 
-def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
+def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     """``ackstream bench``: the benchmark's own exit status, ``extra`` passed on to it."""
     script = Path(args.benchmarks) / f"{args.name}.py"
     if not script.is_file():

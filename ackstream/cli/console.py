@@ -49,7 +49,7 @@ class LogFile:
                 logger.handlers = [self._handler]  # not addHandler: pyspark's sets JSON
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._handler is not None:
             for logger, handlers in self._pyspark_handlers.items():
                 logger.handlers = handlers

@@ -50,7 +50,7 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
     )
 
 
-def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
+def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     """``ackstream demo``; its errors are the top parser's."""
     for name in ("records", "poison_every", "message_timeout_ms", "max_per_batch"):
         if getattr(args, name) <= 0:
@@ -58,7 +58,7 @@ def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
     return _demo(args)
 
 
-def _demo(args) -> int:
+def _demo(args: argparse.Namespace) -> int:
     if not 0 <= args.fail_percent <= 100 or args.max_retries < 0:
         print("ackstream: --fail-percent must be 0 to 100 and --max-retries >= 0", file=sys.stderr)
         return EXIT_USAGE

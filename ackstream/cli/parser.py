@@ -18,7 +18,7 @@ import difflib
 import importlib
 import re
 from types import ModuleType
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from ackstream import __version__
 from ackstream.cli.arguments import Formatter
@@ -64,7 +64,7 @@ COMMANDS = {
 class _Parser(argparse.ArgumentParser):
     """argparse that answers a mistyped command, choice or option with the one meant."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         typed = re.search(r"invalid choice: (['\"])(.*?)\1", message)
         choices = [c for a in self._actions if a.choices for c in a.choices]
         meant = difflib.get_close_matches(typed.group(2), choices, n=1) if typed else []
@@ -126,4 +126,5 @@ def _command(argv: list[str] | None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "bench":  # only bench passes options on
         getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    return _module(args.command).command(parser, args, extra)
+    code: int = _module(args.command).command(parser, args, extra)
+    return code

@@ -4,9 +4,13 @@ query that failed, and the stop."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
+import threading
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ackstream.cli.console import LogFile
 from ackstream.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, status_of
@@ -15,6 +19,10 @@ from ackstream.sources import launch
 from ackstream.spark.driver import interrupts
 from ackstream.topology.running import stop_queries
 from ackstream.ui.status import source_metrics
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = [
     "Progress",
@@ -30,7 +38,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def local_session(args, app_name: str, log_file: LogFile, conf: dict | None = None):
+def local_session(
+    args: argparse.Namespace, app_name: str, log_file: LogFile, conf: dict[str, str] | None = None
+) -> SparkSession:
     """The command's Spark session (``--cores``, ``--master``, ``--remote``, ``conf``);
     a JVM launched for it writes its log to ``log_file``."""
     with log_file.launching():
@@ -51,7 +61,7 @@ class Progress:
 
 
 def supervise(
-    queries,
+    queries: Sequence[StreamingQuery],
     timeout: float | None,
     until_idle: float | None,
     log_file: LogFile,
@@ -71,10 +81,10 @@ def stopping(code: int, log_file: LogFile) -> None:
 
 
 def wait(
-    queries,
+    queries: Sequence[StreamingQuery],
     timeout: float | None,
     until_idle: float | None,
-    pressed,
+    pressed: threading.Event,
     every_s: float = 5.0,
     progress: Progress | None = None,
 ) -> int:
@@ -84,10 +94,11 @@ def wait(
     :func:`~ackstream.spark.driver.interrupts`). Prints each query's progress
     (:func:`progress_of`) every ``every_s``, the first time at once."""
     progress = progress or Progress()
-    start, last_active, printed = time.monotonic(), None, float("-inf")
-    seen: dict = {}  # per query, the batch id of its last progress
-    counted: dict = {}  # ... and that progress's time: each progress is counted once
-    rows: dict = {}
+    start, printed = time.monotonic(), float("-inf")
+    last_active: float | None = None
+    seen: dict[str, int | None] = {}  # per query id, the batch id of its last progress
+    counted: dict[str, str | None] = {}  # ... and that progress's time: counted once
+    rows: dict[str, int] = {}
     while any(q.isActive for q in queries):
         if pressed.is_set():
             return EXIT_INTERRUPTED
@@ -125,7 +136,7 @@ def wait(
     return EXIT_FAILED if any(q.exception() is not None for q in queries) else EXIT_OK
 
 
-def progress_of(name: str, batch, rows: int, progress) -> str:
+def progress_of(name: str, batch: int | None, rows: int, progress: dict[str, Any] | None) -> str:
     """One query's part of a progress line: before its first batch, that Spark is
     starting it; then its batch, the rows read and, for a topology whose source reports
     them, its roots acked, replayed and dead-lettered since its checkpoint began.
@@ -155,7 +166,7 @@ def progress_of(name: str, batch, rows: int, progress) -> str:
     return line
 
 
-def rows_read(progress, before: int, counted: bool) -> int:
+def rows_read(progress: dict[str, Any], before: int, counted: bool) -> int:
     """The rows a query has read as of ``progress``, its last ``StreamingQueryProgress``,
     given ``before``, its count as of the one before, and whether ``progress`` was
     ``counted`` already. An ``ackstream`` source's own count when it reports one (the
@@ -178,7 +189,7 @@ def rows_read(progress, before: int, counted: bool) -> int:
     return before if counted else before + int(progress.get("numInputRows", 0))
 
 
-def _failures(queries, log_file: LogFile) -> int:
+def _failures(queries: Sequence[StreamingQuery], log_file: LogFile) -> int:
     """One line per failed query, saying why (its full error goes to ``log_file``); the
     exit status: 3 if every cause is the environment, else 1."""
     codes = []
@@ -192,6 +203,6 @@ def _failures(queries, log_file: LogFile) -> int:
     return min(codes, default=EXIT_FAILED)
 
 
-def stop(queries) -> None:
+def stop(queries: Sequence[StreamingQuery]) -> None:
     """Stop the queries, each topology query before its acker."""
     stop_queries(queries)

@@ -9,6 +9,7 @@ import os
 import runpy
 import sys
 import traceback
+from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
@@ -32,6 +33,9 @@ from ackstream.cli.queries import Progress, local_session, stop, stopping, super
 from ackstream.errors import AckstreamError, cause_of
 from ackstream.sources.datasource import register
 from ackstream.topology.declared import started as started_topologies
+
+if TYPE_CHECKING:
+    from ackstream.ui.metrics import Served
 
 __all__ = ["RUN_HELP", "add_arguments", "command"]
 
@@ -120,12 +124,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     add_spark_conf_options(run)
 
 
-def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
+def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     """``ackstream run``; its errors name the subcommand."""
     return _run(args.subparser, args)
 
 
-def _run(parser: argparse.ArgumentParser, args) -> int:
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for name in ("timeout", "until_idle"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
@@ -148,7 +152,7 @@ def _run(parser: argparse.ArgumentParser, args) -> int:
     return code
 
 
-def _run_file(args, log_file: LogFile, conf: dict) -> int:
+def _run_file(args: argparse.Namespace, log_file: LogFile, conf: dict[str, str]) -> int:
     """Run the topology file, wait for its queries, stop them; the exit status."""
     progress = Progress()
     spark, made = SparkSession.getActiveSession(), False
@@ -191,12 +195,14 @@ def _run_file(args, log_file: LogFile, conf: dict) -> int:
     return code
 
 
-def _serve(args, topologies: list, progress: Progress) -> list:
+def _serve(
+    args: argparse.Namespace, topologies: list[tuple[object, str]], progress: Progress
+) -> list[Served]:
     """The metrics endpoint and the live view the options ask for, serving the
     ``(topology, checkpoint)`` pairs the file started; each says where it is."""
     if args.metrics_port is None and args.ui is None:
         return []
-    from ackstream.ui.metrics import Served, Statuses, serve_metrics
+    from ackstream.ui.metrics import Statuses, serve_metrics
     from ackstream.ui.status import StatusSource
 
     sources = [StatusSource.of_topology(t, checkpoint) for t, checkpoint in topologies]

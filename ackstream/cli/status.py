@@ -61,12 +61,12 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
     )
 
 
-def command(parser: argparse.ArgumentParser, args, extra: list[str]) -> int:
+def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     """``ackstream status``; its errors name the subcommand."""
     return _status(args.subparser, args)
 
 
-def _status(parser: argparse.ArgumentParser, args) -> int:
+def _status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     check_figure_options(parser, args)
     channel = args.channel
     if not args.bootstrap:
@@ -97,7 +97,7 @@ def _status(parser: argparse.ArgumentParser, args) -> int:
     return _watch(source, args)
 
 
-def _read(source: StatusSource, args) -> Status | int:
+def _read(source: StatusSource, args: argparse.Namespace) -> Status | int:
     """The status, or the exit status of a read that failed (its line printed)."""
     try:
         return source.read(args.window)
@@ -110,13 +110,13 @@ def _read(source: StatusSource, args) -> Status | int:
         return unanswered(f"read from the brokers at {brokers}", problem)
 
 
-def _shown(status: Status, args) -> str:
+def _shown(status: Status, args: argparse.Namespace) -> str:
     if args.prometheus:
         return exposition([status])
     return json.dumps(status.to_dict()) + "\n" if args.json else "\n".join(status.lines()) + "\n"
 
 
-def _once(source: StatusSource, args) -> int:
+def _once(source: StatusSource, args: argparse.Namespace) -> int:
     status = _read(source, args)
     if isinstance(status, int):
         return status
@@ -124,7 +124,7 @@ def _once(source: StatusSource, args) -> int:
     return 0
 
 
-def _watch(source: StatusSource, args) -> int:
+def _watch(source: StatusSource, args: argparse.Namespace) -> int:
     """Read every ``--watch`` seconds until Ctrl-C: on a terminal the human report is
     redrawn in place (rich's live display; Ctrl-C ends the watch, exit status 0),
     elsewhere each reading is printed after

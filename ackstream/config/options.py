@@ -236,10 +236,12 @@ class Option(Generic[T]):
             values = [self.key(v) for v in values]
         return values[0] == values[1]
 
-    def _default(self, default: Any, seen: Seen) -> Any:
+    def _default(self, default: Any, seen: Seen) -> T:
         if default is FIELD:
-            return seen.defaults[self.field]
-        return default(seen) if callable(default) else default
+            value: T = seen.defaults[self.field]
+        else:
+            value = default(seen) if callable(default) else default
+        return value
 
     def page_row(self, defaults: Mapping[str, Any]) -> str:
         """This option's row in the options page's table."""

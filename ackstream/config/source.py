@@ -359,7 +359,9 @@ def _start(text: str) -> str:
     return json.dumps(json.loads(text), sort_keys=True)
 
 
-def _only_topics_read(at_least: int, allowed: Callable[[list[str]], str]):
+def _only_topics_read(
+    at_least: int, allowed: Callable[[list[str]], str]
+) -> Callable[[str | None, Seen], str | None]:
     """Refuse a JSON map naming a topic not read, or a number below ``at_least``."""
 
     def check(value: str | None, seen: Seen) -> str | None:
@@ -390,7 +392,7 @@ def _rate(text: str) -> float:
     return rate
 
 
-def _positive(what: str):
+def _positive(what: str) -> Callable[[float | None, Seen], str | None]:
     return lambda value, seen: None if value is None or value > 0 else what
 
 

@@ -21,6 +21,12 @@ records and completions).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer, TopicPartition
+
 __all__ = ["end_offsets"]
 
 #: Records one poll may return; a record batch is far smaller.
@@ -31,14 +37,17 @@ _CHECK_PARTITIONS = 4
 _CHECK_TRIES = 5
 
 #: ``{bootstrap servers: True (ListOffsets is right) or False (it lags)}``.
-_verdicts: dict[tuple, bool] = {}
-_tries: dict[tuple, int] = {}
+_verdicts: dict[tuple[str, ...], bool] = {}
+_tries: dict[tuple[str, ...], int] = {}
+
+#: ``{TopicPartition: next offset to be written}``
+Ends = dict["TopicPartition", int]
 
 
-def end_offsets(consumer, partitions) -> dict:
+def end_offsets(consumer: KafkaConsumer, partitions: Iterable[TopicPartition]) -> Ends:
     """``{TopicPartition: next offset to be written}``; may leave ``consumer`` assigned
     to one of ``partitions``."""
-    ends = consumer.end_offsets(list(partitions))
+    ends: Ends = consumer.end_offsets(list(partitions))
     key = _servers(consumer)
     if key not in _verdicts and _tries.get(key, 0) < _CHECK_TRIES:
         verdict = _check(consumer, ends)
@@ -51,17 +60,17 @@ def end_offsets(consumer, partitions) -> dict:
     return _tails(consumer, ends)
 
 
-def lists_offsets_right(consumer) -> bool | None:
+def lists_offsets_right(consumer: KafkaConsumer) -> bool | None:
     """The verdict on the brokers ``consumer`` talks to: None while none was reached."""
     return _verdicts.get(_servers(consumer))
 
 
-def _servers(consumer) -> tuple:
+def _servers(consumer: KafkaConsumer) -> tuple[str, ...]:
     servers = consumer.config["bootstrap_servers"]
     return tuple(sorted(servers.split(",") if isinstance(servers, str) else servers))
 
 
-def _tails(consumer, ends: dict) -> dict:
+def _tails(consumer: KafkaConsumer, ends: Ends) -> Ends:
     out = {}
     for part, end in ends.items():
         if end > 0:
@@ -73,7 +82,7 @@ def _tails(consumer, ends: dict) -> dict:
     return out
 
 
-def _one_batch_consumer(consumer):
+def _one_batch_consumer(consumer: KafkaConsumer) -> KafkaConsumer:
     """A consumer like ``consumer`` whose every fetch returns exactly one record batch
     (a broker returns the first batch whole even when it is over the byte limit)."""
     from kafka import KafkaConsumer
@@ -85,12 +94,12 @@ def _one_batch_consumer(consumer):
     return KafkaConsumer(**settings)
 
 
-def _batch_at(probe, part, offset: int) -> list[int]:
+def _batch_at(probe: KafkaConsumer, part: TopicPartition, offset: int) -> list[int]:
     probe.seek(part, offset)
     return [r.offset for r in probe.poll(timeout_ms=1000, max_records=_MAX_RECORDS).get(part, ())]
 
 
-def _check(consumer, ends: dict) -> bool | None:
+def _check(consumer: KafkaConsumer, ends: Ends) -> bool | None:
     """False: a batch goes on past its partition's answer; True: a batch ends right at
     its partition's answer with two records; None: no partition showed either."""
     candidates = [(part, end) for part, end in ends.items() if end >= 2][:_CHECK_PARTITIONS]

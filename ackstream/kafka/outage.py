@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.settings import OUTAGE_LIMIT_S
@@ -34,7 +35,7 @@ class Outage:
     ackstream.errors.EnvironmentProblem: ...
     """
 
-    def __init__(self, bootstrap: str, clock=time.monotonic):
+    def __init__(self, bootstrap: str, clock: Callable[[], float] = time.monotonic):
         self.bootstrap, self.clock = bootstrap, clock
         self.since: float | None = None  # the clock's time of the first failure
 

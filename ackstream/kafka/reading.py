@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ackstream.errors import AckstreamError, EnvironmentProblem
 from ackstream.kafka.offsets import end_offsets
 from ackstream.kafka.topics import deleted_topics
 from ackstream.vocabulary.partition import Partition
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+    from kafka.consumer.fetcher import ConsumerRecord
+
+#: Half-open ``[start, end)`` runs of offsets of one partition, each a pair.
+Spans = Iterable[Sequence[int]]
+#: A record as :func:`read_ranges` gives it: ``(offset, key, value, timestamp_ms)``.
+Record = tuple[int, bytes | None, bytes | None, int]
 
 __all__ = ["FETCH_TIMEOUT_S", "MAX_RECORDS", "read_ranges", "read_records", "topic_ranges"]
 
@@ -20,9 +30,11 @@ DELETED_CHECK_S = 5.0
 MAX_RECORDS = 10_000
 
 
-def read_ranges(consumer, tp: Partition, spans, **options) -> Iterator[tuple]:
+def read_ranges(
+    consumer: KafkaConsumer, tp: Partition, spans: Spans, *, fail_on_data_loss: bool = True
+) -> Iterator[Record]:
     """``(offset, key, value, timestamp_ms)`` of each record :func:`read_records` reads."""
-    for rec in read_records(consumer, tp, spans, **options):
+    for rec in read_records(consumer, tp, spans, fail_on_data_loss=fail_on_data_loss):
         yield rec.offset, rec.key, rec.value, rec.timestamp
 
 
@@ -32,7 +44,7 @@ def read_ranges(consumer, tp: Partition, spans, **options) -> Iterator[tuple]:
 COALESCE_GAP = 10_000
 
 
-def _covering(spans):
+def _covering(spans: Spans) -> Iterator[tuple[int, int, Callable[[int], bool]]]:
     """``(start, end, wanted)`` of each pass over the non-empty ``spans`` (sorted by
     start, as runs of offsets are): spans less than :data:`COALESCE_GAP` apart share a
     pass, and ``wanted(offset)`` says whether an offset is in one of them (asked in
@@ -41,20 +53,21 @@ def _covering(spans):
     >>> [(a, b, [o for o in range(a, b) if w(o)]) for a, b, w in _covering([(1, 3), (5, 6)])]
     [(1, 6, [1, 2, 5])]
     """
-    passes: list[list] = []
+    passes: list[tuple[int, int, list[tuple[int, int]]]] = []
     for start, end in spans:
         if end <= start:
             continue
         if passes and start - passes[-1][1] <= COALESCE_GAP and start >= passes[-1][0]:
-            passes[-1][1] = max(passes[-1][1], end)
-            passes[-1][2].append((start, end))
+            first, last, inside = passes[-1]
+            inside.append((start, end))
+            passes[-1] = (first, max(last, end), inside)
         else:
-            passes.append([start, end, [(start, end)]])
+            passes.append((start, end, [(start, end)]))
     for start, end, inside in passes:
         yield start, end, _within(inside)
 
 
-def _within(spans: list[tuple[int, int]]):
+def _within(spans: list[tuple[int, int]]) -> Callable[[int], bool]:
     """A test of offsets, asked in increasing order, for being in one of ``spans``."""
     if len(spans) == 1:
         return lambda offset: True
@@ -71,14 +84,14 @@ def _within(spans: list[tuple[int, int]]):
 
 
 def read_records(
-    consumer,
+    consumer: KafkaConsumer,
     tp: Partition,
-    spans,
+    spans: Any,  # Spans; Any until the source's reader, which joins two kinds, names its type
     *,
     fail_on_data_loss: bool = True,
     stall_timeout_s: float = FETCH_TIMEOUT_S,
     deleted_check_s: float = DELETED_CHECK_S,
-) -> Iterator:
+) -> Iterator[ConsumerRecord]:
     """kafka-python's ``ConsumerRecord`` of every record in the half-open ``[start,
     end)`` spans of partition ``tp``, in order, as they arrive; one seek per span.
 
@@ -134,7 +147,9 @@ def read_records(
             )
 
 
-def topic_ranges(consumer, topic: str, position: dict) -> list[tuple[int, int, int]]:
+def topic_ranges(
+    consumer: KafkaConsumer, topic: str, position: Mapping[str, int]
+) -> list[tuple[int, int, int]]:
     """``(partition, start, end)`` for each partition of ``topic`` with records past
     ``position`` (``{"<partition>": next offset}``), by partition; none if the topic
     does not exist. A partition in ``position`` starts there, one not in it where its

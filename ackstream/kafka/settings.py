@@ -12,7 +12,8 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import javaproperties
 
@@ -21,6 +22,7 @@ from ackstream.errors import OptionError
 
 __all__ = [
     "OUTAGE_LIMIT_S",
+    "ClientOptions",
     "client_options",
     "client_settings",
     "consumer_settings",
@@ -37,6 +39,10 @@ __all__ = [
 #: task); ``kafka.bootstrap.timeout.ms`` overrides it.
 OUTAGE_LIMIT_S = 120.0
 _RIDE_OUT = {"bootstrap_timeout_ms": int(OUTAGE_LIMIT_S * 1000)}
+
+#: ``kafka.*`` options as a client's settings are made from: a mapping (a source's whole
+#: options may be given) or ``(key, value)`` pairs; None, no options.
+ClientOptions = Mapping[str, object] | Iterable[tuple[str, object]] | None
 
 #: Java client settings with no kafka-python twin -> what to give instead.
 _JAVA_ONLY = {
@@ -76,7 +82,7 @@ _JAAS_LOGIN = re.compile(r"(Plain|Scram)LoginModule\s+required", re.IGNORECASE)
 _JAAS_FIELD = re.compile(r'(username|password)\s*=\s*"([^"]*)"')
 
 
-def consumer_settings(config: SourceConfig) -> dict:
+def consumer_settings(config: SourceConfig) -> dict[str, Any]:
     """kafka-python settings from the ``kafka.*`` options (``kafka.security.protocol`` ->
     ``security_protocol``); an unknown one is an :class:`OptionError` naming the
     nearest kafka-python setting."""
@@ -119,7 +125,7 @@ def consumer_settings(config: SourceConfig) -> dict:
     return settings
 
 
-def client_settings(kafka_options) -> dict:
+def client_settings(kafka_options: ClientOptions) -> dict[str, Any]:
     """The settings every Kafka client ackstream makes shares, consumer, producer and
     admin alike: connection and security (``security_protocol``, ``ssl_*``,
     ``sasl_*``, timeouts), from ``kafka.*`` options given as a mapping or ``(key,
@@ -130,8 +136,8 @@ def client_settings(kafka_options) -> dict:
     :class:`OptionError`, as for the source. Clients wait :data:`OUTAGE_LIMIT_S` for
     an unreachable broker unless ``kafka.bootstrap.timeout.ms`` says otherwise."""
     shared, known, defaults = _client_names()
-    pairs = kafka_options.items() if hasattr(kafka_options, "items") else kafka_options or ()
-    settings = dict(_RIDE_OUT)
+    pairs = kafka_options.items() if isinstance(kafka_options, Mapping) else kafka_options or ()
+    settings: dict[str, Any] = dict(_RIDE_OUT)
     for key, value in pairs:
         if not str(key).startswith("kafka."):  # subscribe, ackstream.*: not a client's
             continue
@@ -171,7 +177,7 @@ def client_options(options: Mapping[str, str]) -> dict[str, str]:
 
 
 @functools.cache
-def _client_names() -> tuple[frozenset, frozenset, dict]:
+def _client_names() -> tuple[frozenset[str], frozenset[str], dict[str, Any]]:
     """(settings consumer, producer and admin client all take; settings either of the
     first two takes; the consumer's defaults)."""
     from kafka import KafkaConsumer, KafkaProducer
@@ -261,7 +267,7 @@ def _properties(text: str) -> list[tuple[str, str]]:
     return list(javaproperties.loads(text, object_pairs_hook=list))
 
 
-def _from_jaas(option: str, value: str) -> dict:
+def _from_jaas(option: str, value: str) -> dict[str, str]:
     """``sasl.jaas.config`` of a PLAIN or SCRAM login as kafka-python's user and password."""
     fields = dict(_JAAS_FIELD.findall(value))
     if not _JAAS_LOGIN.search(value) or set(fields) != {"username", "password"}:
@@ -274,7 +280,7 @@ def _from_jaas(option: str, value: str) -> dict:
     return {"sasl_plain_username": fields["username"], "sasl_plain_password": fields["password"]}
 
 
-def _typed(option: str, name: str, value: str, default):
+def _typed(option: str, name: str, value: str, default: object) -> bool | int | str:
     """``value`` as kafka-python's setting ``name`` takes it, checked as Kafka's clients
     check it (Java's ``ConfigDef`` bounds and lists)."""
     if isinstance(default, bool):

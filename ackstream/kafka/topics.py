@@ -12,7 +12,7 @@ round or write, before the calls that would wait, and again when a call fails; a
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Container, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ackstream.vocabulary.clock import Clock, now_ms
 
@@ -64,7 +64,7 @@ class TopicListing:
         self._clock = clock
         self._last: tuple[object, int, Collection[str]] | None = None  # asker, when, names
 
-    def names(self, client, having: Iterable[str] = ()) -> Collection[str]:
+    def names(self, client: Any, having: Iterable[str] = ()) -> Collection[str]:
         """``client.topics()``, or its answer of less than the client's backoff ago if
         that lists every topic ``having`` names (one missing from it may have been made
         since: the brokers are asked)."""
@@ -79,7 +79,7 @@ class TopicListing:
             and all(topic in last[2] for topic in having)
         ):
             return last[2]
-        names = client.topics()
+        names: Collection[str] = client.topics()
         self._last = (asker, self._clock(), names)
         return names
 
@@ -97,7 +97,7 @@ def shared_listing() -> TopicListing:
     return _SHARED
 
 
-def _brokers(client) -> tuple[str, str] | None:
+def _brokers(client: Any) -> tuple[str, str] | None:
     """Which brokers a kafka-python ``client`` asks (None when its settings do not say)."""
     config = getattr(client, "config", None)
     if not isinstance(config, dict) or not config.get("bootstrap_servers"):

@@ -11,7 +11,11 @@ continues no trees and has nothing to close, as the protocol's defaults say.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
 
 __all__ = ["ContinuingSink", "Sink"]
 
@@ -25,16 +29,16 @@ class Sink(Protocol):
     #: declared. False for every sink that writes its rows and is done with them.
     continue_trees: bool = False
 
-    def write(self, outputs, batch_id: int):
+    def write(self, outputs: DataFrame, batch_id: int) -> DataFrame | None:
         """Write the rows of ``outputs`` (a static DataFrame that still carries the
         lineage columns) for micro-batch ``batch_id``. Return None when every row was
-        written, or the rows that were not (an Arrow table or DataFrame with at least
-        their lineage columns): their roots fail and are replayed. Raising fails the
-        roots of every row it was given (an error out of Spark's jobs, which computed
-        the stages, fails the batch as a whole instead: see
-        :mod:`ackstream.topology.batch_failure`). A batch re-run after a crash is
-        written again (at least once): ``batch_id`` lets a sink drop what it already
-        has."""
+        written, or the rows that were not, as a DataFrame with at least their lineage
+        columns (and a ``_reason`` column, if the sink knows why): their roots fail and
+        are replayed. Raising fails the roots of every row it was given (an error out
+        of Spark's jobs, which computed the stages, fails the batch as a whole
+        instead: see :mod:`ackstream.topology.batch_failure`). A batch re-run after a
+        crash is written again (at least once): ``batch_id`` lets a sink drop what it
+        already has."""
 
     def close(self) -> None:
         """Release clients; called once ``RunningTopology.stop()`` has stopped the
@@ -49,7 +53,10 @@ class ContinuingSink(Sink, Protocol):
     calls :meth:`write_continued` instead of ``write``, and the trees stay open until
     that process acks."""
 
-    def write_continued(self, outputs, batch_id: int):
+    def write_continued(
+        self, outputs: DataFrame, batch_id: int
+    ) -> tuple[DataFrame | None, pa.Table]:
         """Write ``outputs``, whose rows carry ``_roots`` (the roots each is anchored
-        to), with their lineage as headers; return the unwritten rows (or None) and the
-        ack records ``(root, edge)`` of every message written."""
+        to), with their lineage as headers; return the unwritten rows (or None, as
+        ``write`` does) and the ack records ``(root, edge)`` of every message written
+        (an Arrow table of :data:`~ackstream.vocabulary.records.ACK_RECORD_SCHEMA`)."""

@@ -46,7 +46,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +73,15 @@ EDGE_HEADER = "ackstream.edge"
 Lineage = tuple[tuple[int, ...], int]  #: (roots, edge) of one continued message
 
 
+class AckWriter(Protocol):
+    """What a continued message's acks are written to: the upstream topology's channel
+    (a :class:`~ackstream.channels.base.Channel`, which sinks do not import)."""
+
+    def write_acks(self, records: pa.Table) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def mint_edges(n: int) -> np.ndarray:
     """``n`` random, non-zero 64-bit edge ids (int64), from the OS's random source."""
     rng = np.random.default_rng(secrets.randbits(128))
@@ -91,7 +100,7 @@ def lineage_headers(roots: Sequence[int], edge: int) -> list[tuple[str, bytes]]:
     ]
 
 
-def lineage_of(headers: Iterable | None) -> Lineage | None:
+def lineage_of(headers: Iterable[tuple[str, bytes]] | None) -> Lineage | None:
     """``(roots, edge)`` from a message's headers (kafka-python's ``(key, value)``
     pairs), or None when they are missing or malformed (not a continued message)."""
     found = dict(headers or ())
@@ -152,7 +161,7 @@ class UpstreamResets:
     (``lineage``, as :func:`translate` reads it), on the upstream ``channel``. It is
     pickled to wherever the stage runs; :meth:`close` releases the channel's client."""
 
-    channel: Any
+    channel: Any  # an AckWriter; Any while the topology passes its channel as optional
     lineage: Mapping[int, Lineage]
     clock: Clock = now_ms
 
@@ -189,27 +198,27 @@ class TreeClient:
     :meth:`reset_timeout`, called more often than the timeout.
     """
 
-    def __init__(self, channel, clock: Clock = now_ms):
+    def __init__(self, channel: AckWriter, clock: Clock = now_ms):
         self.channel, self.clock = channel, clock
 
-    def ack(self, *messages) -> int:
+    def ack(self, *messages: object) -> int:
         """Ack ``messages`` (kafka-python ``ConsumerRecord``s, or anything with
         ``headers``); returns how many carried lineage (the others are ignored)."""
         return self._write(messages, ACK, None)
 
-    def fail(self, *messages, reason: str = "failed downstream") -> int:
+    def fail(self, *messages: object, reason: str = "failed downstream") -> int:
         """Fail the trees of ``messages``: their upstream records are replayed (or
         dead-lettered after ``maxRetries``, with ``reason``)."""
         return self._write(messages, FAIL, reason)
 
-    def reset_timeout(self, *messages) -> int:
+    def reset_timeout(self, *messages: object) -> int:
         """Restart the message timeout of the trees of ``messages`` (Storm's
         ``collector.resetTimeout``): for work that takes longer than the timeout, call
         it more often than the timeout, then ack or fail as usual. The acker extends
         the roots' deadlines and tells the upstream source, which restarts its own."""
         return self._write(messages, RESET, None)
 
-    def _write(self, messages, kind: int, reason: str | None) -> int:
+    def _write(self, messages: tuple[object, ...], kind: int, reason: str | None) -> int:
         found = (lineage_of(getattr(m, "headers", None)) for m in messages)
         lineages = [lineage for lineage in found if lineage is not None]
         if lineages:

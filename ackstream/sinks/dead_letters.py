@@ -25,8 +25,8 @@ done, and ``close()``):
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,16 +34,20 @@ from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.reading import read_records, topic_ranges
-from ackstream.kafka.settings import client_settings
+from ackstream.kafka.settings import ClientOptions, client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, deleted_topics
 from ackstream.storage.files import write_atomically
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.dead_letter import DeadLetter
 from ackstream.vocabulary.ids import content_id, hash_text
 
+if TYPE_CHECKING:
+    from kafka.consumer.fetcher import ConsumerRecord
+
 __all__ = [
     "CONNECT_ERRORS",
     "DEAD_LETTER_SCHEMA",
+    "DeadLetterRow",
     "DeadLetterWriter",
     "LetterRecords",
     "KafkaDeadLetters",
@@ -78,10 +82,35 @@ DEAD_LETTER_SCHEMA = pa.schema(
 )
 
 
+class Header(TypedDict):
+    """One of a record's own Kafka headers, as a dead letter keeps it."""
+
+    key: str
+    value: bytes
+
+
+class DeadLetterRow(TypedDict):
+    """One dead letter as a row of :data:`DEAD_LETTER_SCHEMA`: where its record was, why
+    and after how many attempts it was given up, and the record itself (key, value,
+    time and headers; None where the record was not kept)."""
+
+    topology: str | None
+    topic: str
+    partition: int
+    offset: int
+    attempts: int
+    reason: str | None
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None
+    headers: list[Header] | None
+    written_ms: int | None
+
+
 #: The records of the letters, as the source fetched them again: ``((topic, partition),
 #: offset) -> (key, value, timestamp ms[, headers])``; a letter whose record is missing
 #: is written without its key and value.
-LetterRecords = Mapping[tuple[tuple[str, int], int], tuple]
+LetterRecords = Mapping[tuple[tuple[str, int], int], tuple[Any, ...]]
 
 
 class DeadLetterWriter(Protocol):
@@ -96,7 +125,9 @@ class DeadLetterWriter(Protocol):
     def close(self) -> None: ...
 
 
-def _rows(topology: str, letters: Sequence[DeadLetter], records: LetterRecords):
+def _rows(
+    topology: str, letters: Sequence[DeadLetter], records: LetterRecords
+) -> Iterator[DeadLetterRow]:
     written = now_ms()
     for letter in letters:
         key, value, ts, *rest = records.get(
@@ -118,14 +149,21 @@ def _rows(topology: str, letters: Sequence[DeadLetter], records: LetterRecords):
         }
 
 
-def letter_headers(row: dict) -> list[tuple[str, bytes]]:
+def letter_headers(row: DeadLetterRow) -> list[tuple[str, bytes]]:
     """A dead letter's Kafka headers: the record's own, ackstream's, Connect's."""
-    own = [(h["key"], h["value"]) for h in row.get("headers") or ()]
+    own = [(h["key"], h["value"]) for h in row["headers"] or ()]
     ours = [
-        (f"ackstream.{k}", str(row[k]).encode())
-        for k in ("reason", "attempts", "topic", "partition", "offset", "topology")
+        (f"ackstream.{k}", str(v).encode())
+        for k, v in (
+            ("reason", row["reason"]),
+            ("attempts", row["attempts"]),
+            ("topic", row["topic"]),
+            ("partition", row["partition"]),
+            ("offset", row["offset"]),
+            ("topology", row["topology"]),
+        )
     ]
-    if row.get("timestamp_ms") is not None:  # the record's own time, not the letter's
+    if row["timestamp_ms"] is not None:  # the record's own time, not the letter's
         ours.append(("ackstream.timestamp", str(row["timestamp_ms"]).encode()))
     status = str(row["reason"]).split(":", 1)[0]
     connect = {
@@ -179,7 +217,9 @@ class KafkaDeadLetters:
     written to, the topic deleted is an error naming it at the next write (see
     :mod:`ackstream.kafka.topics`), not kafka-python's timeout after 120 s."""
 
-    def __init__(self, bootstrap: str, topic: str, topology: str, *, kafka_options=None):
+    def __init__(
+        self, bootstrap: str, topic: str, topology: str, *, kafka_options: ClientOptions = None
+    ):
         from kafka import KafkaProducer
 
         self.topic, self.topology, self.bootstrap = topic, topology, bootstrap
@@ -236,9 +276,10 @@ class KafkaDeadLetters:
                 "the query again",
             )
 
-    def _send(self, row: dict, drop_value: bool = False):
-        """Produce one letter; a value too large for the topic is dropped (the record
-        stays upstream) and the header ``ackstream.dropped`` says so."""
+    def _send(self, row: DeadLetterRow, drop_value: bool = False) -> Any:
+        """Produce one letter (kafka-python's future of the send); a value too large for
+        the topic is dropped (the record stays upstream) and the header
+        ``ackstream.dropped`` says so."""
         headers = letter_headers(row)
         value = row["value"]
         if drop_value:
@@ -273,7 +314,7 @@ def read_dead_letters(
     *,
     bootstrap: str | None = None,
     topic: str | None = None,
-    kafka_options=None,
+    kafka_options: ClientOptions = None,
 ) -> pa.Table:
     """Every dead letter written by :class:`ParquetDeadLetters` to ``directory``, or by
     :class:`KafkaDeadLetters` to ``topic`` on the brokers at ``bootstrap`` (a message
@@ -301,7 +342,7 @@ def _with_every_column(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=DEAD_LETTER_SCHEMA)
 
 
-def _read_topic(bootstrap: str | None, topic: str, kafka_options) -> pa.Table:
+def _read_topic(bootstrap: str | None, topic: str, kafka_options: ClientOptions) -> pa.Table:
     from kafka import KafkaConsumer
 
     if not bootstrap:
@@ -324,13 +365,13 @@ def _read_topic(bootstrap: str | None, topic: str, kafka_options) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=DEAD_LETTER_SCHEMA)
 
 
-def _row_of(rec) -> dict | None:
+def _row_of(rec: ConsumerRecord) -> DeadLetterRow | None:
     """A dead-letter message back as a row; None if it has no ackstream headers."""
     headers = rec.headers or []
     ours = {k[len("ackstream.") :]: v.decode() for k, v in headers if k.startswith("ackstream.")}
     if not {"topic", "partition", "offset"} <= set(ours):
         return None
-    own = [{"key": k, "value": v} for k, v in headers if not k.startswith(_OURS)]
+    own = [Header(key=k, value=v) for k, v in headers if not k.startswith(_OURS)]
     return {
         "topology": ours.get("topology"),
         "topic": ours["topic"],
@@ -349,13 +390,18 @@ def _row_of(rec) -> dict | None:
 
 
 def select_dead_letters(
-    letters: pa.Table, *, reason: str | None = None, records=(), limit: int | None = None
-) -> list[dict]:
+    letters: pa.Table,
+    *,
+    reason: str | None = None,
+    records: Iterable[tuple[str, int, int]] = (),
+    limit: int | None = None,
+) -> list[DeadLetterRow]:
     """The dead letters whose reason contains ``reason`` (case-insensitive) and whose
     ``(topic, partition, offset)`` is one of ``records`` (when given), at most ``limit``,
     in (topic, partition, offset) order."""
     wanted = {(t, int(p), int(o)) for t, p, o in records}
-    rows = sorted(letters.to_pylist(), key=lambda r: (r["topic"], r["partition"], r["offset"]))
+    every: list[DeadLetterRow] = letters.to_pylist()
+    rows = sorted(every, key=lambda r: (r["topic"], r["partition"], r["offset"]))
     out = [
         r
         for r in rows
@@ -369,7 +415,9 @@ def select_dead_letters(
 REPLAY_HEADER = "ackstream.replay_of"
 
 
-def replay_dead_letters(rows: list[dict], bootstrap: str, *, kafka_options=None) -> int:
+def replay_dead_letters(
+    rows: list[DeadLetterRow], bootstrap: str, *, kafka_options: ClientOptions = None
+) -> int:
     """Send each dead letter's record back to its source topic and partition: key,
     value and the record's own headers as they were, plus :data:`REPLAY_HEADER`
     (``topic:partition:offset`` of the original). Waits for every broker ack; returns
@@ -413,5 +461,5 @@ def replay_dead_letters(rows: list[dict], bootstrap: str, *, kafka_options=None)
     return len(rows)
 
 
-def _rejected_for_size(row: dict) -> bool:
+def _rejected_for_size(row: DeadLetterRow) -> bool:
     return (row["reason"] or "").startswith("rejected: value of")

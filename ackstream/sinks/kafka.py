@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +40,10 @@ from ackstream.spark.session import has_kafka_connector, kafka_through_v2
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.lineage import LINEAGE_COLUMNS, REASON, REASON_LIMIT, ROOTS
 from ackstream.vocabulary.records import ACK, ack_table
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+    from pyspark.sql import DataFrame
 
 __all__ = ["WRITERS", "KafkaSink", "ProduceTask", "carried_columns"]
 
@@ -83,8 +89,8 @@ class KafkaSink(ContinuingSink):
         *,
         key: str | None = "key",
         value: str = "value",
-        kafka_options: dict | None = None,
-        producer_config: dict | None = None,
+        kafka_options: dict[str, Any] | None = None,
+        producer_config: dict[str, Any] | None = None,
         flush_timeout_s: float = 30.0,
         continue_trees: bool = False,
         writer: str = "auto",
@@ -108,7 +114,7 @@ class KafkaSink(ContinuingSink):
             "auto": False if producer_config else None,
         }[writer]
 
-    def write(self, outputs, batch_id: int):
+    def write(self, outputs: DataFrame, batch_id: int) -> DataFrame | None:
         """Write ``outputs``; return the rows the broker did not confirm (or None).
 
         With Spark's Kafka connector in the session, Spark's Kafka writer writes them in
@@ -145,7 +151,10 @@ class KafkaSink(ContinuingSink):
                 )
             else:
                 return None
-        return self._write(outputs, batch_id, continued=False)[0]
+        rows = self._write(outputs, continued=False)
+        if any(_NO_TOPIC.search(r or "") for r in _reasons(rows)):
+            self._check_topic()
+        return self._unwritten(outputs, rows, batch_id)
 
     def _check_topic(self) -> None:
         """Raise, naming the topic, when the brokers answer without it (asked only once
@@ -171,7 +180,7 @@ class KafkaSink(ContinuingSink):
                 "start the topology again: the batch was not committed, its records replay",
             )
 
-    def _write_with_spark(self, outputs) -> None:
+    def _write_with_spark(self, outputs: DataFrame) -> None:
         """One Spark job: Spark's Kafka writer, with the producers' settings in the
         JVM's names: the source's ``kafka.*`` ones, acks from every replica, and the
         sink's flush timeout as the longest a record may take to be confirmed."""
@@ -197,14 +206,22 @@ class KafkaSink(ContinuingSink):
         with kafka_through_v2(outputs.sparkSession):
             writer.options(**options).save()
 
-    def write_continued(self, outputs, batch_id: int):
+    def write_continued(
+        self, outputs: DataFrame, batch_id: int
+    ) -> tuple[DataFrame | None, pa.Table]:
         """Write ``outputs`` with their lineage as headers, leaving their trees open:
         returns the unwritten rows (or None) and the ack records ``(root, edge)`` of
         every confirmed message, one per root of its row. Each row carries ``_roots``,
         the roots it is anchored to (the topology's batch adds them)."""
-        return self._write(outputs, batch_id, continued=True)
+        rows = self._write(outputs, continued=True)
+        acks = sent_acks(rows.filter(pc.is_valid(rows.column(SENT_EDGE))))
+        rows = rows.filter(pc.is_valid(rows.column(REASON))).drop_columns([SENT_EDGE, ROOTS])
+        return self._unwritten(outputs, rows, batch_id), acks
 
-    def _write(self, outputs, batch_id: int, continued: bool):
+    def _write(self, outputs: DataFrame, continued: bool) -> pa.Table:
+        """Write ``outputs`` from the executors' producers: the rows they handed back,
+        each unwritten one with its ``_reason`` (``continued``: every row, the written
+        ones with their edge)."""
         from pyspark.sql.types import LongType, StringType
 
         key = self.key if self.key and self.key in outputs.columns else None
@@ -223,18 +240,13 @@ class KafkaSink(ContinuingSink):
             self.flush_timeout_s,
             continued,
         )
-        rows = outputs.select(*payload, *carried).mapInArrow(produce, schema).toArrow()
-        if not continued and any(_NO_TOPIC.search(r or "") for r in _reasons(rows)):
-            self._check_topic()
-        acks = None
-        if continued:
-            sent = pc.is_valid(rows.column(SENT_EDGE))
-            acks = sent_acks(rows.filter(sent))
-            unwritten = pc.is_valid(rows.column(REASON))
-            rows = rows.filter(unwritten).drop_columns([SENT_EDGE, ROOTS])
-        return self._unwritten(rows, batch_id), acks
+        return outputs.select(*payload, *carried).mapInArrow(produce, schema).toArrow()
 
-    def _unwritten(self, unwritten: pa.Table, batch_id: int):
+    def _unwritten(
+        self, outputs: DataFrame, unwritten: pa.Table, batch_id: int
+    ) -> DataFrame | None:
+        """The rows the producers handed back, as the seam returns them: a DataFrame of
+        ``outputs``' session (None: every row was written)."""
         if not unwritten.num_rows:
             return None
         log.warning(
@@ -244,7 +256,7 @@ class KafkaSink(ContinuingSink):
             self.topic,
             unwritten.column(REASON)[0],
         )
-        return unwritten
+        return outputs.sparkSession.createDataFrame(unwritten)
 
     def close(self) -> None:
         """Nothing to release: every producer lives and dies inside one task."""
@@ -258,7 +270,7 @@ def sent_acks(sent: pa.Table) -> pa.Table:
     return ack_table(pc.list_flatten(roots).to_numpy(), edges, ACK, now_ms())
 
 
-def carried_columns(columns, payload) -> list[str]:
+def carried_columns(columns: list[str], payload: list[str]) -> list[str]:
     """The columns an unwritten row is handed back with: the lineage columns the frame
     has, then any other ``_``-prefixed column the topology passed through (e.g.
     ``_attempt``), but not ``_reason`` (the sink says why) nor a payload column."""
@@ -279,12 +291,12 @@ class ProduceTask:
     key: str | None
     value: str
     carried: tuple[str, ...]
-    producer_config: dict
+    producer_config: dict[str, Any]
     flush_timeout_s: float
     #: headers with the lineage and every row handed back with its edge (or why not)
     continued: bool = False
 
-    def __call__(self, batches):
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         try:
             producer = self._producer()
         except Exception as error:  # every row of the task is unwritten, and says why
@@ -302,7 +314,7 @@ class ProduceTask:
         finally:
             producer.close(timeout=self.flush_timeout_s)
 
-    def _producer(self):
+    def _producer(self) -> KafkaProducer:
         from kafka import KafkaProducer
 
         config = {
@@ -314,14 +326,17 @@ class ProduceTask:
         config["value_serializer"] = _NullMarked(config.get("value_serializer"))
         return KafkaProducer(bootstrap_servers=self.bootstrap, **config)
 
-    def _send(self, producer, batch: pa.RecordBatch, edges) -> list[str | None]:
+    def _send(
+        self, producer: KafkaProducer, batch: pa.RecordBatch, edges: np.ndarray | None
+    ) -> list[str | None]:
         """Send every row of ``batch`` (with ``edges``: and its lineage headers) and
         flush: per row, None once the broker confirmed it, else why not."""
         n = batch.num_rows
         keys = batch.column(self.key).to_pylist() if self.key else [None] * n
         values = batch.column(self.value).to_pylist()
-        roots: list = batch.column(ROOTS).to_pylist() if edges is not None else [None] * n
-        futures: list = []
+        roots: list[list[int] | None]
+        roots = batch.column(ROOTS).to_pylist() if edges is not None else [None] * n
+        futures: list[Any] = []  # kafka-python's FutureRecordMetadata, or None: not sent
         reasons: list[str | None] = [None] * n
         no_metadata = None  # why the topic's metadata could not be had, once it could not
         for i, (key, value) in enumerate(zip(keys, values)):
@@ -329,8 +344,9 @@ class ProduceTask:
                 futures.append(None)
                 reasons[i] = no_metadata
                 continue
-            continues = edges is not None and roots[i]  # a row anchored to roots
-            headers = lineage_headers(roots[i], edges[i]) if continues else None
+            anchored, headers = roots[i], None
+            if edges is not None and anchored:  # a continued row anchored to roots
+                headers = lineage_headers(anchored, edges[i])
             value = _NULL if key is None and value is None else _bytes(value)
             try:
                 futures.append(
@@ -356,7 +372,9 @@ class ProduceTask:
             )
         return reasons
 
-    def _handed_back(self, batch: pa.RecordBatch, reasons: list, edges) -> pa.RecordBatch:
+    def _handed_back(
+        self, batch: pa.RecordBatch, reasons: list[str | None], edges: np.ndarray | None
+    ) -> pa.RecordBatch:
         """The rows that go back to the driver: the unwritten ones with why; with
         ``edges`` (a continuing write) every row, the confirmed ones with their edge
         (null for a row with no roots: nothing tracks it)."""
@@ -382,22 +400,22 @@ class ProduceTask:
 _NULL = object()
 
 
-class _NullMarked(Serializer):
+class _NullMarked(Serializer):  # type: ignore[misc]  # kafka-python has no types
     """kafka-python refuses to send a record with neither key nor value, which Kafka
     takes (and Spark's writer sends): such a row is sent with :data:`_NULL` as its
     value, which this value serializer turns back into null. Any other value goes
     through the producer's own ``value_serializer``, if one was given."""
 
-    def __init__(self, inner=None):
+    def __init__(self, inner: Any = None):  # a Serializer or a function, as the producer takes
         wrapped = inner is None or isinstance(inner, Serializer)
         self.inner = inner if wrapped else SerializeWrapper(inner)
 
-    def serialize(self, topic, headers, data):
+    def serialize(self, topic: str, headers: Any, data: Any) -> Any:
         if data is _NULL:
             return None
         return data if self.inner is None else self.inner.serialize(topic, headers, data)
 
-    def close(self):
+    def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
 
@@ -412,7 +430,7 @@ def producer_failed(error: str) -> bool:
 _NO_TOPIC = re.compile(r"metadata|UnknownTopicOrPartition", re.IGNORECASE)
 
 
-def _reasons(rows: pa.Table) -> list:
+def _reasons(rows: pa.Table) -> list[str | None]:
     """The distinct ``_reason`` values of unwritten rows."""
     return pc.unique(rows.column(REASON)).to_pylist() if rows.num_rows else []
 
@@ -420,7 +438,7 @@ def _reasons(rows: pa.Table) -> list:
 _KAFKA_CLIENT_ERROR = re.compile(r"org\.apache\.kafka\.common\.(?:errors\.)?\w*(?:Exception|Error)")
 
 
-def _as_bytes(frame, name: str) -> str:
+def _as_bytes(frame: DataFrame, name: str) -> str:
     """Column ``name`` as Spark's Kafka writer takes it, in SQL: string or binary kept,
     any other type as its string (as :func:`_bytes` does on the Python path)."""
     from pyspark.sql.types import BinaryType, StringType
@@ -435,11 +453,11 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _reason(what: str, error) -> str:
+def _reason(what: str, error: object) -> str:
     return f"{what}: {type(error).__name__}: {error}"
 
 
-def _bytes(x):
+def _bytes(x: object) -> bytes | None:
     if x is None or isinstance(x, bytes):
         return x
     if isinstance(x, str):

@@ -12,11 +12,16 @@ any session, a Connect client's included, reads back with ``spark.read``.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 
 from ackstream.sinks.base import Sink
 from ackstream.vocabulary.lineage import LINEAGE_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame
 
 __all__ = ["ConsoleSink", "MemorySink", "ParquetSink"]
 
@@ -31,7 +36,7 @@ class MemorySink(Sink):
         self._tables: list[pa.Table] = []
         self._lock = threading.Lock()
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         raise TypeError(
             "MemorySink keeps its rows in the process that runs the topology, so it "
             "cannot be pickled: under Spark Connect, where foreachBatch runs beside the "
@@ -39,7 +44,7 @@ class MemorySink(Sink):
             "them with spark.read.parquet(path)"
         )
 
-    def write(self, outputs, batch_id: int):
+    def write(self, outputs: DataFrame, batch_id: int) -> None:
         if not self.lineage:
             outputs = outputs.drop(*LINEAGE_COLUMNS)
         table = outputs.toArrow()
@@ -53,11 +58,12 @@ class MemorySink(Sink):
             tables = list(self._tables)
         return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
 
-    def to_pandas(self):
+    def to_pandas(self) -> pd.DataFrame:
         return self.table().to_pandas()
 
-    def rows(self) -> list[dict]:
-        return self.table().to_pylist()
+    def rows(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.table().to_pylist()
+        return rows
 
     def clear(self) -> None:
         with self._lock:
@@ -73,7 +79,7 @@ class ConsoleSink(Sink):
     def __init__(self, rows: int = 20, truncate: bool = True, lineage: bool = False):
         self.rows, self.truncate, self.lineage = rows, truncate, lineage
 
-    def write(self, outputs, batch_id: int):
+    def write(self, outputs: DataFrame, batch_id: int) -> None:
         if not self.lineage:
             outputs = outputs.drop(*LINEAGE_COLUMNS)
         print(f"-------- batch {batch_id} --------")
@@ -94,7 +100,7 @@ class ParquetSink(Sink):
     def __init__(self, path: str, lineage: bool = False):
         self.path, self.lineage = str(path), lineage
 
-    def write(self, outputs, batch_id: int):
+    def write(self, outputs: DataFrame, batch_id: int) -> None:
         if not self.lineage:
             outputs = outputs.drop(*LINEAGE_COLUMNS)
         folder = f"{self.path.rstrip('/')}/batch_id={int(batch_id)}"

@@ -23,7 +23,8 @@ import os
 from typing import Protocol, runtime_checkable
 
 from ackstream.kafka.reading import read_records, topic_ranges
-from ackstream.kafka.settings import client_settings
+from ackstream.kafka.settings import ClientOptions, client_settings
+from ackstream.sinks.dead_letters import DeadLetterRow
 
 __all__ = ["FileReplayLog", "ReplayLog", "TopicReplayLog", "letter_name"]
 
@@ -31,7 +32,7 @@ FILE = "_replayed.jsonl"
 SUFFIX = ".replayed"
 
 
-def letter_name(row: dict) -> str:
+def letter_name(row: DeadLetterRow) -> str:
     """A dead letter's name: its record's ``topic:partition:offset``."""
     return f"{row['topic']}:{row['partition']}:{row['offset']}"
 
@@ -75,7 +76,7 @@ class TopicReplayLog:
     """Marks on the topic ``<dead-letter topic>.replayed`` at ``bootstrap``: key the
     letter's name, value ``{"at_ms": ...}``."""
 
-    def __init__(self, bootstrap: str, dead_letter_topic: str, kafka_options=None):
+    def __init__(self, bootstrap: str, dead_letter_topic: str, kafka_options: ClientOptions = None):
         self.bootstrap = bootstrap.split(",")
         self.topic = dead_letter_topic + SUFFIX
         self.settings = client_settings(kafka_options or {})

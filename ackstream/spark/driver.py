@@ -21,6 +21,7 @@ import contextlib
 import logging
 import signal
 import threading
+import types
 from collections.abc import Iterator
 
 __all__ = ["PYSPARK_ERROR_LOGGERS", "interrupts", "pyspark_error_loggers"]
@@ -49,7 +50,7 @@ def interrupts() -> Iterator[threading.Event]:
         yield pressed
         return
 
-    def first(signum, frame) -> None:
+    def first(signum: int, frame: types.FrameType | None) -> None:
         pressed.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

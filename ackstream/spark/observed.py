@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.spark.session import is_connect
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.observation import Observation
 
 __all__ = ["Observed"]
 
@@ -38,7 +43,7 @@ class Observed:
             self._observation, *(F.expr(f"{sql} AS `{name}`") for name, sql in metrics.items())
         )
 
-    def metrics(self) -> dict | None:
+    def metrics(self) -> dict[str, Any] | None:
         """The metrics if a job over ``frame`` has finished, else None; never waits for
         a job (classic PySpark's ``get`` would wait for one that may never come).
 
@@ -63,7 +68,7 @@ class Observed:
 DELIVERY_WAIT_MS = 2_000
 
 
-def _deliver_posted_events(spark) -> None:
+def _deliver_posted_events(spark: SparkSession) -> None:
     """Wait until Spark's listener bus has delivered every event posted so far (the end
     of a finished job among them), at most :data:`DELIVERY_WAIT_MS`."""
     try:
@@ -73,13 +78,14 @@ def _deliver_posted_events(spark) -> None:
         log.debug("Spark's listener bus did not empty", exc_info=True)
 
 
-def _observation(df: DataFrame, name: str):
+def _observation(df: DataFrame, name: str) -> Observation:
     """An Observation of the frame's kind: a batch function under Connect runs in a
     process where pyspark may not know it is a Connect client."""
     if is_connect(df.sparkSession):
         from pyspark.sql.connect.observation import Observation as ConnectObservation
 
-        return ConnectObservation(name)
+        # Connect's own class, not a subclass of classic's: Connect's observe takes it
+        return ConnectObservation(name)  # type: ignore[return-value]
     from pyspark.sql.observation import Observation
 
     return Observation(name)

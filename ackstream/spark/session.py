@@ -11,8 +11,12 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ackstream.errors import AckstreamError, EnvironmentProblem
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = [
     "check_picklable",
@@ -43,18 +47,18 @@ def java_major_version() -> int:
     return int(match.group(2)) if major == 1 else major
 
 
-def is_connect(spark) -> bool:
+def is_connect(spark: SparkSession) -> bool:
     """Whether ``spark`` is a Spark Connect client session (no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def check_picklable(function, what: str) -> None:
+def check_picklable(function: object, what: str) -> None:
     """Under Spark Connect ``foreachBatch`` pickles its function to the server: say which
     part of ``what`` cannot travel, before Spark fails with a bare pickling error."""
     from pyspark import cloudpickle
 
     try:
-        cloudpickle.dumps(function)
+        cloudpickle.dumps(function)  # type: ignore[no-untyped-call]  # pyspark's copy: no types
     except Exception as error:
         raise AckstreamError(
             f"{what} cannot run under Spark Connect: its foreachBatch function must be "
@@ -62,7 +66,7 @@ def check_picklable(function, what: str) -> None:
         ) from error
 
 
-def master_of(spark) -> str:
+def master_of(spark: SparkSession) -> str:
     """The master URL of ``spark``'s application (``local[2]``, ``spark://...``)."""
     return spark.conf.get("spark.master", "local[*]") or "local[*]"
 
@@ -78,7 +82,7 @@ V1_SOURCES = "spark.sql.sources.useV1SourceList"
 
 
 @contextlib.contextmanager
-def kafka_through_v2(spark) -> Iterator[None]:
+def kafka_through_v2(spark: SparkSession) -> Iterator[None]:
     """Inside, ``spark.read`` / ``write`` ``.format("kafka")`` take Spark's version 2 path.
 
     Spark's default list sends Kafka batch reads and writes through version 1, where a
@@ -100,7 +104,7 @@ def kafka_through_v2(spark) -> Iterator[None]:
         conf.set(V1_SOURCES, v1_sources)
 
 
-def has_kafka_connector(spark) -> bool:
+def has_kafka_connector(spark: SparkSession) -> bool:
     """Whether ``spark`` can load Spark's Kafka source (``spark-sql-kafka-0-10`` on its
     class path, e.g. by ``spark.jars.packages``). Asked by resolving a batch read's
     schema, which touches no broker, so it works under Spark Connect too."""

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from ackstream.spark.session import is_connect
 from ackstream.storage.files import hidden_path, write_atomically
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["is_url", "list_names", "read_text", "remove", "write_text"]
 
@@ -24,7 +28,7 @@ def is_url(path: str) -> bool:
     return bool(urlparse(path).scheme)
 
 
-def read_text(spark, path: str) -> str | None:
+def read_text(spark: SparkSession, path: str) -> str | None:
     """The text of the file at ``path``; None if there is none."""
     if not is_url(path):
         try:
@@ -41,14 +45,13 @@ def read_text(spark, path: str) -> str | None:
         return _read_with_spark(spark, path)
     stream = fs.open(hadoop_path)
     try:
-        return spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(  # noqa: SLF001 - Spark has no Python API for Hadoop file systems
-            stream, "UTF-8"
-        )
+        text: str = _jvm(spark).org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        return text
     finally:
         stream.close()
 
 
-def write_text(spark, path: str, text: str) -> None:
+def write_text(spark: SparkSession, path: str, text: str) -> None:
     """Write ``text`` to ``path`` whole (under a hidden name first, then renamed into
     place), making its folder. Under Spark Connect a URL is written by a Spark job, as
     a folder of that name holding the text (a reader sees it once the job is done)."""
@@ -61,7 +64,7 @@ def write_text(spark, path: str, text: str) -> None:
         one.write.mode("overwrite").text(path)
         return
     fs, hadoop_path = _hadoop(spark, path)
-    hidden = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(hidden_path(path))  # noqa: SLF001 - as above
+    hidden = _jvm(spark).org.apache.hadoop.fs.Path(hidden_path(path))
     fs.mkdirs(hadoop_path.getParent())
     stream = fs.create(hidden, True)
     try:
@@ -73,7 +76,7 @@ def write_text(spark, path: str, text: str) -> None:
         raise OSError(f"could not rename {hidden_path(path)} to {path}")
 
 
-def list_names(spark, folder: str) -> list[str] | None:
+def list_names(spark: SparkSession, folder: str) -> list[str] | None:
     """The names of the files in ``folder`` ([] if it does not exist); None under Spark
     Connect for a URL (no JVM here to list it with)."""
     if not is_url(folder):
@@ -86,7 +89,7 @@ def list_names(spark, folder: str) -> list[str] | None:
     return [status.getPath().getName() for status in fs.listStatus(hadoop_path)]
 
 
-def remove(spark, path: str) -> None:
+def remove(spark: SparkSession, path: str) -> None:
     """Delete the file at ``path`` if it is there (not under Spark Connect for a URL:
     :func:`list_names` gave no name to remove)."""
     if not is_url(path):
@@ -102,15 +105,21 @@ def _write_local(path: str, text: str) -> None:
         f.write(text)
 
 
-def _hadoop(spark, path: str):
-    """The session's Hadoop file system of ``path``, and ``path`` as a Hadoop Path."""
-    context = spark.sparkContext
-    hadoop_path = context._jvm.org.apache.hadoop.fs.Path(path)  # noqa: SLF001 - as above
-    conf = context._jsc.hadoopConfiguration()  # noqa: SLF001 - as above
+def _jvm(spark: SparkSession) -> Any:
+    """The JVM of a classic session (py4j's gateway: no types), through which Hadoop's
+    file systems are reached."""
+    return spark.sparkContext._jvm  # noqa: SLF001 - Spark has no Python API for Hadoop file systems
+
+
+def _hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """The session's Hadoop file system of ``path``, and ``path`` as a Hadoop Path (py4j
+    objects of the JVM)."""
+    hadoop_path = _jvm(spark).org.apache.hadoop.fs.Path(path)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001 - as above
     return hadoop_path.getFileSystem(conf), hadoop_path
 
 
-def _read_with_spark(spark, path: str) -> str | None:
+def _read_with_spark(spark: SparkSession, path: str) -> str | None:
     """Through a Spark job: works from any session, Spark Connect's included."""
     from pyspark.errors import AnalysisException
 

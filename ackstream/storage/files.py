@@ -54,7 +54,8 @@ class BatchFiles:
         self._fs: pafs.FileSystem | None = None
         self._root = ""
 
-    def __getstate__(self):  # pickled to Spark Connect's server: no file system handle
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled to Spark Connect's server: no file system handle."""
         return {**self.__dict__, "_fs": None}
 
     def batch_ids(self) -> list[int]:
@@ -79,7 +80,8 @@ class BatchFiles:
         fs.move(hidden, path)
         for old in sorted(self.batch_ids())[: -self.keep]:
             fs.delete_file(self._path(old))
-        return fs.get_file_info(path).size
+        size: int = fs.get_file_info(path).size
+        return size
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """The file system the folder is on and the folder's path there."""

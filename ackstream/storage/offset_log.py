@@ -13,10 +13,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import TYPE_CHECKING, Any
 
 from ackstream.errors import AckstreamError
 from ackstream.storage.checkpoint_files import is_url, list_names, read_text, remove
 from ackstream.vocabulary.batch_offset import BatchOffset
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = [
     "batch_timestamp_ms",
@@ -29,7 +33,7 @@ __all__ = [
 _UNFINISHED_ENTRY = re.compile(r"^\.+\d+\..+\.tmp(\.crc)?$")
 
 
-def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[BatchOffset]:
+def logged_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> list[BatchOffset]:
     """The ``ackstream`` offsets Spark logged for ``batch_id`` of the query whose
     checkpoint is ``checkpoint`` (one per ackstream source of the query).
 
@@ -45,7 +49,7 @@ def logged_offsets(spark, checkpoint: str, batch_id: int) -> list[BatchOffset]:
     ]
 
 
-def source_offsets(spark, checkpoint: str, batch_id: int) -> list:
+def source_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> list[Any]:
     """Every source's end offset for ``batch_id`` as JSON, in the query's source order
     (None for a source without one)."""
     out = []
@@ -57,14 +61,14 @@ def source_offsets(spark, checkpoint: str, batch_id: int) -> list:
     return out
 
 
-def batch_timestamp_ms(spark, checkpoint: str, batch_id: int) -> int:
+def batch_timestamp_ms(spark: SparkSession, checkpoint: str, batch_id: int) -> int:
     """The time Spark gave ``batch_id`` when it planned it (its processing time, the same
     when the batch runs again after a crash)."""
     metadata = _logged(spark, checkpoint, batch_id).splitlines()[1]
     return int(json.loads(metadata)["batchTimestampMs"])
 
 
-def clear_unfinished_first_entry(spark, checkpoint: str) -> None:
+def clear_unfinished_first_entry(spark: SparkSession, checkpoint: str) -> None:
     """Remove what a query stopped while it wrote its first offset log entry left behind.
 
     Spark writes an entry to a hidden temporary file and renames it into place; a stop
@@ -83,7 +87,7 @@ def clear_unfinished_first_entry(spark, checkpoint: str) -> None:
             remove(spark, f"{folder}/{name}")
 
 
-def _logged(spark, checkpoint: str, batch_id: int) -> str:
+def _logged(spark: SparkSession, checkpoint: str, batch_id: int) -> str:
     """The text of the offset log's entry for ``batch_id``."""
     path = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
     if not is_url(path):

@@ -304,7 +304,8 @@ def _write_sink(
     messages name the upstream roots instead, and their acks go to the upstream acker
     as they are (see :func:`with_upstream_roots`)."""
     sink = node.sink
-    unwritten, reason = None, f"sink {type(sink).__name__}: not written"
+    unwritten: DataFrame | None = None
+    reason = f"sink {type(sink).__name__}: not written"
     continued = None  # a sink that continues the trees: its messages' (root, edge) acks
     try:
         if topology.mode.tracks and node.continues_trees:
@@ -331,9 +332,7 @@ def _write_sink(
     if not topology.mode.tracks:
         return SinkAcks([], [], [])
     acks = SinkAcks(topology.mode.sink_acks(outputs), [], [])
-    if isinstance(unwritten, pa.Table) and unwritten.num_rows:
-        unwritten = outputs.sparkSession.createDataFrame(unwritten)
-    if isinstance(unwritten, DataFrame):
+    if unwritten is not None:
         if REASON not in unwritten.columns:
             unwritten = unwritten.withColumn(REASON, F.lit(reason[:REASON_LIMIT]))
         acks.frames.append(ack_records(failed_roots(unwritten, groups), FAIL))

@@ -10,7 +10,14 @@ The two are equal bit for bit; ``tests/test_ids.py`` holds them to it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, TypeAlias
+
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 __all__ = [
     "SEED",
@@ -27,6 +34,9 @@ __all__ = [
 ]
 
 SEED = 42  # Spark's xxhash64 seed
+
+#: A Spark id's input: a Column, a column's name, or a whole number (a literal).
+ColumnLike: TypeAlias = "Column | str | int"
 
 _P1 = 0x9E3779B185EBCA87
 _P2 = 0xC2B2AE3D27D4EB4F
@@ -65,7 +75,7 @@ def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
     return h
 
 
-def hash_longs(*columns, seed=SEED) -> np.ndarray:
+def hash_longs(*columns: npt.ArrayLike, seed: int | np.ndarray = SEED) -> np.ndarray:
     """``xxhash64(c1, c2, ...)`` over int64 columns (scalars broadcast), as int64.
 
     ``seed`` may be an int or an int64 array (one seed per row), which is how a
@@ -135,7 +145,13 @@ def hash_text(text: str, seed: int = SEED) -> int:
     return h - (1 << 64) if h >= 1 << 63 else h
 
 
-def root_ids(source: str, topic, partition, offset, attempt) -> np.ndarray:
+def root_ids(
+    source: str,
+    topic: str | npt.ArrayLike,
+    partition: npt.ArrayLike,
+    offset: npt.ArrayLike,
+    attempt: npt.ArrayLike,
+) -> np.ndarray:
     """Root id of each upstream record: ``xxhash64(source, topic, partition, offset, attempt)``.
 
     ``topic`` is one string or an array of strings (hashed once per distinct value).
@@ -152,7 +168,7 @@ def root_ids(source: str, topic, partition, offset, attempt) -> np.ndarray:
     return hash_longs(partition, offset, attempt, seed=seed)
 
 
-def partition_seeds(source: str, topics, partitions) -> np.ndarray:
+def partition_seeds(source: str, topics: Iterable[str], partitions: npt.ArrayLike) -> np.ndarray:
     """``xxhash64(source, topic, partition)`` of each pair given: what a root id
     (:func:`root_ids`) goes on hashing with its offset and attempt, as
     ``hash_longs(offset, attempt, seed=...)``; so the ids of millions of records of a
@@ -162,12 +178,14 @@ def partition_seeds(source: str, topics, partitions) -> np.ndarray:
     return hash_longs(partitions, seed=seeds)
 
 
-def spout_edges(roots) -> np.ndarray:
+def spout_edges(roots: npt.ArrayLike) -> np.ndarray:
     """Edge id of the spout tuple of each root (one spout tuple per upstream record)."""
     return child_edges(roots, SPOUT_STAGE, 0)
 
 
-def child_edges(parent_edges, stage, ordinal) -> np.ndarray:
+def child_edges(
+    parent_edges: npt.ArrayLike, stage: npt.ArrayLike, ordinal: npt.ArrayLike
+) -> np.ndarray:
     """Edge id of a child tuple: ``xxhash64(parent edge, stage, ordinal)``.
 
     ``ordinal`` numbers the children of one parent within a stage, so that the
@@ -176,12 +194,12 @@ def child_edges(parent_edges, stage, ordinal) -> np.ndarray:
     return hash_longs(parent_edges, stage, ordinal)
 
 
-def shard_of(roots, ackers: int) -> np.ndarray:
+def shard_of(roots: npt.ArrayLike, ackers: int) -> np.ndarray:
     """The acker shard that owns each root, as Spark's ``pmod(root, ackers)``."""
     return np.mod(np.asarray(roots, dtype=np.int64), ackers)
 
 
-def content_id(*columns, seed=SEED) -> str:
+def content_id(*columns: npt.ArrayLike, seed: int | np.ndarray = SEED) -> str:
     """A name for a set of rows: the wrapping sum of their row hashes, as 16 hex digits.
 
     Order-independent, and unlike XOR a row repeated inside the set still counts, so
@@ -196,8 +214,12 @@ def content_id(*columns, seed=SEED) -> str:
 
 
 def spark_root_id(
-    source: str, topic="topic", partition="partition", offset="offset", attempt="attempt"
-):
+    source: str,
+    topic: ColumnLike = "topic",
+    partition: ColumnLike = "partition",
+    offset: ColumnLike = "offset",
+    attempt: ColumnLike = "attempt",
+) -> Column:
     """Spark Column equal to :func:`root_ids` for the named (or given) columns."""
     from pyspark.sql import functions as F
 
@@ -210,7 +232,9 @@ def spark_root_id(
     )
 
 
-def spark_child_edge(parent_edge="_edge", stage=0, ordinal=0):
+def spark_child_edge(
+    parent_edge: ColumnLike = "_edge", stage: ColumnLike = 0, ordinal: ColumnLike = 0
+) -> Column:
     """Spark Column equal to :func:`child_edges` (stage and ordinal: ints or columns)."""
     from pyspark.sql import functions as F
 
@@ -219,7 +243,7 @@ def spark_child_edge(parent_edge="_edge", stage=0, ordinal=0):
     )
 
 
-def _col(c):
+def _col(c: ColumnLike) -> Column:
     from pyspark.sql import Column
     from pyspark.sql import functions as F
 

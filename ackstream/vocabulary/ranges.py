@@ -34,7 +34,8 @@ __all__ = ["checked", "expand", "is_run"]
 
 def is_run(completions: pa.Table) -> np.ndarray:
     """Mask of the rows of ``completions`` that stand for a run of roots."""
-    return completions.column("end_offset").is_valid().to_numpy(zero_copy_only=False)
+    runs: np.ndarray = completions.column("end_offset").is_valid().to_numpy(zero_copy_only=False)
+    return runs
 
 
 def checked(completions: pa.Table, ends: Mapping[tuple[str, int], int]) -> pa.Table:
@@ -134,8 +135,10 @@ def expand(completions: pa.Table) -> pa.Table:
 
 def _filled(table: pa.Table, name: str) -> np.ndarray:
     """Column ``name`` as int64 numpy, nulls as 0."""
-    return pc.fill_null(table.column(name), 0).to_numpy().astype(np.int64)
+    values: np.ndarray = pc.fill_null(table.column(name), 0).to_numpy()
+    return values.astype(np.int64)
 
 
 def _nulls(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).is_null().to_numpy(zero_copy_only=False)
+    nulls: np.ndarray = table.column(name).is_null().to_numpy(zero_copy_only=False)
+    return nulls

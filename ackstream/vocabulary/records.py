@@ -12,11 +12,23 @@ losing an init, a fail or a timeout reset.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ackstream.vocabulary.arrays import has_duplicates
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: A column of values as the tables here are made from: numpy, Arrow or a sequence.
+Values: TypeAlias = "np.ndarray | pa.Array | pa.ChunkedArray | Sequence[Any]"
+#: A completion's field: a column, one value for every row, or None (all null).
+FieldValues: TypeAlias = "Values | npt.ArrayLike | None"
 
 __all__ = [
     "ACK",
@@ -137,7 +149,7 @@ COMPLETION_DDL = (
 OPTIONAL_COLUMNS = ("reason", "end_offset", "ids")
 
 
-def as_table(records, schema: pa.Schema) -> pa.Table:
+def as_table(records: pa.Table | pd.DataFrame, schema: pa.Schema) -> pa.Table:
     """``records`` (a pandas frame or an Arrow table with at least ``schema``'s columns,
     optional ones aside) as an Arrow table of exactly ``schema``."""
     if hasattr(records, "to_numpy"):  # pandas: typed by the schema, ids never pass via float
@@ -174,18 +186,18 @@ def tick(now_ms: int) -> pa.Table:
 
 
 def completion_table(
-    root,
-    status,
+    root: Values,
+    status: FieldValues,
     *,
-    topic=None,
-    partition=None,
-    offset=None,
-    attempt=None,
-    latency_ms=None,
-    completed_ms=None,
-    reason=None,
-    end_offset=None,
-    ids=None,
+    topic: FieldValues = None,
+    partition: FieldValues = None,
+    offset: FieldValues = None,
+    attempt: FieldValues = None,
+    latency_ms: FieldValues = None,
+    completed_ms: FieldValues = None,
+    reason: FieldValues = None,
+    end_offset: FieldValues = None,
+    ids: FieldValues = None,
 ) -> pa.Table:
     """Completions as an Arrow table of ``COMPLETION_SCHEMA``. Each field is a column
     (array-like), a scalar repeated to the length of ``root``, or None (all null)."""
@@ -217,7 +229,9 @@ def completion_table(
     return pa.Table.from_arrays(arrays, schema=COMPLETION_SCHEMA)
 
 
-def completions_of(inits: pa.Table, status: str, now_ms: int, reason=None) -> pa.Table:
+def completions_of(
+    inits: pa.Table, status: str, now_ms: int, reason: FieldValues = None
+) -> pa.Table:
     """A completion per init record of ``inits``, with ``status`` at ``now_ms``: its
     coordinates, and its latency from the init's ``ts``."""
     return completion_table(
@@ -270,7 +284,9 @@ def one_outcome_per_root(completions: pa.Table) -> pa.Table:
     return completions.take(pa.array(np.sort(order[first])))
 
 
-def ack_table(roots, values, kind: int, now_ms: int, reason: str | None = None) -> pa.Table:
+def ack_table(
+    roots: Values, values: Values, kind: int, now_ms: int, reason: str | None = None
+) -> pa.Table:
     """Ack records ``(root, value)`` of one ``kind`` at ``now_ms``, with no source
     coordinates; ``reason`` goes on every record but plain acks."""
     n = len(roots)

@@ -1,6 +1,7 @@
 """The Kafka output sink on the test broker: rows are acked only once the broker has them."""
 
 import pytest
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.errors import OptionError
@@ -36,6 +37,12 @@ def test_rows_the_broker_refused_fail_their_roots(spark, broker, new_topic):
     roots = [r["_root"] for r in tracked_frame(spark, lines).orderBy("offset").collect()]
     assert settle(records) == {r: ("failed" if i == 2 else "acked") for i, r in enumerate(roots)}
     assert sorted(read_topic(broker.bootstrap, topic)) == ["A", "B", "C"]
+
+
+def handed_back(unwritten) -> list[dict]:
+    """The rows a write handed back (a DataFrame, as the Sink seam says), by edge."""
+    assert isinstance(unwritten, DataFrame)
+    return [r.asDict(recursive=True) for r in unwritten.orderBy("_edge").collect()]
 
 
 def frame(spark, values, **columns):
@@ -115,8 +122,8 @@ def test_an_unwritten_row_comes_back_with_its_lineage_and_why(spark, broker, new
     values = ["a", "x" * 5000, "b"]
     sink = KafkaSink(broker.bootstrap, topic, producer_config={"max_request_size": 2000})
     unwritten = sink.write(frame(spark, values, _shard="7"), 3)
-    assert unwritten.column_names == ["_root", "_edge", "_anchors", "_attempt", "_shard", "_reason"]
-    (row,) = unwritten.to_pylist()
+    assert unwritten.columns == ["_root", "_edge", "_anchors", "_attempt", "_shard", "_reason"]
+    (row,) = handed_back(unwritten)
     assert row["_edge"] == 101 and row["_root"] is None and row["_shard"] == 7
     assert row["_anchors"] == [{"root": 2, "edge": 1001}, {"root": 3, "edge": 2001}]
     assert topic in row["_reason"] and "MessageSizeTooLargeError" in row["_reason"]
@@ -140,8 +147,9 @@ def test_the_sink_pickles_after_a_write_and_writes_again(spark, broker, new_topi
 def test_without_a_broker_every_row_is_unwritten_and_says_why(spark):
     sink = KafkaSink("127.0.0.1:1", "nowhere", producer_config={"bootstrap_timeout_ms": 500})
     unwritten = sink.write(frame(spark, ["a", "b"]), 0)
-    assert sorted(unwritten.column("_edge").to_pylist()) == [100, 101]
-    assert all("no producer" in r for r in unwritten.column("_reason").to_pylist())
+    rows = handed_back(unwritten)
+    assert [r["_edge"] for r in rows] == [100, 101]
+    assert all("no producer" in r["_reason"] for r in rows)
 
 
 def test_an_aggregate_row_the_broker_refused_fails_the_roots_of_its_group(spark, broker, new_topic):
@@ -189,9 +197,8 @@ def test_a_row_the_broker_refuses_fails_spark_s_write_and_alone_comes_back(
     sink = KafkaSink(broker.bootstrap, topic, writer="spark", flush_timeout_s=5)
     alone = frame(spark, values).repartitionByRange(len(values), "_edge")  # a task a row
     unwritten = sink.write(alone, 0)
-    assert unwritten is not None
-    assert unwritten.column("_edge").to_pylist() == [102]
-    assert "KafkaSink to" in unwritten.column("_reason")[0].as_py()
+    (row,) = handed_back(unwritten)
+    assert row["_edge"] == 102 and "KafkaSink to" in row["_reason"]
     # the whole topic: rows the failed job wrote are there twice
     assert set(read_topic(broker.bootstrap, topic)) == {"a", "b", "c"}
 
@@ -208,9 +215,8 @@ def test_a_row_too_big_for_a_request_fails_spark_s_write_and_alone_comes_back(
     values = ["a", "x" * (1 << 20), "b"]
     sink = KafkaSink(broker.bootstrap, topic, writer="spark", flush_timeout_s=5)
     unwritten = sink.write(frame(spark, values), 0)
-    assert unwritten is not None
-    assert unwritten.column("_edge").to_pylist() == [101]
-    assert "refused by the producer" in unwritten.column("_reason")[0].as_py()
+    (row,) = handed_back(unwritten)
+    assert row["_edge"] == 101 and "refused by the producer" in row["_reason"]
     assert set(read_topic(broker.bootstrap, topic)) == {"a", "b"}
 
 
@@ -231,9 +237,8 @@ def test_a_record_with_neither_key_nor_value_is_written_beside_a_row_too_big(
     )
     sink = KafkaSink(broker.bootstrap, topic, writer=writer, flush_timeout_s=5)
     unwritten = sink.write(rows, 0)
-    assert unwritten is not None
-    assert unwritten.column("_edge").to_pylist() == [102]
-    assert "refused by the producer" in unwritten.column("_reason")[0].as_py()
+    (row,) = handed_back(unwritten)
+    assert row["_edge"] == 102 and "refused by the producer" in row["_reason"]
     written = {(m.key, m.value) for m in consume(broker.bootstrap, topic)}
     assert written == {(b"k0", b"a"), (None, None), (b"k3", b"b")}
 

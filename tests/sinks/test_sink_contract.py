@@ -1,12 +1,13 @@
 """The Sink contract: one suite that every sink passes."""
 
 import pytest
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.sinks import ConsoleSink, KafkaSink, MemorySink, ParquetSink, Sink
 from ackstream.sinks.base import ContinuingSink
-from ackstream.testing import tracked_frame
+from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology
 
 from helpers import consume
@@ -121,6 +122,19 @@ def test_a_write_that_took_every_row_returns_none_and_the_rows_are_there(spark, 
     sink, written = sink_and_reader
     assert sink.write(outputs(spark, ["a", "b", "c"]), 0) is None
     assert sorted(written()) == ["a", "b", "c"]
+
+
+def test_the_rows_a_sink_could_not_write_come_back_as_a_dataframe_and_their_roots_fail(spark):
+    """``Sink.write`` has one return type: None, or the unwritten rows as a DataFrame
+    with their lineage (here the Kafka sink's, reaching no broker, with why)."""
+    sink = KafkaSink("127.0.0.1:1", "nowhere", producer_config={"bootstrap_timeout_ms": 500})
+    unwritten = sink.write(outputs(spark, ["a", "b"]), 0)
+    assert isinstance(unwritten, DataFrame)
+    assert {"_root", "_edge", "_reason"} <= set(unwritten.columns) and unwritten.count() == 2
+    frame = tracked_frame(spark, ["a", "b"])
+    roots = [r["_root"] for r in frame.collect()]
+    records = Topology("nowhere", spark, None).sink(sink).run_batch(frame)
+    assert settle(records) == {root: "failed" for root in roots}
 
 
 def test_an_empty_batch_writes_nothing(spark, sink_and_reader):
