@@ -39,6 +39,7 @@ from ackstream.topology.batch_failure import (
     job_tag,
 )
 from ackstream.topology.held_store import FOLDER
+from ackstream.topology.isolation_round import computed_first, is_isolation_round
 from ackstream.topology.stage_counts import FILE as STAGE_COUNTS_FILE
 from ackstream.topology.stage_counts import StageCounts
 from ackstream.vocabulary.batch_offset import BatchOffset
@@ -131,10 +132,13 @@ class BatchFunction:
         deadline = BatchDeadline(
             batch.sparkSession, job_tag(topology.name), topology.batch_deadline_ms
         )
+        # a round of isolation computes each sink's input before writing it: if the
+        # round fails, it has written nothing that its records' later rounds write again
+        runs = computed_first(topology) if is_isolation_round(offsets or []) else topology
         try:
             with deadline:
                 records = run_batch(
-                    topology,
+                    runs,
                     batch,
                     batch_id,
                     planned if mode.plans_inits else None,
