@@ -9,7 +9,7 @@ import os
 import runpy
 import sys
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pyspark.sql import SparkSession
 
@@ -35,6 +35,7 @@ from ackstream.sources.datasource import register
 from ackstream.topology.declared import started as started_topologies
 
 if TYPE_CHECKING:
+    from ackstream.topology.dsl import Topology
     from ackstream.ui.metrics import Served
 
 __all__ = ["RUN_HELP", "add_arguments", "command"]
@@ -205,7 +206,10 @@ def _serve(
     from ackstream.ui.metrics import Statuses, serve_metrics
     from ackstream.ui.status import StatusSource
 
-    sources = [StatusSource.of_topology(t, checkpoint) for t, checkpoint in topologies]
+    # the started topologies are Topology objects (declared keeps them untyped: it sits below)
+    sources = [
+        StatusSource.of_topology(cast("Topology", t), checkpoint) for t, checkpoint in topologies
+    ]
     statuses = Statuses(lambda: sources)
     servers: list[Served] = []
     if args.metrics_port is not None:
