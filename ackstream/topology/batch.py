@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from ackstream.acker.precombine import precombine
 from ackstream.channels.base import Channel
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
-from ackstream.sinks.continued import UpstreamResets, lineage_of, translate
+from ackstream.sinks.continued import Lineage, UpstreamResets, lineage_of, translate
 from ackstream.sources.offsets import PlannedRoots
 from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import (
@@ -133,7 +133,7 @@ class BatchRun:
         self.passed_on: list[pa.Table] = []
         self.kept: list[DataFrame] = []
         self.watch: HeldWatch | None = None
-        self.upstream: dict | None = None  # continued trees: the upstream lineage
+        self.upstream: dict[int, Lineage] | None = None  # continued trees: the upstream lineage
         self.read_inits = self.mode.tracks and (planned is None or not self.mode.plans_inits)
         self.context = BatchContext(
             self.mode,
@@ -295,7 +295,7 @@ def _write_sink(
     outputs: DataFrame,
     batch_id: int,
     groups: dict[int, GroupInput],
-    upstream: dict | None = None,
+    upstream: dict[int, Lineage] | None = None,
 ) -> SinkAcks:
     """Write tuples to ``node``'s sink; return their ack records (and fails for unwritten
     rows). A sink that continues the trees also gives the ack records of the tuples it
@@ -341,7 +341,7 @@ def _write_sink(
     return acks
 
 
-def with_upstream_roots(rooted: DataFrame, upstream: dict) -> DataFrame:
+def with_upstream_roots(rooted: DataFrame, upstream: dict[int, Lineage]) -> DataFrame:
     """``rooted`` with its ``_roots`` (this topology's local roots) replaced by the
     upstream roots of their messages, once each: a middle hop passes the upstream trees
     on, so that the next process acks them in the upstream acker's terms.
@@ -360,7 +360,7 @@ def with_upstream_roots(rooted: DataFrame, upstream: dict) -> DataFrame:
     return rooted.withColumn(ROOTS, F.udf(passed_on, "array<bigint>", useArrow=True)(ROOTS))
 
 
-def continued_lineage(spout: DataFrame, name: str) -> dict:
+def continued_lineage(spout: DataFrame, name: str) -> dict[int, Lineage]:
     """Per root of a downstream topology's input rows, the upstream roots and edge its
     message's headers name (:mod:`ackstream.sinks.continued`); rows without are counted and
     logged: they are processed untracked."""

@@ -122,7 +122,9 @@ class StageOutput:
     tuples: DataFrame
     failed: DataFrame | None = None
     rejected: DataFrame | None = None
-    cached: tuple = ()  # DataFrames the stage persisted, to unpersist after the batch
+    cached: tuple[
+        DataFrame, ...
+    ] = ()  # DataFrames the stage persisted, to unpersist after the batch
     groups: GroupInput | None = None
     acked: DataFrame | None = None
     fails: DataFrame | None = None
@@ -334,7 +336,9 @@ class FailWhereStage(Stage):
             ctx.mode.anchoring.children(df.where(~failing), self.number), caught, cached=(df,)
         )
 
-    def _output(self, kept: DataFrame, caught: DataFrame, cached: tuple) -> StageOutput:
+    def _output(
+        self, kept: DataFrame, caught: DataFrame, cached: tuple[DataFrame, ...]
+    ) -> StageOutput:
         return StageOutput(kept, failed=caught, cached=cached)
 
 
@@ -345,7 +349,9 @@ class RejectWhereStage(FailWhereStage):
 
     kind = "reject_where"
 
-    def _output(self, kept: DataFrame, caught: DataFrame, cached: tuple) -> StageOutput:
+    def _output(
+        self, kept: DataFrame, caught: DataFrame, cached: tuple[DataFrame, ...]
+    ) -> StageOutput:
         return StageOutput(kept, rejected=caught, cached=cached)
 
 
@@ -662,7 +668,7 @@ def _run_bolt(
     it, in some 600 calls of ``fn`` for 10,000 rows where isolating each row took
     20,000. Rows at fault here and there (a few in a hundred) leave some part whole at
     one of those levels, so they are still found one by one."""
-    outputs: list = []
+    outputs: list[pd.DataFrame] = []
     #: (positions, reasons, rejected) of the rows failed, by a raise or by the collector
     marked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     given_columns = frame[payload]

@@ -130,11 +130,11 @@ def _split(text: str) -> list[str]:
     return [*parts, text[start:]] if text.strip() else parts
 
 
-def describe(stages: Sequence[Any], sinks: Sequence[Any]) -> dict:
+def describe(stages: Sequence[Any], sinks: Sequence[Any]) -> dict[str, Any]:
     """The declared graph: ``{"nodes": [{"name", "kind", "after", "reason"}, ...]}``,
     the spout first, then stages and sinks in declaration order (a topological order);
     ``reason`` is a fail or reject stage's fixed reason text, else None."""
-    nodes: list[dict] = [{"name": SPOUT, "kind": "spout", "after": [], "reason": None}]
+    nodes: list[dict[str, Any]] = [{"name": SPOUT, "kind": "spout", "after": [], "reason": None}]
     for stage in stages:
         reason = getattr(stage, "fixed_reason", None)
         nodes.append(
@@ -152,17 +152,17 @@ def describe(stages: Sequence[Any], sinks: Sequence[Any]) -> dict:
     return {"nodes": nodes}
 
 
-def write_graph(folder: str, graph: dict) -> None:
+def write_graph(folder: str, graph: dict[str, Any]) -> None:
     """Write ``graph`` (:func:`describe`) to ``folder``'s :data:`GRAPH_FILE`, replaced whole."""
     _write(os.path.join(folder, GRAPH_FILE), graph)
 
 
-def read_graph(folder: str) -> dict | None:
+def read_graph(folder: str) -> dict[str, Any] | None:
     """The graph :func:`write_graph` wrote in ``folder``, or None."""
     return _read(os.path.join(folder, GRAPH_FILE))
 
 
-def read_run(folder: str, now: int | None = None) -> dict | None:
+def read_run(folder: str, now: int | None = None) -> dict[str, Any] | None:
     """The run state a :class:`RunRecorder` keeps in ``folder``, or None: ``{"state":
     "running" | "stopped" | "not responding", "pid", "host", "started_ms",
     "heard_ms", "stopped_ms", "error", "spark_ui", "read", "last_batch": {"id",
@@ -198,7 +198,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def source_metrics(progress: Any) -> dict | None:
+def source_metrics(progress: Any) -> dict[str, Any] | None:
     """The ``ackstream`` source's metrics in a ``StreamingQueryProgress`` (as
     ``query.lastProgress`` or a listener's event gives it, or its JSON as a dict):
     acked, failed, timed_out, rejected, replayed and dead_lettered since the checkpoint
@@ -246,7 +246,7 @@ class RunRecorder(StreamingQueryListener):
     def __init__(self, folder: str, query_id: str, spark_ui: str | None, *, listened: bool = True):
         self.path = os.path.join(folder, RUN_FILE)
         self.query_id = query_id
-        self.state: dict = {
+        self.state: dict[str, Any] = {
             "state": "running",
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -321,7 +321,7 @@ def _per_s(rows: int | None, ms: int | None) -> float | None:
     return None if rows is None or not ms else rows * 1000 / ms
 
 
-def _write(path: str, value: dict) -> None:
+def _write(path: str, value: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     hidden = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
     with open(hidden, "w") as f:
@@ -329,9 +329,10 @@ def _write(path: str, value: dict) -> None:
     os.replace(hidden, path)
 
 
-def _read(path: str) -> dict | None:
+def _read(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            return json.load(f)
+            value: dict[str, Any] = json.load(f)
+            return value
     except (FileNotFoundError, ValueError):
         return None

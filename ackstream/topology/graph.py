@@ -29,6 +29,7 @@ from ackstream.vocabulary.lineage import ANCHORS, EDGE, ROOT
 
 if TYPE_CHECKING:
     from ackstream.sinks.base import Sink
+    from ackstream.topology.bolts import Stage
 
 __all__ = ["SPOUT", "SinkNode", "join_streams", "subscriber_copies", "subscribers"]
 
@@ -48,12 +49,13 @@ class SinkNode:
     continues_trees: bool = False
 
 
-def subscribers(stages: Sequence, sinks: Sequence[SinkNode]) -> dict[str, list[str]]:
+def subscribers(stages: Sequence[Stage], sinks: Sequence[SinkNode]) -> dict[str, list[str]]:
     """Per stream (the spout's and each stage's), the names of the stages and sinks
     that read it, in declaration order."""
     subs: dict[str, list[str]] = {SPOUT: []}
     subs.update({stage.name: [] for stage in stages})
-    for node in (*stages, *sinks):
+    nodes: list[Stage | SinkNode] = [*stages, *sinks]
+    for node in nodes:
         for stream in node.after:
             subs[stream].append(node.name)
     return subs

@@ -238,12 +238,12 @@ class HeldStore:
         path = self.path(f"{prefix}{batch_id}")
         rows.write.mode("overwrite").parquet(path)
         fs, where = self._fs_path(f"{prefix}{batch_id}")
-        count = ds.dataset(where, filesystem=fs, format="parquet").count_rows()
+        count: int = ds.dataset(where, filesystem=fs, format="parquet").count_rows()
         if not count and prefix != _BASE:
             fs.delete_dir(where)
         return count
 
-    def _published(self, batch_id: int) -> tuple[dict, ChangeLog]:
+    def _published(self, batch_id: int) -> tuple[dict[bytes, bytes], ChangeLog]:
         """A published state's metadata and its log. A state published before states
         named their pieces holds one base, ``rows-<batch id>``."""
         assert self.files is not None

@@ -37,4 +37,4 @@ class HeldWatch:
         seen = self._observed.metrics()
         if seen is None or seen.get("rows") != self.planned:
             return None
-        return seen["held"]
+        return int(seen["held"])

@@ -96,7 +96,7 @@ class HoldTokens:
     def __init__(self) -> None:
         self._memory: dict[int, _State] = {}
 
-    def __getstate__(self) -> dict:  # pickled with the topology: no state in memory
+    def __getstate__(self) -> dict[str, object]:  # pickled with the topology: no state in memory
         return {"_memory": {}}
 
     def batch(self, folder: str | None, batch_id: int) -> BatchTokens:

@@ -137,7 +137,7 @@ class Before:
     fails: DataFrame | None = None
     dropped: DataFrame | None = None
     log: ChangeLog = field(default_factory=ChangeLog)
-    cached: tuple = ()
+    cached: tuple[DataFrame, ...] = ()
 
     def and_new(self, new: DataFrame) -> DataFrame:
         """The held rows and the batch's ``new`` ones, as one frame of ``new``'s columns

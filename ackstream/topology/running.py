@@ -303,7 +303,7 @@ class RunningTopology:
     acker: Any | None  # StreamingQuery running the acker, None when not started here
     spark: Any = None  # the session that started them
     tag: str | None = None  # the Spark job tag of the topology's batches
-    sinks: tuple = ()  # closed once the queries have stopped
+    sinks: tuple[Any, ...] = ()  # closed once the queries have stopped
 
     @property
     def queries(self) -> list[StreamingQuery]:

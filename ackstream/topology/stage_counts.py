@@ -79,6 +79,7 @@ def read_stage_counts(path: str) -> dict[str, dict[str, int]]:
     """The totals in ``path``: ``{node: {"in": n, "out": n}}``; {} when there are none."""
     try:
         with open(path) as f:
-            return json.load(f)
+            counts: dict[str, dict[str, int]] = json.load(f)
+            return counts
     except (FileNotFoundError, ValueError):
         return {}

@@ -80,7 +80,7 @@ class Closed:
     late: DataFrame | None = None
     clock: int | None = None
     hidden: list[str] = field(default_factory=list)
-    cached: tuple = ()
+    cached: tuple[DataFrame, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Closing(Protocol):
         """``new`` (this batch's input tuples) with the columns this rule keeps."""
 
     def close(
-        self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
+        self, rows: DataFrame, keys: list[str | Column], clock: int | None, now_ms: int, stage: str
     ) -> Closed:
         """Which windows ``rows`` (held and new tuples) close, given the clock saved by
         the batch before (None: none yet) and the batch's time."""
@@ -150,7 +150,7 @@ class CountClosing:
         return None
 
     def close(
-        self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
+        self, rows: DataFrame, keys: list[str | Column], clock: int | None, now_ms: int, stage: str
     ) -> Closed:
         by_key = Window.partitionBy(*keys)
         order = [SINCE, *(c for c in _ARRIVAL if c in rows.columns), HOLD]
@@ -286,7 +286,7 @@ class TimeClosing:
         return time - F.pmod(time, F.lit(self.slide_ms)) + F.lit(self.duration_ms)
 
     def close(
-        self, rows: DataFrame, keys: list, clock: int | None, now_ms: int, stage: str
+        self, rows: DataFrame, keys: list[str | Column], clock: int | None, now_ms: int, stage: str
     ) -> Closed:
         before = _NO_CLOCK if clock is None else clock
         cached = rows.persist()  # read by several jobs: computed once

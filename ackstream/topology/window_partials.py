@@ -101,7 +101,7 @@ def fitted(column: Column, kind: DataType) -> Column:
     return column if isinstance(kind, ArrayType) else column.cast(kind)
 
 
-def _call(column: Column) -> tuple[str | None, str, bool, list]:
+def _call(column: Column) -> tuple[str | None, str, bool, list[Any]]:
     """The alias (None: none), function name, distinct flag and argument nodes of an
     aggregate Column; ("", ...) when it is not a plain function call."""
     java: Any = column._jc  # noqa: SLF001 - PySpark has no API to read a Column's call
