@@ -5,11 +5,11 @@ until the record at fault fails alone (:mod:`ackstream.topology.batch_failure`).
 Spark's writers write as their tasks go, so a group whose job fails has had its other
 tasks' rows (and the rows before the one at fault) written already, and they are
 written again when their records go through in a later round. A round's batch
-therefore persists each sink's input and computes it first (a stage raising fails
-there, before anything is written), then writes it from the cache: a failing round
+therefore persists each sink's input and counts it first (a stage raising fails that
+count, before anything is written), then writes it from the cache: a failing round
 writes nothing, and a round that goes through computes its stages once, as before.
 
-Only rounds pay for the cache and the job that builds it. A batch that is not a round writes
+Only rounds pay for the cache and the count. A batch that is not a round still writes
 in the job that computes it: when that job fails, what its tasks wrote before it
 failed stays written, and is written again by the rounds (duplicates, never a loss).
 """
@@ -55,7 +55,7 @@ def computed_first(topology: _T) -> _T:
 
 
 class ComputedFirst:
-    """``sink``, given its input persisted and computed: an error of the stages that
+    """``sink``, given its input persisted and counted: an error of the stages that
     compute it raises before the sink writes a row."""
 
     def __init__(self, sink: Sink):
@@ -81,12 +81,13 @@ class ComputedFirst:
 
 
 def _computed(outputs: DataFrame) -> DataFrame:
-    """``outputs`` persisted, the cache built by a write to Spark's ``noop`` sink (one
-    stage; a count would add a shuffle): every column of every row is computed, so a
-    stage's run-time error raises here, and nothing is kept."""
+    """``outputs`` persisted and counted: building the cache computes every column of
+    every row, so a stage's run-time error raises here (and nothing is kept). Not a
+    ``noop`` write: after a batch whose hung pandas bolt was cancelled, that write of
+    the next round's one record ran past the batch deadline, where the count did not."""
     kept = outputs.persist()
     try:
-        kept.write.format("noop").mode("overwrite").save()
+        kept.count()
     except BaseException:
         kept.unpersist()
         raise
