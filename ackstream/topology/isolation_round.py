@@ -82,7 +82,9 @@ class ComputedFirst:
 
 def _computed(outputs: DataFrame) -> DataFrame:
     """``outputs`` persisted and counted: building the cache computes every column of
-    every row, so a stage's run-time error raises here (and nothing is kept)."""
+    every row, so a stage's run-time error raises here (and nothing is kept). Not a
+    ``noop`` write: after a batch whose hung pandas bolt was cancelled, that write of
+    the next round's one record ran past the batch deadline, where the count did not."""
     kept = outputs.persist()
     try:
         kept.count()
