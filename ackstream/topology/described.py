@@ -16,6 +16,9 @@ in ``<checkpoint>/topology`` tell them what the channel cannot:
   progress, and each idle trigger Spark reports), when it stopped and why, and
   Spark's UI address. A process that is killed says nothing: the file then still
   says running, and :func:`read_run` gives the time it was last heard from.
+- :data:`PAUSED_FILE`, while a batch waits for a sink that does not answer
+  (:mod:`ackstream.topology.outage`): the sink, since when and why; :func:`read_run`
+  gives it as the run's ``paused``.
 
 Under Spark Connect the listener would run beside the server, not here: the run file
 then says when the query started and nothing after.
@@ -39,6 +42,7 @@ from ackstream.vocabulary.clock import now_ms
 
 __all__ = [
     "GRAPH_FILE",
+    "PAUSED_FILE",
     "RUN_FILE",
     "RunRecorder",
     "describe",
@@ -55,6 +59,9 @@ log = logging.getLogger(__name__)
 GRAPH_FILE = "ackstream-graph.json"
 #: The run's state file in a topology query's checkpoint folder.
 RUN_FILE = "ackstream-run.json"
+#: In a topology query's checkpoint folder while a batch waits for its sink: ``{"sink",
+#: "since_ms", "error", "retry_s"}``.
+PAUSED_FILE = "ackstream-paused.json"
 
 
 def sql_text(column: Column | str) -> str:
@@ -156,8 +163,17 @@ def read_run(folder: str) -> dict | None:
     """The run state a :class:`RunRecorder` keeps in ``folder``, or None: ``{"state":
     "running" | "stopped", "started_ms", "heard_ms", "stopped_ms", "error",
     "spark_ui", "last_batch": {"id", "duration_ms", "input_per_s", "processed_per_s",
-    "rows", "ended_ms"} | None}``."""
-    return _read(os.path.join(folder, RUN_FILE))
+    "rows", "ended_ms"} | None, "paused": {"sink", "since_ms", "error", "retry_s"} |
+    None}``: ``paused`` while a batch of the running query waits for its sink (a pause
+    file older than the run's start is a killed process's, not this run's)."""
+    run = _read(os.path.join(folder, RUN_FILE))
+    if run is not None:
+        paused = _read(os.path.join(folder, PAUSED_FILE))
+        running = run.get("state") == "running"
+        since = None if paused is None else paused.get("since_ms")
+        fresh = isinstance(since, int) and since >= (run.get("started_ms") or 0)
+        run["paused"] = paused if running and fresh else None
+    return run
 
 
 def record_run(folder: str, running: Any) -> None:

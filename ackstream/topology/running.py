@@ -129,7 +129,7 @@ class BatchFunction:
         planned = self._planned(offsets) if plans else None
         counts = StageCounts() if topology.stage_counts else None
         deadline = BatchDeadline(
-            batch.sparkSession, job_tag(topology.name), topology.batch_deadline_ms
+            batch.sparkSession, job_tag(topology.name), topology.batch_deadline_ms, self.offset_log
         )
         try:
             with deadline:
