@@ -17,7 +17,8 @@ goes on waiting. Meanwhile:
   ``KafkaSink``'s ``flush_timeout_s``; a deadline that passes during one still cancels
   it: keep the deadline well above such a write);
 - the wait says so: one line when it begins and one when it ends, on stderr and in
-  the log, and while it lasts the file :data:`PAUSED_FILE` in the topology query's
+  the log, and while it lasts the file
+  :data:`~ackstream.topology.described.PAUSED_FILE` in the topology query's
   checkpoint folder, which the run's status reads
   (:func:`~ackstream.topology.described.read_run`).
 
@@ -107,13 +108,13 @@ class _Waiting:
         """Sleep, then probe, until the probe answers (the deadline held meanwhile)."""
         held = self.deadline.held() if self.deadline is not None else contextlib.nullcontext()
         with held:
-            while True:
+            while True:  # each sleep twice the last: also after a write that failed again
                 self._record(outage.error)
                 self._sleep(self.wait_s)
+                self.wait_s = min(MAX_WAIT_S, self.wait_s * 2)
                 if outage.answers():
                     log.info("topology %s: %s answers; writing again", self.topology, self.what)
                     return
-                self.wait_s = min(MAX_WAIT_S, self.wait_s * 2)
 
     def ended(self) -> None:
         _say(
@@ -157,10 +158,13 @@ class _Waiting:
 
 
 def _active(deadline: BatchDeadline, name: str) -> bool:
-    """Whether the query ``name`` of the batch's session still runs (True when unknown)."""
+    """Whether the query ``name`` still runs, as far as the batch's session can tell:
+    True unless it lists the query stopped (a stream's clone of the session lists no
+    query; the stop's cancellation ends the wait there)."""
     try:
-        return any(q.name == name and q.isActive for q in deadline.spark.streams.active)
-    except Exception:  # a session that cannot say: the stop's cancellation still ends the wait
+        listed = [q for q in deadline.spark.streams.active if q.name == name]
+        return not listed or any(q.isActive for q in listed)
+    except Exception:  # a session that cannot say
         return True
 
 
