@@ -214,12 +214,13 @@ def test_a_long_sink_outage_at_20000_a_batch(spark, broker, new_topic, tmp_path,
         broker.resume()
         running.stop()
     load = os.getloadavg()
-    print(
-        f"\nsink outage of {outage_s:.0f} s at {per_batch} a batch: {figures['acked']} acked, "
-        f"{figures.get('dead_lettered', 0)} dead-lettered, {figures.get('replayed', 0)} "
-        f"replayed; {cpu_paused:.3f} cores while paused (driver, JVM and its workers); lag 0 "
-        f"{caught_up_s:.0f} s after the broker's return; load average {load[0]:.1f}"
-    )
+    with capsys.disabled():  # the figures, for the reliability page (pytest -s)
+        print(
+            f"\nsink outage of {outage_s:.0f} s at {per_batch} a batch: {figures['acked']} acked, "
+            f"{figures.get('dead_lettered', 0)} dead-lettered, {figures.get('replayed', 0)} "
+            f"replayed; {cpu_paused:.3f} cores while paused (driver, JVM and its workers); lag 0 "
+            f"{caught_up_s:.0f} s after the broker's return; load average {load[0]:.1f}"
+        )
     check_nothing_charged(figures, records, broker, outbox)
     assert cpu_paused < 0.2
     assert caught_up_s < 2 * 30  # two message timeouts
