@@ -48,7 +48,8 @@ def keyed(df):
 def start(spark, broker, tmp_path, outbox: str, records: int, writer: str, **settings):
     """The topology over ``records`` generated records, its sink on the broker; the
     running topology and the path of its pause file."""
-    name, channel = f"stall-{uuid.uuid4().hex[:8]}", str(tmp_path / "channel")
+    name = settings.get("name") or f"stall-{uuid.uuid4().hex[:8]}"
+    channel = str(tmp_path / "channel")
     timeout_ms = settings.get("message_timeout_ms", 5_000)
     topology = (
         Topology(
@@ -137,6 +138,33 @@ def test_a_stalled_sink_pauses_the_topology_and_charges_nothing(
     assert "reachable again after" in began[1]
 
 
+def test_a_stop_while_paused_returns_and_the_restart_writes_the_batch(
+    spark, broker, new_topic, tmp_path
+):
+    if not hasattr(broker, "pause"):
+        pytest.skip("stalls the broker: needs the test session's own (tests/broker.py)")
+    records, outbox, name = 20, new_topic(partitions=2), f"stop-{uuid.uuid4().hex[:8]}"
+    broker.pause()
+    try:
+        running, pause_file = start(spark, broker, tmp_path, outbox, records, "python", name=name)
+        try:
+            wait_for_the_pause(running, pause_file)
+        finally:
+            running.stop()  # returns: the stop ends the wait
+        assert not running.query.isActive
+        assert "waited for sink" in str(running.exception())
+        assert paused(pause_file) is None
+    finally:
+        broker.resume()
+    assert consume(broker.bootstrap, outbox) == []  # the batch was not written...
+    running, _ = start(spark, broker, tmp_path, outbox, records, "python", name=name)
+    try:  # ... nor committed: the restart runs it again, charging nothing
+        figures = wait_until_settled(running, records=records, timeout_s=180)
+    finally:
+        running.stop()
+    check_nothing_charged(figures, records, broker, outbox)
+
+
 def test_the_batch_deadline_does_not_run_down_while_held(spark):
     deadline = BatchDeadline(spark, f"held-{uuid.uuid4().hex[:8]}", 300)
     with deadline:
@@ -192,11 +220,14 @@ def test_a_long_sink_outage_at_20000_a_batch(spark, broker, new_topic, tmp_path,
         message_timeout_ms=30_000,
     )
     try:
-        wait_for(
-            lambda: (source_metrics(running.query.lastProgress) or {}).get("acked", 0) > 0,
-            timeout=300,
-            what="a first batch acked",
-        )
+
+        def acked() -> bool:
+            error = running.exception()
+            if error is not None:
+                raise error
+            return (source_metrics(running.query.lastProgress) or {}).get("acked", 0) > 0
+
+        wait_for(acked, timeout=300, interval=0.2, what="a first batch acked")
         broker.pause()
         try:
             wait_for_the_pause(running, pause_file)
