@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 __all__ = [
     "AckstreamError",
@@ -54,7 +55,7 @@ class Unreachable(AckstreamError):
     ``answers()`` (a cheap probe, e.g. a metadata request; True once it answers) until
     it may write again (:mod:`ackstream.topology.outage`)."""
 
-    def __init__(self, what: str, error: str, answers):
+    def __init__(self, what: str, error: str, answers: Callable[[], bool]):
         self.what, self.error, self.answers = what, error, answers
         super().__init__(f"{what} unreachable: {error}")
 
