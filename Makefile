@@ -84,10 +84,11 @@ test-long: $(VENV)/.installed java kafka spark-kafka
 # What CI runs after make test: the runs only a real cluster allows, at small sizes:
 # the three-broker cluster's failures, a standalone Spark cluster
 # losing a Worker, the README's topology from a Spark Connect client, TLS and SASL
-# listeners, one small chaos seed; then the failure path at 20,000 records a batch and
+# listeners, one small chaos seed, a sink's broker stalled at 20,000 a batch
+# (ACKSTREAM_OUTAGE_S, 60 s); then the failure path at 20,000 records a batch and
 # topics deleted under a running topology (a broker that creates no topics).
 CLUSTER_TESTS := tests/kafka/test_broker_failures.py tests/test_standalone_cluster.py \
-	tests/test_connect.py \
+	tests/test_connect.py tests/test_sink_outage.py \
 	tests/test_secured_kafka.py tests/test_chaos.py::test_chaos_small \
 	tests/test_broker_fixture.py::test_a_three_broker_cluster_keeps_a_replicated_topic_through_a_lost_leader
 test-cluster: $(VENV)/.installed java kafka spark-kafka

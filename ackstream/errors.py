@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 __all__ = [
     "AckstreamError",
     "OptionError",
     "EnvironmentProblem",
     "StageError",
+    "Unreachable",
     "cause_of",
     "worker_exit",
 ]
@@ -45,6 +47,17 @@ class StageError(AckstreamError, ValueError):
     def __init__(self, stage: str, problem: str):
         self.stage, self.problem = stage, problem
         super().__init__(f"stage {stage!r}: {problem}")
+
+
+class Unreachable(AckstreamError):
+    """A sink's destination (a broker) timed out or could not be reached: the
+    environment's fault, not the rows'. The batch waits, charging no record, and asks
+    ``answers()`` (a cheap probe, e.g. a metadata request; True once it answers) until
+    it may write again (:mod:`ackstream.topology.outage`)."""
+
+    def __init__(self, what: str, error: str, answers: Callable[[], bool]):
+        self.what, self.error, self.answers = what, error, answers
+        super().__init__(f"{what} unreachable: {error}")
 
 
 def cause_of(text: str) -> str:

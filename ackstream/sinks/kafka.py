@@ -15,6 +15,12 @@ With ``continue_trees=True`` each message also carries its row's lineage as head
 open until the message's consumer acks it: every confirmed row then comes back to
 the driver as its roots and edge (16 bytes a root), which the batch reports as the
 ack records ``(root, edge)`` (:meth:`KafkaSink.write_continued`).
+
+A broker that times out or cannot be reached is no row's fault: a write it fails
+raises :class:`~ackstream.errors.Unreachable` (its rows are not failed), and the batch
+waits, asking :meth:`KafkaSink.answers` until the brokers answer, then writes again
+(:mod:`ackstream.topology.outage`). So ``flush_timeout_s`` bounds one attempt, not
+the outage.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import pyarrow.compute as pc
 from kafka.errors import KafkaTimeoutError
 from kafka.serializer import Serializer, SerializeWrapper
 
-from ackstream.errors import EnvironmentProblem, OptionError, cause_of
+from ackstream.errors import EnvironmentProblem, OptionError, Unreachable, cause_of
 from ackstream.kafka.settings import client_settings, jvm_client_settings
 from ackstream.kafka.topics import deleted_topics, shared_listing
 from ackstream.sinks.base import ContinuingSink
@@ -52,6 +58,8 @@ log = logging.getLogger(__name__)
 #: How long a producer waits for a topic's metadata (or room to buffer a row): a topic
 #: that does not exist is asked for once a write has waited this long.
 BLOCK_MS = 10_000
+#: How long a probe of an unreachable sink waits for the brokers' answer.
+PROBE_MS = 5_000
 #: Values of ``KafkaSink(writer=...)``.
 WRITERS = ("auto", "spark", "python")
 #: the edge id of a row's message, on the rows a continuing write hands back (with ROOTS)
@@ -67,8 +75,10 @@ class KafkaSink(ContinuingSink):
     security ones, so the sink reaches a secured cluster as the source does.
     ``producer_config`` goes to ``kafka.KafkaProducer`` as it is (e.g. ``acks``,
     ``max_request_size``) and wins; ``flush_timeout_s`` bounds each task's wait for
-    confirmations. The sink holds only these settings, so it pickles (Spark Connect
-    pickles the ``foreachBatch`` function with it).
+    confirmations (a write the brokers do not answer within it raises
+    :class:`~ackstream.errors.Unreachable`, and is tried again once they answer). The
+    sink holds only these settings, so it pickles (Spark Connect pickles the
+    ``foreachBatch`` function with it).
 
     ``writer``: ``"spark"``, Spark's own Kafka writer (one job, the rows stay in the
     JVM; needs Spark's Kafka connector), ``"python"``, a kafka-python producer per
@@ -104,6 +114,11 @@ class KafkaSink(ContinuingSink):
         }
         # a bad setting fails here, on the driver, not in every task
         self.producer_config = {**client_settings(self.kafka_options), **(producer_config or {})}
+        if (
+            "kafka.bootstrap.timeout.ms" not in self.kafka_options
+            and "bootstrap_timeout_ms" not in (producer_config or {})
+        ):  # a task's producer waits for unreachable brokers no longer than for its rows
+            self.producer_config["bootstrap_timeout_ms"] = max(1, int(flush_timeout_s * 1000))
         self.flush_timeout_s = flush_timeout_s
         self.continue_trees = continue_trees
         #: whether Spark's Kafka writer writes (None: asked at the first write). "auto"
@@ -130,7 +145,9 @@ class KafkaSink(ContinuingSink):
 
         A topic that does not exist (deleted, on brokers that create none) is an
         :class:`~ackstream.errors.EnvironmentProblem` naming it, not rows failed and
-        replayed for ever."""
+        replayed for ever. Brokers that time out or cannot be reached are
+        :class:`~ackstream.errors.Unreachable`: no row is failed, and the row-by-row
+        writes, which would wait for them again task after task, are not tried."""
         if self._spark_writes is None:
             self._spark_writes = has_kafka_connector(outputs.sparkSession)
         if self._spark_writes:
@@ -142,6 +159,8 @@ class KafkaSink(ContinuingSink):
                 # a deleted topic shows as records expired unsent when Spark's cached
                 # producer knew it: asked after any producer failure, not by its text
                 self._check_topic()
+                if unreachable(str(error)):
+                    raise self._unreachable(cause_of(str(error))) from error
                 log.warning(
                     "batch %d: Kafka's producer failed writing to %s (%s); writing the "
                     "batch row by row to learn which rows the broker refuses",
@@ -179,6 +198,35 @@ class KafkaSink(ContinuingSink):
                 f"create {self.topic!r} (kafka-topics.sh --create --topic {self.topic}) and "
                 "start the topology again: the batch was not committed, its records replay",
             )
+
+    def answers(self) -> bool:
+        """Whether the brokers answer a metadata request for the topic (the probe of an
+        outage: cheap, one request, waiting at most ``PROBE_MS``); raises
+        :class:`~ackstream.errors.EnvironmentProblem` when they answer without it."""
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        settings = {
+            **client_settings(self.kafka_options),
+            "bootstrap_timeout_ms": PROBE_MS,
+            "request_timeout_ms": PROBE_MS,
+        }
+        try:
+            consumer = KafkaConsumer(**settings, bootstrap_servers=self.bootstrap)
+        except KafkaError:
+            return False
+        try:
+            partitions = consumer.partitions_for_topic(self.topic)
+        except KafkaError:
+            return False
+        finally:
+            consumer.close()
+        if not partitions:
+            self._check_topic()  # gone: raises
+        return bool(partitions)
+
+    def _unreachable(self, error: str) -> Unreachable:
+        return Unreachable(f"KafkaSink to {self.topic} at {self.bootstrap}", error, self.answers)
 
     def _write_with_spark(self, outputs: DataFrame) -> None:
         """One Spark job: Spark's Kafka writer, with the producers' settings in the
@@ -240,7 +288,15 @@ class KafkaSink(ContinuingSink):
             self.flush_timeout_s,
             continued,
         )
-        return outputs.select(*payload, *carried).mapInArrow(produce, schema).toArrow()
+        rows = outputs.select(*payload, *carried).mapInArrow(produce, schema).toArrow()
+        reasons = [r for r in _reasons(rows) if r is not None]
+        # every unwritten row waited for brokers that did not answer (and, continuing,
+        # none was confirmed: a message sent twice would carry an edge nobody anchored)
+        none_sent = not continued or not pc.any(pc.is_valid(rows.column(SENT_EDGE))).as_py()
+        if reasons and none_sent and all(unreachable(r) for r in reasons):
+            self._check_topic()
+            raise self._unreachable(reasons[0])
+        return rows
 
     def _unwritten(
         self, outputs: DataFrame, unwritten: pa.Table, batch_id: int
@@ -434,6 +490,29 @@ def _reasons(rows: pa.Table) -> list[str | None]:
     """The distinct ``_reason`` values of unwritten rows."""
     return pc.unique(rows.column(REASON)).to_pylist() if rows.num_rows else []
 
+
+def unreachable(error: str) -> bool:
+    """Whether ``error`` (a failed job's text, or an unwritten row's reason) says the
+    brokers timed out or could not be reached, as Kafka's Java client and kafka-python
+    say it: the environment's fault, not the rows'.
+
+    >>> unreachable("org.apache.kafka.common.errors.TimeoutException: Expiring 3 record(s)")
+    True
+    >>> unreachable("KafkaSink to out: not confirmed by the broker within 30s")
+    True
+    >>> unreachable("org.apache.kafka.common.errors.RecordTooLargeException: too big")
+    False
+    """
+    return bool(_UNREACHABLE.search(error))
+
+
+#: Kafka's words for brokers that time out, are not there, or have no leader yet.
+_UNREACHABLE = re.compile(
+    r"TimeoutException|NetworkException|DisconnectException|BrokerNotAvailable"
+    r"|LeaderNotAvailable|NotLeaderOrFollower|NotLeaderForPartition|NotEnoughReplicas"
+    r"|NoBrokersAvailable|KafkaTimeoutError|KafkaConnectionError|NodeNotReadyError"
+    r"|RequestTimedOut|not confirmed by the broker within"
+)
 
 _KAFKA_CLIENT_ERROR = re.compile(r"org\.apache\.kafka\.common\.(?:errors\.)?\w*(?:Exception|Error)")
 

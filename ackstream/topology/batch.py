@@ -43,6 +43,7 @@ from ackstream.topology.graph import (
 from ackstream.topology.held_watch import HeldWatch
 from ackstream.topology.hold_tokens import BatchTokens, HoldTokens
 from ackstream.topology.modes import BatchRecords, Mode, ack_records
+from ackstream.topology.outage import StoppedWaiting, written_through
 from ackstream.topology.stage_counts import StageCounts
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.lineage import ATTEMPT, EDGE, NO_RECORD, REASON, REASON_LIMIT, ROOT, ROOTS
@@ -302,7 +303,9 @@ def _write_sink(
     emitted to another process: their trees stay open until that process acks. With
     ``upstream`` (this topology continues trees itself: its local roots' lineage), the
     messages name the upstream roots instead, and their acks go to the upstream acker
-    as they are (see :func:`with_upstream_roots`)."""
+    as they are (see :func:`with_upstream_roots`). A sink that does not answer
+    (:class:`~ackstream.errors.Unreachable`) fails no row: the batch waits for it and
+    writes again (:mod:`ackstream.topology.outage`)."""
     sink = node.sink
     unwritten: DataFrame | None = None
     reason = f"sink {type(sink).__name__}: not written"
@@ -314,10 +317,16 @@ def _write_sink(
                 rooted = with_upstream_roots(rooted, upstream)
             # continues_trees: Topology.sink found the sink's continue_trees true
             continuing = cast("ContinuingSink", sink)
-            unwritten, continued = continuing.write_continued(rooted, batch_id)
+            unwritten, continued = written_through(
+                lambda: continuing.write_continued(rooted, batch_id), topology.name, batch_id
+            )
         else:
-            unwritten = sink.write(outputs, batch_id)
+            unwritten = written_through(
+                lambda: sink.write(outputs, batch_id), topology.name, batch_id
+            )
     except Exception as error:  # a failed write fails its roots, Storm-style
+        if isinstance(error, StoppedWaiting):  # the sink did not answer before the stop
+            raise
         if isinstance(error, EnvironmentProblem):  # e.g. the sink's topic is gone
             raise  # the query stops naming it: replaying cannot mend it
         if isinstance(error, (StageError, PySparkException, Py4JJavaError)) or (

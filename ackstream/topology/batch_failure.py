@@ -14,12 +14,19 @@ Errors that no record causes stop the query as before: ackstream's own errors
 (options, a stage that loses its lineage), Spark's analysis errors (a SQL stage
 naming a column that does not exist fails every batch alike), and a cancellation
 that is not the deadline's (the query is being stopped).
+
+A sink that does not answer is neither: the batch waits for it
+(:mod:`ackstream.topology.outage`), and the deadline is held meanwhile, so that
+``batch_deadline_ms`` counts the time the batch ran, not the time it waited.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -36,6 +43,7 @@ __all__ = [
     "BatchDeadline",
     "batch_failed_completions",
     "cancel_batches",
+    "current_deadline",
     "failure_reason",
     "isolates",
     "job_tag",
@@ -45,6 +53,10 @@ log = logging.getLogger(__name__)
 
 #: Words of Spark's error when a job it ran was cancelled.
 _CANCELLED = ("cancelled", "canceled", "interrupted")
+
+#: The deadline of the batch each thread runs, and the deadlines entered, by tag.
+_current = threading.local()
+_entered: dict[str, BatchDeadline] = {}
 
 
 def job_tag(topology_name: str) -> str:
@@ -56,34 +68,73 @@ def job_tag(topology_name: str) -> str:
 class BatchDeadline:
     """Within ``with``: the Spark jobs the calling thread runs carry ``tag``; once
     ``deadline_ms`` passes they are cancelled and :attr:`passed` is set. No deadline
-    (None): only the tag, so that :func:`cancel_batches` can still end them."""
+    (None): only the tag, so that :func:`cancel_batches` can still end them.
 
-    def __init__(self, spark: SparkSession, tag: str, deadline_ms: int | None):
-        self.spark, self.tag, self.deadline_ms = spark, tag, deadline_ms
+    While :meth:`held` (the batch waits for a sink that does not answer) the deadline
+    does not run down, nor for the time :meth:`credit` gives back (the writes that found
+    the sink unreachable). ``folder``: where the batch says it waits (the topology query's
+    checkpoint folder; see :mod:`ackstream.topology.outage`); :attr:`stopped` is set
+    when :func:`cancel_batches` ends the batch (the topology stops)."""
+
+    def __init__(
+        self, spark: SparkSession, tag: str, deadline_ms: int | None, folder: str | None = None
+    ):
+        self.spark, self.tag, self.deadline_ms, self.folder = spark, tag, deadline_ms, folder
         self.passed = False
+        self.stopped = threading.Event()
         self._done = threading.Event()
         self._timer: threading.Thread | None = None
+        self._held_s = 0.0  # the time held so far
+        self._held_since: float | None = None
+        self._started = time.monotonic()
 
     def __enter__(self) -> BatchDeadline:
         _tags(self.spark).add(self.tag)
+        _current.deadline = _entered[self.tag] = self
+        self._started = time.monotonic()
         if self.deadline_ms is not None:
             self._timer = threading.Thread(target=self._watch, daemon=True)
             self._timer.start()
         return self
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Within: the time does not count against the deadline."""
+        self._held_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._held_s += time.monotonic() - self._held_since
+            self._held_since = None
+
+    def credit(self, seconds: float) -> None:
+        """``seconds`` the batch spent do not count against the deadline (a write that
+        found its sink unreachable), unless it has passed already."""
+        self._held_s += seconds
+
+    def _left_s(self) -> float:
+        """The deadline's seconds left (the time held not counted); none pass while held."""
+        now, since = time.monotonic(), self._held_since
+        held = self._held_s + (0.0 if since is None else now - since)
+        return (self.deadline_ms or 0) / 1000 - (now - self._started - held)
+
     def _watch(self) -> None:
         """At the deadline, cancel the batch's jobs; then again each second until the
         batch ends, so that no later job of the batch (one that reads the same hung
         stage again) outlives it."""
-        if self.deadline_ms is None or self._done.wait(self.deadline_ms / 1000):
-            return
+        while True:
+            held, left = self._held_since is not None, self._left_s()
+            if not held and left <= 0:
+                break
+            if self._done.wait(1.0 if held else left):
+                return
         self.passed = True
         log.warning(
             "batch deadline of %d ms passed: cancelling the jobs of %s", self.deadline_ms, self.tag
         )
         while True:
             try:
-                cancel_batches(self.spark, self.tag)
+                _tags(self.spark).cancel(self.tag)
             except Exception:  # the batch may have ended meanwhile: nothing to cancel
                 log.debug("cancelling the jobs of %s failed", self.tag, exc_info=True)
             if self._done.wait(1.0):
@@ -91,11 +142,23 @@ class BatchDeadline:
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
+        _current.deadline = None
+        if _entered.get(self.tag) is self:
+            del _entered[self.tag]
         _tags(self.spark).remove(self.tag)
 
 
+def current_deadline() -> BatchDeadline | None:
+    """The deadline of the batch the calling thread runs, if it runs one."""
+    return getattr(_current, "deadline", None)
+
+
 def cancel_batches(spark: SparkSession, tag: str) -> None:
-    """Cancel the running Spark jobs that carry ``tag`` (a no-op when none does)."""
+    """Cancel the running Spark jobs that carry ``tag`` (a no-op when none does), and
+    end the wait of a batch of theirs for a sink that does not answer."""
+    entered = _entered.get(tag)
+    if entered is not None:
+        entered.stopped.set()
     _tags(spark).cancel(tag)
 
 

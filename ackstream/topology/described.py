@@ -19,6 +19,9 @@ in ``<checkpoint>/topology`` tell them what the channel cannot:
   Spark's UI address. A process that is killed says nothing: :func:`read_run` then
   tells by the pid (on the same host) that it is gone, or by the silence (from
   elsewhere) that it does not respond.
+- :data:`PAUSED_FILE`, while a batch waits for a sink that does not answer
+  (:mod:`ackstream.topology.outage`): the sink, since when and why; :func:`read_run`
+  gives it as the run's ``paused``.
 
 Under Spark Connect the listener would run beside the server, not here: the run file
 then says when the query started and nothing after.
@@ -43,6 +46,7 @@ from ackstream.vocabulary.clock import now_ms
 
 __all__ = [
     "GRAPH_FILE",
+    "PAUSED_FILE",
     "RUN_FILE",
     "SILENT_MS",
     "RunRecorder",
@@ -65,6 +69,9 @@ RUN_FILE = "ackstream-run.json"
 #: respond (at least: twice its last batch's duration, if longer). Spark reports an idle
 #: trigger every ``spark.sql.streaming.noDataProgressEventInterval`` (10 s by default).
 SILENT_MS = 60_000
+#: In a topology query's checkpoint folder while a batch waits for its sink: ``{"sink",
+#: "since_ms", "error", "retry_s"}``.
+PAUSED_FILE = "ackstream-paused.json"
 
 
 def sql_text(column: Column | str) -> str:
@@ -166,7 +173,10 @@ def read_run(folder: str, now: int | None = None) -> dict[str, Any] | None:
     """The run state a :class:`RunRecorder` keeps in ``folder``, or None: ``{"state":
     "running" | "stopped" | "not responding", "pid", "host", "started_ms",
     "heard_ms", "stopped_ms", "error", "spark_ui", "read", "last_batch": {"id",
-    "duration_ms", "input_per_s", "processed_per_s", "rows", "ended_ms"} | None}``.
+    "duration_ms", "input_per_s", "processed_per_s", "rows", "ended_ms"} | None,
+    "paused": {"sink", "since_ms", "error", "retry_s"} | None}``: ``paused`` while a
+    batch of the running query waits for its sink (a pause file older than the run's
+    start is a killed process's, not this run's).
 
     The file says running until its process says otherwise; what it says is checked
     (``now``: the time to check against, ms), unless the query runs under Spark
@@ -175,6 +185,12 @@ def read_run(folder: str, now: int | None = None) -> dict[str, Any] | None:
     so), one not heard from for :data:`SILENT_MS` (or twice its last batch's
     duration) ``"not responding"`` since ``heard_ms``."""
     run = _read(os.path.join(folder, RUN_FILE))
+    if run is not None:
+        paused = _read(os.path.join(folder, PAUSED_FILE))
+        running = run.get("state") == "running"
+        since = None if paused is None else paused.get("since_ms")
+        fresh = isinstance(since, int) and since >= (run.get("started_ms") or 0)
+        run["paused"] = paused if running and fresh else None
     if run is None or run.get("state") != "running" or run.get("listened") is False:
         return run  # a query under Spark Connect runs whatever becomes of this process
     pid, host = run.get("pid"), run.get("host")

@@ -130,7 +130,7 @@ class BatchFunction:
         planned = self._planned(offsets) if plans else None
         counts = StageCounts() if topology.stage_counts else None
         deadline = BatchDeadline(
-            batch.sparkSession, job_tag(topology.name), topology.batch_deadline_ms
+            batch.sparkSession, job_tag(topology.name), topology.batch_deadline_ms, self.offset_log
         )
         # a round of isolation computes each sink's input before writing it: if the
         # round fails, it has written nothing that its records' later rounds write again

@@ -27,7 +27,12 @@ name                                    type       labels
 ``held``                                gauge      ``stage``, ``of`` (tuples, roots)
 ``partition_end``, ``_committed``,      gauge      ``topic``, ``partition``
 ``_lag``
+``paused_seconds``                      gauge
 ======================================  =========  ===============================
+
+``paused_seconds``: how long a batch has waited for a sink that does not answer (the
+topology is paused, :mod:`ackstream.topology.outage`), 0 when none waits; only for a
+topology whose run state is known (a checkpoint).
 
 The ``stage`` label of the failures per stage is bounded (:func:`bounded_stages`): at
 most :data:`MAX_STAGE_LABELS` values a topology, each at most
@@ -147,6 +152,7 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
     )
     pending = gauge("roots_pending", "Roots with an init record and no completion yet.")
     held = gauge("held", "Tuples and roots a window or join stage holds.", ["stage", "of"])
+    paused = gauge("paused_seconds", "How long a batch has waited for an unreachable sink.")
     parts = {
         name: gauge(f"partition_{name}", text, ["topic", "partition"])
         for name, text in (
@@ -175,6 +181,9 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
             buckets = [(f"{le / 1000:g}", n) for le, n in h["buckets"]]
             latency.add_metric([t], [*buckets, ("+Inf", h["count"])], h["sum"] / 1000)
         pending.add_metric([t], s.pending)
+        if s.run is not None:
+            since = (s.run.get("paused") or {}).get("since_ms")
+            paused.add_metric([t], 0.0 if since is None else max(0.0, time.time() - since / 1000))
         for stage, n in (s.held or {}).items():
             for what in ("tuples", "roots"):
                 held.add_metric([t, stage, what], n[what])
@@ -193,6 +202,7 @@ def families(statuses: Iterable[Status]) -> list[Metric]:
         latency,
         pending,
         held,
+        paused,
         *parts.values(),
     ]
     return [family for family in every if family.samples]

@@ -4,7 +4,7 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ackstream.errors import OptionError
+from ackstream.errors import OptionError, Unreachable
 from ackstream.sinks.kafka import KafkaSink
 from ackstream.spark.session import has_kafka_connector
 from ackstream.testing import settle, tracked_frame
@@ -144,12 +144,13 @@ def test_the_sink_pickles_after_a_write_and_writes_again(spark, broker, new_topi
     assert sorted(read_topic(broker.bootstrap, topic)) == ["a", "b"]
 
 
-def test_without_a_broker_every_row_is_unwritten_and_says_why(spark):
+def test_without_a_broker_the_write_is_unreachable_not_its_rows_failed(spark):
     sink = KafkaSink("127.0.0.1:1", "nowhere", producer_config={"bootstrap_timeout_ms": 500})
-    unwritten = sink.write(frame(spark, ["a", "b"]), 0)
-    rows = handed_back(unwritten)
-    assert [r["_edge"] for r in rows] == [100, 101]
-    assert all("no producer" in r["_reason"] for r in rows)
+    with pytest.raises(
+        Unreachable, match="KafkaSink to nowhere at 127.0.0.1:1 unreachable: .*no producer"
+    ) as raised:
+        sink.write(frame(spark, ["a", "b"]), 0)
+    assert raised.value.answers() is False  # the probe: no broker answers either
 
 
 def test_an_aggregate_row_the_broker_refused_fails_the_roots_of_its_group(spark, broker, new_topic):

@@ -124,16 +124,21 @@ def test_a_write_that_took_every_row_returns_none_and_the_rows_are_there(spark, 
     assert sorted(written()) == ["a", "b", "c"]
 
 
-def test_the_rows_a_sink_could_not_write_come_back_as_a_dataframe_and_their_roots_fail(spark):
+@pytest.mark.broker
+def test_the_rows_a_sink_could_not_write_come_back_as_a_dataframe_and_their_roots_fail(
+    spark, broker, new_topic
+):
     """``Sink.write`` has one return type: None, or the unwritten rows as a DataFrame
-    with their lineage (here the Kafka sink's, reaching no broker, with why)."""
-    sink = KafkaSink("127.0.0.1:1", "nowhere", producer_config={"bootstrap_timeout_ms": 500})
-    unwritten = sink.write(outputs(spark, ["a", "b"]), 0)
+    with their lineage (here the Kafka sink's, a row over the producers' request size,
+    with why)."""
+    sink = KafkaSink(broker.bootstrap, new_topic(), writer="python")
+    big = "x" * 2_000_000
+    unwritten = sink.write(outputs(spark, ["a", big]), 0)
     assert isinstance(unwritten, DataFrame)
-    assert {"_root", "_edge", "_reason"} <= set(unwritten.columns) and unwritten.count() == 2
-    frame = tracked_frame(spark, ["a", "b"])
+    assert {"_root", "_edge", "_reason"} <= set(unwritten.columns) and unwritten.count() == 1
+    frame = tracked_frame(spark, [big])
     roots = [r["_root"] for r in frame.collect()]
-    records = Topology("nowhere", spark, None).sink(sink).run_batch(frame)
+    records = Topology("too-big", spark, None).sink(sink).run_batch(frame)
     assert settle(records) == {root: "failed" for root in roots}
 
 
