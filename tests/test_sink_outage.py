@@ -35,7 +35,11 @@ from helpers import consume, spark_kafka_jars, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
-WRITERS = ["python", *(["spark"] if spark_kafka_jars() else [])]
+#: the Python writer's run is in make test-e2e: the suite's 20 minutes keep one writer
+WRITERS = [
+    pytest.param("python", marks=pytest.mark.e2e) if spark_kafka_jars() else "python",
+    *(["spark"] if spark_kafka_jars() else []),
+]
 
 
 def keyed(df):
@@ -138,6 +142,7 @@ def test_a_stalled_sink_pauses_the_topology_and_charges_nothing(
     assert "reachable again after" in began[1]
 
 
+@pytest.mark.e2e  # half a minute: make test-e2e, not the 20-minute suite
 def test_a_stop_while_paused_returns_and_the_restart_writes_the_batch(
     spark, broker, new_topic, tmp_path
 ):
