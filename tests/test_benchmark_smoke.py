@@ -115,4 +115,6 @@ def test_held_store_benchmark_runs_every_candidate_on_the_same_changes(spark):
     assert all(c["bytes"] < r["bytes"] / 2 for c, r in zip(changelog, rewrite))
     window = runs["window"][0]["batches"]
     assert all(w["bytes"] < r["bytes"] / 2 for w, r in zip(window, rewrite))
+    partials = runs["partials"][0]["batches"]  # 100 rows over 1,000 keys: at most 100 touched
+    assert all(p["bytes"] < r["bytes"] for p, r in zip(partials, rewrite))
     assert not spark.streams.active
