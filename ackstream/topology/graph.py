@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -29,7 +29,6 @@ from ackstream.vocabulary.lineage import ANCHORS, EDGE, ROOT
 
 if TYPE_CHECKING:
     from ackstream.sinks.base import Sink
-    from ackstream.topology.bolts import Stage
 
 __all__ = ["SPOUT", "SinkNode", "join_streams", "subscriber_copies", "subscribers"]
 
@@ -49,12 +48,21 @@ class SinkNode:
     continues_trees: bool = False
 
 
-def subscribers(stages: Sequence[Stage], sinks: Sequence[SinkNode]) -> dict[str, list[str]]:
+class Subscriber(Protocol):
+    """What the graph reads of a stage or a sink: its name and the streams it reads."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def after(self) -> tuple[str, ...]: ...
+
+
+def subscribers(stages: Sequence[Subscriber], sinks: Sequence[SinkNode]) -> dict[str, list[str]]:
     """Per stream (the spout's and each stage's), the names of the stages and sinks
     that read it, in declaration order."""
     subs: dict[str, list[str]] = {SPOUT: []}
     subs.update({stage.name: [] for stage in stages})
-    nodes: list[Stage | SinkNode] = [*stages, *sinks]
+    nodes: list[Subscriber] = [*stages, *sinks]
     for node in nodes:
         for stream in node.after:
             subs[stream].append(node.name)
