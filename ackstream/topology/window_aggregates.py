@@ -104,11 +104,13 @@ def held_aggregates(
         return StageOutput(out, cached=(merged,))
     ctx.tokens.hold(number, assigned.ends)
     closing_ends = ctx.tokens.release(number, clock, assigned.clock)
-    tokens = spark.createDataFrame(
-        ctx.tokens.token_frame_rows(number, closing_ends), f"{ROOT} long, {_END} long"
-    )
+    groups = None  # no window closes: no output row, no frame to ship to the JVM
+    if closing_ends:
+        token_rows = ctx.tokens.token_frame_rows(number, closing_ends)
+        tokens = spark.createDataFrame(token_rows, f"{ROOT} long, {_END} long")
+        groups = GroupInput(tokens, F.col(_END))
     end = F.unix_millis(F.col(f"{WINDOW}.end"))
     group = F.struct(F.lit(number).alias("stage"), end.alias("id"))
     out = out.withColumn(ROOT, F.lit(None).cast("long")).withColumn(GROUP, group)
     late = None if assigned.late is None else assigned.late.select(*df.columns, REASON)
-    return StageOutput(out, rejected=late, cached=(merged,), groups=GroupInput(tokens, F.col(_END)))
+    return StageOutput(out, rejected=late, cached=(merged,), groups=groups)
