@@ -146,8 +146,9 @@ class KafkaSink(ContinuingSink):
         A topic that does not exist (deleted, on brokers that create none) is an
         :class:`~ackstream.errors.EnvironmentProblem` naming it, not rows failed and
         replayed for ever. Brokers that time out or cannot be reached are
-        :class:`~ackstream.errors.Unreachable`: no row is failed, and the row-by-row
-        writes, which would wait for them again task after task, are not tried."""
+        :class:`~ackstream.errors.Unreachable` when they still do not answer a metadata
+        request after the job failed: no row is failed, and the row-by-row writes,
+        which would wait for them again task after task, are not tried."""
         if self._spark_writes is None:
             self._spark_writes = has_kafka_connector(outputs.sparkSession)
         if self._spark_writes:
@@ -159,7 +160,10 @@ class KafkaSink(ContinuingSink):
                 # a deleted topic shows as records expired unsent when Spark's cached
                 # producer knew it: asked after any producer failure, not by its text
                 self._check_topic()
-                if unreachable(str(error)):
+                # records expired unsent say the brokers were slow, not that they are
+                # gone: asked once more, brokers that answer now get the row-by-row
+                # write, which says which rows they refuse
+                if unreachable(str(error)) and not self.answers():
                     raise self._unreachable(cause_of(str(error))) from error
                 log.warning(
                     "batch %d: Kafka's producer failed writing to %s (%s); writing the "

@@ -195,7 +195,7 @@ def test_a_row_the_broker_refuses_fails_spark_s_write_and_alone_comes_back(
     finally:
         admin.close()
     values = ["a", "b", "x" * 5000, "c"]
-    sink = KafkaSink(broker.bootstrap, topic, writer="spark", flush_timeout_s=5)
+    sink = KafkaSink(broker.bootstrap, topic, writer="spark", flush_timeout_s=30)
     alone = frame(spark, values).repartitionByRange(len(values), "_edge")  # a task a row
     unwritten = sink.write(alone, 0)
     (row,) = handed_back(unwritten)
