@@ -7,7 +7,7 @@ Python worker dying on one record, or a stage that hangs. Storm's answer to a bo
 that never acks is the message timeout; here a batch running past the topology's
 ``batch_deadline_ms`` has its Spark jobs cancelled. Either way the batch's roots
 complete as ``batch_failed``: the source replays them in smaller batches of their
-own until the record at fault fails alone (:mod:`ackstream.sources.tracking`), so
+own until the record at fault fails alone (:mod:`ackstream.sources.isolation`), so
 one poison record costs that record, not the topology.
 
 Errors that no record causes stop the query as before: ackstream's own errors

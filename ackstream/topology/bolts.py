@@ -697,7 +697,7 @@ def _run_bolt(
             reasons = np.full(hi - lo, _reason(name, error), dtype=object)
             marked.append((np.arange(lo, hi), reasons, np.zeros(hi - lo, bool)))
             return
-        cuts = np.linspace(lo, hi, min(ISOLATION_PARTS, hi - lo) + 1).astype(int).tolist()
+        cuts = np.linspace(lo, hi, min(CHUNK_SPLIT_PARTS, hi - lo) + 1).astype(int).tolist()
         parts = [(a, b, call(a, b)) for a, b in zip(cuts, cuts[1:])]
         every = all(e is not None for _, _, e in parts)
         for a, b, e in parts:
@@ -753,7 +753,7 @@ def _run_bolt(
 
 
 #: A failing chunk of a pandas bolt is tried again in this many parts.
-ISOLATION_PARTS = 8
+CHUNK_SPLIT_PARTS = 8
 #: Levels of parts that all failed after which a bolt's error is every row's.
 EVERY_ROW_LEVELS = 3
 
