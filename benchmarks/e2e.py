@@ -101,6 +101,7 @@ from e2e_systems import (
     WINDOW_SECONDS,
     WINDOWED,
     WINDOWED_EVENT,
+    WINDOWED_GUIDE,
     spark_kafka_jars,
 )
 
@@ -121,6 +122,7 @@ TARGETS = (
     ("Spark's reader / Python reader, tracked", TRACKED, PYTHON_READER, None, None, None),
     ("time window overhead, tracked", WINDOWED, TRACKED, None, None, None),
     ("time window / Spark's windowed count", WINDOWED, SPARK_WINDOW, ">=", 0.6, None),
+    ("guide's window / Spark's windowed count", WINDOWED_GUIDE, SPARK_WINDOW, ">=", 0.6, None),
     ("event-time window / Spark's windowed count", WINDOWED_EVENT, SPARK_WINDOW, ">=", 0.6, None),
     ("waiting join / Spark's stream-stream join", JOINED, SPARK_JOIN, ">=", 0.5, None),
     ("per_stage / telescoped", PER_STAGE, TRACKED, ">=", 0.5, None),

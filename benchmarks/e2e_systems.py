@@ -169,8 +169,12 @@ def spark_summary(spark, query, warmup_batches: int, compiled_before: int) -> di
     batches = [p for p in query.recentProgress if p["durationMs"].get("addBatch")]
     timed = batches[warmup_batches:] or batches
     compiled = compilations(spark) - compiled_before
+    # Spark runs a streaming query's jobs in a job group named by its run id (the
+    # tracker keeps the newest spark.ui.retainedJobs of them: enough for a run)
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(str(query.runId))
     return {
         "batches": len(batches),
+        "jobs_per_batch": round(len(jobs) / max(len(batches), 1), 1),
         "compilations_per_batch": round(compiled / max(len(batches), 1), 1),
         "phase_ms_median": {
             phase: statistics.median(p["durationMs"].get(phase, 0) for p in timed)
