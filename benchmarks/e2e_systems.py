@@ -161,6 +161,26 @@ def compilations(spark) -> int:
     return jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
 
 
+def job_ms_by_part(spark, jobs, batches: int) -> dict:
+    """Per part of a batch that starts jobs (the last line of a job's description:
+    ackstream names its stages, sinks and ack collect; Spark's own jobs keep its
+    batch line), the jobs a batch and their summed milliseconds a batch, from Spark's
+    status store."""
+    store = spark.sparkContext._jsc.sc().statusStore()  # noqa: SLF001 - no Python API
+    parts: dict = {}
+    for job in jobs:
+        data = store.job(job)
+        described = data.description()
+        name = described.get().splitlines()[-1] if described.isDefined() else data.name()
+        done, began = data.completionTime(), data.submissionTime()
+        ms = done.get().getTime() - began.get().getTime() if done.isDefined() else 0
+        jobs_ms = parts.setdefault(name, [0, 0])
+        jobs_ms[0] += 1
+        jobs_ms[1] += ms
+    per = max(batches, 1)
+    return {k: {"jobs": round(n / per, 2), "ms": round(ms / per)} for k, (n, ms) in parts.items()}
+
+
 def spark_summary(spark, query, warmup_batches: int, compiled_before: int) -> dict:
     """Batches, the median of each of Spark's phases (``addBatch``: the batch's work)
     over the batches after the warm-up, from the query's progress, and the classes
@@ -175,6 +195,7 @@ def spark_summary(spark, query, warmup_batches: int, compiled_before: int) -> di
     return {
         "batches": len(batches),
         "jobs_per_batch": round(len(jobs) / max(len(batches), 1), 1),
+        "job_ms_by_part": job_ms_by_part(spark, jobs, len(batches)),
         "compilations_per_batch": round(compiled / max(len(batches), 1), 1),
         "phase_ms_median": {
             phase: statistics.median(p["durationMs"].get(phase, 0) for p in timed)

@@ -10,6 +10,7 @@ How the batch's acks are computed, and where they go, is its topology's mode
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, cast
@@ -25,6 +26,7 @@ from ackstream.channels.base import Channel
 from ackstream.errors import EnvironmentProblem, OptionError, StageError
 from ackstream.sinks.continued import Lineage, UpstreamResets, lineage_of, translate
 from ackstream.sources.offsets import PlannedRoots
+from ackstream.spark.jobs import described_jobs
 from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import (
     BatchContext,
@@ -92,14 +94,23 @@ def run_batch(
     where a window may hold the batch's roots by token; returned records alone cannot
     say that, so without it a tracked window holds rows and their roots."""
     run = BatchRun(topology, batch_id, planned, counts, now, reported)
+    spark = batch.sparkSession
+
+    def part(name: str) -> contextlib.AbstractContextManager[None]:
+        return described_jobs(spark, f"ackstream {topology.name}: {name}")
+
     try:
-        run.read_spout(batch)
+        with part("spout"):
+            run.read_spout(batch)
         for stage in topology.stages:
-            run.run_stage(stage)
+            with part(f"stage {stage.name}"):
+                run.run_stage(stage)
         for node in topology.sinks:
-            run.write_sink(node)
-        run.read_held_back(batch)
-        return run.records()
+            with part(f"sink {node.name}"):
+                run.write_sink(node)
+        with part("ack records"):
+            run.read_held_back(batch)
+            return run.records()
     finally:
         run.release()
 
