@@ -70,11 +70,12 @@ COMPACT_SHARE = 0.25
 #: lists and reads; Spark lists more than 32 paths with a job of its own).
 MAX_PIECES = 24
 _KEEP = 2
-_POSITION, _CLOCK, _SCHEMA, _LOG = (
+_POSITION, _CLOCK, _SCHEMA, _LOG, _ENDS = (
     b"ackstream.position",
     b"ackstream.clock",
     b"ackstream.schema",
     b"ackstream.log",
+    b"ackstream.ends",
 )
 _BASE, _ADDED, _RELEASED = "rows-", "added-", "released-"
 _PIECE_PREFIXES = (_BASE, _ADDED, _RELEASED)
@@ -125,13 +126,15 @@ class ChangeLog:
 class HeldState:
     """A holding stage's held rows after a batch (a Spark frame: None when it holds
     none), the completion position it had read up to (None: it has read none yet),
-    the clock its closing reached (None: none) and the pieces the rows were read
-    from (files only)."""
+    the clock its closing reached (None: none), the pieces the rows were read
+    from (files only) and the ends of the windows the rows may be in (a time window's;
+    None: not known), so that a batch knows without a job whether one closes."""
 
     rows: DataFrame | None
     position: object = None
     clock: int | None = None
     log: ChangeLog = field(default_factory=ChangeLog)
+    ends: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,8 @@ class HeldStore:
                 hashed = F.xxhash64(*(F.col(f"`{c}`") for c in rows.columns))
                 rows = rows.withColumn(HOLD, F.coalesce(own, hashed))
         position = json.loads(meta.get(_POSITION, b"null"))
-        return HeldState(rows, position, json.loads(meta.get(_CLOCK, b"null")), log)
+        clock, ends = (json.loads(meta.get(key, b"null")) for key in (_CLOCK, _ENDS))
+        return HeldState(rows, position, clock, log, None if ends is None else tuple(ends))
 
     def latest(self, spark: SparkSession) -> HeldState | None:
         """The newest saved state (None if there is none)."""
@@ -199,7 +203,7 @@ class HeldStore:
         pieces they name. Returns the log of the state saved."""
         if self.files is None:
             rows = None if state.rows is None else state.rows.localCheckpoint(eager=True)
-            self._memory[batch_id] = HeldState(rows, state.position, state.clock)
+            self._memory[batch_id] = replace(state, rows=rows, log=ChangeLog())
             for old in sorted(self._memory)[:-_KEEP]:
                 del self._memory[old]
             return ChangeLog()
@@ -212,7 +216,13 @@ class HeldStore:
                 log = ChangeLog(batch_id, base_rows=written, last_changed=last)
             else:
                 log = self._write_changes(batch_id, changes)
-        meta = {_POSITION: state.position, _CLOCK: state.clock, _SCHEMA: schema, _LOG: asdict(log)}
+        meta = {
+            _POSITION: state.position,
+            _CLOCK: state.clock,
+            _SCHEMA: schema,
+            _LOG: asdict(log),
+            _ENDS: state.ends,
+        }
         published = pa.table({}).replace_schema_metadata(
             {k: json.dumps(v).encode() for k, v in meta.items()}
         )

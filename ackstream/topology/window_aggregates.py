@@ -57,19 +57,28 @@ def held_aggregates(
     if assigned is None:
         return None
     batch = F.lit(ctx.batch_id).cast("long")
-    new = assigned.rows.groupBy(*keys, WINDOW).agg(
-        *(c.alias(n) for p in partials for n, c in p.parts),
+    # the partials' names and types, as one batch's aggregation gives them (no job)
+    shape = assigned.rows.groupBy(*keys, WINDOW).agg(
+        *(c.alias(n) for p in partials for n, c in p.parts)
+    )
+    types = {f.name: f.dataType for f in shape.schema.fields}
+    names = shape.columns[: len(keys)]
+    held_cols = (*shape.columns, FIRST_SINCE, LAST_SINCE)
+    # the batch's rows as one-row partials, merged with the held ones in one
+    # aggregation: Spark combines the rows before its one shuffle, as its own does
+    rows = assigned.rows.select(
+        *keys,
+        WINDOW,
+        *(fitted(c, types[n]).alias(n) for p in partials for n, c in p.rows),
         batch.alias(FIRST_SINCE),
         batch.alias(LAST_SINCE),
+        F.lit(True).alias(_TOUCHED),
+        F.lit(None).cast("long").alias(HOLD),
     )
-    names = new.columns[: len(keys)]
-    held_cols = new.columns
-    rows = new.withColumn(_TOUCHED, F.lit(True)).withColumn(HOLD, F.lit(None).cast("long"))
     if state is not None and state.rows is not None:
         held = state.rows.select(*(F.col(f"`{c}`") for c in (*held_cols, HOLD)))
         held = held.withColumn(_TOUCHED, F.lit(False))
         rows = held.unionByName(rows)
-    types = {f.name: f.dataType for f in new.schema.fields}
     merged = (
         rows.groupBy(*names, WINDOW)
         .agg(
@@ -86,7 +95,12 @@ def held_aggregates(
         .persist()  # read by the output, the saved change and the state
     )
     closes, touched = assigned.closes, F.col(_TOUCHED)
-    out = merged.where(closes).select(
+    after = assigned.clock
+    ends = _window_ends(state, assigned.ends)
+    # no window held or written to closes (known on the driver): the output is Spark's
+    # empty relation, and the sink's job reads nothing
+    shut = ends is None or (after is not None and any(end <= after for end in ends))
+    out = merged.where(closes if shut else F.lit(False)).select(
         *(F.col(f"`{n}`") for n in names), WINDOW, *(p.final.alias(p.name) for p in partials)
     )
     kept = merged.where(~closes)
@@ -97,7 +111,12 @@ def held_aggregates(
     since = state.log if state is not None else ChangeLog()
     store.save(
         ctx.batch_id,
-        HeldState(kept.select(*saved), None if state is None else state.position, assigned.clock),
+        HeldState(
+            kept.select(*saved),
+            None if state is None else state.position,
+            after,
+            ends=None if ends is None else tuple(e for e in ends if after is None or e > after),
+        ),
         Changes(kept.where(touched).select(*saved), released, since),
     )
     if ctx.tokens is None:
@@ -114,3 +133,11 @@ def held_aggregates(
     out = out.withColumn(ROOT, F.lit(None).cast("long")).withColumn(GROUP, group)
     late = None if assigned.late is None else assigned.late.select(*df.columns, REASON)
     return StageOutput(out, rejected=late, cached=(merged,), groups=groups)
+
+
+def _window_ends(state: HeldState | None, new: Sequence[int]) -> list[int] | None:
+    """The ends of the windows the held rows and the batch's rows may be in, ascending
+    (None: a state saved without them, so not known)."""
+    if state is not None and state.ends is None:
+        return None
+    return sorted({*(() if state is None else state.ends or ()), *new})

@@ -32,13 +32,17 @@ FIRST_SINCE, LAST_SINCE = "_since_first", "_since_last"
 @dataclass(frozen=True)
 class Partial:
     """One aggregate as held partials: ``parts`` (alias, Column) reduce a batch's rows
-    of a window and key; ``merges`` (alias, Column) reduce held and new partial rows
-    to one; ``final`` is the value emitted, named ``name``."""
+    of a window and key (their types are the partials'); ``merges`` (alias, Column)
+    reduce held partial rows and ``rows``' one-row partials to one; ``final`` is the
+    value emitted, named ``name``."""
 
     name: str
     parts: tuple[tuple[str, Column], ...]
     merges: tuple[tuple[str, Column], ...]
     final: Column
+    #: per part, what one row contributes as a partial of its own (alias, Column): the
+    #: merges take raw rows and held partial rows in one aggregation, one shuffle
+    rows: tuple[tuple[str, Column], ...] = ()
 
 
 def _same(fn: str) -> Callable[[str, list[Column]], tuple[Column, Column]]:
@@ -72,6 +76,22 @@ def _ordered(first: bool) -> Callable[[str, list[Column]], tuple[Column, Column]
         return F.call_function("first" if first else "last", *args), pick(F.col(p), ordering)
 
     return build
+
+
+def _one_row(fn: str, args: list[Column], star: bool) -> Column:
+    """What one row contributes to ``fn``'s partial: a count its 1 (0 when an argument
+    is null, as ``count`` skips it), a collect its value as a one-element array (none
+    when null), any other aggregate the value itself."""
+    if fn == "count":
+        if star or not args:
+            return F.lit(1)
+        counted = args[0].isNotNull()
+        for arg in args[1:]:
+            counted = counted & arg.isNotNull()
+        return F.when(counted, 1).otherwise(0)
+    if fn in ("collect_list", "collect_set"):
+        return F.when(args[0].isNotNull(), F.array(args[0]))
+    return args[0]
 
 
 def _ignores_nulls(args: list[Column]) -> bool:
@@ -122,6 +142,10 @@ def _call(column: Column) -> tuple[str | None, str, bool, list[Any]]:
     )
 
 
+def _is_star(node: Any) -> bool:
+    return bool(node.getClass().getSimpleName() == "UnresolvedStar")
+
+
 def partials_of(
     spark: SparkSession, rows: DataFrame, aggs: Sequence[Column]
 ) -> list[Partial] | None:
@@ -135,17 +159,23 @@ def partials_of(
         _, fn, distinct, nodes = _call(agg)
         if distinct or fn not in MERGEABLE:
             return None
-        args = [Column(jvm.org.apache.spark.sql.Column(n)) for n in nodes]
+        star = any(_is_star(n) for n in nodes)
+        if star and fn != "count":
+            return None
+        args = [] if star else [Column(jvm.org.apache.spark.sql.Column(n)) for n in nodes]
         kind, p = field.dataType, f"_p{i}"
         parts: tuple[tuple[str, Column], ...]
         merges: tuple[tuple[str, Column], ...]
+        one: tuple[tuple[str, Column], ...]
         if fn in ("avg", "mean"):
             total, count = f"{p}_sum", f"{p}_count"
             parts = ((total, F.sum(args[0])), (count, F.count(args[0])))
             merges = ((total, F.sum(total)), (count, F.sum(count)))
+            one = ((total, args[0]), (count, _one_row("count", args, False)))
             final = F.col(total) / F.col(count)
         else:
-            part, merge = _SIMPLE[fn](p, args)
+            part, merge = _SIMPLE[fn](p, [F.lit(1)] if star else args)
             parts, merges, final = ((p, part),), ((p, merge),), F.col(p)
-        partials.append(Partial(field.name, parts, merges, fitted(final, kind)))
+            one = ((p, _one_row(fn, args, star)),)
+        partials.append(Partial(field.name, parts, merges, fitted(final, kind), one))
     return partials

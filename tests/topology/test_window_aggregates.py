@@ -23,6 +23,7 @@ T = 1_000_000_000_000  # a multiple of every window below
 def aggs():
     return [
         F.count("*").alias("n"),
+        F.count("x").alias("present"),
         F.sum("x").alias("total"),
         F.min("x").alias("low"),
         F.max("x"),
@@ -33,10 +34,13 @@ def aggs():
 
 
 def batches(spark, n_batches=4, per_batch=30):
-    """Batch b: rows (k, x) with b's time, keys k0..k4, over 1.5 s of batches."""
+    """Batch b: rows (k, x) with b's time, keys k0..k4, over 1.5 s of batches; every
+    seventh x null (counted by count(*), not by count(x), skipped by the others)."""
     out = []
     for b in range(n_batches):
-        rows = [(f"k{(b * 7 + i) % 5}", b * 100 + i) for i in range(per_batch)]
+        rows = [
+            (f"k{(b * 7 + i) % 5}", None if i % 7 == 3 else b * 100 + i) for i in range(per_batch)
+        ]
         out.append((spark.createDataFrame(rows, "k string, x int"), T + b * 400))
     return out
 
@@ -108,6 +112,7 @@ def test_an_aggregate_that_cannot_merge_holds_rows_instead(spark):
     assert partials_of(spark, frame, [F.percentile_approx("x", 0.5)]) is None
     assert [p.name for p in partials_of(spark, frame, aggs())] == [
         "n",
+        "present",
         "total",
         "low",
         "max(x)",
@@ -150,8 +155,9 @@ def test_state_survives_a_restart_and_holds_a_row_per_window_and_key(spark, tmp_
     assert run(restarted, data[2][0], 2, data[2][1], folder) == []
     rows = run(restarted, data[0][0].where("false"), 3, T + 20_000, folder)
     assert sorted((r["k"], r["n"]) for r in rows) == [(f"k{i}", 120) for i in range(5)]
-    total = sum(sum(r["x"] for r in frame.collect()) for frame, _ in data)
-    assert sum(r["total"] for r in rows) == total
+    xs = [r["x"] for frame, _ in data for r in frame.collect()]
+    assert sum(r["total"] for r in rows) == sum(x for x in xs if x is not None)
+    assert sum(r["present"] for r in rows) == sum(x is not None for x in xs) < len(xs)
 
 
 def test_a_batch_run_again_writes_the_same_held_ids(spark, tmp_path):
@@ -182,3 +188,27 @@ def test_a_store_that_held_rows_goes_on_holding_rows(spark, tmp_path):
     run(merging, data[1][0], 1, data[1][1], folder)
     rows = run(merging, data[0][0].where("false"), 2, T + 20_000, folder)
     assert sum(r["n"] for r in rows) == 40
+
+
+def reads_nothing(frame):
+    """Whether Spark planned ``frame`` as its empty relation (a job over it reads nothing)."""
+    plan = frame._jdf.queryExecution().optimizedPlan().toString()  # noqa: SLF001
+    return plan.startswith("LocalRelation <empty>")
+
+
+def test_a_batch_that_closes_no_window_hands_on_an_empty_relation(spark, tmp_path):
+    """The held state names the ends of its windows: a batch that closes none of them
+    hands on Spark's empty relation, so that the sink's job reads nothing, after a
+    restart too; the batch that closes them hands on their rows."""
+    folder = str(tmp_path / "held-store")
+    data = batches(spark, 2, 20)
+    window = stage()
+    outputs = []
+    for b, (frame, now) in enumerate([*data, (data[0][0].where("false"), T + 20_000)]):
+        if b == 1:
+            window = stage()  # a restarted driver: the ends come from the store
+        out = window.run(frame, BatchContext(UNTRACKED, b, now, None, 60_000, folder))
+        outputs.append((reads_nothing(out.tuples), len(out.tuples.collect())))
+        for cached in out.cached:
+            cached.unpersist()
+    assert outputs == [(True, 0), (True, 0), (False, 5)]
