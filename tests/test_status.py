@@ -775,3 +775,34 @@ def test_status_of_a_kafka_channel_shows_the_rows_read_as_a_local_one_does(
     assert main([*base, "--checkpoint", checkpoint]) == 0
     said = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert ["read", "2", "(records", "the", "source", "read", "since", "it", "started)"] in said
+
+
+def test_a_paused_run_says_which_sink_it_waits_for_since_when_and_that_nothing_is_charged(
+    tmp_path,
+):
+    """The pause file of this run reads into the run state and its line; one older
+    than the run's start (a killed process's) does not."""
+    import socket
+
+    from ackstream.topology.described import PAUSED_FILE, RUN_FILE, read_run
+    from ackstream.ui.status import run_line
+    from ackstream.vocabulary.clock import now_ms
+
+    folder, now = str(tmp_path), now_ms()
+    run = {"state": "running", "pid": os.getpid(), "host": socket.gethostname()}
+    with open(os.path.join(folder, RUN_FILE), "w") as f:
+        json.dump({**run, "started_ms": now - 60_000, "heard_ms": now}, f)
+
+    def pause(since_ms):
+        with open(os.path.join(folder, PAUSED_FILE), "w") as f:
+            sink = {"sink": "KafkaSink to out", "error": "TimeoutException", "retry_s": 8}
+            json.dump({**sink, "since_ms": since_ms}, f)
+
+    pause(now - 30_000)
+    line = run_line(read_run(folder, now=now))
+    assert "; paused: sink KafkaSink to out unreachable since " in line
+    assert "(TimeoutException)" in line and "no record is charged" in line
+    assert "within 8 s" in line
+    pause(now - 90_000)  # before this run started
+    assert read_run(folder, now=now)["paused"] is None
+    assert "paused" not in run_line(read_run(folder, now=now))

@@ -282,8 +282,8 @@ class Status:
 
 def run_line(run: dict[str, Any]) -> str:
     """The run state :func:`~ackstream.topology.described.read_run` gives, in a line:
-    running, stopped or not responding since when, the last batch and Spark's UI
-    address.
+    running, stopped or not responding since when, the last batch, the sink a paused
+    batch waits for and Spark's UI address.
 
     >>> run_line({"state": "stopped", "started_ms": 0, "stopped_ms": 60_000,
     ...           "heard_ms": 60_000, "error": None, "spark_ui": None, "last_batch": None})
@@ -313,6 +313,13 @@ def run_line(run: dict[str, Any]) -> str:
         )
         said += f", last batch {batch['id']} took {batch['duration_ms']} ms"
         said += f" ({batch['rows']} rows{', ' + rates if rates else ''})"
+    paused = run.get("paused")
+    if paused:
+        said += (
+            f"; paused: sink {paused.get('sink')} unreachable since "
+            f"{_utc(paused.get('since_ms') or 0)} ({paused.get('error')}), a batch waits "
+            f"and no record is charged, next try within {paused.get('retry_s')} s"
+        )
     if run.get("spark_ui"):
         said += f", Spark UI {run['spark_ui']}"
     return said

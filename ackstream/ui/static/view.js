@@ -62,14 +62,19 @@ function drawRun(el, t) {
   const state = said("state"), link = said("spark-ui");
   if (!run) {
     state.textContent = "no run recorded"; state.className = "state";
-    for (const key of ["since", "batch", "rates"]) said(key).textContent = "";
+    for (const key of ["since", "batch", "rates", "paused"]) said(key).textContent = "";
     said("since").textContent = "(give the checkpoint to read whether it runs)";
     link.hidden = true;
     return;
   }
   // the state as read_run checked it: a killed process's file still says running
-  state.textContent = run.state;
-  state.className = `state ${run.state.replace(" ", "-")}`;
+  const paused = run.paused;
+  state.textContent = paused ? `${run.state}, paused` : run.state;
+  state.className = `state ${paused ? "paused" : run.state.replace(" ", "-")}`;
+  said("paused").textContent = paused
+    ? `· sink ${paused.sink} unreachable since ${whenFull(paused.since_ms)} (${paused.error}):`
+      + ` a batch waits, no record is charged, next try within ${paused.retry_s} s`
+    : "";
   const started = `started ${whenFull(run.started_ms)}`;
   said("since").textContent = run.state === "stopped"
     ? `${run.stopped_ms ? `at ${whenFull(run.stopped_ms)}` : `after ${whenFull(run.heard_ms)}, when last heard`}`
