@@ -142,6 +142,33 @@ def produce(bootstrap: str, topic: str, values, partition: int = 0) -> None:
         producer.close()
 
 
+def start_two_shard_acker(
+    spark, channel, checkpoint, message_timeout_ms: int, trigger_ms: int = 100
+):
+    """The acker query on ``channel`` with two shards, checkpointed at ``checkpoint``: the
+    acker a test of the source or the channels runs beside what it checks."""
+    from ackstream.acker.query import start_acker
+
+    return start_acker(
+        spark,
+        channel,
+        checkpoint=str(checkpoint),
+        ackers=2,
+        message_timeout_ms=message_timeout_ms,
+        trigger_ms=trigger_ms,
+    )
+
+
+def start_foreach_batch(frame, handler, checkpoint):
+    """A query that hands each micro-batch of ``frame`` to ``handler`` every 200 ms."""
+    return (
+        frame.writeStream.foreachBatch(handler)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
 def run_on_kafka(topology, bootstrap: str, topic: str, checkpoint, records: int, **options):
     """Start ``topology`` on ``topic`` from its earliest offset, two records a batch, wait
     until its ``records`` are settled (acked or dead-lettered and committed), and stop it.
