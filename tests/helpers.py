@@ -169,12 +169,41 @@ def start_foreach_batch(frame, handler, checkpoint):
     )
 
 
+def tracked_kafka_stream(spark, bootstrap: str, topic: str, topology: str, channel, **options):
+    """The ``ackstream`` source of ``topology`` on ``topic`` from its earliest offsets, its
+    acks on ``channel`` (a directory, or ``kafka``); ``options`` by their full names."""
+    reader = (
+        spark.readStream.format("ackstream")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("ackstream.topology", topology)
+        .option("ackstream.channel", str(channel))
+    )
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def stop_once_settled(running, records: int, timeout_s: float, still_active: bool = False):
+    """Wait until ``records`` of the started topology ``running`` are settled, then stop
+    it, also when the wait fails; the source's figures. ``still_active``: check too that
+    the topology still runs once they are (a failure it survived did not stop it)."""
+    from ackstream.testing import wait_until_settled
+
+    try:
+        figures = wait_until_settled(running, records=records, timeout_s=timeout_s)
+        if still_active:
+            assert running.is_active()
+        return figures
+    finally:
+        running.stop()
+
+
 def run_on_kafka(topology, bootstrap: str, topic: str, checkpoint, records: int, **options):
     """Start ``topology`` on ``topic`` from its earliest offset, two records a batch, wait
     until its ``records`` are settled (acked or dead-lettered and committed), and stop it.
     ``options``: more source options (``ackstream.*``)."""
-    from ackstream.testing import wait_until_settled
-
     stream = topology.read_stream(
         {
             "kafka.bootstrap.servers": bootstrap,
@@ -184,11 +213,7 @@ def run_on_kafka(topology, bootstrap: str, topic: str, checkpoint, records: int,
             **options,
         }
     )
-    running = topology.start(stream, str(checkpoint), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=records, timeout_s=300)
-    finally:
-        running.stop()
+    stop_once_settled(topology.start(stream, str(checkpoint), trigger_ms=200), records, 300)
 
 
 def through_ledger(batches, timeout_ms: int = 60_000):

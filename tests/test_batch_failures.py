@@ -15,37 +15,27 @@ from ackstream import MemorySink, Topology
 from ackstream.channels.local import LocalChannel
 from ackstream.sinks.kafka import KafkaSink
 from ackstream.spark.session import has_kafka_connector
-from ackstream.testing import wait_until_settled
 
-from helpers import consume, group_commits, wait_for
+from helpers import (
+    consume,
+    group_commits,
+    produce,
+    stop_once_settled,
+    tracked_kafka_stream,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
-def produce(bootstrap: str, topic: str, values: list[str]) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap)
-    for value in values:
-        producer.send(topic, value.encode(), partition=0)
-    producer.flush()
-    producer.close()
-
-
 def tracked_stream(spark, broker, inbox: str, name: str, channel, **options):
-    reader = (
-        spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", broker.bootstrap)
-        .option("subscribe", inbox)
-        .option("startingOffsets", "earliest")
-        .option("ackstream.topology", name)
-        .option("ackstream.channel", str(channel))
-        .option("ackstream.deadLetterTopic", f"{name}.dead")
-        .option("ackstream.retryInitialDelay", "100ms")
-    )
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return reader.load()
+    """The source of ``name`` on ``inbox``: dead letters to ``<name>.dead``, quick replays."""
+    options = {
+        "ackstream.deadLetterTopic": f"{name}.dead",
+        "ackstream.retryInitialDelay": "100ms",
+        **options,
+    }
+    return tracked_kafka_stream(spark, broker.bootstrap, inbox, name, channel, **options)
 
 
 def letters(bootstrap: str, topic: str) -> dict[int, str]:
@@ -85,11 +75,7 @@ def test_a_sql_stage_raising_on_one_record_dead_letters_only_that_record(
         .sink(sink)
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
-    try:
-        wait_until_settled(running, records=len(values), timeout_s=240)
-        assert running.is_active()
-    finally:
-        running.stop()
+    stop_once_settled(running, len(values), timeout_s=240, still_active=True)
     assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(set(r["text"] for r in sink.rows())) == sorted(set(values) - {"poison"})
     reasons = letters(broker.bootstrap, f"{name}.dead")
@@ -140,11 +126,7 @@ def test_a_python_worker_exiting_on_one_record_dead_letters_it_naming_the_stage(
         }
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=len(values), timeout_s=240)
-        assert running.is_active()
-    finally:
-        running.stop()
+    stop_once_settled(running, len(values), timeout_s=240, still_active=True)
     assert sorted(set(r["text"] for r in sink.rows())) == ["a", "b", "c"]
     reasons = letters(broker.bootstrap, f"{name}.dead")
     assert sorted(reasons) == [2]
@@ -179,11 +161,7 @@ def test_a_bolt_hanging_on_one_record_is_cancelled_at_the_deadline_and_dead_lett
         .sink(sink)
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
-    try:
-        wait_until_settled(running, records=len(values), timeout_s=240)
-        assert running.is_active()
-    finally:
-        running.stop()
+    stop_once_settled(running, len(values), timeout_s=240, still_active=True)
     assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(set(r["text"] for r in sink.rows())) == ["a", "b", "c"]
     reasons = letters(broker.bootstrap, f"{name}.dead")

@@ -12,9 +12,8 @@ import pandas as pd
 import pytest
 
 from ackstream import KafkaChannel, KafkaSink, Topology
-from ackstream.testing import wait_until_settled
 
-from helpers import consume, group_commits
+from helpers import consume, group_commits, stop_once_settled
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -70,10 +69,7 @@ def test_collector_fails_replay_then_ack_and_rejects_are_dead_lettered(
         }
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
-    try:
-        figures = wait_until_settled(running, records=RECORDS, timeout_s=240)
-    finally:
-        running.stop()
+    figures = stop_once_settled(running, RECORDS, timeout_s=240)
 
     fail_set = {i for i in range(RECORDS) if failing(i)}  # none is also rejected
     reject_set = {i for i in range(RECORDS) if rejected(i)}
