@@ -23,6 +23,19 @@ WORDS = [
 ]
 
 
+def spark_examples(max_examples: int):
+    """Hypothesis settings for a property whose every example runs Spark batches: few
+    examples, no deadline and no shrinking, each example taking seconds."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate],
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
 def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
     """Poll ``condition()`` until it returns a truthy value; fail the test after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -185,6 +198,20 @@ def tracked_kafka_stream(spark, bootstrap: str, topic: str, topology: str, chann
     return reader.load()
 
 
+def start_on_generator(topology, checkpoint, count: int, **options):
+    """Start ``topology`` on ``count`` records of the generator in one partition, a
+    trigger every 200 ms; ``options``: more source options, by their full names."""
+    stream = topology.read_stream(
+        {
+            "ackstream.upstream": "generator",
+            "ackstream.generator.count": str(count),
+            "ackstream.generator.partitions": "1",
+            **options,
+        }
+    )
+    return topology.start(stream, str(checkpoint), trigger_ms=200)
+
+
 def stop_once_settled(running, records: int, timeout_s: float, still_active: bool = False):
     """Wait until ``records`` of the started topology ``running`` are settled, then stop
     it, also when the wait fails; the source's figures. ``still_active``: check too that
@@ -196,6 +223,29 @@ def stop_once_settled(running, records: int, timeout_s: float, still_active: boo
         if still_active:
             assert running.is_active()
         return figures
+    finally:
+        running.stop()
+
+
+def stop_once_held(running, name: str, channel_dir, checkpoint, stage: str, tuples: int):
+    """Wait until stage ``stage`` of the started topology ``name`` holds ``tuples``
+    tuples in ``checkpoint`` and the acker has read their open trees (as many roots
+    pending on ``channel_dir``), then stop it, also when a wait fails."""
+    from ackstream.ui.status import held_in, local_status
+
+    try:
+        wait_for(
+            lambda: (
+                held_in(checkpoint).get(stage, {}).get("tuples") == tuples or running.exception()
+            ),
+            timeout=120,
+            what=f"{tuples} tuples held",
+        )
+        assert running.exception() is None
+        wait_for(
+            lambda: local_status(channel_dir, name).pending == tuples,
+            what=f"{tuples} roots pending",
+        )
     finally:
         running.stop()
 

@@ -12,12 +12,13 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.sinks.memory import MemorySink
-from ackstream.testing import settle, tracked_frame, wait_until_settled
+from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.bolts import BatchContext
 from ackstream.topology.modes import ACK_MODES, TELESCOPED
 from ackstream.vocabulary.records import ACKED, FAILED, NOTICES, TIMED_OUT
 
+from helpers import start_on_generator, stop_once_settled
 from helpers import through_ledger as ledger
 
 pytestmark = pytest.mark.spark
@@ -244,16 +245,8 @@ def started(spark, tmp_path, count, timeout_ms=60_000, ack_mode="telescoped", **
         )
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "ackstream.upstream": "generator",
-            "ackstream.generator.count": str(count),
-            "ackstream.generator.partitions": "1",
-            "ackstream.retryInitialDelay": "50ms",
-            **options,
-        }
-    )
-    return topology, sink, topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+    options = {"ackstream.retryInitialDelay": "50ms", **options}
+    return topology, sink, start_on_generator(topology, tmp_path / "ckpt", count, **options)
 
 
 @pytest.mark.parametrize(
@@ -266,21 +259,11 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mod
     roots are acked once and every offset committed."""
     from ackstream.ui.status import held_in, local_status
 
-    from helpers import commits, wait_for
+    from helpers import commits, stop_once_held
 
     channel_dir, checkpoint = str(tmp_path / "channel"), str(tmp_path / "ckpt")
     topology, sink, running = started(spark, tmp_path, 2, ack_mode=ack_mode)
-    try:
-        wait_for(
-            lambda: held_in(checkpoint).get("w", {}).get("tuples") == 2 or running.exception(),
-            timeout=120,
-            what="two tuples held",
-        )
-        assert running.exception() is None
-        # the acker has read the open trees: the roots are pending, not acked
-        wait_for(lambda: local_status(channel_dir, "held").pending == 2, what="2 roots pending")
-    finally:
-        running.stop()
+    stop_once_held(running, "held", channel_dir, checkpoint, "w", 2)
     status = local_status(channel_dir, "held")
     assert (status.acked, status.failed, status.timed_out) == (0, 0, 0)
     assert commits(channel_dir).get("generator/0", 0) == 0
@@ -288,10 +271,7 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mod
     assert held_in(checkpoint) == {"w": {"tuples": 2, "roots": 2}}
 
     topology, sink, running = started(spark, tmp_path, 6, ack_mode=ack_mode)
-    try:
-        wait_until_settled(running, records=6, timeout_s=120)
-    finally:
-        running.stop()
+    stop_once_settled(running, 6, timeout_s=120)
     assert commits(channel_dir) == {"generator/0": 6}
     assert sorted((r["offsets"], r["attempts"]) for r in sink.rows()) == [
         ([0, 1, 2], [0, 0, 0]),
@@ -323,10 +303,7 @@ def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spa
         timeout_ms=3_000,
         **{"ackstream.maxRetries": "1", "ackstream.sourceTimeout": "120s"},
     )
-    try:
-        wait_until_settled(running, records=2, timeout_s=180)
-    finally:
-        running.stop()
+    stop_once_settled(running, 2, timeout_s=180)
     assert commits(channel_dir) == {"generator/0": 2}
     done = topology.channel.completions_since(None)[0].to_pylist()
     done = [c for c in done if c["status"] not in NOTICES]
