@@ -142,14 +142,18 @@ def consume(bootstrap, topic, quiet_s: float = 0.0, timeout_s: float = 60.0):
         consumer.close()
 
 
-def produce(bootstrap: str, topic: str, values, partition: int = 0) -> None:
-    """Write ``values`` (strings) to one partition of ``topic``, in order, and wait for them."""
+def produce(
+    bootstrap: str, topic: str, values, partition: int = 0, round_robin: int | None = None
+) -> None:
+    """Write ``values`` (strings) to one partition of ``topic``, in order, and wait for
+    them; ``round_robin=N``: the i-th value to partition ``i % N`` instead."""
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap)
     try:
-        for value in values:
-            producer.send(topic, value=value.encode(), partition=partition)
+        for i, value in enumerate(values):
+            to = partition if round_robin is None else i % round_robin
+            producer.send(topic, value=value.encode(), partition=to)
         producer.flush()
     finally:
         producer.close()
