@@ -142,6 +142,27 @@ def consume(bootstrap, topic, quiet_s: float = 0.0, timeout_s: float = 60.0):
         consumer.close()
 
 
+def first_outcomes(bootstrap: str, topology: str):
+    """The completions of ``topology`` (on the Kafka channel) and the messages of its
+    dead-letter topic, with when each ``(partition, offset)`` was first acked and when
+    first dead-lettered (ms): what the fault and chaos runs check their end state by."""
+    from ackstream.channels.kafka import KafkaChannel
+
+    rows = KafkaChannel(bootstrap, topology).completions_since(None)[0].to_pylist()
+    first_ack: dict[tuple[int, int], int] = {}
+    for r in rows:
+        if r["status"] == "acked":
+            key = (r["partition"], r["offset"])
+            first_ack[key] = min(first_ack.get(key, r["completed_ms"]), r["completed_ms"])
+    letters = consume(bootstrap, f"{topology}.dead")
+    dead: dict[tuple[int, int], int] = {}
+    for letter in letters:
+        headers = {k: v.decode() for k, v in letter.headers}
+        key = (int(headers["ackstream.partition"]), int(headers["ackstream.offset"]))
+        dead[key] = min(dead.get(key, letter.timestamp), letter.timestamp)
+    return rows, first_ack, letters, dead
+
+
 def produce(
     bootstrap: str, topic: str, values, partition: int = 0, round_robin: int | None = None
 ) -> None:
