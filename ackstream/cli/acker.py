@@ -58,11 +58,7 @@ def add_arguments(acker: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream acker``; its errors name the subcommand."""
-    return _acker(args.subparser, args)
-
-
-def _acker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``ackstream acker``."""
     check_channel_options(parser, args)
     if args.ackers < 1 or args.trigger_ms < 1:
         parser.error("--ackers and --trigger-ms must be positive")

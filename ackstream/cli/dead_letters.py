@@ -74,11 +74,7 @@ def add_arguments(dead: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream dead-letters list|replay``; its errors name the subcommand."""
-    return _dead_letters(args.subparser, args)
-
-
-def _dead_letters(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``ackstream dead-letters list|replay``."""
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be a positive number")
     records = []

@@ -56,11 +56,7 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream status``; its errors name the subcommand."""
-    return _status(args.subparser, args)
-
-
-def _status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``ackstream status``."""
     (source,) = figure_sources(parser, args, [args.topology])
     if args.watch is not None and args.watch <= 0:
         parser.error("--watch must be a positive number of seconds")

@@ -46,11 +46,7 @@ def add_arguments(ui: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream ui``; its errors name the subcommand."""
-    return _ui(args.subparser, args)
-
-
-def _ui(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``ackstream ui``."""
     check_ui_extra(parser, "ackstream ui")
     names = [n.strip() for n in args.topology.split(",") if n.strip()]
     if not names:
