@@ -207,20 +207,26 @@ def start_foreach_batch(frame, handler, checkpoint):
     )
 
 
+def from_earliest(bootstrap: str, topic: str, **options) -> dict:
+    """Source options that read ``topic`` on ``bootstrap`` from its earliest offsets,
+    and ``options`` (by their full names)."""
+    return {
+        "kafka.bootstrap.servers": bootstrap,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        **options,
+    }
+
+
 def tracked_kafka_stream(spark, bootstrap: str, topic: str, topology: str, channel, **options):
     """The ``ackstream`` source of ``topology`` on ``topic`` from its earliest offsets, its
     acks on ``channel`` (a directory, or ``kafka``); ``options`` by their full names."""
-    reader = (
+    tracked = {"ackstream.topology": topology, "ackstream.channel": str(channel), **options}
+    return (
         spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("ackstream.topology", topology)
-        .option("ackstream.channel", str(channel))
+        .options(**from_earliest(bootstrap, topic, **tracked))
+        .load()
     )
-    for name, value in options.items():
-        reader = reader.option(name, value)
-    return reader.load()
 
 
 def start_on_generator(topology, checkpoint, count: int, **options):
@@ -280,13 +286,7 @@ def run_on_kafka(topology, bootstrap: str, topic: str, checkpoint, records: int,
     until its ``records`` are settled (acked or dead-lettered and committed), and stop it.
     ``options``: more source options (``ackstream.*``)."""
     stream = topology.read_stream(
-        {
-            "kafka.bootstrap.servers": bootstrap,
-            "subscribe": topic,
-            "startingOffsets": "earliest",
-            "maxOffsetsPerTrigger": "2",
-            **options,
-        }
+        from_earliest(bootstrap, topic, **{"maxOffsetsPerTrigger": "2", **options})
     )
     stop_once_settled(topology.start(stream, str(checkpoint), trigger_ms=200), records, 300)
 
