@@ -281,14 +281,26 @@ def stop_once_held(running, name: str, channel_dir, checkpoint, stage: str, tupl
         running.stop()
 
 
+def new_inbox(broker, new_topic, prefix: str, values) -> tuple[str, str]:
+    """A new one-partition topic holding ``values`` (strings, in order) and a new topology
+    name starting with ``prefix``, to read it with."""
+    import uuid
+
+    inbox, name = new_topic(partitions=1), f"{prefix}-{uuid.uuid4().hex[:8]}"
+    produce(broker.bootstrap, inbox, values)
+    return inbox, name
+
+
 def run_on_kafka(topology, bootstrap: str, topic: str, checkpoint, records: int, **options):
     """Start ``topology`` on ``topic`` from its earliest offset, two records a batch, wait
-    until its ``records`` are settled (acked or dead-lettered and committed), and stop it.
-    ``options``: more source options (``ackstream.*``)."""
+    until its ``records`` are settled (acked or dead-lettered and committed), and stop it;
+    the offsets its group committed (:func:`group_commits`). ``options``: more source
+    options (``ackstream.*``)."""
     stream = topology.read_stream(
         from_earliest(bootstrap, topic, **{"maxOffsetsPerTrigger": "2", **options})
     )
     stop_once_settled(topology.start(stream, str(checkpoint), trigger_ms=200), records, 300)
+    return group_commits(bootstrap, topology.name, topic)
 
 
 def through_ledger(batches, timeout_ms: int = 60_000):

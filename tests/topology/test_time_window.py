@@ -229,15 +229,13 @@ def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
     goes into 1 s windows, held with every root it counts. The windows close (the last
     on an idle batch): the sums over all window rows are the counts of the input, every
     record is acked once at its first attempt and every offset committed."""
-    import uuid
 
     from ackstream.channels.kafka import KafkaChannel
     from ackstream.vocabulary.records import NOTICES
 
-    from helpers import group_commits, produce, run_on_kafka
+    from helpers import new_inbox, run_on_kafka
 
-    inbox, name = new_topic(partitions=1), f"tw-{uuid.uuid4().hex[:8]}"
-    produce(broker.bootstrap, inbox, "abaabb")
+    inbox, name = new_inbox(broker, new_topic, "tw", "abaabb")
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     topology = (
         Topology(name, spark, channel, message_timeout_ms=30_000)
@@ -246,8 +244,7 @@ def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
         .window("v", F.sum("n").alias("n"), duration="1s")
         .sink(sink)
     )
-    run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", records=6)
-    assert group_commits(broker.bootstrap, name, inbox) == {0: 6}
+    assert run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", records=6) == {0: 6}
     totals: dict = {}
     for row in sink.rows():
         totals[row["v"]] = totals.get(row["v"], 0) + row["n"]

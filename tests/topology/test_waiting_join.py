@@ -344,14 +344,12 @@ def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
     first batch, "R1" and "L2" meet them in the second. A stage fails the key 1 pair on
     its first attempt: both of its roots, read in two batches, fail and replay, meet
     again and are acked; the key 2 pair is acked at once. Every offset committed."""
-    import uuid
 
     from ackstream.channels.kafka import KafkaChannel
 
-    from helpers import group_commits, produce, run_on_kafka
+    from helpers import new_inbox, run_on_kafka
 
-    inbox, name = new_topic(partitions=1), f"join-{uuid.uuid4().hex[:8]}"
-    produce(broker.bootstrap, inbox, ["L1", "R2", "R1", "L2"])
+    inbox, name = new_inbox(broker, new_topic, "join", ["L1", "R2", "R1", "L2"])
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     first_attempts = (F.col("_attempt") == 0) & (F.col("_attempt_right") == 0)
     topology = (
@@ -364,15 +362,9 @@ def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
         .fail_where((F.col("k") == "1") & first_attempts, "1: first attempt")
         .sink(sink)
     )
-    run_on_kafka(
-        topology,
-        broker.bootstrap,
-        inbox,
-        tmp_path / "ckpt",
-        records=4,
-        **{"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"},
-    )
-    assert group_commits(broker.bootstrap, name, inbox) == {0: 4}
+    options = {"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"}
+    committed = run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", 4, **options)
+    assert committed == {0: 4}
     assert outcomes(channel) == sorted(
         [(o, 0, FAILED) for o in (0, 2)]
         + [(o, 1, ACKED) for o in (0, 2)]

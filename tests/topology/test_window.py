@@ -324,14 +324,12 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
     at 1, 3, 5 each fill a window only in the third batch. A stage fails the "a" window
     on its first attempt: its three roots, read in three batches, all fail and replay,
     fill the window again and are acked; "b" is acked at once. Every offset committed."""
-    import uuid
 
     from ackstream.channels.kafka import KafkaChannel
 
-    from helpers import group_commits, produce, run_on_kafka
+    from helpers import new_inbox, run_on_kafka
 
-    inbox, name = new_topic(partitions=1), f"win-{uuid.uuid4().hex[:8]}"
-    produce(broker.bootstrap, inbox, "ababab")
+    inbox, name = new_inbox(broker, new_topic, "win", "ababab")
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     topology = (
         Topology(name, spark, channel, message_timeout_ms=60_000)
@@ -345,15 +343,9 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
         .fail_where((F.col("v") == "a") & (F.col("attempt") == 0), "a: first attempt")
         .sink(sink)
     )
-    run_on_kafka(
-        topology,
-        broker.bootstrap,
-        inbox,
-        tmp_path / "ckpt",
-        records=6,
-        **{"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"},
-    )
-    assert group_commits(broker.bootstrap, name, inbox) == {0: 6}
+    options = {"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"}
+    committed = run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", 6, **options)
+    assert committed == {0: 6}
     done = channel.completions_since(None)[0].to_pylist()
     assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == sorted(
         [(o, 0, FAILED) for o in (0, 2, 4)]
