@@ -60,11 +60,29 @@ def test_held_tuples_keep_their_roots_open_until_the_window_emits(spark, ack_mod
 
 
 @MODES
-def test_a_failed_window_row_fails_every_root_it_was_anchored_to(spark, ack_mode):
-    """The window's row is anchored to tuples of two batches; a stage after it fails the
-    row, and all three roots fail (their records replay); nothing is written."""
+@pytest.mark.parametrize(
+    "failing_window",
+    [
+        pytest.param(
+            lambda spark, ack_mode, sink: windowed(
+                spark, ack_mode, sink, fail=F.size("offsets") == 3
+            ),
+            id="window",
+        ),
+        pytest.param(
+            lambda spark, ack_mode, sink: after_aggregate(
+                spark, ack_mode, sink, fail=F.col("total") == 3
+            ),
+            id="window after an aggregate",
+        ),
+    ],
+)
+def test_a_failed_window_row_fails_every_root_it_was_anchored_to(spark, ack_mode, failing_window):
+    """The window's row (of tuples, or of an aggregate's rows) is anchored to tuples of two
+    batches; a stage after it fails the row, and all three roots fail (their records
+    replay); nothing is written."""
     sink = MemorySink()
-    topology = windowed(spark, ack_mode, sink, fail=F.size("offsets") == 3)
+    topology = failing_window(spark, ack_mode, sink)
     first = tracked_frame(spark, ["a", "a"], partition=0)
     second = tracked_frame(spark, ["a"], partition=1)
     records = [topology.run_batch(first, 0), topology.run_batch(second, 1)]
@@ -160,18 +178,6 @@ def test_a_window_after_an_aggregate_holds_every_root_of_a_count(spark, ack_mode
     outcome, pending = ledger(records)
     assert outcome == dict.fromkeys([a0, a2, *roots(second)], ACKED)
     assert pending == {b}
-
-
-@MODES
-def test_a_failed_row_of_a_window_after_an_aggregate_fails_every_root(spark, ack_mode):
-    sink = MemorySink()
-    topology = after_aggregate(spark, ack_mode, sink, fail=F.col("total") == 3)
-    first = tracked_frame(spark, ["a", "a"], partition=0)
-    second = tracked_frame(spark, ["a"], partition=1)
-    records = [topology.run_batch(first, 0), topology.run_batch(second, 1)]
-    outcome, pending = ledger(records)
-    assert outcome == dict.fromkeys(roots(first) + roots(second), FAILED)
-    assert pending == set() and sink.rows() == []
 
 
 @MODES
