@@ -109,20 +109,13 @@ def test_commits_follow_acks_failures_replay_after_backoff_and_dead_letter_once(
         for r in topology.rows:
             times.setdefault((r["partition"], r["offset"], r["_attempt"]), time.monotonic())
 
-    frame = source(
-        spark,
-        broker.bootstrap,
-        topic,
-        channel.directory,
-        group,
-        **{
-            "ackstream.maxRetries": 2,
-            "ackstream.retryInitialDelay": "1s",
-            "ackstream.deadLetterTopic": dlq,
-            "ackstream.messageTimeout": "4s",
-        },
-    )
-    queries.append(start_foreach_batch(frame, timed, str(tmp_path / "source")))
+    options = {
+        "ackstream.maxRetries": 2,
+        "ackstream.retryInitialDelay": "1s",
+        "ackstream.deadLetterTopic": dlq,
+        "ackstream.messageTimeout": "4s",
+    }
+    start_reading(spark, broker, setup, topic, timed, tmp_path / "source", **options)
     lag = Group(broker.bootstrap, group)
     samples = []
     try:
@@ -161,16 +154,8 @@ def test_max_pending_holds_back_new_offsets(spark, broker, new_topic, setup, tmp
     topic = new_topic(1)
     produce(broker.bootstrap, topic, 7)
     topology = SpoutAcker(channel, lose=lambda f: f["offset"] >= 0)  # init only: acks by hand
-    frame = source(
-        spark,
-        broker.bootstrap,
-        topic,
-        channel.directory,
-        group,
-        **{"ackstream.maxPending": 4, "ackstream.messageTimeout": "60s"},
-    )
-    query = start_foreach_batch(frame, topology, str(tmp_path / "source"))
-    queries.append(query)
+    options = {"ackstream.maxPending": 4, "ackstream.messageTimeout": "60s"}
+    start_reading(spark, broker, setup, topic, topology, tmp_path / "source", **options)
     acked = 0
     for seen in (4, 7):
         wait_for(lambda n=seen: len(topology.rows) >= n, timeout=60, what=f"{seen} rows")
