@@ -1044,17 +1044,12 @@ def main(argv=None) -> dict:
         )
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from broker import KafkaBroker, kafka_version
+    from broker import kafka_version
 
     workdir = tempfile.mkdtemp(prefix="ackstream-e2e-")
     broker, warm_worker, failed = None, None, True
     try:
-        if args.bootstrap:
-            bootstrap = args.bootstrap
-        else:
-            log("starting Apache Kafka on loopback")
-            broker = KafkaBroker().start()
-            bootstrap = broker.bootstrap
+        broker, bootstrap = own_broker(args, log)
         started = time.time()
         largest = max(sizes) * (args.batches + args.warmup_batches)
         ctx = types.SimpleNamespace(
@@ -1138,12 +1133,7 @@ def main(argv=None) -> dict:
             "date": dt.datetime.now(dt.UTC).isoformat(),
             "machine": machine(kafka_version() if broker else None),
             "config": {
-                "batch_sizes": sizes,
-                "batches": args.batches,
-                "warmup_batches": args.warmup_batches,
-                "warmup_round": not args.no_warmup_round,
-                "partitions": args.partitions,
-                "repeats": args.repeats,
+                **run_config(args, sizes),
                 "trigger_ms": args.trigger_ms,
                 "window_seconds": args.window_seconds,
                 "vocabulary": len(vocabulary()),
@@ -1183,16 +1173,47 @@ def main(argv=None) -> dict:
     finally:
         if warm_worker is not None:
             warm_worker.close()
-        if broker is not None:
-            broker.stop()
-        if failed:
-            log(f"logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        stop_and_tidy(broker, workdir, failed, log, "logs")
     print_tables(out)
     if not args.no_save:
         log(f"written to {save(out, args.output, 'e2e')}")
     return out
+
+
+def run_config(args: argparse.Namespace, sizes: list[int]) -> dict:
+    """The figures' record of how a run was asked for that e2e.py and failure_path.py
+    share: its batch sizes, batches, warm-up, partitions and repeats."""
+    return {
+        "batch_sizes": sizes,
+        "batches": args.batches,
+        "warmup_batches": args.warmup_batches,
+        "warmup_round": not args.no_warmup_round,
+        "partitions": args.partitions,
+        "repeats": args.repeats,
+    }
+
+
+def own_broker(args: argparse.Namespace, log) -> tuple[object | None, str]:
+    """The run's brokers: ``--bootstrap``'s, or Apache Kafka started on loopback for it
+    (then returned, for :func:`stop_and_tidy`); and their address."""
+    if args.bootstrap:
+        return None, args.bootstrap
+    from broker import KafkaBroker
+
+    log("starting Apache Kafka on loopback")
+    broker = KafkaBroker().start()
+    return broker, broker.bootstrap
+
+
+def stop_and_tidy(broker, workdir: str, failed: bool, log, kept: str) -> None:
+    """Stop the run's own broker (none: external ones) and remove its working directory,
+    or keep that after a failure and say so (``kept``: what it holds)."""
+    if broker is not None:
+        broker.stop()
+    if failed:
+        log(f"{kept} kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def save(out: dict, output: str | None, name: str) -> str:

@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -74,9 +73,12 @@ from e2e import (  # noqa: E402
     loadavg,
     machine,
     make_input,
+    own_broker,
     read_output,
+    run_config,
     save,
     spread,
+    stop_and_tidy,
 )
 from e2e_systems import MESSAGE_TIMEOUT_MS, SPARK_CONF, spark_kafka_jars  # noqa: E402
 
@@ -562,17 +564,12 @@ def main(argv=None, spark=None) -> dict:
         log("Spark's Kafka connector is not resolved (make spark-kafka): new records are read")
         log("by the source's Python read tasks instead, which this benchmark does not claim")
 
-    from broker import KafkaBroker, kafka_version
+    from broker import kafka_version
 
     workdir = tempfile.mkdtemp(prefix="ackstream-failure-path-")
     broker, own_session, failed = None, spark is None, True
     try:
-        if args.bootstrap:
-            bootstrap = args.bootstrap
-        else:
-            log("starting Apache Kafka on loopback")
-            broker = KafkaBroker().start()
-            bootstrap = broker.bootstrap
+        broker, bootstrap = own_broker(args, log)
         started, described = time.time(), machine(kafka_version() if broker else None)
         spark = spark or session()
         ctx = types.SimpleNamespace(
@@ -611,12 +608,7 @@ def main(argv=None, spark=None) -> dict:
             "date": dt.datetime.now(dt.UTC).isoformat(),
             "machine": described,  # its load average: before the run
             "config": {
-                "batch_sizes": sizes,
-                "batches": args.batches,
-                "warmup_batches": args.warmup_batches,
-                "warmup_round": not args.no_warmup_round,
-                "partitions": args.partitions,
-                "repeats": args.repeats,
+                **run_config(args, sizes),
                 "trigger_ms": TRIGGER_MS,
                 "fractions": fractions,
                 "variants": variants,
@@ -652,12 +644,7 @@ def main(argv=None, spark=None) -> dict:
     finally:
         if own_session and spark is not None:
             spark.stop()
-        if broker is not None:
-            broker.stop()
-        if failed:
-            log(f"checkpoints kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        stop_and_tidy(broker, workdir, failed, log, "checkpoints")
     print_tables(out)
     if not args.no_save:
         log(f"written to {save(out, args.output, 'failure-path')}")

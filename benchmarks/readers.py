@@ -46,24 +46,22 @@ def stream(spark, reader: str, bootstrap: str, topic: str, max_per_batch: int, g
 
     from ackstream.vocabulary.ids import spark_root_id
 
+    kafka = {
+        "kafka.bootstrap.servers": bootstrap,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": max_per_batch,
+    }
     if reader == "python":
-        return (
-            spark.readStream.format("ackstream")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", topic)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", max_per_batch)
-            .option("kafka.group.id", group)
-            .option("ackstream.topology", NAME)
-            .option("ackstream.tracking", "false")
-            .load()
-        )
+        untracked = {
+            "kafka.group.id": group,
+            "ackstream.topology": NAME,
+            "ackstream.tracking": "false",
+        }
+        return spark.readStream.format("ackstream").options(**kafka, **untracked).load()
     return (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", max_per_batch)
+        .options(**kafka)
         .load()
         .withColumn("_root", spark_root_id(NAME, attempt=F.lit(0)))
     )

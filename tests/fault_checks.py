@@ -17,10 +17,9 @@ from pathlib import Path
 
 from test_chaos import CommitRecorder as ChaosCommitRecorder
 
-from ackstream.channels.kafka import KafkaChannel
 from ackstream.vocabulary.records import NOTICES
 
-from helpers import consume, sentences, wait_for
+from helpers import consume, first_outcomes, sentences, wait_for
 
 N = 200  # input records, on 2 partitions
 POISON_AT = 17
@@ -71,20 +70,7 @@ def check_end_state(
 
     assert all_committed(recorder), f"committed {recorder.latest()}, end {N // 2} per partition"
 
-    done, _ = KafkaChannel(bootstrap, name).completions_since(None)
-    rows = done.to_pylist()
-    first_ack: dict[tuple[int, int], int] = {}
-    for r in rows:
-        if r["status"] == "acked":
-            key = (r["partition"], r["offset"])
-            first_ack[key] = min(first_ack.get(key, r["completed_ms"]), r["completed_ms"])
-
-    letters = consume(bootstrap, f"{name}.dead")
-    dead: dict[tuple[int, int], int] = {}
-    for letter in letters:
-        headers = {k: v.decode() for k, v in letter.headers}
-        key = (int(headers["ackstream.partition"]), int(headers["ackstream.offset"]))
-        dead[key] = min(dead.get(key, letter.timestamp), letter.timestamp)
+    rows, first_ack, letters, dead = first_outcomes(bootstrap, name)
     assert set(dead) == {poison}, f"dead letters for {sorted(dead)}, expected only {poison}"
     assert not set(first_ack) & set(dead), "an offset was both acked and dead-lettered"
     assert set(first_ack) | set(dead) == everything, (

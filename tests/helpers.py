@@ -23,6 +23,19 @@ WORDS = [
 ]
 
 
+def spark_examples(max_examples: int):
+    """Hypothesis settings for a property whose every example runs Spark batches: few
+    examples, no deadline and no shrinking, each example taking seconds."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate],
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
 def wait_for(condition, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
     """Poll ``condition()`` until it returns a truthy value; fail the test after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -129,39 +142,165 @@ def consume(bootstrap, topic, quiet_s: float = 0.0, timeout_s: float = 60.0):
         consumer.close()
 
 
-def produce(bootstrap: str, topic: str, values, partition: int = 0) -> None:
-    """Write ``values`` (strings) to one partition of ``topic``, in order, and wait for them."""
+def first_outcomes(bootstrap: str, topology: str):
+    """The completions of ``topology`` (on the Kafka channel) and the messages of its
+    dead-letter topic, with when each ``(partition, offset)`` was first acked and when
+    first dead-lettered (ms): what the fault and chaos runs check their end state by."""
+    from ackstream.channels.kafka import KafkaChannel
+
+    rows = KafkaChannel(bootstrap, topology).completions_since(None)[0].to_pylist()
+    first_ack: dict[tuple[int, int], int] = {}
+    for r in rows:
+        if r["status"] == "acked":
+            key = (r["partition"], r["offset"])
+            first_ack[key] = min(first_ack.get(key, r["completed_ms"]), r["completed_ms"])
+    letters = consume(bootstrap, f"{topology}.dead")
+    dead: dict[tuple[int, int], int] = {}
+    for letter in letters:
+        headers = {k: v.decode() for k, v in letter.headers}
+        key = (int(headers["ackstream.partition"]), int(headers["ackstream.offset"]))
+        dead[key] = min(dead.get(key, letter.timestamp), letter.timestamp)
+    return rows, first_ack, letters, dead
+
+
+def produce(
+    bootstrap: str, topic: str, values, partition: int = 0, round_robin: int | None = None
+) -> None:
+    """Write ``values`` (strings) to one partition of ``topic``, in order, and wait for
+    them; ``round_robin=N``: the i-th value to partition ``i % N`` instead."""
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap)
     try:
-        for value in values:
-            producer.send(topic, value=value.encode(), partition=partition)
+        for i, value in enumerate(values):
+            to = partition if round_robin is None else i % round_robin
+            producer.send(topic, value=value.encode(), partition=to)
         producer.flush()
     finally:
         producer.close()
 
 
-def run_on_kafka(topology, bootstrap: str, topic: str, checkpoint, records: int, **options):
-    """Start ``topology`` on ``topic`` from its earliest offset, two records a batch, wait
-    until its ``records`` are settled (acked or dead-lettered and committed), and stop it.
-    ``options``: more source options (``ackstream.*``)."""
-    from ackstream.testing import wait_until_settled
+def start_two_shard_acker(
+    spark, channel, checkpoint, message_timeout_ms: int, trigger_ms: int = 100
+):
+    """The acker query on ``channel`` with two shards, checkpointed at ``checkpoint``: the
+    acker a test of the source or the channels runs beside what it checks."""
+    from ackstream.acker.query import start_acker
 
+    return start_acker(
+        spark,
+        channel,
+        checkpoint=str(checkpoint),
+        ackers=2,
+        message_timeout_ms=message_timeout_ms,
+        trigger_ms=trigger_ms,
+    )
+
+
+def start_foreach_batch(frame, handler, checkpoint):
+    """A query that hands each micro-batch of ``frame`` to ``handler`` every 200 ms."""
+    return (
+        frame.writeStream.foreachBatch(handler)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def from_earliest(bootstrap: str, topic: str, **options) -> dict:
+    """Source options that read ``topic`` on ``bootstrap`` from its earliest offsets,
+    and ``options`` (by their full names)."""
+    return {
+        "kafka.bootstrap.servers": bootstrap,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        **options,
+    }
+
+
+def tracked_kafka_stream(spark, bootstrap: str, topic: str, topology: str, channel, **options):
+    """The ``ackstream`` source of ``topology`` on ``topic`` from its earliest offsets, its
+    acks on ``channel`` (a directory, or ``kafka``); ``options`` by their full names."""
+    tracked = {"ackstream.topology": topology, "ackstream.channel": str(channel), **options}
+    return (
+        spark.readStream.format("ackstream")
+        .options(**from_earliest(bootstrap, topic, **tracked))
+        .load()
+    )
+
+
+def start_on_generator(topology, checkpoint, count: int, **options):
+    """Start ``topology`` on ``count`` records of the generator in one partition, a
+    trigger every 200 ms; ``options``: more source options, by their full names."""
     stream = topology.read_stream(
         {
-            "kafka.bootstrap.servers": bootstrap,
-            "subscribe": topic,
-            "startingOffsets": "earliest",
-            "maxOffsetsPerTrigger": "2",
+            "ackstream.upstream": "generator",
+            "ackstream.generator.count": str(count),
+            "ackstream.generator.partitions": "1",
             **options,
         }
     )
-    running = topology.start(stream, str(checkpoint), trigger_ms=200)
+    return topology.start(stream, str(checkpoint), trigger_ms=200)
+
+
+def stop_once_settled(running, records: int, timeout_s: float, still_active: bool = False):
+    """Wait until ``records`` of the started topology ``running`` are settled, then stop
+    it, also when the wait fails; the source's figures. ``still_active``: check too that
+    the topology still runs once they are (a failure it survived did not stop it)."""
+    from ackstream.testing import wait_until_settled
+
     try:
-        wait_until_settled(running, records=records, timeout_s=300)
+        figures = wait_until_settled(running, records=records, timeout_s=timeout_s)
+        if still_active:
+            assert running.is_active()
+        return figures
     finally:
         running.stop()
+
+
+def stop_once_held(running, name: str, channel_dir, checkpoint, stage: str, tuples: int):
+    """Wait until stage ``stage`` of the started topology ``name`` holds ``tuples``
+    tuples in ``checkpoint`` and the acker has read their open trees (as many roots
+    pending on ``channel_dir``), then stop it, also when a wait fails."""
+    from ackstream.ui.status import held_in, local_status
+
+    try:
+        wait_for(
+            lambda: (
+                held_in(checkpoint).get(stage, {}).get("tuples") == tuples or running.exception()
+            ),
+            timeout=120,
+            what=f"{tuples} tuples held",
+        )
+        assert running.exception() is None
+        wait_for(
+            lambda: local_status(channel_dir, name).pending == tuples,
+            what=f"{tuples} roots pending",
+        )
+    finally:
+        running.stop()
+
+
+def new_inbox(broker, new_topic, prefix: str, values) -> tuple[str, str]:
+    """A new one-partition topic holding ``values`` (strings, in order) and a new topology
+    name starting with ``prefix``, to read it with."""
+    import uuid
+
+    inbox, name = new_topic(partitions=1), f"{prefix}-{uuid.uuid4().hex[:8]}"
+    produce(broker.bootstrap, inbox, values)
+    return inbox, name
+
+
+def run_on_kafka(topology, bootstrap: str, topic: str, checkpoint, records: int, **options):
+    """Start ``topology`` on ``topic`` from its earliest offset, two records a batch, wait
+    until its ``records`` are settled (acked or dead-lettered and committed), and stop it;
+    the offsets its group committed (:func:`group_commits`). ``options``: more source
+    options (``ackstream.*``)."""
+    stream = topology.read_stream(
+        from_earliest(bootstrap, topic, **{"maxOffsetsPerTrigger": "2", **options})
+    )
+    stop_once_settled(topology.start(stream, str(checkpoint), trigger_ms=200), records, 300)
+    return group_commits(bootstrap, topology.name, topic)
 
 
 def through_ledger(batches, timeout_ms: int = 60_000):

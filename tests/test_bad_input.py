@@ -11,9 +11,8 @@ from pyspark.sql import functions as F
 from ackstream import MemorySink, Topology
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.sources import kafka as kafka_source
-from ackstream.testing import wait_until_settled
 
-from helpers import group_commits
+from helpers import group_commits, stop_once_settled, tracked_kafka_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -39,17 +38,8 @@ def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_re
     producer.flush()
     producer.close()
 
-    stream = (
-        spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", broker.bootstrap)
-        .option("subscribe", inbox)
-        .option("startingOffsets", "earliest")
-        .option("ackstream.topology", name)
-        .option("ackstream.channel", "kafka")
-        .option("ackstream.maxValueBytes", LIMIT)
-        .option("ackstream.messageTimeout", "20s")
-        .load()
-    )
+    options = {"ackstream.maxValueBytes": LIMIT, "ackstream.messageTimeout": "20s"}
+    stream = tracked_kafka_stream(spark, broker.bootstrap, inbox, name, "kafka", **options)
     sink = MemorySink()
     text = F.col("value").cast("string")
     topology = (
@@ -61,11 +51,7 @@ def test_malformed_records_are_dead_lettered_with_their_reason_once_and_never_re
         .sink(sink)
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
-    try:
-        wait_until_settled(running, records=len(values), timeout_s=120)
-        assert running.is_active()
-    finally:
-        running.stop()
+    stop_once_settled(running, len(values), timeout_s=120, still_active=True)
 
     assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(r["doc"]["n"] for r in sink.rows()) == sorted(set(range(12)) - set(bad))
@@ -213,15 +199,13 @@ def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new
         producer.commit_transaction()
     producer.close()
 
-    stream = (
-        spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", broker.bootstrap)
-        .option("subscribe", inbox)
-        .option("startingOffsets", "earliest")
-        .option("ackstream.topology", name)
-        .option("ackstream.channel", str(tmp_path / "channel"))
-        .option("ackstream.messageTimeout", "5 min")
-        .load()
+    stream = tracked_kafka_stream(
+        spark,
+        broker.bootstrap,
+        inbox,
+        name,
+        tmp_path / "channel",
+        **{"ackstream.messageTimeout": "5 min"},
     )
     sink = MemorySink()
     from ackstream.channels.local import LocalChannel
@@ -231,10 +215,7 @@ def test_offsets_without_a_record_do_not_hold_the_commit_back(spark, broker, new
         .sink(sink)
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
     )
-    try:
-        wait_until_settled(running, records=3, timeout_s=90)
-    finally:
-        running.stop()
+    stop_once_settled(running, 3, timeout_s=90)
     assert group_commits(broker.bootstrap, name, inbox) == {0: 5}  # past both markers
     assert sorted(r["value"] for r in sink.rows()) == [b"a", b"b", b"c"]
 
@@ -246,20 +227,15 @@ def test_a_poison_record_alone_in_its_batch_costs_only_that_record(
     another, with one record a batch: each bad record alone fails every row of its chunk,
     and still only its root fails; the query goes on and dead-letters both."""
     import pandas as pd
-    from kafka import KafkaProducer
 
     from ackstream.channels.local import LocalChannel
 
-    from helpers import consume
+    from helpers import consume, produce
 
     inbox, name = new_topic(partitions=1), f"alone-{uuid.uuid4().hex[:8]}"
     values = [f"v{i}" for i in range(6)]
     values[2], values[4] = "poison", "wrong type"
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for value in values:
-        producer.send(inbox, value.encode(), partition=0)
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, inbox, values)
 
     def bolt(frame):
         text = frame["value"].map(bytes.decode)
@@ -267,18 +243,14 @@ def test_a_poison_record_alone_in_its_batch_costs_only_that_record(
             raise ValueError("poison")
         return pd.DataFrame({"text": text, "size": [v if v == "wrong type" else 1 for v in text]})
 
-    stream = (
-        spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", broker.bootstrap)
-        .option("subscribe", inbox)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", 1)
-        .option("ackstream.topology", name)
-        .option("ackstream.channel", str(tmp_path / "channel"))
-        .option("ackstream.deadLetterTopic", f"{name}.dead")
-        .option("ackstream.maxRetries", 1)
-        .option("ackstream.retryInitialDelay", "100ms")
-        .load()
+    options = {
+        "maxOffsetsPerTrigger": 1,
+        "ackstream.deadLetterTopic": f"{name}.dead",
+        "ackstream.maxRetries": 1,
+        "ackstream.retryInitialDelay": "100ms",
+    }
+    stream = tracked_kafka_stream(
+        spark, broker.bootstrap, inbox, name, tmp_path / "channel", **options
     )
     sink = MemorySink()
     running = (
@@ -287,11 +259,7 @@ def test_a_poison_record_alone_in_its_batch_costs_only_that_record(
         .sink(sink)
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
-    try:
-        wait_until_settled(running, records=len(values), timeout_s=120)
-        assert running.is_active()
-    finally:
-        running.stop()
+    stop_once_settled(running, len(values), timeout_s=120, still_active=True)
     assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(r["text"] for r in sink.rows()) == ["v0", "v1", "v3", "v5"]
     reasons = {}

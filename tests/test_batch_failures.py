@@ -5,7 +5,6 @@ does."""
 
 import threading
 import time
-import uuid
 
 import pandas as pd
 import pytest
@@ -15,37 +14,41 @@ from ackstream import MemorySink, Topology
 from ackstream.channels.local import LocalChannel
 from ackstream.sinks.kafka import KafkaSink
 from ackstream.spark.session import has_kafka_connector
-from ackstream.testing import wait_until_settled
 
-from helpers import consume, group_commits, wait_for
+from helpers import (
+    consume,
+    from_earliest,
+    group_commits,
+    new_inbox,
+    stop_once_settled,
+    tracked_kafka_stream,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
-def produce(bootstrap: str, topic: str, values: list[str]) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap)
-    for value in values:
-        producer.send(topic, value.encode(), partition=0)
-    producer.flush()
-    producer.close()
-
-
 def tracked_stream(spark, broker, inbox: str, name: str, channel, **options):
-    reader = (
-        spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", broker.bootstrap)
-        .option("subscribe", inbox)
-        .option("startingOffsets", "earliest")
-        .option("ackstream.topology", name)
-        .option("ackstream.channel", str(channel))
-        .option("ackstream.deadLetterTopic", f"{name}.dead")
-        .option("ackstream.retryInitialDelay", "100ms")
-    )
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return reader.load()
+    """The source of ``name`` on ``inbox``: dead letters to ``<name>.dead``, quick replays."""
+    options = {
+        "ackstream.deadLetterTopic": f"{name}.dead",
+        "ackstream.retryInitialDelay": "100ms",
+        **options,
+    }
+    return tracked_kafka_stream(spark, broker.bootstrap, inbox, name, channel, **options)
+
+
+def bolt_that(does, on: str):
+    """A pandas bolt passing each record's text on, that first ``does()`` in a batch
+    holding the record ``on``."""
+
+    def bolt(frame):
+        text = frame["value"].map(bytes.decode)
+        if (text == on).any():
+            does()
+        return pd.DataFrame({"text": text})
+
+    return bolt
 
 
 def letters(bootstrap: str, topic: str) -> dict[int, str]:
@@ -63,10 +66,9 @@ def test_a_sql_stage_raising_on_one_record_dead_letters_only_that_record(
     """A DataFrame stage whose expression raises at run time for one record fails its
     batch's Spark job: the batch's roots are isolated, and only the record at fault is
     dead-lettered, with Spark's error as its reason."""
-    inbox, name = new_topic(partitions=1), f"sqlfail-{uuid.uuid4().hex[:8]}"
     values = [f"v{i}" for i in range(10)]
     values[6] = "poison"
-    produce(broker.bootstrap, inbox, values)
+    inbox, name = new_inbox(broker, new_topic, "sqlfail", values)
 
     def checked(df):
         text = F.col("value").cast("string")
@@ -85,11 +87,7 @@ def test_a_sql_stage_raising_on_one_record_dead_letters_only_that_record(
         .sink(sink)
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
-    try:
-        wait_until_settled(running, records=len(values), timeout_s=240)
-        assert running.is_active()
-    finally:
-        running.stop()
+    stop_once_settled(running, len(values), timeout_s=240, still_active=True)
     assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(set(r["text"] for r in sink.rows())) == sorted(set(values) - {"poison"})
     reasons = letters(broker.bootstrap, f"{name}.dead")
@@ -112,39 +110,23 @@ def test_a_python_worker_exiting_on_one_record_dead_letters_it_naming_the_stage(
 
     if reader == "spark" and not has_kafka_connector(spark):
         pytest.skip("Spark's Kafka connector is not on this session's class path")
-    inbox, name = new_topic(partitions=1), f"exits-{uuid.uuid4().hex[:8]}"
     values = ["a", "b", "exit", "c"]
-    produce(broker.bootstrap, inbox, values)
-
-    def bolt(frame):
-        text = frame["value"].map(bytes.decode)
-        if (text == "exit").any():
-            os._exit(3)
-        return pd.DataFrame({"text": text})
-
+    inbox, name = new_inbox(broker, new_topic, "exits", values)
     sink = MemorySink()
     topology = (
         Topology(name, spark, LocalChannel(tmp_path / "channel"))
-        .pandas_bolt(bolt, "text string", name="exiting")
+        .pandas_bolt(bolt_that(lambda: os._exit(3), on="exit"), "text string", name="exiting")
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": inbox,
-            "startingOffsets": "earliest",
-            "ackstream.deadLetterTopic": f"{name}.dead",
-            "ackstream.retryInitialDelay": "100ms",
-            "ackstream.maxRetries": 0,
-            "ackstream.recordReader": reader,
-        }
-    )
+    options = {
+        "ackstream.deadLetterTopic": f"{name}.dead",
+        "ackstream.retryInitialDelay": "100ms",
+        "ackstream.maxRetries": 0,
+        "ackstream.recordReader": reader,
+    }
+    stream = topology.read_stream(from_earliest(broker.bootstrap, inbox, **options))
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=len(values), timeout_s=240)
-        assert running.is_active()
-    finally:
-        running.stop()
+    stop_once_settled(running, len(values), timeout_s=240, still_active=True)
     assert sorted(set(r["text"] for r in sink.rows())) == ["a", "b", "c"]
     reasons = letters(broker.bootstrap, f"{name}.dead")
     assert sorted(reasons) == [2]
@@ -159,31 +141,19 @@ def test_a_bolt_hanging_on_one_record_is_cancelled_at_the_deadline_and_dead_lett
     """Storm's message timeout for a hung bolt: the batch runs past ``batch_deadline_ms``,
     its jobs are cancelled, and the hanging record is isolated and dead-lettered with a
     reason naming the deadline; the others are written and the query goes on."""
-    inbox, name = new_topic(partitions=1), f"hang-{uuid.uuid4().hex[:8]}"
     values = ["a", "b", "hang", "c"]
-    produce(broker.bootstrap, inbox, values)
-
-    def bolt(frame):
-        text = frame["value"].map(bytes.decode)
-        if (text == "hang").any():
-            time.sleep(3600)
-        return pd.DataFrame({"text": text})
-
+    inbox, name = new_inbox(broker, new_topic, "hang", values)
     stream = tracked_stream(
         spark, broker, inbox, name, tmp_path / "channel", **{"ackstream.maxRetries": 0}
     )
     sink = MemorySink()
     running = (
         Topology(name, spark, LocalChannel(tmp_path / "channel"), batch_deadline_ms=8_000)
-        .pandas_bolt(bolt, "text string", name="slow")
+        .pandas_bolt(bolt_that(lambda: time.sleep(3600), on="hang"), "text string", name="slow")
         .sink(sink)
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
     )
-    try:
-        wait_until_settled(running, records=len(values), timeout_s=240)
-        assert running.is_active()
-    finally:
-        running.stop()
+    stop_once_settled(running, len(values), timeout_s=240, still_active=True)
     assert group_commits(broker.bootstrap, name, inbox) == {0: len(values)}
     assert sorted(set(r["text"] for r in sink.rows())) == ["a", "b", "c"]
     reasons = letters(broker.bootstrap, f"{name}.dead")
@@ -201,8 +171,7 @@ def test_stop_returns_while_a_stage_hangs(spark, broker, new_topic, tmp_path, wr
     cancelled). Bounded by a generous poll, not a timing assertion."""
     if writer == "spark" and not has_kafka_connector(spark):
         pytest.skip("Spark's Kafka connector is not on this session's class path")
-    inbox, name = new_topic(partitions=1), f"stuck-{uuid.uuid4().hex[:8]}"
-    produce(broker.bootstrap, inbox, ["hang"])
+    inbox, name = new_inbox(broker, new_topic, "stuck", ["hang"])
     started = tmp_path / "started"
 
     def bolt(frame):

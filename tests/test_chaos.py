@@ -49,9 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from ackstream.channels.kafka import KafkaChannel
-
-from helpers import consume, sentences, wait_for
+from helpers import consume, first_outcomes, sentences, wait_for
 from spark_cluster import StandaloneCluster, spark_env
 
 pytestmark = [pytest.mark.chaos]
@@ -185,19 +183,7 @@ class CommitRecorder(threading.Thread):
 def outcome(bootstrap: str, name: str, outbox: str, lines, size: Size, poison, recorder) -> dict:
     """The run's figures: lost, committed early, duplicates, spurious replays, ..."""
     everything = {coordinates(i, size.partitions) for i in range(size.records)}
-    rows = KafkaChannel(bootstrap, name).completions_since(None)[0].to_pylist()
-    first_ack: dict[tuple[int, int], int] = {}
-    for r in rows:
-        if r["status"] == "acked":
-            key = (r["partition"], r["offset"])
-            first_ack[key] = min(first_ack.get(key, r["completed_ms"]), r["completed_ms"])
-    letters = consume(bootstrap, f"{name}.dead")
-    dead: dict[tuple[int, int], int] = {}
-    for letter in letters:
-        headers = {k: v.decode() for k, v in letter.headers}
-        key = (int(headers["ackstream.partition"]), int(headers["ackstream.offset"]))
-        dead[key] = min(dead.get(key, letter.timestamp), letter.timestamp)
-
+    rows, first_ack, letters, dead = first_outcomes(bootstrap, name)
     written = [(m.key.decode(), m.value.decode()) for m in consume(bootstrap, outbox)]
     expected = {
         (word, "{}:{}".format(*coordinates(i, size.partitions)))

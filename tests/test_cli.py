@@ -243,16 +243,17 @@ def test_run_serves_its_metrics_and_view_while_it_lasts(spark, tmp_path, capsys)
     assert re.search(r"live view at http://127\.0\.0\.1:\d+/", said), said
 
 
-SPARK_READER_FILE = """
+#: a topology file splitting the lines of a topic into words, with one more source option
+KAFKA_FILE = """
 from pyspark.sql import functions as F
 
 from ackstream import LocalChannel, MemorySink, Topology
 
-topology = (Topology("idle-spark-reader", spark, LocalChannel({channel!r}), tracking={tracking})
+topology = (Topology({name!r}, spark, LocalChannel({channel!r}), tracking={tracking})
             .explode(F.split(F.col("value").cast("string"), " "), "word")
             .sink(MemorySink()))
 frame = topology.read_stream({{"kafka.bootstrap.servers": {bootstrap!r},
-                              "subscribe": {topic!r}, "ackstream.recordReader": "spark"}})
+                              "subscribe": {topic!r}, {option!r}: {value!r}}})
 topology.start(frame, {checkpoint!r}, trigger_ms=200)
 """
 
@@ -278,12 +279,15 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
     channel = str(tmp_path / "channel")
     topo = tmp_path / "spark_reader.py"
     topo.write_text(
-        SPARK_READER_FILE.format(
+        KAFKA_FILE.format(
+            name="idle-spark-reader",
             channel=channel,
             checkpoint=str(tmp_path / "ckpt"),
             bootstrap=broker.bootstrap,
             topic=topic,
             tracking=tracking,
+            option="ackstream.recordReader",
+            value="spark",
         )
     )
     assert main(["run", str(topo), "--until-idle", "5", "--timeout", "90"]) == 0
@@ -993,20 +997,6 @@ def test_run_without_a_broker_is_one_line_naming_it_and_exits_3(tmp_path):
     assert "Traceback" in Path(_log_named(lines[0])).read_text()
 
 
-KAFKA_FILE = """
-from pyspark.sql import functions as F
-
-from ackstream import LocalChannel, MemorySink, Topology
-
-topology = (Topology("interrupted", spark, LocalChannel({channel!r}))
-            .explode(F.split(F.col("value").cast("string"), " "), "word")
-            .sink(MemorySink()))
-frame = topology.read_stream({{"kafka.bootstrap.servers": {bootstrap!r},
-                              "subscribe": {topic!r}, "maxOffsetsPerTrigger": "20"}})
-topology.start(frame, {checkpoint!r}, trigger_ms=200)
-"""
-
-
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.e2e
@@ -1019,23 +1009,21 @@ def test_ctrl_c_on_a_kafka_run_prints_one_line(broker, new_topic, tmp_path):
     import sys
     import threading
 
-    from kafka import KafkaProducer
-
-    from helpers import sentences, wait_for
+    from helpers import produce, sentences, wait_for
 
     topic = new_topic()
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for sentence in sentences(2000):
-        producer.send(topic, sentence.encode())
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, topic, sentences(2000))
     topo = tmp_path / "kafka_run.py"
     topo.write_text(
         KAFKA_FILE.format(
+            name="interrupted",
             channel=str(tmp_path / "ch"),
             checkpoint=str(tmp_path / "ckpt"),
             bootstrap=broker.bootstrap,
             topic=topic,
+            tracking=True,
+            option="maxOffsetsPerTrigger",
+            value="20",
         )
     )
     run = subprocess.Popen(

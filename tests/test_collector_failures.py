@@ -12,9 +12,8 @@ import pandas as pd
 import pytest
 
 from ackstream import KafkaChannel, KafkaSink, Topology
-from ackstream.testing import wait_until_settled
 
-from helpers import consume, group_commits
+from helpers import consume, from_earliest, group_commits, stop_once_settled
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -59,21 +58,14 @@ def test_collector_fails_replay_then_ack_and_rejects_are_dead_lettered(
         .pandas_bolt(check, "value binary", collector=True, name="check")
         .sink(KafkaSink(broker.bootstrap, outbox))
     )
-    stream = topology.read_stream(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": inbox,
-            "startingOffsets": "earliest",
-            "maxOffsetsPerTrigger": "100",
-            "ackstream.retryInitialDelay": "200ms",
-            "ackstream.maxRetries": "3",
-        }
-    )
+    options = {
+        "maxOffsetsPerTrigger": "100",
+        "ackstream.retryInitialDelay": "200ms",
+        "ackstream.maxRetries": "3",
+    }
+    stream = topology.read_stream(from_earliest(broker.bootstrap, inbox, **options))
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
-    try:
-        figures = wait_until_settled(running, records=RECORDS, timeout_s=240)
-    finally:
-        running.stop()
+    figures = stop_once_settled(running, RECORDS, timeout_s=240)
 
     fail_set = {i for i in range(RECORDS) if failing(i)}  # none is also rejected
     reject_set = {i for i in range(RECORDS) if rejected(i)}

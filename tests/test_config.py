@@ -85,11 +85,22 @@ def test_durations(text, ms):
         ({"subscribe": ""}, "subscribe"),
         ({"subscribePattern": "t.*"}, "subscribePattern"),
         ({"kafka.bootstrap.servers": ""}, "kafka.bootstrap.servers"),
+        # Spark's Kafka source's own options (None: KAFKA's option left out)
+        ({"assign": '{"a": [0]}'}, "assign"),  # beside KAFKA's subscribe
+        ({"subscribe": None, "assign": "[0, 1]"}, "assign"),
+        ({"subscribe": None, "assign": '{"a": [-1]}'}, "assign"),
+        ({"subscribe": None, "subscribePattern": "orders-("}, "subscribePattern"),
+        ({"minPartitions": "0"}, "minPartitions"),
+        ({"includeHeaders": "yes"}, "includeHeaders"),
+        ({"startingTimestamp": "yesterday"}, "startingTimestamp"),
+        ({"startingOffsetsByTimestamp": '{"other": {"0": 5}}'}, "startingOffsetsByTimestamp"),
+        ({"startingOffsetsByTimestampStrategy": "closest"}, "startingOffsetsByTimestampStrategy"),
     ],
 )
 def test_bad_options_name_option_value_and_what_is_allowed(options, option):
+    given = {k: v for k, v in {**KAFKA, **options}.items() if v is not None}
     with pytest.raises(OptionError) as err:
-        parse({**KAFKA, **options})
+        parse(given)
     assert err.value.option == option
     assert err.value.value == {k.lower(): v for k, v in options.items()}[option.lower()]
     assert err.value.allowed
@@ -185,27 +196,6 @@ def test_spark_kafka_options_parse_as_sparks_do():
     assert assigned.kafka.topics == ("a", "b")
     pattern = parse({"kafka.bootstrap.servers": "h:1", "subscribePattern": "orders-.*"})
     assert pattern.kafka.subscribe_pattern == "orders-.*" and pattern.kafka.topics == ()
-
-
-@pytest.mark.parametrize(
-    "options, option",
-    [
-        ({"assign": '{"a": [0]}'}, "assign"),  # beside KAFKA's subscribe
-        ({"subscribe": None, "assign": "[0, 1]"}, "assign"),
-        ({"subscribe": None, "assign": '{"a": [-1]}'}, "assign"),
-        ({"subscribe": None, "subscribePattern": "orders-("}, "subscribePattern"),
-        ({"minPartitions": "0"}, "minPartitions"),
-        ({"includeHeaders": "yes"}, "includeHeaders"),
-        ({"startingTimestamp": "yesterday"}, "startingTimestamp"),
-        ({"startingOffsetsByTimestamp": '{"other": {"0": 5}}'}, "startingOffsetsByTimestamp"),
-        ({"startingOffsetsByTimestampStrategy": "closest"}, "startingOffsetsByTimestampStrategy"),
-    ],
-)
-def test_bad_spark_kafka_options_name_the_option(options, option):
-    given = {k: v for k, v in {**KAFKA, **options}.items() if v is not None}
-    with pytest.raises(OptionError) as err:
-        parse(given)
-    assert err.value.option == option and err.value.value == options[option]
 
 
 def test_java_client_settings_are_translated_or_refused_without_showing_secrets():

@@ -10,9 +10,8 @@ from ackstream import KafkaSink, Topology
 from ackstream.channels.kafka import KafkaChannel
 from ackstream.spark.session import has_kafka_connector
 from ackstream.storage.offset_log import logged_offsets
-from ackstream.testing import wait_until_settled
 
-from helpers import consume, group_commits, sentences
+from helpers import consume, from_earliest, group_commits, sentences, stop_once_settled
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e]
 
@@ -61,23 +60,16 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
         .map(lambda df: df.withColumn("key", F.col("word")).withColumn("value", F.col("n")))
         .sink(KafkaSink(broker.bootstrap, outbox))
     )
-    stream = topology.read_stream(
-        {
-            "kafka.bootstrap.servers": broker.bootstrap,
-            "subscribe": inbox,
-            "startingOffsets": "earliest",
-            "ackstream.sourceTimeout": "90s",
-            "ackstream.retryInitialDelay": "200ms",
-            "ackstream.maxRetries": "2",
-            "ackstream.maxValueBytes": "1000",
-            **({"ackstream.recordReader": "python"} if reader == "python" else {}),
-        }
-    )
+    options = {
+        "ackstream.sourceTimeout": "90s",
+        "ackstream.retryInitialDelay": "200ms",
+        "ackstream.maxRetries": "2",
+        "ackstream.maxValueBytes": "1000",
+        **({"ackstream.recordReader": "python"} if reader == "python" else {}),
+    }
+    stream = topology.read_stream(from_earliest(broker.bootstrap, inbox, **options))
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
-    try:
-        wait_until_settled(running, records=len(lines), timeout_s=150)
-    finally:
-        running.stop()
+    stop_once_settled(running, len(lines), timeout_s=150)
     assert group_commits(broker.bootstrap, name, inbox) == {0: 30, 1: 30}
 
     logged = logged_offsets(spark, str(tmp_path / "checkpoint" / "topology"), 0)

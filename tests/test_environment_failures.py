@@ -17,24 +17,22 @@ from ackstream.storage.offset_log import logged_offsets
 from ackstream.testing import wait_until_settled
 from ackstream.vocabulary.batch_offset import BatchOffset
 
-from helpers import commits, consume, group_commits, wait_for
+from helpers import (
+    commits,
+    consume,
+    group_commits,
+    stop_once_settled,
+    tracked_kafka_stream,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.spark]
 
 
 def kafka_stream(spark, bootstrap, topic, name, channel_dir, **options):
-    reader = (
-        spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("ackstream.topology", name)
-        .option("ackstream.channel", str(channel_dir))
-        .option("ackstream.messageTimeout", "20s")
-    )
-    for option, value in options.items():
-        reader = reader.option(option, value)
-    return reader.load()
+    """The source of ``name`` on ``topic``, its tuples timed out after 20 s."""
+    options = {"ackstream.messageTimeout": "20s", **options}
+    return tracked_kafka_stream(spark, bootstrap, topic, name, channel_dir, **options)
 
 
 def produce(bootstrap, topic, values, max_request_size=1 << 20):
@@ -162,10 +160,7 @@ def test_a_20_mb_record_is_dead_lettered_with_its_reason(spark, broker, tmp_path
         .sink(KafkaSink(broker.bootstrap, outbox))
         .start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
     )
-    try:
-        wait_until_settled(running, records=5, timeout_s=180)
-    finally:
-        running.stop()
+    stop_once_settled(running, 5, timeout_s=180)
     assert group_commits(broker.bootstrap, name, inbox) == {0: 5}
 
     # the 5 MB row fails Spark's write of its batch, which is then written row by row:
@@ -214,10 +209,7 @@ def burst(spark, tmp_path, records: int, max_pending: int, timeout: float):
         generator_options(records, **{"ackstream.maxPending": max_pending})
     )
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=records, timeout_s=timeout)
-    finally:
-        running.stop()
+    stop_once_settled(running, records, timeout)
     assert max(sink.sizes) <= max_pending, sink.sizes
     assert len(sink.sizes) >= records // max_pending
     assert sum(commits(channel).values()) == records

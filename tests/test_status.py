@@ -30,6 +30,8 @@ from ackstream.vocabulary.records import (
     UNKNOWN,
 )
 
+from helpers import produce
+
 
 def done(root, status, offset=None, attempt=0, latency=None):
     return {
@@ -480,17 +482,11 @@ def test_kafka_status_counts_a_run_past_its_partition_s_end_on_the_brokers_as_in
 ):
     """With the Kafka channel the brokers say where each partition ends: a run past the
     end of a topic of 5 records, and one of a topic that does not exist, are invalid."""
-    from kafka import KafkaProducer
-
     from ackstream.channels.kafka import KafkaChannel
     from ackstream.ui.status import kafka_status
 
     topic = new_topic(partitions=1)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for n in range(5):
-        producer.send(topic, b"%d" % n, partition=0)
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, topic, [str(n) for n in range(5)])
     topology = f"runs-{os.urandom(4).hex()}"
     channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
     channel.prepare()

@@ -13,6 +13,7 @@ from ackstream.cli.arguments import (
     add_channel_options,
     add_session_options,
     add_verbose,
+    check_channel_options,
     command_kafka_options,
 )
 from ackstream.cli.console import LogFile
@@ -57,13 +58,8 @@ def add_arguments(acker: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream acker``; its errors name the subcommand."""
-    return _acker(args.subparser, args)
-
-
-def _acker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    if args.channel and args.bootstrap:
-        parser.error("--channel and --bootstrap are both set: give one")
+    """``ackstream acker``."""
+    check_channel_options(parser, args)
     if args.ackers < 1 or args.trigger_ms < 1:
         parser.error("--ackers and --trigger-ms must be positive")
     kafka_options = command_kafka_options(parser, args)

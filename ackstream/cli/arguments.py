@@ -9,9 +9,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from typing import TYPE_CHECKING
 
+from ackstream.config.source import default_channel_dir
 from ackstream.errors import OptionError
 from ackstream.kafka.settings import properties_file_options
+
+if TYPE_CHECKING:
+    from ackstream.ui.status import StatusSource
 
 __all__ = [
     "ONE_SHOT_BOOTSTRAP_TIMEOUT_MS",
@@ -22,10 +27,13 @@ __all__ = [
     "add_session_options",
     "add_spark_conf_options",
     "add_verbose",
+    "check_channel_options",
+    "check_dead_letter_topic",
     "check_figure_options",
     "command_kafka_options",
     "env_float",
     "env_int",
+    "figure_sources",
     "spark_conf",
 ]
 
@@ -213,22 +221,83 @@ def add_figure_options(command: argparse.ArgumentParser) -> None:
     )
 
 
-def check_figure_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Stop the command on :func:`add_figure_options` that cannot go together or a
-    ``--window`` that is not a positive number of seconds (``status`` and ``ui``)."""
+def check_channel_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop the command on both channels of :func:`add_channel_options` given: either
+    may come from its environment variable, unseen on the command line."""
     if args.channel and args.bootstrap:
         parser.error(
             "--channel and --bootstrap are both set (check ACKSTREAM_CHANNEL and "
             "ACKSTREAM_BOOTSTRAP): give one"
         )
+
+
+def check_dead_letter_topic(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop the command on a ``--dead-letter-topic`` without brokers to read it from."""
+    if args.dead_letter_topic and not args.bootstrap:
+        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+
+
+def check_figure_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop the command on :func:`add_figure_options` that cannot go together or a
+    ``--window`` that is not a positive number of seconds (``status`` and ``ui``)."""
+    check_channel_options(parser, args)
     if not (math.isfinite(args.window) and args.window > 0):
         parser.error(f"--window {args.window:g}: give a positive number of seconds, e.g. 60")
     if args.checkpoint and not os.path.isdir(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such directory")
-    if args.dead_letter_topic and not args.bootstrap:
-        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    check_dead_letter_topic(parser, args)
     if args.group and not (args.bootstrap or args.upstream_bootstrap):
         parser.error("--group needs --bootstrap or --upstream-bootstrap HOST:PORT")
+
+
+def figure_sources(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, topologies: list[str]
+) -> list[StatusSource]:
+    """Check the figure options (:func:`check_figure_options`), then say where ``status``
+    and ``ui`` read the figures of each of ``topologies``: its channel and what the other
+    figure options name. Several topologies cannot share one's folders (``--channel``,
+    ``--checkpoint``, ``--dead-letters``); a channel directory that does not exist stops
+    the command."""
+    from ackstream.ui.status import StatusSource  # Arrow: not while the parser is built
+
+    check_figure_options(parser, args)
+    if len(topologies) > 1 and (args.channel or args.checkpoint or args.dead_letters):
+        parser.error("--channel, --checkpoint and --dead-letters name one topology's folders")
+    channels = [_figure_channel(parser, args, topology) for topology in topologies]
+    kafka_options = command_kafka_options(parser, args, one_shot=True)
+    return [
+        StatusSource(
+            topology,
+            channel=channel,
+            bootstrap=args.bootstrap,
+            kafka_options=kafka_options,
+            dead_letters=args.dead_letters,
+            dead_letter_topic=args.dead_letter_topic,
+            group=args.group,
+            upstream_bootstrap=args.upstream_bootstrap,
+            checkpoint=args.checkpoint,
+        )
+        for topology, channel in zip(topologies, channels, strict=True)
+    ]
+
+
+def _figure_channel(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, topology: str
+) -> str | None:
+    """The channel directory of ``topology`` the figure options name (none with
+    ``--bootstrap``: the brokers hold its channel); one that does not exist stops the
+    command, saying how to name the right one."""
+    if args.bootstrap:
+        return None
+    channel: str = args.channel or default_channel_dir(topology)
+    if not os.path.isdir(channel):
+        where = "" if args.channel else f" (the default of topology {topology!r})"
+        parser.error(
+            f"no channel directory at {channel}{where}: pass --channel DIR (the "
+            "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
+            "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY"
+        )
+    return channel
 
 
 def command_kafka_options(

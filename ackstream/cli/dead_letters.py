@@ -14,6 +14,7 @@ from ackstream.cli.arguments import (
     Formatter,
     add_channel_options,
     add_dead_letter_options,
+    check_dead_letter_topic,
     command_kafka_options,
 )
 from ackstream.cli.exits import EXIT_FAILED, unanswered
@@ -73,11 +74,7 @@ def add_arguments(dead: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream dead-letters list|replay``; its errors name the subcommand."""
-    return _dead_letters(args.subparser, args)
-
-
-def _dead_letters(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``ackstream dead-letters list|replay``."""
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be a positive number")
     records = []
@@ -87,8 +84,7 @@ def _dead_letters(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         if not match:
             parser.error(f"--record {text!r}: give TOPIC:PARTITION:OFFSET, e.g. orders:0:42")
         records.append((match.group(1), int(match.group(2)), int(rest)))
-    if args.dead_letter_topic and not args.bootstrap:
-        parser.error("--dead-letter-topic needs --bootstrap HOST:PORT (or ACKSTREAM_BOOTSTRAP)")
+    check_dead_letter_topic(parser, args)
     if args.action == "replay" and not args.bootstrap:
         parser.error("replay needs --bootstrap HOST:PORT: the brokers of the source topics")
     kafka_options = command_kafka_options(parser, args, one_shot=True)

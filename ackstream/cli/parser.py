@@ -7,8 +7,9 @@ Only the chosen command's module is imported: it imports what the command runs
 
 Each command's module has ``add_arguments(parser)``, which declares the command's
 description and options on its parser, and ``command(parser, args, extra) -> exit
-status``: ``parser`` is the top-level parser, ``extra`` the options no parser knew
-(only ``bench`` takes any).
+status``: ``parser`` is the command's own (it sets itself as ``subparser``, so that its
+errors name the subcommand), else the top-level parser; ``extra`` the options no parser
+knew (only ``bench`` takes any).
 """
 
 from __future__ import annotations
@@ -124,7 +125,9 @@ def _command(argv: list[str] | None) -> int:
     chosen, _ = build_parser().parse_known_args(argv)
     parser = build_parser(chosen.command)
     args, extra = parser.parse_known_args(argv)
+    # a command with a parser of its own (set as its ``subparser``) names itself in errors
+    own = getattr(args, "subparser", parser)
     if extra and args.command != "bench":  # only bench passes options on
-        getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    code: int = _module(args.command).command(parser, args, extra)
+        own.error(f"unrecognized arguments: {' '.join(extra)}")
+    code: int = _module(args.command).command(own, args, extra)
     return code

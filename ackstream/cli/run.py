@@ -126,11 +126,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream run``; its errors name the subcommand."""
-    return _run(args.subparser, args)
-
-
-def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``ackstream run``."""
     for name in ("timeout", "until_idle"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")

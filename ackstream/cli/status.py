@@ -8,17 +8,11 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import os
 import sys
 import time
 
-from ackstream.cli.arguments import (
-    add_figure_options,
-    check_figure_options,
-    command_kafka_options,
-)
+from ackstream.cli.arguments import add_figure_options, figure_sources
 from ackstream.cli.exits import EXIT_OK, refused, unanswered
-from ackstream.config.source import default_channel_dir
 from ackstream.errors import AckstreamError
 from ackstream.ui.metrics import exposition
 from ackstream.ui.status import Status, StatusSource
@@ -62,36 +56,10 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream status``; its errors name the subcommand."""
-    return _status(args.subparser, args)
-
-
-def _status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    check_figure_options(parser, args)
-    channel = args.channel
-    if not args.bootstrap:
-        channel = channel or default_channel_dir(args.topology)
-        if not os.path.isdir(channel):
-            where = "" if args.channel else f" (the default of topology {args.topology!r})"
-            parser.error(
-                f"no channel directory at {channel}{where}: pass --channel DIR (the "
-                "source's ackstream.channel) or --bootstrap HOST:PORT, or set "
-                "ACKSTREAM_CHANNEL / ACKSTREAM_BOOTSTRAP / ACKSTREAM_TOPOLOGY"
-            )
-    kafka_options = command_kafka_options(parser, args, one_shot=True)
+    """``ackstream status``."""
+    (source,) = figure_sources(parser, args, [args.topology])
     if args.watch is not None and args.watch <= 0:
         parser.error("--watch must be a positive number of seconds")
-    source = StatusSource(
-        args.topology,
-        channel=None if args.bootstrap else channel,
-        bootstrap=args.bootstrap,
-        kafka_options=kafka_options,
-        dead_letters=args.dead_letters,
-        dead_letter_topic=args.dead_letter_topic,
-        group=args.group,
-        upstream_bootstrap=args.upstream_bootstrap,
-        checkpoint=args.checkpoint,
-    )
     if args.watch is None:
         return _once(source, args)
     return _watch(source, args)

@@ -7,15 +7,9 @@ import argparse
 import os
 import sys
 
-from ackstream.cli.arguments import (
-    add_figure_options,
-    check_figure_options,
-    command_kafka_options,
-)
+from ackstream.cli.arguments import add_figure_options, figure_sources
 from ackstream.cli.exits import EXIT_OK, check_ui_extra
-from ackstream.config.source import default_channel_dir
 from ackstream.errors import OptionError
-from ackstream.ui.status import StatusSource
 
 __all__ = ["add_arguments", "command"]
 
@@ -52,42 +46,14 @@ def add_arguments(ui: argparse.ArgumentParser) -> None:
 
 
 def command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
-    """``ackstream ui``; its errors name the subcommand."""
-    return _ui(args.subparser, args)
-
-
-def _ui(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``ackstream ui``."""
     check_ui_extra(parser, "ackstream ui")
     names = [n.strip() for n in args.topology.split(",") if n.strip()]
     if not names:
         parser.error("--topology: give a topology's name (several: a,b,c)")
-    check_figure_options(parser, args)
-    if len(names) > 1 and (args.channel or args.checkpoint or args.dead_letters):
-        parser.error("--channel, --checkpoint and --dead-letters name one topology's folders")
+    sources = figure_sources(parser, args, names)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be a port number, 0 to 65535")
-    kafka_options = command_kafka_options(parser, args, one_shot=True)
-    sources = []
-    for name in names:
-        channel = None if args.bootstrap else (args.channel or default_channel_dir(name))
-        if channel is not None and not os.path.isdir(channel):
-            parser.error(
-                f"no channel directory at {channel} (topology {name!r}): pass --channel DIR "
-                "or --bootstrap HOST:PORT"
-            )
-        sources.append(
-            StatusSource(
-                name,
-                channel=channel,
-                bootstrap=args.bootstrap,
-                kafka_options=kafka_options,
-                dead_letters=args.dead_letters,
-                dead_letter_topic=args.dead_letter_topic,
-                group=args.group,
-                upstream_bootstrap=args.upstream_bootstrap,
-                checkpoint=args.checkpoint,
-            )
-        )
     import uvicorn
 
     from ackstream.ui.metrics import Statuses

@@ -9,7 +9,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.testing import TupleGraph, ack_records
 from ackstream.vocabulary.records import ACKED, CAUGHT_UP, TIMED_OUT, tick
 
-from helpers import wait_for
+from helpers import start_two_shard_acker, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -88,14 +88,7 @@ def test_idle_shards_tick_and_time_out_incomplete_trees(spark, tmp_path):
     first, second = trees(10)
     channel.write_acks(ack_records(first + second[:-1]))  # the last root misses one ack
     completions = Completions(channel)
-    query = start_acker(
-        spark,
-        channel,
-        checkpoint=str(tmp_path / "checkpoint"),
-        ackers=2,
-        message_timeout_ms=1_500,
-        trigger_ms=100,
-    )
+    query = start_two_shard_acker(spark, channel, tmp_path / "checkpoint", 1_500)
 
     ticks = []
 
@@ -142,14 +135,7 @@ def test_unusable_records_and_stray_acks_are_reported_and_never_stop_the_acker(s
     (tmp_path / "channel" / "acks" / "junk.parquet").write_bytes(b"not parquet")
     channel.write_acks(ack_records(second + [init(88, 5, offset=88)]))
     completions = Completions(channel)
-    query = start_acker(
-        spark,
-        channel,
-        checkpoint=str(tmp_path / "checkpoint"),
-        ackers=2,
-        message_timeout_ms=2_000,
-        trigger_ms=100,
-    )
+    query = start_two_shard_acker(spark, channel, tmp_path / "checkpoint", 2_000)
 
     def both_timed_out():
         channel.write_acks(tick(int(time.time() * 1000)))  # wakes the acker, as the source does

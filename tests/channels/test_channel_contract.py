@@ -6,12 +6,11 @@ import uuid
 
 import pytest
 
-from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
 from ackstream.testing import TupleGraph, ack_records, fail
 from ackstream.vocabulary.records import ACKED, FAILED, INVALID
 
-from helpers import logged_offset, produce, wait_for
+from helpers import logged_offset, produce, start_two_shard_acker, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -40,14 +39,7 @@ def test_acks_written_by_any_process_reach_the_acker_and_completions_come_back(
         records += g.ack(spout) + (g.ack(child) if root != 13 else g.fail(child))
     now = int(time.time() * 1000)
     channel.write_acks(ack_records(g.init_records(ts=now) + records[:30]))
-    query = start_acker(
-        spark,
-        channel,
-        checkpoint=str(tmp_path / "ck"),
-        ackers=2,
-        message_timeout_ms=60_000,
-        trigger_ms=100,
-    )
+    query = start_two_shard_acker(spark, channel, tmp_path / "ck", 60_000)
     seen, position = [], None
     try:
         write_garbage(channel)

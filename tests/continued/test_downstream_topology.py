@@ -14,7 +14,7 @@ from ackstream.sinks.continued import TreeClient, continued_acks, lineage_of
 from ackstream.testing import settle, tracked_frame, with_lineage
 from ackstream.vocabulary.records import ACK, FAIL
 
-from helpers import consume, wait_for
+from helpers import consume, produce, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -82,31 +82,36 @@ def test_a_downstream_batch_acks_or_fails_the_upstream_roots(spark, broker, new_
     assert settle(up_records) == {root: "pending" for root in r}
 
 
-@pytest.mark.e2e
-def test_two_queries_every_upstream_record_is_acked_once_downstream_wrote_it(
-    spark, broker, new_topic, tmp_path
-):
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
-    inbox, middle, outbox = new_topic(), new_topic(), new_topic()
-    up, down = (f"{side}-{uuid.uuid4().hex[:8]}" for side in ("up", "down"))
-    n = 20
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for i in range(n):
-        producer.send(inbox, value=f"r{i}".encode())
-    producer.flush()
-    producer.close()
-    channel = KafkaChannel(broker.bootstrap, up)
+def upper_then_lower(spark, broker, a: str, b: str, middle: str, b_sink):
+    """Topology ``a`` upper-cases the values into ``middle``, its trees left open, and
+    ``b`` lower-cases them again into ``b_sink``, continuing ``a``'s trees on its channel."""
     upstream = (
-        Topology(up, spark, channel, message_timeout_ms=60_000)
+        Topology(a, spark, KafkaChannel(broker.bootstrap, a), message_timeout_ms=60_000)
         .map(lambda df: df.withColumn("value", F.upper(F.col("value").cast("string"))))
         .sink(KafkaSink(broker.bootstrap, middle, continue_trees=True))
     )
     downstream = (
-        Topology(down, spark, KafkaChannel(broker.bootstrap, up), continue_trees=True)
+        Topology(b, spark, KafkaChannel(broker.bootstrap, a), continue_trees=True)
         .map(lambda df: df.withColumn("value", F.lower(F.col("value").cast("string"))))
-        .sink(KafkaSink(broker.bootstrap, outbox))
+        .sink(b_sink)
     )
+    return upstream, downstream
+
+
+@pytest.mark.e2e
+def test_two_queries_every_upstream_record_is_acked_once_downstream_wrote_it(
+    spark, broker, new_topic, tmp_path
+):
+    from kafka import KafkaConsumer, TopicPartition
+
+    inbox, middle, outbox = new_topic(), new_topic(), new_topic()
+    up, down = (f"{side}-{uuid.uuid4().hex[:8]}" for side in ("up", "down"))
+    n = 20
+    produce(broker.bootstrap, inbox, [f"r{i}" for i in range(n)])
+    upstream, downstream = upper_then_lower(
+        spark, broker, up, down, middle, KafkaSink(broker.bootstrap, outbox)
+    )
+    channel = upstream.channel
     options = {"kafka.bootstrap.servers": broker.bootstrap, "startingOffsets": "earliest"}
     first = upstream.start(
         upstream.read_stream({**options, "subscribe": inbox}),
@@ -240,27 +245,16 @@ def test_three_processes_the_last_one_acks_or_fails_the_first_ones_records(
     """A (upper-case) -> B (lower-case, continuing A's trees and passing them on) -> C, a
     plain consumer acking with ``TreeClient`` on A's channel. A's offsets wait for C's
     acks; C failing one message replays its record from A's source, through B again."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import KafkaConsumer, TopicPartition
 
     inbox, first, second = new_topic(), new_topic(), new_topic()
     a, b = (f"{side}-{uuid.uuid4().hex[:8]}" for side in ("a", "b"))
     n = 10
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for i in range(n):
-        producer.send(inbox, value=f"r{i}".encode())
-    producer.flush()
-    producer.close()
-    channel = KafkaChannel(broker.bootstrap, a)
-    upstream = (
-        Topology(a, spark, channel, message_timeout_ms=60_000)
-        .map(lambda df: df.withColumn("value", F.upper(F.col("value").cast("string"))))
-        .sink(KafkaSink(broker.bootstrap, first, continue_trees=True))
+    produce(broker.bootstrap, inbox, [f"r{i}" for i in range(n)])
+    upstream, middle = upper_then_lower(
+        spark, broker, a, b, first, KafkaSink(broker.bootstrap, second, continue_trees=True)
     )
-    middle = (
-        Topology(b, spark, KafkaChannel(broker.bootstrap, a), continue_trees=True)
-        .map(lambda df: df.withColumn("value", F.lower(F.col("value").cast("string"))))
-        .sink(KafkaSink(broker.bootstrap, second, continue_trees=True))
-    )
+    channel = upstream.channel
     options = {"kafka.bootstrap.servers": broker.bootstrap, "startingOffsets": "earliest"}
     queries = [
         upstream.start(

@@ -17,7 +17,7 @@ from ackstream.sinks.continued import lineage_headers
 from ackstream.testing import tracked_frame, with_lineage
 from ackstream.vocabulary.records import RESET
 
-from helpers import wait_for
+from helpers import group_commits, wait_for
 
 pytestmark = [pytest.mark.spark]
 
@@ -82,7 +82,7 @@ def test_a_slow_bolt_keeps_alive_the_trees_it_resets_and_only_those(
     messages of first attempts and resets the trees of R0 and R1 meanwhile: those are
     acked at their first attempt; R2 and R3 time out in A's acker and are replayed
     until B is free to take them, and acked then."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import KafkaProducer
 
     timeout_s = 8
     inbox, middle = new_topic(), new_topic()
@@ -129,9 +129,6 @@ def test_a_slow_bolt_keeps_alive_the_trees_it_resets_and_only_those(
             trigger_ms=300,
         )
     ]
-    group = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap, group_id=f"ackstream-{a}", enable_auto_commit=False
-    )
 
     def running(condition):
         assert all(q.exception() is None for q in queries)
@@ -156,7 +153,7 @@ def test_a_slow_bolt_keeps_alive_the_trees_it_resets_and_only_those(
             )
         )
         wait_for(
-            lambda: running(lambda: group.committed(TopicPartition(inbox, 0)) == n),
+            lambda: running(lambda: group_commits(broker.bootstrap, a, inbox) == {0: n}),
             timeout=240,
             interval=0.5,
             what="every A offset committed",
@@ -164,7 +161,6 @@ def test_a_slow_bolt_keeps_alive_the_trees_it_resets_and_only_those(
     finally:
         for query in queries:
             query.stop()
-        group.close(autocommit=False)
     done, _ = channel.completions_since(None)
     outcomes: dict[int, list] = {i: [] for i in range(n)}
     for r in done.to_pylist():

@@ -63,26 +63,22 @@ def one_batch_probe(monkeypatch):
     )
 
 
-def test_a_broker_answering_a_batch_base_is_caught_and_its_tails_fetched():
-    broker = FakeBroker([[0, 1, 2], [3, 4, 5]], lags=True)
+@pytest.mark.parametrize(
+    "lags, tail_fetches",
+    [
+        pytest.param(True, 1, id="a batch base is caught and its tails fetched, no second check"),
+        pytest.param(False, 0, id="answering right is trusted and no tail is fetched"),
+    ],
+)
+def test_a_broker_is_checked_once_and_its_tails_fetched_only_if_it_lags(lags, tail_fetches):
+    broker = FakeBroker([[0, 1, 2], [3, 4, 5]], lags=lags)
     consumer = FakeConsumer(broker)
     assert kafka_offsets.end_offsets(consumer, ["p0"]) == {"p0": 6}
-    assert kafka_offsets.lists_offsets_right(consumer) is False
+    assert kafka_offsets.lists_offsets_right(consumer) is (not lags)
     broker.batches.append([6, 7])
     before = broker.fetches
     assert kafka_offsets.end_offsets(consumer, ["p0"]) == {"p0": 8}
-    assert broker.fetches == before + 1  # the tail, no second check
-
-
-def test_a_broker_answering_right_is_trusted_and_no_tail_is_fetched():
-    broker = FakeBroker([[0, 1, 2], [3, 4, 5]], lags=False)
-    consumer = FakeConsumer(broker)
-    assert kafka_offsets.end_offsets(consumer, ["p0"]) == {"p0": 6}
-    assert kafka_offsets.lists_offsets_right(consumer) is True
-    broker.batches.append([6, 7])
-    before = broker.fetches
-    assert kafka_offsets.end_offsets(consumer, ["p0"]) == {"p0": 8}
-    assert broker.fetches == before
+    assert broker.fetches == before + tail_fetches
 
 
 def test_single_record_batches_prove_nothing_and_the_tails_are_fetched():

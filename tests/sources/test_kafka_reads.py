@@ -6,20 +6,16 @@ from ackstream.config.source import parse
 from ackstream.sources import kafka as kafka_upstream
 from ackstream.sources.rows import ReadTask
 
+from helpers import produce
+
 pytestmark = [pytest.mark.broker]
 
 
 def test_a_worker_reads_task_after_task_with_one_consumer(broker, new_topic, monkeypatch):
     """A new consumer per task paid its connections, metadata and kafka-python's 100 ms
     back-off before the first fetch; an abandoned read's consumer is not reused."""
-    from kafka import KafkaProducer
-
     topic = new_topic(partitions=2)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for i in range(40):
-        producer.send(topic, value=b"v%d" % i, partition=i % 2)
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, topic, [f"v{i}" for i in range(40)], round_robin=2)
     made = []
     real = kafka_upstream.KafkaConsumer
 

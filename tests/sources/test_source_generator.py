@@ -5,38 +5,33 @@ import os
 import pytest
 
 from ackstream import read_dead_letters
-from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
 from ackstream.sources.generator import sentence
 from ackstream.testing import SpoutAcker
 from ackstream.vocabulary.records import FAILED, TIMED_OUT
 
-from helpers import commits, generator_stream, wait_for
+from helpers import commits, generator_stream, start_foreach_batch, start_two_shard_acker, wait_for
 
 pytestmark = pytest.mark.spark
 
 
-def run_into(frame, topology, checkpoint):
-    return (
-        frame.writeStream.foreachBatch(topology)
-        .option("checkpointLocation", checkpoint)
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+def stop_once_committed(channel_dir, offsets, timeout, *queries):
+    """Wait until the source has committed the generator's ``offsets``, then stop
+    ``queries``, also when the wait fails."""
+    try:
+        wait_for(
+            lambda: commits(channel_dir) == offsets, timeout=timeout, what="every offset committed"
+        )
+    finally:
+        for query in queries:
+            query.stop()
 
 
 def test_generator_records_are_tracked_replayed_and_dead_lettered(spark, tmp_path):
     channel_dir = str(tmp_path / "channel")
     channel = LocalChannel(channel_dir)
     topology = SpoutAcker(channel, fail=lambda f: f["offset"] % 10 == 3)
-    acker = start_acker(
-        spark,
-        channel,
-        checkpoint=str(tmp_path / "acker"),
-        ackers=2,
-        message_timeout_ms=3000,
-        trigger_ms=200,
-    )
+    acker = start_two_shard_acker(spark, channel, tmp_path / "acker", 3000, trigger_ms=200)
     frame = generator_stream(
         spark,
         channel_dir,
@@ -60,16 +55,8 @@ def test_generator_records_are_tracked_replayed_and_dead_lettered(spark, tmp_pat
         "_attempt",
         "_reason",
     ]
-    query = run_into(frame, topology, str(tmp_path / "source"))
-    try:
-        wait_for(
-            lambda: commits(channel_dir) == {"generator/0": 20, "generator/1": 20},
-            timeout=90,
-            what="every offset committed",
-        )
-    finally:
-        query.stop()
-        acker.stop()
+    query = start_foreach_batch(frame, topology, str(tmp_path / "source"))
+    stop_once_committed(channel_dir, {"generator/0": 20, "generator/1": 20}, 90, query, acker)
     seen = {(r["partition"], r["offset"], r["_attempt"]) for r in topology.rows}
     failing = {(p, o) for p in (0, 1) for o in range(20) if o % 10 == 3}
     assert {(p, o) for p, o, a in seen if a == 0} == {(p, o) for p in (0, 1) for o in range(20)}
@@ -86,14 +73,7 @@ def test_an_idle_acker_is_ticked_by_the_source_and_times_out_a_lost_tree(spark, 
     channel_dir = str(tmp_path / "channel")
     channel = LocalChannel(channel_dir)
     topology = SpoutAcker(channel, lose=lambda f: (f["offset"] == 3) & (f["_attempt"] == 0))
-    acker = start_acker(
-        spark,
-        channel,
-        checkpoint=str(tmp_path / "acker"),
-        ackers=2,
-        message_timeout_ms=2000,
-        trigger_ms=200,
-    )
+    acker = start_two_shard_acker(spark, channel, tmp_path / "acker", 2000, trigger_ms=200)
     frame = generator_stream(
         spark,
         channel_dir,
@@ -103,16 +83,8 @@ def test_an_idle_acker_is_ticked_by_the_source_and_times_out_a_lost_tree(spark, 
         sourceTimeout="1h",
         retryInitialDelay="100ms",
     )
-    query = run_into(frame, topology, str(tmp_path / "source"))
-    try:
-        wait_for(
-            lambda: commits(channel_dir) == {"generator/0": 10},
-            timeout=120,
-            what="every offset committed",
-        )
-    finally:
-        query.stop()
-        acker.stop()
+    query = start_foreach_batch(frame, topology, str(tmp_path / "source"))
+    stop_once_committed(channel_dir, {"generator/0": 10}, 120, query, acker)
     done = channel.completions_since(None)[0].to_pylist()
     assert [(c["offset"], c["attempt"]) for c in done if c["status"] == TIMED_OUT] == [(3, 0)]
     assert {(r["offset"], r["_attempt"]) for r in topology.rows} == {(o, 0) for o in range(10)} | {
@@ -136,14 +108,7 @@ def test_tracking_off_commits_what_spark_committed_and_max_offsets_per_trigger(s
         .trigger(processingTime="100 milliseconds")
         .start()
     )
-    try:
-        wait_for(
-            lambda: commits(channel_dir) == {"generator/0": 6, "generator/1": 6},
-            timeout=60,
-            what="every offset committed",
-        )
-    finally:
-        query.stop()
+    stop_once_committed(channel_dir, {"generator/0": 6, "generator/1": 6}, 60, query)
     assert sum(sizes) == 12 and max(sizes) == 4
 
 
@@ -193,7 +158,7 @@ def test_a_query_that_starts_with_nothing_to_read_runs_its_first_batch(spark, tm
     def collect(batch, batch_id):
         seen.append(batch.count())
 
-    query = run_into(frame, collect, str(tmp_path / "checkpoint"))
+    query = start_foreach_batch(frame, collect, str(tmp_path / "checkpoint"))
     try:
         wait_for(
             lambda: sum(seen) > 0 or query.exception(),

@@ -5,13 +5,18 @@ import uuid
 
 import pytest
 
-from ackstream.acker.query import start_acker
 from ackstream.channels.local import LocalChannel
 from ackstream.testing import SpoutAcker, ack_records
 from ackstream.testing import ack as ack_record
 from ackstream.vocabulary.records import ACKED, FAILED
 
-from helpers import consume, wait_for
+from helpers import (
+    consume,
+    start_foreach_batch,
+    start_two_shard_acker,
+    tracked_kafka_stream,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -52,28 +57,20 @@ def dead_letters(bootstrap, topic):
 
 
 def source(spark, bootstrap, topic, channel_dir, group, **options):
-    reader = (
-        spark.readStream.format("ackstream")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("kafka.group.id", group)
-        .option("ackstream.channel", channel_dir)
-        .option("ackstream.topology", group)
-        .option("ackstream.sourceTimeout", "90s")
-    )  # a cold acker may be slow
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
-
-
-def start(frame, topology, checkpoint):
-    return (
-        frame.writeStream.foreachBatch(topology)
-        .option("checkpointLocation", checkpoint)
-        .trigger(processingTime="200 milliseconds")
-        .start()
+    """The source of the topology ``group`` in the consumer group ``group``."""
+    settings = {"kafka.group.id": group, "ackstream.sourceTimeout": "90s"}  # a cold acker is slow
+    return tracked_kafka_stream(
+        spark, bootstrap, topic, group, channel_dir, **{**settings, **options}
     )
+
+
+def start_reading(spark, broker, setup, topic, spout, checkpoint, **options):
+    """A query reading ``topic`` into ``spout`` from ``checkpoint`` with the source's
+    ``options``, on the channel and in the group of ``setup``, which stops it."""
+    channel, group, queries = setup
+    frame = source(spark, broker.bootstrap, topic, channel.directory, group, **options)
+    queries.append(start_foreach_batch(frame, spout, checkpoint))
+    return queries[-1]
 
 
 @pytest.fixture
@@ -82,14 +79,8 @@ def setup(spark, broker, tmp_path, request):
     marker, else 4 s) and a unique group; stops every query afterwards."""
     channel = LocalChannel(tmp_path / "channel")
     marker = request.node.get_closest_marker("acker_timeout_ms")
-    acker = start_acker(
-        spark,
-        channel,
-        checkpoint=str(tmp_path / "acker"),
-        ackers=2,
-        message_timeout_ms=marker.args[0] if marker else 4000,
-        trigger_ms=200,
-    )
+    timeout_ms = marker.args[0] if marker else 4000
+    acker = start_two_shard_acker(spark, channel, tmp_path / "acker", timeout_ms, trigger_ms=200)
     group = f"g-{uuid.uuid4().hex[:8]}"
     queries = []
     yield channel, group, queries
@@ -118,20 +109,13 @@ def test_commits_follow_acks_failures_replay_after_backoff_and_dead_letter_once(
         for r in topology.rows:
             times.setdefault((r["partition"], r["offset"], r["_attempt"]), time.monotonic())
 
-    frame = source(
-        spark,
-        broker.bootstrap,
-        topic,
-        channel.directory,
-        group,
-        **{
-            "ackstream.maxRetries": 2,
-            "ackstream.retryInitialDelay": "1s",
-            "ackstream.deadLetterTopic": dlq,
-            "ackstream.messageTimeout": "4s",
-        },
-    )
-    queries.append(start(frame, timed, str(tmp_path / "source")))
+    options = {
+        "ackstream.maxRetries": 2,
+        "ackstream.retryInitialDelay": "1s",
+        "ackstream.deadLetterTopic": dlq,
+        "ackstream.messageTimeout": "4s",
+    }
+    start_reading(spark, broker, setup, topic, timed, tmp_path / "source", **options)
     lag = Group(broker.bootstrap, group)
     samples = []
     try:
@@ -170,16 +154,8 @@ def test_max_pending_holds_back_new_offsets(spark, broker, new_topic, setup, tmp
     topic = new_topic(1)
     produce(broker.bootstrap, topic, 7)
     topology = SpoutAcker(channel, lose=lambda f: f["offset"] >= 0)  # init only: acks by hand
-    frame = source(
-        spark,
-        broker.bootstrap,
-        topic,
-        channel.directory,
-        group,
-        **{"ackstream.maxPending": 4, "ackstream.messageTimeout": "60s"},
-    )
-    query = start(frame, topology, str(tmp_path / "source"))
-    queries.append(query)
+    options = {"ackstream.maxPending": 4, "ackstream.messageTimeout": "60s"}
+    start_reading(spark, broker, setup, topic, topology, tmp_path / "source", **options)
     acked = 0
     for seen in (4, 7):
         wait_for(lambda n=seen: len(topology.rows) >= n, timeout=60, what=f"{seen} rows")
@@ -219,11 +195,7 @@ def test_restart_resumes_committed_offsets_and_pending_replays(
     checkpoint = str(tmp_path / "source")
     lag = Group(broker.bootstrap, group)
     try:
-        query = start(
-            source(spark, broker.bootstrap, topic, channel.directory, group, **options),
-            first,
-            checkpoint,
-        )
+        query = start_reading(spark, broker, setup, topic, first, checkpoint, **options)
         wait_for(lambda: lag.committed(topic) == [2], timeout=60, what="commit up to the fail")
         wait_for(
             lambda: (
@@ -237,12 +209,7 @@ def test_restart_resumes_committed_offsets_and_pending_replays(
         assert [(r["offset"], r["_attempt"]) for r in first.rows] == [(o, 0) for o in range(6)]
         produce(broker.bootstrap, topic, 4, first=6)
         second = SpoutAcker(channel, fail=lambda f: f["offset"] == 4)
-        query = start(
-            source(spark, broker.bootstrap, topic, channel.directory, group, **options),
-            second,
-            checkpoint,
-        )
-        queries.append(query)
+        start_reading(spark, broker, setup, topic, second, checkpoint, **options)
         wait_for(lambda: lag.committed(topic) == [10], timeout=60, what="commit to 10")
     finally:
         lag.close()
@@ -300,19 +267,8 @@ def test_a_restart_resumes_acked_offsets_above_the_watermark_from_the_commit_met
     lag = Group(broker.bootstrap, group)
     tp = TopicPartition(topic, 0)
     try:
-        query = start(
-            source(
-                spark,
-                broker.bootstrap,
-                topic,
-                channel.directory,
-                group,
-                **{"ackstream.messageTimeout": "60s"},
-            ),
-            first,
-            checkpoint,
-        )
-        queries.append(query)  # stopped by the fixture if a wait below fails
+        options = {"ackstream.messageTimeout": "60s"}
+        query = start_reading(spark, broker, setup, topic, first, checkpoint, **options)
         got = wait_for(
             lambda: (
                 (c := lag.consumer.committed(tp, metadata=True)) is not None
@@ -340,19 +296,8 @@ def test_a_restart_resumes_acked_offsets_above_the_watermark_from_the_commit_met
         empty_completions_after(channel, logged["done"])  # nor does the channel any more
 
         second = SpoutAcker(channel)
-        query = start(
-            source(
-                spark,
-                broker.bootstrap,
-                topic,
-                channel.directory,
-                group,
-                **{"ackstream.messageTimeout": "3s", "ackstream.sourceTimeout": "6s"},
-            ),
-            second,
-            checkpoint,
-        )
-        queries.append(query)
+        options = {"ackstream.messageTimeout": "3s", "ackstream.sourceTimeout": "6s"}
+        start_reading(spark, broker, setup, topic, second, checkpoint, **options)
         wait_for(lambda: lag.committed(topic) == [10], timeout=60, what="commit to 10")
         meta = lag.consumer.committed(tp, metadata=True).metadata
     finally:
@@ -417,7 +362,7 @@ def test_include_headers_through_spark_a_replay_has_the_same_columns(
     assert frame.schema["headers"].dataType.simpleString() == (
         "array<struct<key:string,value:binary>>"
     )
-    queries.append(start(frame, collect, str(tmp_path / "source")))
+    queries.append(start_foreach_batch(frame, collect, str(tmp_path / "source")))
     wait_for(lambda: any(r["_attempt"] == 1 for r in seen), timeout=60, what="the replay")
     rows = {(r["offset"], r["_attempt"]): r for r in seen}
     headers = [(h["key"], bytes(h["value"])) for h in rows[(0, 1)]["headers"]]

@@ -9,7 +9,7 @@ from ackstream.sources.rows import ReadTask, too_big_reason
 from ackstream.sources.spark_reader import read_new_ranges
 from ackstream.spark.session import has_kafka_connector
 
-from helpers import logged_offset
+from helpers import logged_offset, produce
 
 pytestmark = [pytest.mark.broker]
 
@@ -288,17 +288,11 @@ def test_replays_are_read_by_spark_with_the_python_reader_s_rows(
     replayed, whether a partition's runs are a few (filtered by their bounds) or many
     (scattered failures: filtered by a join); a record replayed alone stays with the
     Python reader."""
-    from kafka import KafkaProducer
-
     from ackstream.sources.offsets import read_tasks, spark_reads_replays
     from ackstream.sources.spark_reader import read_replays
 
     topic = new_topic(partitions=2)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for i in range(200):
-        producer.send(topic, value=b"v%d" % i, partition=i % 2)
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, topic, [f"v{i}" for i in range(200)], round_robin=2)
     config = parse(
         {
             "kafka.bootstrap.servers": broker.bootstrap,

@@ -13,7 +13,7 @@ from ackstream.sources.upstream import open_upstream
 from ackstream.vocabulary import ids
 from ackstream.vocabulary.records import ACKED, CAUGHT_UP, FAILED, TICK, completion_table
 
-from helpers import scheduled, wait_for
+from helpers import produce, scheduled, wait_for
 
 TOPIC = "generator"
 
@@ -238,14 +238,8 @@ def test_a_same_named_query_of_another_group_never_settles_this_ones_records(
     """Two topologies of one name share the channel (named by the topology); when they
     commit to different consumer groups, their root ids differ, so the acks of one's
     records are not the other's (the group claim above covers one group only)."""
-    from kafka import KafkaProducer
-
     topic = new_topic(partitions=1)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    for n in range(4):
-        producer.send(topic, b"%d" % n, partition=0)
-    producer.flush()
-    producer.close()
+    produce(broker.bootstrap, topic, [str(n) for n in range(4)])
     spouts = []
     try:
         for group in ("ackstream-twin", "other"):

@@ -11,11 +11,12 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.sinks.memory import MemorySink
-from ackstream.testing import tracked_frame, wait_until_settled
+from ackstream.testing import tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.modes import ACK_MODES
 from ackstream.vocabulary.records import ACKED, NOTICES
 
+from helpers import start_on_generator, stop_once_settled
 from helpers import through_ledger as ledger
 
 pytestmark = pytest.mark.spark
@@ -215,18 +216,7 @@ def test_a_left_tuple_alone_is_written_with_nulls_and_its_offset_committed(spark
         .join("left", "right", on="k", how="left", within="1s", name="j")
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "ackstream.upstream": "generator",
-            "ackstream.generator.count": "1",
-            "ackstream.generator.partitions": "1",
-        }
-    )
-    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=1, timeout_s=120)
-    finally:
-        running.stop()
+    stop_once_settled(start_on_generator(topology, tmp_path / "ckpt", 1), 1, timeout_s=120)
     assert [(r["k"], r["offset"], r["offset_right"]) for r in sink.rows()] == [(0, 0, None)]
     done = [c for c in channel.completions_since(None)[0].to_pylist() if c["status"] not in NOTICES]
     assert [(c["offset"], c["status"]) for c in done] == [(0, ACKED)]

@@ -5,7 +5,7 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.sinks.memory import MemorySink
-from ackstream.testing import settle, tracked_frame, wait_until_settled
+from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.modes import ACK_MODES
 
@@ -105,7 +105,7 @@ def test_a_started_dag_replays_a_record_through_every_branch(spark, tmp_path, ac
     from ackstream.channels.local import LocalChannel
     from ackstream.vocabulary.records import ACKED, FAILED
 
-    from helpers import commits
+    from helpers import commits, stop_once_settled
 
     channel_dir = str(tmp_path / "channel")
     channel = LocalChannel(channel_dir)
@@ -127,10 +127,7 @@ def test_a_started_dag_replays_a_record_through_every_branch(spark, tmp_path, ac
         }
     )
     running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=20, timeout_s=600)
-    finally:
-        running.stop()
+    stop_once_settled(running, 20, timeout_s=600)
     assert commits(channel_dir) == {"generator/0": 10, "generator/1": 10}
     done = channel.completions_since(None)[0].to_pylist()
     outcomes = sorted((c["partition"], c["offset"], c["attempt"], c["status"]) for c in done)

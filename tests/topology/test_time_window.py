@@ -6,18 +6,18 @@ each batch's ack records through the acker's ledger; the started test runs the
 generator source, the topology and the acker on a local channel."""
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.sinks.memory import MemorySink
-from ackstream.testing import tracked_frame, wait_until_settled
+from ackstream.testing import tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.modes import ACK_MODES
 from ackstream.vocabulary.records import ACKED, FAILED, REJECTED
 
-from helpers import through_ledger
+from helpers import spark_examples, start_on_generator, stop_once_settled, through_ledger
 
 pytestmark = pytest.mark.spark
 MODES = pytest.mark.parametrize("ack_mode", sorted(ACK_MODES))
@@ -214,18 +214,7 @@ def test_idle_batches_close_a_processing_time_window_after_the_records_stop(spar
         .window("k", F.sort_array(F.collect_list("offset")).alias("offsets"), duration="1s")
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "ackstream.upstream": "generator",
-            "ackstream.generator.count": "6",
-            "ackstream.generator.partitions": "1",
-        }
-    )
-    running = topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=6, timeout_s=120)
-    finally:
-        running.stop()
+    stop_once_settled(start_on_generator(topology, tmp_path / "ckpt", 6), 6, timeout_s=120)
     assert commits(channel_dir) == {"generator/0": 6}
     offsets = sorted(o for r in sink.rows() for o in r["offsets"])
     assert offsets == [0, 1, 2, 3, 4, 5]
@@ -240,15 +229,13 @@ def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
     goes into 1 s windows, held with every root it counts. The windows close (the last
     on an idle batch): the sums over all window rows are the counts of the input, every
     record is acked once at its first attempt and every offset committed."""
-    import uuid
 
     from ackstream.channels.kafka import KafkaChannel
     from ackstream.vocabulary.records import NOTICES
 
-    from helpers import group_commits, produce, run_on_kafka
+    from helpers import new_inbox, run_on_kafka
 
-    inbox, name = new_topic(partitions=1), f"tw-{uuid.uuid4().hex[:8]}"
-    produce(broker.bootstrap, inbox, "abaabb")
+    inbox, name = new_inbox(broker, new_topic, "tw", "abaabb")
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     topology = (
         Topology(name, spark, channel, message_timeout_ms=30_000)
@@ -257,8 +244,7 @@ def test_on_kafka_a_time_window_after_a_count_acks_every_record_once(
         .window("v", F.sum("n").alias("n"), duration="1s")
         .sink(sink)
     )
-    run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", records=6)
-    assert group_commits(broker.bootstrap, name, inbox) == {0: 6}
+    assert run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", records=6) == {0: 6}
     totals: dict = {}
     for row in sink.rows():
         totals[row["v"]] = totals.get(row["v"], 0) + row["n"]
@@ -280,12 +266,7 @@ def timed_arrivals(draw):
     return slide * 100, duration * 100, [(t * 100, k) for t, k in zip(times, keys)]
 
 
-@settings(
-    max_examples=6,
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@spark_examples(6)
 @given(case=timed_arrivals(), ack_mode=st.sampled_from(sorted(ACK_MODES)))
 def test_sliding_windows_emit_every_window_and_ack_a_root_after_its_last(spark, case, ack_mode):
     """Against a model of Spark's window(): each (key, window) that holds a tuple is

@@ -8,12 +8,12 @@ from pyspark.sql import functions as F
 
 from ackstream.channels.local import LocalChannel
 from ackstream.sinks.memory import MemorySink
-from ackstream.testing import wait_until_settled, with_lineage
+from ackstream.testing import with_lineage
 from ackstream.topology import Topology
 from ackstream.ui.status import stages_in
 from ackstream.vocabulary.records import ACKED, FAILED
 
-from helpers import wait_for
+from helpers import stop_once_settled, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -215,10 +215,7 @@ def test_a_started_topology_settles_its_batches_from_the_offsets_without_rereadi
         .sink(sink)
     )
     running = topology.start(stream.where("offset % 2 = 0"), str(tmp_path / "ckpt"), trigger_ms=200)
-    try:
-        wait_until_settled(running, records=40, timeout_s=90)
-    finally:
-        running.stop()
+    stop_once_settled(running, 40, timeout_s=90)
     assert commits(channel_dir) == {"generator/0": 20, "generator/1": 20}
     done = channel.completions_since(None)[0].to_pylist()
     assert {(c["partition"], c["offset"]) for c in done if c["status"] == ACKED} == {

@@ -9,17 +9,18 @@ queries on a local channel, and one runs on Kafka."""
 import os
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.sinks.memory import MemorySink
-from ackstream.testing import tracked_frame, wait_until_settled
+from ackstream.testing import tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.modes import ACK_MODES
 from ackstream.vocabulary.records import ACKED, FAILED, NOTICES, TIMED_OUT
 
+from helpers import spark_examples, start_on_generator, stop_once_settled
 from helpers import through_ledger as ledger
 
 pytestmark = pytest.mark.spark
@@ -264,16 +265,8 @@ def started(spark, tmp_path, count, timeout_ms=60_000, ack_mode="telescoped", **
         .join("left", "right", on="k", name="j")
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "ackstream.upstream": "generator",
-            "ackstream.generator.count": str(count),
-            "ackstream.generator.partitions": "1",
-            "ackstream.retryInitialDelay": "50ms",
-            **options,
-        }
-    )
-    return topology, sink, topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+    options = {"ackstream.retryInitialDelay": "50ms", **options}
+    return topology, sink, start_on_generator(topology, tmp_path / "ckpt", count, **options)
 
 
 def outcomes(channel):
@@ -290,31 +283,19 @@ def test_a_held_tuple_survives_a_restart_and_is_acked_with_its_match(spark, tmp_
     stops and starts again from its checkpoint with three records: offset 1 meets the
     held offset 0 from before the restart, 2 and 3 meet each other; all four roots are
     acked once, every offset committed, nothing held."""
-    from ackstream.ui.status import held_in, local_status
+    from ackstream.ui.status import held_in
 
-    from helpers import commits, wait_for
+    from helpers import commits, stop_once_held
 
     channel_dir, checkpoint = str(tmp_path / "channel"), str(tmp_path / "ckpt")
     topology, sink, running = started(spark, tmp_path, 1, ack_mode=ack_mode)
-    try:
-        wait_for(
-            lambda: held_in(checkpoint).get("j", {}).get("tuples") == 1 or running.exception(),
-            timeout=120,
-            what="one tuple held",
-        )
-        assert running.exception() is None
-        wait_for(lambda: local_status(channel_dir, "waits").pending == 1, what="1 root pending")
-    finally:
-        running.stop()
+    stop_once_held(running, "waits", channel_dir, checkpoint, "j", 1)
     assert commits(channel_dir).get("generator/0", 0) == 0
     assert sink.rows() == []
     assert held_in(checkpoint) == {"j": {"tuples": 1, "roots": 1}}
 
     topology, sink, running = started(spark, tmp_path, 4, ack_mode=ack_mode)
-    try:
-        wait_until_settled(running, records=4, timeout_s=120)
-    finally:
-        running.stop()
+    stop_once_settled(running, 4, timeout_s=120)
     assert commits(channel_dir) == {"generator/0": 4}
     assert sorted((r["k"], r["offset"], r["offset_right"]) for r in sink.rows()) == [
         (0, 0, 1),
@@ -343,10 +324,7 @@ def test_a_tuple_that_never_finds_its_match_times_out_and_is_replayed(spark, tmp
         timeout_ms=3_000,
         **{"ackstream.maxRetries": "1", "ackstream.sourceTimeout": "120s"},
     )
-    try:
-        wait_until_settled(running, records=1, timeout_s=180)
-    finally:
-        running.stop()
+    stop_once_settled(running, 1, timeout_s=180)
     assert commits(channel_dir) == {"generator/0": 1}
     assert outcomes(topology.channel) == [(0, 0, TIMED_OUT), (0, 1, TIMED_OUT)]
     letters = read_dead_letters(os.path.join(channel_dir, "dead_letters")).to_pylist()
@@ -366,14 +344,12 @@ def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
     first batch, "R1" and "L2" meet them in the second. A stage fails the key 1 pair on
     its first attempt: both of its roots, read in two batches, fail and replay, meet
     again and are acked; the key 2 pair is acked at once. Every offset committed."""
-    import uuid
 
     from ackstream.channels.kafka import KafkaChannel
 
-    from helpers import group_commits, produce, run_on_kafka
+    from helpers import new_inbox, run_on_kafka
 
-    inbox, name = new_topic(partitions=1), f"join-{uuid.uuid4().hex[:8]}"
-    produce(broker.bootstrap, inbox, ["L1", "R2", "R1", "L2"])
+    inbox, name = new_inbox(broker, new_topic, "join", ["L1", "R2", "R1", "L2"])
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     first_attempts = (F.col("_attempt") == 0) & (F.col("_attempt_right") == 0)
     topology = (
@@ -386,15 +362,9 @@ def test_on_kafka_a_failed_joined_row_replays_both_roots_from_two_batches(
         .fail_where((F.col("k") == "1") & first_attempts, "1: first attempt")
         .sink(sink)
     )
-    run_on_kafka(
-        topology,
-        broker.bootstrap,
-        inbox,
-        tmp_path / "ckpt",
-        records=4,
-        **{"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"},
-    )
-    assert group_commits(broker.bootstrap, name, inbox) == {0: 4}
+    options = {"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"}
+    committed = run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", 4, **options)
+    assert committed == {0: 4}
     assert outcomes(channel) == sorted(
         [(o, 0, FAILED) for o in (0, 2)]
         + [(o, 1, ACKED) for o in (0, 2)]
@@ -432,12 +402,7 @@ def model(batches):
 
 # each example runs three batches on Spark: few examples, and no shrinking (minutes)
 @pytest.mark.e2e
-@settings(
-    max_examples=8,
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@spark_examples(8)
 @given(batches=arrivals(), ack_mode=st.sampled_from(sorted(ACK_MODES)))
 def test_pairs_and_outcomes_follow_the_first_match(spark, batches, ack_mode):
     """Whatever the arrivals, the join emits exactly the pairs of the model, a root is

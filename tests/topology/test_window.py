@@ -12,12 +12,13 @@ from pyspark.sql import functions as F
 
 from ackstream.errors import StageError
 from ackstream.sinks.memory import MemorySink
-from ackstream.testing import settle, tracked_frame, wait_until_settled
+from ackstream.testing import settle, tracked_frame
 from ackstream.topology import Topology
 from ackstream.topology.bolts import BatchContext
 from ackstream.topology.modes import ACK_MODES, TELESCOPED
 from ackstream.vocabulary.records import ACKED, FAILED, NOTICES, TIMED_OUT
 
+from helpers import start_on_generator, stop_once_settled
 from helpers import through_ledger as ledger
 
 pytestmark = pytest.mark.spark
@@ -59,11 +60,29 @@ def test_held_tuples_keep_their_roots_open_until_the_window_emits(spark, ack_mod
 
 
 @MODES
-def test_a_failed_window_row_fails_every_root_it_was_anchored_to(spark, ack_mode):
-    """The window's row is anchored to tuples of two batches; a stage after it fails the
-    row, and all three roots fail (their records replay); nothing is written."""
+@pytest.mark.parametrize(
+    "failing_window",
+    [
+        pytest.param(
+            lambda spark, ack_mode, sink: windowed(
+                spark, ack_mode, sink, fail=F.size("offsets") == 3
+            ),
+            id="window",
+        ),
+        pytest.param(
+            lambda spark, ack_mode, sink: after_aggregate(
+                spark, ack_mode, sink, fail=F.col("total") == 3
+            ),
+            id="window after an aggregate",
+        ),
+    ],
+)
+def test_a_failed_window_row_fails_every_root_it_was_anchored_to(spark, ack_mode, failing_window):
+    """The window's row (of tuples, or of an aggregate's rows) is anchored to tuples of two
+    batches; a stage after it fails the row, and all three roots fail (their records
+    replay); nothing is written."""
     sink = MemorySink()
-    topology = windowed(spark, ack_mode, sink, fail=F.size("offsets") == 3)
+    topology = failing_window(spark, ack_mode, sink)
     first = tracked_frame(spark, ["a", "a"], partition=0)
     second = tracked_frame(spark, ["a"], partition=1)
     records = [topology.run_batch(first, 0), topology.run_batch(second, 1)]
@@ -162,18 +181,6 @@ def test_a_window_after_an_aggregate_holds_every_root_of_a_count(spark, ack_mode
 
 
 @MODES
-def test_a_failed_row_of_a_window_after_an_aggregate_fails_every_root(spark, ack_mode):
-    sink = MemorySink()
-    topology = after_aggregate(spark, ack_mode, sink, fail=F.col("total") == 3)
-    first = tracked_frame(spark, ["a", "a"], partition=0)
-    second = tracked_frame(spark, ["a"], partition=1)
-    records = [topology.run_batch(first, 0), topology.run_batch(second, 1)]
-    outcome, pending = ledger(records)
-    assert outcome == dict.fromkeys(roots(first) + roots(second), FAILED)
-    assert pending == set() and sink.rows() == []
-
-
-@MODES
 def test_a_held_count_with_a_failed_root_is_dropped_and_fails_its_other_roots(
     spark, tmp_path, ack_mode
 ):
@@ -244,16 +251,8 @@ def started(spark, tmp_path, count, timeout_ms=60_000, ack_mode="telescoped", **
         )
         .sink(sink)
     )
-    stream = topology.read_stream(
-        {
-            "ackstream.upstream": "generator",
-            "ackstream.generator.count": str(count),
-            "ackstream.generator.partitions": "1",
-            "ackstream.retryInitialDelay": "50ms",
-            **options,
-        }
-    )
-    return topology, sink, topology.start(stream, str(tmp_path / "ckpt"), trigger_ms=200)
+    options = {"ackstream.retryInitialDelay": "50ms", **options}
+    return topology, sink, start_on_generator(topology, tmp_path / "ckpt", count, **options)
 
 
 @pytest.mark.parametrize(
@@ -266,21 +265,11 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mod
     roots are acked once and every offset committed."""
     from ackstream.ui.status import held_in, local_status
 
-    from helpers import commits, wait_for
+    from helpers import commits, stop_once_held
 
     channel_dir, checkpoint = str(tmp_path / "channel"), str(tmp_path / "ckpt")
     topology, sink, running = started(spark, tmp_path, 2, ack_mode=ack_mode)
-    try:
-        wait_for(
-            lambda: held_in(checkpoint).get("w", {}).get("tuples") == 2 or running.exception(),
-            timeout=120,
-            what="two tuples held",
-        )
-        assert running.exception() is None
-        # the acker has read the open trees: the roots are pending, not acked
-        wait_for(lambda: local_status(channel_dir, "held").pending == 2, what="2 roots pending")
-    finally:
-        running.stop()
+    stop_once_held(running, "held", channel_dir, checkpoint, "w", 2)
     status = local_status(channel_dir, "held")
     assert (status.acked, status.failed, status.timed_out) == (0, 0, 0)
     assert commits(channel_dir).get("generator/0", 0) == 0
@@ -288,10 +277,7 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mod
     assert held_in(checkpoint) == {"w": {"tuples": 2, "roots": 2}}
 
     topology, sink, running = started(spark, tmp_path, 6, ack_mode=ack_mode)
-    try:
-        wait_until_settled(running, records=6, timeout_s=120)
-    finally:
-        running.stop()
+    stop_once_settled(running, 6, timeout_s=120)
     assert commits(channel_dir) == {"generator/0": 6}
     assert sorted((r["offsets"], r["attempts"]) for r in sink.rows()) == [
         ([0, 1, 2], [0, 0, 0]),
@@ -323,10 +309,7 @@ def test_a_window_that_never_fills_times_its_roots_out_and_they_are_replayed(spa
         timeout_ms=3_000,
         **{"ackstream.maxRetries": "1", "ackstream.sourceTimeout": "120s"},
     )
-    try:
-        wait_until_settled(running, records=2, timeout_s=180)
-    finally:
-        running.stop()
+    stop_once_settled(running, 2, timeout_s=180)
     assert commits(channel_dir) == {"generator/0": 2}
     done = topology.channel.completions_since(None)[0].to_pylist()
     done = [c for c in done if c["status"] not in NOTICES]
@@ -347,14 +330,12 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
     at 1, 3, 5 each fill a window only in the third batch. A stage fails the "a" window
     on its first attempt: its three roots, read in three batches, all fail and replay,
     fill the window again and are acked; "b" is acked at once. Every offset committed."""
-    import uuid
 
     from ackstream.channels.kafka import KafkaChannel
 
-    from helpers import group_commits, produce, run_on_kafka
+    from helpers import new_inbox, run_on_kafka
 
-    inbox, name = new_topic(partitions=1), f"win-{uuid.uuid4().hex[:8]}"
-    produce(broker.bootstrap, inbox, "ababab")
+    inbox, name = new_inbox(broker, new_topic, "win", "ababab")
     channel, sink = KafkaChannel(broker.bootstrap, name), MemorySink()
     topology = (
         Topology(name, spark, channel, message_timeout_ms=60_000)
@@ -368,15 +349,9 @@ def test_on_kafka_a_failed_window_replays_its_roots_from_three_batches(
         .fail_where((F.col("v") == "a") & (F.col("attempt") == 0), "a: first attempt")
         .sink(sink)
     )
-    run_on_kafka(
-        topology,
-        broker.bootstrap,
-        inbox,
-        tmp_path / "ckpt",
-        records=6,
-        **{"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"},
-    )
-    assert group_commits(broker.bootstrap, name, inbox) == {0: 6}
+    options = {"ackstream.sourceTimeout": "120s", "ackstream.retryInitialDelay": "50ms"}
+    committed = run_on_kafka(topology, broker.bootstrap, inbox, tmp_path / "ckpt", 6, **options)
+    assert committed == {0: 6}
     done = channel.completions_since(None)[0].to_pylist()
     assert sorted((c["offset"], c["attempt"], c["status"]) for c in done) == sorted(
         [(o, 0, FAILED) for o in (0, 2, 4)]
