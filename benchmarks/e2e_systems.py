@@ -163,15 +163,16 @@ def compilations(spark) -> int:
 
 def job_ms_by_part(spark, jobs, batches: int) -> dict:
     """Per part of a batch that starts jobs (the last line of a job's description:
-    ackstream names its stages, sinks and ack collect; Spark's own jobs keep its
-    batch line), the jobs a batch and their summed milliseconds a batch, from Spark's
-    status store."""
+    ackstream names its stages, sinks and ack collect; any other job is the query's
+    own), the jobs a batch and their summed milliseconds a batch, from Spark's status
+    store: with the batch's ``addBatch``, what the driver spends outside jobs."""
     store = spark.sparkContext._jsc.sc().statusStore()  # noqa: SLF001 - no Python API
     parts: dict = {}
     for job in jobs:
         data = store.job(job)
         described = data.description()
-        name = described.get().splitlines()[-1] if described.isDefined() else data.name()
+        said = described.get().splitlines()[-1] if described.isDefined() else ""
+        name = said if said.startswith("ackstream ") else "the query's own"
         done, began = data.completionTime(), data.submissionTime()
         ms = done.get().getTime() - began.get().getTime() if done.isDefined() else 0
         jobs_ms = parts.setdefault(name, [0, 0])
