@@ -25,7 +25,8 @@ from pyspark.sql import functions as F
 from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import BatchContext, StageOutput
 from ackstream.topology.held_store import HOLD, ChangeLog, Changes, HeldState, HeldStore
-from ackstream.topology.window_closing import WINDOW, Closing
+from ackstream.topology.hold_tokens import BatchTokens
+from ackstream.topology.window_closing import WINDOW, Assigned, Closing
 from ackstream.topology.window_partials import FIRST_SINCE, LAST_SINCE, Partial, fitted
 from ackstream.vocabulary.lineage import GROUP, REASON, ROOT
 
@@ -48,15 +49,57 @@ def held_aggregates(
     per window and key (see the module doc), its state in ``store``; None when
     ``closing`` holds rows, or the store holds rows saved before (the window then goes
     on holding rows). Tracked, ``ctx.tokens`` holds the batch's roots."""
-    spark = df.sparkSession
-    state = store.before(spark, ctx.batch_id)
+    state = store.before(df.sparkSession, ctx.batch_id)
     if state is not None and state.rows is not None and LAST_SINCE not in state.rows.columns:
         return None  # a checkpoint whose window held rows before: it goes on holding rows
     clock = None if state is None else state.clock
     assigned = closing.assign(closing.stamp(df, ctx.now_ms, stage), clock, ctx.now_ms, stage)
     if assigned is None:
         return None
-    batch = F.lit(ctx.batch_id).cast("long")
+    merged, names, held_cols = _merged(assigned, state, keys, partials, ctx.batch_id)
+    closes, touched, after = assigned.closes, F.col(_TOUCHED), assigned.clock
+    ends = _window_ends(state, assigned.ends)
+    # no window held or written to closes (known on the driver): the output is Spark's
+    # empty relation, and the sink's job reads nothing
+    shut = ends is None or (after is not None and any(end <= after for end in ends))
+    out = merged.where(closes if shut else F.lit(False)).select(
+        *(F.col(f"`{n}`") for n in names), WINDOW, *(p.final.alias(p.name) for p in partials)
+    )
+    kept = merged.where(~closes)
+    released = merged.where(F.col(_WAS).isNotNull() & (touched | closes)).select(
+        F.col(_WAS).alias(HOLD)
+    )
+    saved = [F.col(f"`{c}`") for c in (*held_cols, HOLD)]
+    store.save(
+        ctx.batch_id,
+        HeldState(
+            kept.select(*saved),
+            None if state is None else state.position,
+            after,
+            ends=None if ends is None else tuple(e for e in ends if after is None or e > after),
+        ),
+        Changes(
+            kept.where(touched).select(*saved),
+            released,
+            ChangeLog() if state is None else state.log,
+        ),
+    )
+    if ctx.tokens is None:
+        return StageOutput(out, cached=(merged,))
+    late = None if assigned.late is None else assigned.late.select(*df.columns, REASON)
+    return _held_by_token(out, ctx.tokens, number, assigned, clock, late, merged)
+
+
+def _merged(
+    assigned: Assigned,
+    state: HeldState | None,
+    keys: Sequence[str | Column],
+    partials: Sequence[Partial],
+    batch_id: int,
+) -> tuple[DataFrame, list[str], tuple[str, ...]]:
+    """The batch's rows merged with the held partials per (keys, window), persisted;
+    the keys' column names and the held columns."""
+    batch = F.lit(batch_id).cast("long")
     # the partials' names and types, as one batch's aggregation gives them (no job)
     shape = assigned.rows.groupBy(*keys, WINDOW).agg(
         *(c.alias(n) for p in partials for n, c in p.parts)
@@ -94,44 +137,30 @@ def held_aggregates(
         )
         .persist()  # read by the output, the saved change and the state
     )
-    closes, touched = assigned.closes, F.col(_TOUCHED)
-    after = assigned.clock
-    ends = _window_ends(state, assigned.ends)
-    # no window held or written to closes (known on the driver): the output is Spark's
-    # empty relation, and the sink's job reads nothing
-    shut = ends is None or (after is not None and any(end <= after for end in ends))
-    out = merged.where(closes if shut else F.lit(False)).select(
-        *(F.col(f"`{n}`") for n in names), WINDOW, *(p.final.alias(p.name) for p in partials)
-    )
-    kept = merged.where(~closes)
-    released = merged.where(F.col(_WAS).isNotNull() & (touched | closes)).select(
-        F.col(_WAS).alias(HOLD)
-    )
-    saved = [F.col(f"`{c}`") for c in (*held_cols, HOLD)]
-    since = state.log if state is not None else ChangeLog()
-    store.save(
-        ctx.batch_id,
-        HeldState(
-            kept.select(*saved),
-            None if state is None else state.position,
-            after,
-            ends=None if ends is None else tuple(e for e in ends if after is None or e > after),
-        ),
-        Changes(kept.where(touched).select(*saved), released, since),
-    )
-    if ctx.tokens is None:
-        return StageOutput(out, cached=(merged,))
-    ctx.tokens.hold(number, assigned.ends)
-    closing_ends = ctx.tokens.release(number, clock, assigned.clock)
+    return merged, names, held_cols
+
+
+def _held_by_token(
+    out: DataFrame,
+    tokens: BatchTokens,
+    number: int,
+    assigned: Assigned,
+    clock: int | None,
+    late: DataFrame | None,
+    merged: DataFrame,
+) -> StageOutput:
+    """Tracked: the batch holds a token per window its rows went into, and the output
+    rows of the windows it closes carry their window's token root as ``_group``."""
+    tokens.hold(number, assigned.ends)
+    closing_ends = tokens.release(number, clock, assigned.clock)
     groups = None  # no window closes: no output row, no frame to ship to the JVM
     if closing_ends:
-        token_rows = ctx.tokens.token_frame_rows(number, closing_ends)
-        tokens = spark.createDataFrame(token_rows, f"{ROOT} long, {_END} long")
-        groups = GroupInput(tokens, F.col(_END))
+        token_rows = tokens.token_frame_rows(number, closing_ends)
+        frame = out.sparkSession.createDataFrame(token_rows, f"{ROOT} long, {_END} long")
+        groups = GroupInput(frame, F.col(_END))
     end = F.unix_millis(F.col(f"{WINDOW}.end"))
     group = F.struct(F.lit(number).alias("stage"), end.alias("id"))
     out = out.withColumn(ROOT, F.lit(None).cast("long")).withColumn(GROUP, group)
-    late = None if assigned.late is None else assigned.late.select(*df.columns, REASON)
     return StageOutput(out, rejected=late, cached=(merged,), groups=groups)
 
 
