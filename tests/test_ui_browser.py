@@ -8,6 +8,7 @@ package at /usr/bin/chromium, never from Playwright's own download. With
 picture is made so)."""
 
 import contextlib
+import glob
 import html
 import http.server
 import json
@@ -178,6 +179,26 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
         ui = spark.sparkContext.uiWebUrl
         link = page.locator('[data-run="spark-ui"]')
         assert link.is_hidden() if ui is None else link.get_attribute("href") == ui
+
+        # a batch waiting for a sink that does not answer: the header says which, since
+        # when and that nothing is charged (the wait's pause file, written here beside
+        # the run's file), and says running again once the file is gone
+        from ackstream.topology.described import PAUSED_FILE, RUN_FILE
+        from ackstream.vocabulary.clock import now_ms
+
+        (run_file,) = glob.glob(os.path.join(checkpoint, "**", RUN_FILE), recursive=True)
+        pause = os.path.join(os.path.dirname(run_file), PAUSED_FILE)
+        with open(pause, "w") as f:
+            said = {"sink": "KafkaSink to out", "error": "TimeoutException", "retry_s": 4}
+            json.dump({**said, "since_ms": now_ms()}, f)
+        state = "document.querySelector('[data-run=\"state\"]').textContent"
+        page.wait_for_function(f"{state} === 'running, paused'")
+        paused = page.inner_text('[data-run="paused"]')
+        assert "sink KafkaSink to out unreachable since " in paused, paused
+        assert "(TimeoutException)" in paused and "no record is charged" in paused
+        os.remove(pause)
+        page.wait_for_function(f"{state} === 'running'")
+        assert page.inner_text('[data-run="paused"]') == ""
 
         # replay one dead letter: the page asks first, then the record is on its topic
         row = page.locator(".dead-letters tbody tr").first
