@@ -20,6 +20,12 @@ go of whole batches' rows) so writes one base a batch, one Spark job where chang
 take two; such a base holds about four times the last change measured at most. The
 held rows never pass through the driver; it reads the Parquet footers to count them.
 
+A window holding partial aggregates writes its batch in one Spark job instead
+(:meth:`HeldStore.save_merged`): one folder, ``parts-<batch id>``, with the rows it
+holds on and those it hands on in two parts, each row naming the version it replaces;
+the sink then reads the rows handed on from there, so nothing is cached or computed
+twice, and the released ids are read from those names.
+
 A batch starts from the newest state published by an *earlier* batch, so a batch
 that Spark runs again after a crash starts from the same state, writes the same
 pieces over its own, and never holds a tuple twice. The two newest states are kept
@@ -77,8 +83,12 @@ _POSITION, _CLOCK, _SCHEMA, _LOG, _ENDS = (
     b"ackstream.log",
     b"ackstream.ends",
 )
-_BASE, _ADDED, _RELEASED = "rows-", "added-", "released-"
-_PIECE_PREFIXES = (_BASE, _ADDED, _RELEASED)
+_BASE, _ADDED, _RELEASED, _PARTS = "rows-", "added-", "released-", "parts-"
+_PIECE_PREFIXES = (_BASE, _ADDED, _RELEASED, _PARTS)
+#: In a batch's one folder (:meth:`HeldStore.save_merged`): the column naming each
+#: row's part, a row held on (:data:`KEPT`) or handed on (:data:`OUT`), and the column
+#: with the id of the version the row replaces (released by the batch).
+PIECE, KEPT, OUT, WAS = "_piece", "kept", "out", "_was"
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class ChangeLog:
     added_rows: int = 0
     released_rows: int = 0
     last_changed: int = 0
+    parts: tuple[int, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -113,13 +124,39 @@ class ChangeLog:
         return changed >= COMPACT_SHARE * self.rows or pieces + 2 > MAX_PIECES
 
     def pieces(self) -> list[str]:
-        """The folder names of the pieces, base first."""
+        """The names of the pieces, base first."""
         base = [] if self.base is None else [f"{_BASE}{self.base}"]
         return [
             *base,
             *(f"{_ADDED}{b}" for b in self.added),
             *(f"{_RELEASED}{b}" for b in self.released),
         ]
+
+    def held_folders(self) -> list[str]:
+        """Where the held rows are (relative folders), base first: a piece of its own,
+        or the held part of a batch's one folder (a base that holds no row has none)."""
+        base = [] if self.base is None else [self.base]
+        if self.base in self.parts and not self.base_rows:
+            base = []
+        return [self._where(b, _BASE if b == self.base else _ADDED) for b in (*base, *self.added)]
+
+    def released_folders(self) -> list[tuple[str, str]]:
+        """Where the released ids are, with the column that holds them: a piece of ids,
+        or the replaced versions (``_was``) of what a batch wrote in its one folder."""
+        return [
+            (f"{_PARTS}{b}", WAS) if b in self.parts else (f"{_RELEASED}{b}", HOLD)
+            for b in self.released
+        ]
+
+    def folders(self) -> set[str]:
+        """The top folders of the pieces."""
+        return {
+            piece.split("/")[0]
+            for piece in (*self.held_folders(), *(f for f, _ in self.released_folders()))
+        } | ({f"{_PARTS}{self.base}"} if self.base in self.parts else set())
+
+    def _where(self, batch: int, prefix: str) -> str:
+        return f"{_PARTS}{batch}/{PIECE}={KEPT}" if batch in self.parts else f"{prefix}{batch}"
 
 
 @dataclass(frozen=True)
@@ -173,14 +210,12 @@ class HeldStore:
             from pyspark.sql.types import StructType
 
             struct = StructType.fromJson(schema)
-            data = [self.path(p) for p in log.pieces() if not p.startswith(_RELEASED)]
+            data = [self.path(p) for p in log.held_folders()]
             rows = spark.read.schema(struct).parquet(*data) if data else None
             if rows is None:
                 rows = spark.createDataFrame([], struct)
             if log.released:
-                gone = [self.path(f"{_RELEASED}{b}") for b in log.released]
-                ids = spark.read.schema(f"{HOLD} bigint").parquet(*gone)
-                rows = rows.join(ids, HOLD, "left_anti")
+                rows = rows.join(self._released_ids(spark, log), HOLD, "left_anti")
             if _LOG not in meta:  # saved before rows had ids in every ack mode
                 from pyspark.sql import functions as F
 
@@ -190,6 +225,23 @@ class HeldStore:
         position = json.loads(meta.get(_POSITION, b"null"))
         clock, ends = (json.loads(meta.get(key, b"null")) for key in (_CLOCK, _ENDS))
         return HeldState(rows, position, clock, log, None if ends is None else tuple(ends))
+
+    def _released_ids(self, spark: SparkSession, log: ChangeLog) -> DataFrame:
+        """The ids (``_hold``) the state's later batches released."""
+        by_column: dict[str, list[str]] = {}
+        for folder, column in log.released_folders():
+            by_column.setdefault(column, []).append(self.path(folder))
+        frames = [
+            spark.read.schema(f"{column} bigint")
+            .parquet(*paths)
+            .where(f"{column} IS NOT NULL")
+            .selectExpr(f"{column} AS {HOLD}")
+            for column, paths in by_column.items()
+        ]
+        ids = frames[0]
+        for frame in frames[1:]:
+            ids = ids.unionByName(frame)
+        return ids
 
     def latest(self, spark: SparkSession) -> HeldState | None:
         """The newest saved state (None if there is none)."""
@@ -216,6 +268,75 @@ class HeldStore:
                 log = ChangeLog(batch_id, base_rows=written, last_changed=last)
             else:
                 log = self._write_changes(batch_id, changes)
+        self._publish(batch_id, state, schema, log)
+        return log
+
+    def save_merged(
+        self, batch_id: int, rows: DataFrame, changed: DataFrame, state: HeldState
+    ) -> DataFrame:
+        """Save, in one Spark job, a batch's merged rows in one folder ``parts-<batch
+        id>`` by their part (``_piece``): the rows held on (``kept``) and those handed on
+        (``out``), each with the id of the version it replaces (``_was``, null for a new
+        one). ``rows`` are every row after the batch, ``changed`` those it touched or
+        hands on: these alone are written, unless a compaction is due (then ``rows``
+        whole, a base). ``state`` gives the position, clock and window ends, and in
+        ``log`` the log the batch started from; its rows are ignored. Returns the rows
+        handed on, read back from what was written (no second computation)."""
+        from pyspark.sql import functions as F
+
+        hidden = (PIECE, WAS)
+        if self.files is None:
+            computed = rows.localCheckpoint(eager=True)
+            held_on = computed.where(F.col(PIECE) == KEPT).drop(*hidden)
+            self._memory[batch_id] = replace(state, rows=held_on, log=ChangeLog())
+            for old in sorted(self._memory)[:-_KEEP]:
+                del self._memory[old]
+            return computed.where(F.col(PIECE) == OUT).drop(*hidden)
+        since, base = state.log, state.log.compact_due()
+        written = rows if base else changed
+        folder = f"{_PARTS}{batch_id}"
+        written.write.mode("overwrite").option("partitionOverwriteMode", "static").partitionBy(
+            PIECE
+        ).parquet(self.path(folder))
+        kept, out, released = self._counted(folder)
+        if base:
+            log = ChangeLog(batch_id, base_rows=kept, last_changed=since.last_changed)
+        else:
+            log = replace(since, last_changed=max(kept, released))
+            if kept:
+                log = replace(log, added=(*log.added, batch_id), added_rows=log.added_rows + kept)
+            if released:
+                log = replace(
+                    log,
+                    released=(*log.released, batch_id),
+                    released_rows=log.released_rows + released,
+                )
+        log = replace(log, parts=(*(() if base else since.parts), batch_id))
+        held = rows.drop(*hidden)
+        self._publish(batch_id, state, held.schema.jsonValue(), log)
+        if not out:
+            return held.where(F.lit(False))
+        return rows.sparkSession.read.schema(held.schema).parquet(
+            self.path(f"{folder}/{PIECE}={OUT}")
+        )
+
+    def _counted(self, folder: str) -> tuple[int, int, int]:
+        """The rows kept and handed on in a batch's one folder, and the versions they
+        replace, from its files (a folder with none is removed)."""
+        fs, where = self._fs_path(folder)
+        data = _dataset(fs, where)
+        if not data.files:
+            fs.delete_dir(where)
+            return 0, 0, 0
+        table = data.to_table(columns=[PIECE, WAS])
+        pieces = table.column(PIECE)
+        kept = pc.sum(pc.equal(pieces, KEPT)).as_py() or 0
+        return kept, table.num_rows - kept, table.num_rows - table.column(WAS).null_count
+
+    def _publish(self, batch_id: int, state: HeldState, schema: object, log: ChangeLog) -> None:
+        """Publish the batch's state (a small file naming its pieces) and drop the
+        pieces no kept state names."""
+        assert self.files is not None
         meta = {
             _POSITION: state.position,
             _CLOCK: state.clock,
@@ -228,7 +349,6 @@ class HeldStore:
         )
         self.files.write(batch_id, published)
         self._drop_unnamed()
-        return log
 
     def _write_changes(self, batch_id: int, changes: Changes) -> ChangeLog:
         added = self._write(changes.added, _ADDED, batch_id)
@@ -260,8 +380,8 @@ class HeldStore:
         meta = self.files.read(batch_id).schema.metadata or {}
         named = json.loads(meta.get(_LOG, b"null"))
         if named is not None:
-            for kind in ("added", "released"):
-                named[kind] = tuple(named[kind])
+            for kind in ("added", "released", "parts"):
+                named[kind] = tuple(named.get(kind, ()))
             return meta, ChangeLog(**named)
         if json.loads(meta.get(_SCHEMA, b"null")) is None:
             return meta, ChangeLog()
@@ -270,7 +390,7 @@ class HeldStore:
     def _drop_unnamed(self) -> None:
         """Remove the pieces no kept state names."""
         assert self.files is not None
-        named = {p for b in self.files.batch_ids() for p in self._published(b)[1].pieces()}
+        named = {p for b in self.files.batch_ids() for p in self._published(b)[1].folders()}
         fs, root = self.files.filesystem()
         for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
             name = os.path.basename(info.path)
@@ -299,14 +419,13 @@ class HeldStore:
         _, log = self._published(max(saved))
         fs = self._fs_path("")[0]
         tables, gone = [], []
-        for piece in log.pieces():
-            where = self._fs_path(piece)[1]
-            data = ds.dataset(where, filesystem=fs, format="parquet")
-            if piece.startswith(_RELEASED):
-                gone.append(data.to_table(columns=[HOLD]).column(HOLD))
-            else:  # a window's partial rows carry no root: counted as rows
-                columns = [c for c in ("_root", HOLD) if c in data.schema.names]
-                tables.append(data.to_table(columns=columns))
+        for folder, column in log.released_folders():
+            ids = _dataset(fs, self._fs_path(folder)[1]).to_table(columns=[column]).column(column)
+            gone.append(ids.drop_null())
+        for folder in log.held_folders():  # a window's partial rows carry no root: rows
+            data = _dataset(fs, self._fs_path(folder)[1])
+            columns = [c for c in ("_root", HOLD) if c in data.schema.names]
+            tables.append(data.to_table(columns=columns))
         if not tables:
             return {"tuples": 0, "roots": 0}
         rows = pa.concat_tables(tables, promote_options="default")
@@ -317,6 +436,14 @@ class HeldStore:
             return {"tuples": rows.num_rows, "roots": 0}
         roots = rows.column("_root").drop_null()
         return {"tuples": rows.num_rows, "roots": pc.count_distinct(roots).as_py()}
+
+
+def _dataset(fs: pafs.FileSystem, where: str) -> ds.Dataset:
+    """The Parquet files under ``where``, a batch's one folder read by its parts."""
+    skipped = [".", "_SUCCESS"]  # not "_": a part's folder is "_piece=..."
+    return ds.dataset(
+        where, filesystem=fs, format="parquet", partitioning="hive", ignore_prefixes=skipped
+    )
 
 
 def held_counts(folder: str) -> dict[str, dict[str, int]]:

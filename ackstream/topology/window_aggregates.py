@@ -21,10 +21,20 @@ from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
 
 from ackstream.topology.anchoring import GroupInput
 from ackstream.topology.bolts import BatchContext, StageOutput
-from ackstream.topology.held_store import HOLD, ChangeLog, Changes, HeldState, HeldStore
+from ackstream.topology.held_store import (
+    HOLD,
+    KEPT,
+    OUT,
+    PIECE,
+    WAS,
+    ChangeLog,
+    HeldState,
+    HeldStore,
+)
 from ackstream.topology.hold_tokens import BatchTokens
 from ackstream.topology.window_closing import WINDOW, Assigned, Closing
 from ackstream.topology.window_partials import FIRST_SINCE, LAST_SINCE, Partial, fitted
@@ -32,7 +42,7 @@ from ackstream.vocabulary.lineage import GROUP, REASON, ROOT
 
 __all__ = ["held_aggregates"]
 
-_TOUCHED, _WAS, _END = "_touched", "_was", "_window_end"
+_TOUCHED, _END = "_touched", "_window_end"
 
 
 def held_aggregates(
@@ -57,37 +67,33 @@ def held_aggregates(
     if assigned is None:
         return None
     merged, names, held_cols = _merged(assigned, state, keys, partials, ctx.batch_id)
-    closes, touched, after = assigned.closes, F.col(_TOUCHED), assigned.clock
+    closes, after = assigned.closes, assigned.clock
     ends = _window_ends(state, assigned.ends)
-    # no window held or written to closes (known on the driver): the output is Spark's
-    # empty relation, and the sink's job reads nothing
+    # no window held or written to closes (known on the driver): nothing is handed on,
+    # the output is Spark's empty relation, and the sink's job reads nothing
     shut = ends is None or (after is not None and any(end <= after for end in ends))
-    out = merged.where(closes if shut else F.lit(False)).select(
-        *(F.col(f"`{n}`") for n in names), WINDOW, *(p.final.alias(p.name) for p in partials)
-    )
-    kept = merged.where(~closes)
-    released = merged.where(F.col(_WAS).isNotNull() & (touched | closes)).select(
-        F.col(_WAS).alias(HOLD)
-    )
-    saved = [F.col(f"`{c}`") for c in (*held_cols, HOLD)]
-    store.save(
+    piece = F.when(closes, OUT).otherwise(KEPT) if shut else F.lit(KEPT)
+    saved = (*(F.col(f"`{c}`") for c in (*held_cols, HOLD, WAS)), piece.alias(PIECE))
+    changed = F.col(_TOUCHED) | closes if shut else F.col(_TOUCHED)
+    handed = store.save_merged(
         ctx.batch_id,
+        merged.select(*saved),
+        merged.where(changed).select(*saved),
         HeldState(
-            kept.select(*saved),
+            None,
             None if state is None else state.position,
             after,
+            ChangeLog() if state is None else state.log,
             ends=None if ends is None else tuple(e for e in ends if after is None or e > after),
         ),
-        Changes(
-            kept.where(touched).select(*saved),
-            released,
-            ChangeLog() if state is None else state.log,
-        ),
+    )
+    out = handed.select(
+        *(F.col(f"`{n}`") for n in names), WINDOW, *(p.final.alias(p.name) for p in partials)
     )
     if ctx.tokens is None:
-        return StageOutput(out, cached=(merged,))
+        return StageOutput(out)
     late = None if assigned.late is None else assigned.late.select(*df.columns, REASON)
-    return _held_by_token(out, ctx.tokens, number, assigned, clock, late, merged)
+    return _held_by_token(out, ctx.tokens, number, assigned, clock, late)
 
 
 def _merged(
@@ -97,16 +103,12 @@ def _merged(
     partials: Sequence[Partial],
     batch_id: int,
 ) -> tuple[DataFrame, list[str], tuple[str, ...]]:
-    """The batch's rows merged with the held partials per (keys, window), persisted;
-    the keys' column names and the held columns."""
+    """The batch's rows merged with the held partials per (keys, window), each with
+    the id of the version it replaces (``_was``); the keys' column names and the held
+    columns."""
     batch = F.lit(batch_id).cast("long")
-    # the partials' names and types, as one batch's aggregation gives them (no job)
-    shape = assigned.rows.groupBy(*keys, WINDOW).agg(
-        *(c.alias(n) for p in partials for n, c in p.parts)
-    )
-    types = {f.name: f.dataType for f in shape.schema.fields}
-    names = shape.columns[: len(keys)]
-    held_cols = (*shape.columns, FIRST_SINCE, LAST_SINCE)
+    types, names, columns = _shape(assigned.rows, keys, partials)
+    held_cols = (*columns, FIRST_SINCE, LAST_SINCE)
     # the batch's rows as one-row partials, merged with the held ones in one
     # aggregation: Spark combines the rows before its one shuffle, as its own does
     rows = assigned.rows.select(
@@ -129,15 +131,32 @@ def _merged(
             F.min(FIRST_SINCE).alias(FIRST_SINCE),
             F.max(LAST_SINCE).alias(LAST_SINCE),
             F.max(_TOUCHED).alias(_TOUCHED),
-            F.max(F.when(~F.col(_TOUCHED), F.col(HOLD))).alias(_WAS),
+            F.max(F.when(~F.col(_TOUCHED), F.col(HOLD))).alias(WAS),
         )
         .withColumn(
             HOLD,
             F.xxhash64(*(F.col(f"`{n}`") for n in names), F.col(WINDOW), F.col(LAST_SINCE)),
         )
-        .persist()  # read by the output, the saved change and the state
     )
     return merged, names, held_cols
+
+
+_shapes: dict[tuple[str, ...], tuple[dict[str, DataType], list[str], list[str]]] = {}
+
+
+def _shape(
+    rows: DataFrame, keys: Sequence[str | Column], partials: Sequence[Partial]
+) -> tuple[dict[str, DataType], list[str], list[str]]:
+    """The partials' types, the keys' names and the partial row's columns, as one
+    batch's aggregation of ``rows`` gives them: analysed once per input schema (an
+    analysis of the batch's whole plan costs the driver more than the batch's rows)."""
+    parts = [c.alias(n) for p in partials for n, c in p.parts]
+    key = (rows.schema.json(), *map(str, keys), *map(str, parts))
+    if key not in _shapes:
+        shape = rows.groupBy(*keys, WINDOW).agg(*parts)
+        types = {f.name: f.dataType for f in shape.schema.fields}
+        _shapes[key] = (types, shape.columns[: len(keys)], shape.columns)
+    return _shapes[key]
 
 
 def _held_by_token(
@@ -147,7 +166,6 @@ def _held_by_token(
     assigned: Assigned,
     clock: int | None,
     late: DataFrame | None,
-    merged: DataFrame,
 ) -> StageOutput:
     """Tracked: the batch holds a token per window its rows went into, and the output
     rows of the windows it closes carry their window's token root as ``_group``."""
@@ -161,7 +179,7 @@ def _held_by_token(
     end = F.unix_millis(F.col(f"{WINDOW}.end"))
     group = F.struct(F.lit(number).alias("stage"), end.alias("id"))
     out = out.withColumn(ROOT, F.lit(None).cast("long")).withColumn(GROUP, group)
-    return StageOutput(out, rejected=late, cached=(merged,), groups=groups)
+    return StageOutput(out, rejected=late, groups=groups)
 
 
 def _window_ends(state: HeldState | None, new: Sequence[int]) -> list[int] | None:

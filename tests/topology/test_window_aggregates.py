@@ -127,10 +127,17 @@ def stage():
 
 
 def written_rows(folder):
-    """Rows in every Parquet piece the window's store holds now."""
+    """Rows in every Parquet piece the window's store holds now (a batch's one folder
+    holds its parts in sub-folders named ``_piece=...``)."""
     where = os.path.join(folder, "held")
-    pieces = [p for p in os.listdir(where) if p.startswith(("rows-", "added-"))]
-    return sum(ds.dataset(os.path.join(where, p), format="parquet").count_rows() for p in pieces)
+    pieces = [p for p in os.listdir(where) if p.startswith(("rows-", "added-", "parts-"))]
+    assert pieces
+    return sum(
+        ds.dataset(
+            os.path.join(where, p), format="parquet", ignore_prefixes=[".", "_SUCCESS"]
+        ).count_rows()
+        for p in pieces
+    )
 
 
 def run(window, frame, b, now, folder):
