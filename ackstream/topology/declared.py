@@ -31,13 +31,13 @@ from ackstream.topology.bolts import (
     ExplodeStage,
     FailWhereStage,
     MapStage,
-    PandasBoltStage,
     SqlStage,
     Stage,
     check_lineage,
 )
 from ackstream.topology.graph import SPOUT, join_streams
 from ackstream.topology.modes import UNTRACKED, Mode
+from ackstream.topology.pandas_bolt import PandasBoltStage
 from ackstream.vocabulary.lineage import LINEAGE_COLUMNS
 
 __all__ = ["analyse", "record_start", "started"]

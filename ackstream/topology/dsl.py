@@ -46,7 +46,6 @@ from ackstream.topology.bolts import (
     FailWhereStage,
     FilterStage,
     MapStage,
-    PandasBoltStage,
     RejectWhereStage,
     SqlStage,
     Stage,
@@ -56,6 +55,7 @@ from ackstream.topology.described import describe, record_run, write_graph
 from ackstream.topology.graph import SPOUT, SinkNode
 from ackstream.topology.hold_tokens import HoldTokens
 from ackstream.topology.modes import Mode, mode_of
+from ackstream.topology.pandas_bolt import PandasBoltStage
 from ackstream.topology.running import RunningTopology, start_topology
 from ackstream.topology.waiting_join import WaitingJoinStage, check_within
 from ackstream.topology.window import WindowStage
@@ -414,7 +414,7 @@ class Topology:
         reason)`` (Storm's ``fail``: replayed) and ``collector.reject(rows, reason)``
         (dead-lettered at once) are the way to fail rows, a boolean mask or positions
         of ``frame``; ``collector.reset_timeout(rows)`` is Storm's ``resetTimeout``
-        (see :class:`~ackstream.topology.bolts.Collector`). An exception, or output
+        (see :class:`~ackstream.topology.pandas_bolt.Collector`). An exception, or output
         that does not fit ``schema`` (columns, index, a value's type), fails only the
         roots of the rows it came from, with a reason naming the stage and what was
         wrong, but finding them calls ``fn`` again on parts of the chunk."""

@@ -7,7 +7,7 @@ import pandas as pd
 import pyarrow as pa
 
 # the function an executor runs on each chunk, tested alone: warnings there reach no test
-from ackstream.topology.bolts import BoltOutput, _run_bolt  # noqa: PLC2701
+from ackstream.topology.pandas_bolt import BoltOutput, _run_bolt  # noqa: PLC2701
 
 
 def test_failed_rows_beside_output_rows_raise_no_future_warning_and_keep_the_values():
