@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 from ackstream import LocalChannel, MemorySink, Topology, read_dead_letters
 from ackstream.config.source import default_channel_dir
 from ackstream.sources.generator import committed_count
-from ackstream.ui.status import read_source_metrics, saved_ends
+from ackstream.ui.status_sources import read_source_metrics, saved_ends
 from ackstream.vocabulary.clock import now_ms
 from ackstream.vocabulary.ranges import checked, expand
 from ackstream.vocabulary.records import (

@@ -262,7 +262,7 @@ def stop_once_held(running, name: str, channel_dir, checkpoint, stage: str, tupl
     """Wait until stage ``stage`` of the started topology ``name`` holds ``tuples``
     tuples in ``checkpoint`` and the acker has read their open trees (as many roots
     pending on ``channel_dir``), then stop it, also when a wait fails."""
-    from ackstream.ui.status import held_in, local_status
+    from ackstream.ui.status_sources import held_in, local_status
 
     try:
         wait_for(

@@ -30,7 +30,7 @@ def test_demo_accounts_for_every_record_and_leaves_its_channel_for_status(spark,
     import math
 
     from ackstream.demo import run_demo
-    from ackstream.ui.status import local_status
+    from ackstream.ui.status_sources import local_status
 
     lines = []
     result = run_demo(
@@ -217,7 +217,7 @@ topology.start(frame, {checkpoint!r}, trigger_ms=200)
 
 @pytest.mark.spark
 def test_run_starts_the_file_topology_and_stops_its_queries(spark, tmp_path, capsys):
-    from ackstream.ui.status import local_status
+    from ackstream.ui.status_sources import local_status
 
     channel = str(tmp_path / "channel")
     topo = tmp_path / "topo.py"
@@ -270,7 +270,7 @@ def test_until_idle_sees_the_batches_spark_s_reader_reads(
     from kafka import KafkaAdminClient
 
     from ackstream.topology.described import read_run
-    from ackstream.ui.status import local_status
+    from ackstream.ui.status_sources import local_status
 
     from helpers import produce, sentences, wait_for
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ackstream.ui.status import stages_in
+from ackstream.ui.status_sources import stages_in
 
 from helpers import consume, sentences
 from spark_cluster import ConnectServer, spark_env

@@ -21,6 +21,7 @@ EXECUTOR_SIDE = (
     "ackstream.channels",
     "ackstream.acker",
     "ackstream.ui.status",
+    "ackstream.ui.status_sources",
     "ackstream.ui.metrics",
     "ackstream.testing",
     "ackstream.demo",

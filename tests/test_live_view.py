@@ -12,7 +12,7 @@ import pytest
 
 from ackstream.sinks.dead_letters import read_dead_letters
 from ackstream.ui.metrics import Statuses, serve_metrics
-from ackstream.ui.status import StatusSource, local_status
+from ackstream.ui.status_sources import StatusSource, local_status
 from ackstream.ui.view import serve_view
 
 from test_status import EXPECTED, fill_channel

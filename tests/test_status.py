@@ -17,7 +17,8 @@ from ackstream.sinks.dead_letters import (
 )
 from ackstream.testing import ack, ack_records, init
 from ackstream.ui.metrics import exposition
-from ackstream.ui.status import history, latency_histogram, local_status, summarize
+from ackstream.ui.status import history, latency_histogram, summarize
+from ackstream.ui.status_sources import local_status
 from ackstream.vocabulary.dead_letter import DeadLetter
 from ackstream.vocabulary.records import (
     ACKED,
@@ -188,7 +189,7 @@ def test_local_status_of_a_missing_directory_says_what_to_give(tmp_path):
 @pytest.mark.broker
 def test_kafka_status_reads_both_topics(broker, tmp_path):
     from ackstream.channels.kafka import KafkaChannel
-    from ackstream.ui.status import kafka_status
+    from ackstream.ui.status_sources import kafka_status
 
     topology = f"status-{os.urandom(4).hex()}"
     channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
@@ -231,8 +232,8 @@ def committed_group(bootstrap: str, topology: str) -> str:
 @pytest.mark.broker
 def test_kafka_status_shows_the_lag_of_the_sources_group(broker, monkeypatch):
     """With the Kafka channel there is no metrics file: the lag is the group's."""
-    import ackstream.ui.status
-    from ackstream.ui.status import kafka_status
+    import ackstream.ui.status_sources
+    from ackstream.ui.status_sources import kafka_status
 
     topology = f"lag-{os.urandom(4).hex()}"
     topic = committed_group(broker.bootstrap, topology)
@@ -242,7 +243,7 @@ def test_kafka_status_shows_the_lag_of_the_sources_group(broker, monkeypatch):
     # an upstream on other brokers: the group is read there, not on the channel's (one
     # broker in the suite: the call is watched; the local channel's test reads it for real)
     asked = []
-    monkeypatch.setattr(ackstream.ui.status, "group_lag", lambda *args: asked.append(args))
+    monkeypatch.setattr(ackstream.ui.status_sources, "group_lag", lambda *args: asked.append(args))
     kafka_status(broker.bootstrap, topology, upstream_bootstrap="127.0.0.1:9")
     assert asked == [("127.0.0.1:9", f"ackstream-{topology}", None)]
 
@@ -395,7 +396,7 @@ def test_kafka_status_leaves_rejected_dead_letters_out_of_the_replayed_count(bro
     failed or timed-out attempts make those roots not replayed."""
     from ackstream.channels.kafka import KafkaChannel
     from ackstream.sinks.dead_letters import KafkaDeadLetters
-    from ackstream.ui.status import kafka_status
+    from ackstream.ui.status_sources import kafka_status
 
     topology = f"replayed-{os.urandom(4).hex()}"
     channel = KafkaChannel(broker.bootstrap, topology, partitions=1)
@@ -483,7 +484,7 @@ def test_kafka_status_counts_a_run_past_its_partition_s_end_on_the_brokers_as_in
     """With the Kafka channel the brokers say where each partition ends: a run past the
     end of a topic of 5 records, and one of a topic that does not exist, are invalid."""
     from ackstream.channels.kafka import KafkaChannel
-    from ackstream.ui.status import kafka_status
+    from ackstream.ui.status_sources import kafka_status
 
     topic = new_topic(partitions=1)
     produce(broker.bootstrap, topic, [str(n) for n in range(5)])
@@ -598,7 +599,7 @@ def a_checkpoint(tmp_path, began_s=None):
 
 
 def test_the_declared_graph_is_read_beside_the_checkpoint_without_stage_counts(tmp_path):
-    from ackstream.ui.status import StatusSource
+    from ackstream.ui.status_sources import StatusSource
 
     fill_channel(tmp_path / "ch")
     checkpoint = a_checkpoint(tmp_path, began_s=0)
@@ -632,7 +633,7 @@ class Event:
 
 def test_the_run_a_process_records_is_read_as_the_header_says_it(tmp_path):
     from ackstream.topology.described import RunRecorder
-    from ackstream.ui.status import StatusSource
+    from ackstream.ui.status_sources import StatusSource
 
     fill_channel(tmp_path / "ch")
     checkpoint = a_checkpoint(tmp_path)

@@ -102,7 +102,7 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
     from ackstream import KafkaChannel, KafkaSink, Topology
     from ackstream.testing import wait_until_settled
     from ackstream.ui.metrics import Statuses
-    from ackstream.ui.status import StatusSource
+    from ackstream.ui.status_sources import StatusSource
     from ackstream.ui.view import serve_view
 
     source, sink, dead = new_topic(partitions=2), new_topic(), new_topic()

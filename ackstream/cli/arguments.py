@@ -16,7 +16,7 @@ from ackstream.errors import OptionError
 from ackstream.kafka.settings import properties_file_options
 
 if TYPE_CHECKING:
-    from ackstream.ui.status import StatusSource
+    from ackstream.ui.status_sources import StatusSource
 
 __all__ = [
     "ONE_SHOT_BOOTSTRAP_TIMEOUT_MS",
@@ -258,7 +258,7 @@ def figure_sources(
     figure options name. Several topologies cannot share one's folders (``--channel``,
     ``--checkpoint``, ``--dead-letters``); a channel directory that does not exist stops
     the command."""
-    from ackstream.ui.status import StatusSource  # Arrow: not while the parser is built
+    from ackstream.ui.status_sources import StatusSource  # Arrow: not while the parser is built
 
     check_figure_options(parser, args)
     if len(topologies) > 1 and (args.channel or args.checkpoint or args.dead_letters):

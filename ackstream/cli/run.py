@@ -200,7 +200,7 @@ def _serve(
     if args.metrics_port is None and args.ui is None:
         return []
     from ackstream.ui.metrics import Statuses, serve_metrics
-    from ackstream.ui.status import StatusSource
+    from ackstream.ui.status_sources import StatusSource
 
     # the started topologies are Topology objects (declared keeps them untyped: it sits below)
     sources = [

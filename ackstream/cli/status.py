@@ -15,7 +15,8 @@ from ackstream.cli.arguments import add_figure_options, figure_sources
 from ackstream.cli.exits import EXIT_OK, refused, unanswered
 from ackstream.errors import AckstreamError
 from ackstream.ui.metrics import exposition
-from ackstream.ui.status import Status, StatusSource
+from ackstream.ui.status import Status
+from ackstream.ui.status_sources import StatusSource
 
 __all__ = ["add_arguments", "command"]
 

@@ -68,7 +68,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ackstream.ui.status import Status, StatusSource
+from ackstream.ui.status import Status
+from ackstream.ui.status_sources import StatusSource
 
 __all__ = [
     "MAX_STAGE_LABELS",

@@ -7,7 +7,7 @@ failed, replayed and dead-lettered roots a second over time, the complete latenc
 percentiles over time, the lag per partition, the pending (in flight) and held
 (waiting in windows and joins) counts, and the dead letters with their reasons and
 a replay action the page asks to confirm. It reads what ``ackstream status`` reads
-(:class:`~ackstream.ui.status.StatusSource`: the channel, the checkpoint, the group's
+(:class:`~ackstream.ui.status_sources.StatusSource`: the channel, the checkpoint, the group's
 offsets), so it shows a topology's history with no query running, and redraws
 itself every few seconds.
 
@@ -54,7 +54,8 @@ from ackstream.sinks.dead_letters import replay_dead_letters, select_dead_letter
 from ackstream.sinks.replay_log import letter_name
 from ackstream.ui.access import AccessToken, SameOrigin, is_loopback, new_page_token
 from ackstream.ui.metrics import Served, Statuses, registry_of
-from ackstream.ui.status import Status, StatusSource
+from ackstream.ui.status import Status
+from ackstream.ui.status_sources import StatusSource
 from ackstream.vocabulary.clock import now_ms
 
 __all__ = [

@@ -10,7 +10,7 @@ from ackstream.channels.local import LocalChannel
 from ackstream.sinks.memory import MemorySink
 from ackstream.testing import with_lineage
 from ackstream.topology import Topology
-from ackstream.ui.status import stages_in
+from ackstream.ui.status_sources import stages_in
 from ackstream.vocabulary.records import ACKED, FAILED
 
 from helpers import stop_once_settled, wait_for

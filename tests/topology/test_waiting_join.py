@@ -283,7 +283,7 @@ def test_a_held_tuple_survives_a_restart_and_is_acked_with_its_match(spark, tmp_
     stops and starts again from its checkpoint with three records: offset 1 meets the
     held offset 0 from before the restart, 2 and 3 meet each other; all four roots are
     acked once, every offset committed, nothing held."""
-    from ackstream.ui.status import held_in
+    from ackstream.ui.status_sources import held_in
 
     from helpers import commits, stop_once_held
 

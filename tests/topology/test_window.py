@@ -263,7 +263,7 @@ def test_held_tuples_stay_unacked_and_survive_a_restart(spark, tmp_path, ack_mod
     stops and starts again from its checkpoint with four more records: the first window
     holds the two from before the restart and one new, the second three new; all six
     roots are acked once and every offset committed."""
-    from ackstream.ui.status import held_in, local_status
+    from ackstream.ui.status_sources import held_in, local_status
 
     from helpers import commits, stop_once_held
 
