@@ -1,3 +1,4 @@
+# Over 600 lines: OPTIONS declares every source option in one table (parser, hints, docs).
 """Options of the ``ackstream`` source, parsed once into a frozen :class:`SourceConfig`.
 
 Spark hands a data source its options as case-insensitive strings. They are parsed
