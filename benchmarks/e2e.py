@@ -98,6 +98,7 @@ from e2e_systems import (
     TICK,
     TRACKED,
     UNTRACKED,
+    UNTRACKED_GUIDE,
     WINDOW_SECONDS,
     WINDOWED,
     WINDOWED_EVENT,
@@ -123,10 +124,15 @@ TARGETS = (
     ("time window overhead, tracked", WINDOWED, TRACKED, None, None, None),
     ("time window / Spark's windowed count", WINDOWED, SPARK_WINDOW, ">=", 0.6, None),
     ("guide's window / Spark's windowed count", WINDOWED_GUIDE, SPARK_WINDOW, ">=", 0.6, None),
+    ("untracked guide's window / Spark's, a batch", UNTRACKED_GUIDE, SPARK_WINDOW, ">=", 0.8, None),
     ("event-time window / Spark's windowed count", WINDOWED_EVENT, SPARK_WINDOW, ">=", 0.6, None),
     ("waiting join / Spark's stream-stream join", JOINED, SPARK_JOIN, ">=", 0.5, None),
     ("per_stage / telescoped", PER_STAGE, TRACKED, ">=", 0.5, None),
 )
+#: Systems whose commits run ahead of their output (untracked, a window's rows are
+#: committed before the window is written): a run ends once the output is complete,
+#: and the figure is judged per batch (see ``per_batch``), not by commits over time.
+OUTPUT_LAGS_COMMITS = (UNTRACKED_GUIDE,)
 LATENCY_TARGETS = (("complete_p99_ms", "<=", 1000.0), ("committed_p99_ms", "<=", 2000.0))
 #: the latency run's producer sleeps to its pace once per this many records
 PACE_EVERY = 32
@@ -336,6 +342,18 @@ def read_output(bootstrap: str, topic: str, timeout_s: float = 120) -> tuple[dic
         return counts, messages
     finally:
         consumer.close()
+
+
+def wait_for_output(bootstrap: str, output: str, inp: Input, timeout_s: float) -> None:
+    """Wait until ``output`` holds the counts of ``inp`` (or ``timeout_s`` passes; the
+    check that follows then says what differs)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        counts, _ = read_output(bootstrap, output)
+        counts.pop(inp.ignored, None)
+        if counts == inp.counts:
+            return
+        time.sleep(1)
 
 
 def check_same_work(system: str, expected: collections.Counter, found: dict) -> None:
@@ -656,6 +674,8 @@ def run_system(worker: Worker, system: str, inp: Input, ctx, tag: str, cold=Fals
         started = worker.expect("started", ctx.startup_timeout_s)
         warm_at, (warm_cpu, warm_jit), warm_committed = poller.wait("warm", worker, ctx.timeout_s)
         done_at, (done_cpu, done_jit), _ = poller.wait("all", worker, ctx.timeout_s)
+        if system in OUTPUT_LAGS_COMMITS:
+            wait_for_output(ctx.bootstrap, output, inp, ctx.timeout_s)
         worker.send(stop=True)
         finished = worker.expect("finished", 180)
     finally:
@@ -834,6 +854,19 @@ def judge(value: float | None, comparison: str | None, target: float | None) -> 
     return value >= target if comparison == ">=" else value <= target
 
 
+def per_batch(top: list[dict], bottom: list[dict]) -> dict | None:
+    """The pairs' ratio of the median batch (Spark's ``triggerExecution``) of ``bottom``
+    to that of ``top``, where both are Spark systems: the same records a batch, so a
+    throughput ratio that does not depend on when a window system commits (its commits
+    come once a window, so a short run's records/s is coarse), or on whether it does."""
+
+    def batch_ms(run: dict) -> float | None:
+        return run.get("phase_ms_median", {}).get("triggerExecution") or None
+
+    pairs = [batch_ms(b) / batch_ms(a) for a, b in zip(top, bottom) if batch_ms(a) and batch_ms(b)]
+    return spread(pairs)
+
+
 def ratios(sizes: dict[int, dict[str, list[dict]]], latency: dict | None) -> list[dict]:
     """Each target's figure per batch size: the two systems' runs of one repeat paired,
     the pairs' mean, min and max, and the ratio of the two medians; tracking overheads as
@@ -854,6 +887,9 @@ def ratios(sizes: dict[int, dict[str, list[dict]]], latency: dict | None) -> lis
                 pairs, of_medians = [1 - p for p in pairs], 1 - of_medians
             figure = spread(pairs)
             applies = at is None or at == size
+            by_batch = per_batch(runs[top], runs[bottom])
+            judged = by_batch if top in OUTPUT_LAGS_COMMITS else figure
+            met = judge(judged and judged["mean"], comparison, target) if applies else None
             out.append(
                 {
                     "name": name,
@@ -863,8 +899,9 @@ def ratios(sizes: dict[int, dict[str, list[dict]]], latency: dict | None) -> lis
                     "min": figure["min"],
                     "max": figure["max"],
                     "of_medians": of_medians,
+                    "per_batch": by_batch,
                     "target": f"{comparison} {target}" if comparison and applies else None,
-                    "met": judge(figure["mean"], comparison, target) if applies else None,
+                    "met": met,
                 }
             )
     for key, comparison, target in LATENCY_TARGETS if latency else ():
@@ -927,14 +964,18 @@ def print_tables(out: dict) -> None:
         print()
     print(
         f"  {'figure (runs of a repeat paired)':<46} {'batch':>7} {'mean':>8} {'min':>7} "
-        f"{'max':>7} {'medians':>7} {'target':>8}  met"
+        f"{'max':>7} {'medians':>7} {'target':>8}  met  per batch (min-max)"
     )
     for r in out["targets"]:
         met = {True: "yes", False: "NO", None: "-"}[r["met"]]
+        by_batch = r.get("per_batch")
+        batches = "-"
+        if by_batch:
+            batches = f"{by_batch['mean']:.2f} ({by_batch['min']:.2f}-{by_batch['max']:.2f})"
         print(
             f"  {r['name']:<46} {r['batch_size']:>7,} {num(r['mean'], 2):>8} "
             f"{num(r.get('min'), 2):>7} {num(r.get('max'), 2):>7} "
-            f"{num(r.get('of_medians'), 2):>7} {r['target'] or '-':>8}  {met}"
+            f"{num(r.get('of_medians'), 2):>7} {r['target'] or '-':>8}  {met:<3}  {batches}"
         )
 
 

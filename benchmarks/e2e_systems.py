@@ -42,6 +42,7 @@ SYSTEMS = (
     "ackstream_kafka_per_stage",
     "ackstream_local",
     "ackstream_untracked",
+    "ackstream_untracked_window_guide",
     "spark_kafka",
     "spark_kafka_window",
     "spark_kafka_join",
@@ -58,6 +59,8 @@ WINDOWED_EVENT = "ackstream_kafka_window_event"
 #: the window as the guide teaches it, straight over the exploded words (no aggregate
 #: first): what a new user writes
 WINDOWED_GUIDE = "ackstream_kafka_window_guide"
+#: the same, untracked: its source commits each batch before the window's output
+UNTRACKED_GUIDE = "ackstream_untracked_window_guide"
 #: Spark's own windowed count: ``withWatermark`` + ``groupBy(window, word).count()``
 SPARK_WINDOW = "spark_kafka_window"
 #: a waiting join of each record with its neighbour, then the count of both's words
@@ -78,6 +81,7 @@ INPUT_KIND = {
     WINDOWED: "event",
     WINDOWED_EVENT: "event",
     WINDOWED_GUIDE: "event",
+    UNTRACKED_GUIDE: "event",
     SPARK_WINDOW: "event",
     JOINED: "pairs",
     SPARK_JOIN: "pairs",
@@ -221,8 +225,8 @@ def work_ackstream(spark, a, stop, started) -> dict:
 
     from ackstream import KafkaChannel, KafkaSink, LocalChannel, Topology
 
-    tracking = a.system != UNTRACKED
-    if a.system in (UNTRACKED, "ackstream_local"):
+    tracking = a.system not in (UNTRACKED, UNTRACKED_GUIDE)
+    if a.system in (UNTRACKED, UNTRACKED_GUIDE, "ackstream_local"):
         channel = LocalChannel(os.path.join(a.workdir, "channel"))
     else:
         channel = KafkaChannel(a.bootstrap, a.name)
@@ -261,7 +265,7 @@ def work_ackstream(spark, a, stop, started) -> dict:
             time="t",
             delay=WATERMARK_DELAY,
         )
-    elif a.system == WINDOWED_GUIDE:  # the words counted per window
+    elif a.system in (WINDOWED_GUIDE, UNTRACKED_GUIDE):  # the words counted per window
         window = f"{a.window_seconds}s"
         topology = topology.window("word", F.count("*").alias("n"), duration=window)
     else:
