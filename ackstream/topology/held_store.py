@@ -149,11 +149,12 @@ class ChangeLog:
         ]
 
     def folders(self) -> set[str]:
-        """The top folders of the pieces."""
+        """The top folders of the pieces, and every batch's one folder while the log
+        names its batch (the rows it hands on are read from it after it is published)."""
         return {
             piece.split("/")[0]
             for piece in (*self.held_folders(), *(f for f, _ in self.released_folders()))
-        } | ({f"{_PARTS}{self.base}"} if self.base in self.parts else set())
+        } | {f"{_PARTS}{b}" for b in self.parts}
 
     def _where(self, batch: int, prefix: str) -> str:
         return f"{_PARTS}{batch}/{PIECE}={KEPT}" if batch in self.parts else f"{prefix}{batch}"
