@@ -36,7 +36,7 @@ from ackstream.topology.anchoring import (
     roots_of_row,
 )
 from ackstream.topology.described import sql_text
-from ackstream.topology.modes import Mode
+from ackstream.topology.modes import UNTRACKED, Mode
 from ackstream.vocabulary.lineage import (
     ANCHORS,
     GROUP,
@@ -247,6 +247,21 @@ class Stage:
         mode says (``ctx.mode``: none, roots only, or fresh edge ids)."""
         raise NotImplementedError
 
+    def declared_output(self, frame: DataFrame, mode: Mode) -> DataFrame | None:
+        """What the stage makes of ``frame`` (a frame of no rows with its input's
+        columns), planned but not run, for ``start()`` to check the user's code against
+        the stream before the first batch; None, as here, for a stage whose output
+        depends on rows held across batches (it is not known then)."""
+        return None
+
+    def analysed(self, frame: DataFrame) -> None:
+        """Called once ``start()`` has analysed the stage's output over ``frame``."""
+
+    def _own_output(self, frame: DataFrame) -> DataFrame:
+        """The stage's own expressions over ``frame`` without the lineage ackstream adds
+        (its ids cannot fail on the user's columns)."""
+        return self.run(frame, BatchContext(UNTRACKED, 0, 0, None, 0, None)).tuples
+
 
 class MapStage(Stage):
     """Row-wise DataFrame code (``select``/``withColumn``/...): each input row gives
@@ -269,6 +284,13 @@ class MapStage(Stage):
         if ctx.mode.tracks:
             check_lineage(self, df, out)
         return StageOutput(ctx.mode.anchoring.children(out, self.number))
+
+    def declared_output(self, frame: DataFrame, mode: Mode) -> DataFrame:
+        """The user's code over ``frame``, and the lineage it must keep when tracked."""
+        out = self.apply(frame)
+        if mode.tracks:
+            check_lineage(self, frame, out)
+        return out
 
 
 class FilterStage(MapStage):
@@ -293,6 +315,10 @@ class SqlStage(MapStage):
     def apply(self, df: DataFrame) -> DataFrame:
         df.createOrReplaceTempView(self.view)
         return df.sparkSession.sql(self.text)
+
+    def analysed(self, frame: DataFrame) -> None:
+        """The view ``start()`` registered goes: each batch registers its own frame."""
+        frame.sparkSession.catalog.dropTempView(self.view)
 
 
 class FailWhereStage(Stage):
@@ -326,6 +352,11 @@ class FailWhereStage(Stage):
         return self._output(
             ctx.mode.anchoring.children(df.where(~failing), self.number), caught, cached=(df,)
         )
+
+    def declared_output(self, frame: DataFrame, mode: Mode) -> DataFrame:
+        """``frame`` itself, once its condition and reason are analysed over it."""
+        frame.select(self.condition, self.reason).schema  # noqa: B018 - analyses both
+        return frame
 
     def _output(
         self, kept: DataFrame, caught: DataFrame, cached: tuple[DataFrame, ...]
@@ -369,6 +400,9 @@ class ExplodeStage(Stage):
         out = anchoring.children(df.select("*", self._positioned), self.number, F.col(_ORDINAL))
         return StageOutput(out.drop(_ORDINAL))
 
+    def declared_output(self, frame: DataFrame, mode: Mode) -> DataFrame:
+        return self._own_output(frame)
+
 
 class AggregateStage(Stage):
     """Many-to-one within the batch: ``groupBy(*keys).agg(*aggs)``. Each output row is
@@ -401,3 +435,6 @@ class AggregateStage(Stage):
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         out, groups = ctx.mode.anchoring.grouped(self.grouping, df, held=self.keeps_roots)
         return StageOutput(out, groups=groups)
+
+    def declared_output(self, frame: DataFrame, mode: Mode) -> DataFrame:
+        return self._own_output(frame)

@@ -1,14 +1,14 @@
 """Mistakes a topology's declaration holds, found at ``start()`` instead of in its
 first batch; and the topologies this process started.
 
-:func:`analyse` applies the stateless stages (SQL, DataFrame functions, filters,
-fails and rejects, explodes, aggregates, pandas bolts' declared output) to a frame
-of no rows with the stream's columns, as a batch applies them to its rows, and asks
+:func:`analyse` asks each stage what it makes of a frame of no rows with the
+stream's columns (``Stage.declared_output``: SQL, DataFrame functions, filters, fails
+and rejects, explodes, aggregates, pandas bolts' declared columns), and asks
 each result for its schema: Spark analyses the plan then, with no row read, so a
 misspelled column, an unknown function or a stage that drops the lineage columns
 fails in the time that analysis takes (a fraction of a second a stage on a warm
 session), naming the stage. A stage that holds rows across batches (a
-window, a waiting join) is not analysed, nor what reads its output.
+window, a waiting join) answers None: it is not analysed, nor what reads its output.
 
 :func:`record_start` and :func:`started`: the topologies ``start()`` started in this
 process with their checkpoints, which ``ackstream run`` reads its figures from.
@@ -25,20 +25,7 @@ from pyspark.sql import functions as F
 from ackstream.errors import AckstreamError, StageError
 from ackstream.spark.driver import pyspark_error_loggers
 from ackstream.topology.batch import DeclaredTopology
-from ackstream.topology.bolts import (
-    AggregateStage,
-    BatchContext,
-    ExplodeStage,
-    FailWhereStage,
-    MapStage,
-    SqlStage,
-    Stage,
-    check_lineage,
-)
 from ackstream.topology.graph import SPOUT, join_streams
-from ackstream.topology.modes import UNTRACKED, Mode
-from ackstream.topology.pandas_bolt import PandasBoltStage
-from ackstream.vocabulary.lineage import LINEAGE_COLUMNS
 
 __all__ = ["analyse", "record_start", "started"]
 
@@ -64,19 +51,20 @@ def analyse(topology: DeclaredTopology, tuples: DataFrame) -> None:
         known = [streams.get(name) for name in stage.after]
         inputs = [frame for frame in known if frame is not None]
         streams[stage.name] = None  # unless analysed below
-        if len(inputs) < len(known) or not isinstance(stage, _ANALYSED):
-            continue  # a stage that holds rows, or what reads it: not known here
+        if len(inputs) < len(known):
+            continue  # it reads a stage that holds rows: not known here
+        frame = join_streams(inputs)
         try:
             with _quiet():
-                out = _output(stage, join_streams(inputs), topology.mode)
-                out.schema  # noqa: B018 - asking for it is what makes Spark analyse the plan
+                out = stage.declared_output(frame, topology.mode)
+                if out is not None:
+                    out.schema  # noqa: B018 - asking for it is what makes Spark analyse the plan
         except AckstreamError:
             raise
         except Exception as error:  # Spark's AnalysisException, or the user's code
             raise StageError(stage.name, f"does not fit its input: {_first_line(error)}") from None
         finally:
-            if isinstance(stage, SqlStage):  # the batch registers its own frame there
-                tuples.sparkSession.catalog.dropTempView(stage.view)
+            stage.analysed(frame)
         streams[stage.name] = out
 
 
@@ -86,33 +74,6 @@ def _empty_like(tuples: DataFrame) -> DataFrame:
     is analysed as it will run; built from expressions, it costs no job."""
     columns = [F.lit(None).cast(f.dataType).alias(f.name) for f in tuples.schema.fields]
     return tuples.sparkSession.range(0).select(*columns)
-
-
-#: The stages :func:`analyse` runs on an empty frame: none holds rows across batches.
-_ANALYSED = (MapStage, FailWhereStage, ExplodeStage, AggregateStage, PandasBoltStage)
-
-
-def _output(stage: Stage, frame: DataFrame, mode: Mode) -> DataFrame:
-    """What ``stage`` (one of :data:`_ANALYSED`) makes of ``frame``, without persisting
-    or running anything."""
-    if isinstance(stage, FailWhereStage):
-        frame.select(stage.condition, stage.reason).schema  # noqa: B018 - analyses both
-        return frame
-    if isinstance(stage, PandasBoltStage):  # its function runs in a batch only
-        lineage = [c for c in frame.columns if c in LINEAGE_COLUMNS]
-        declared = F.from_json(F.lit(None).cast("string"), stage.schema).alias(_DECLARED)
-        return frame.select(*lineage, declared).select(*lineage, f"{_DECLARED}.*")
-    if isinstance(stage, MapStage):  # the user's code, and the lineage it must keep
-        out = stage.apply(frame)
-        if mode.tracks:
-            check_lineage(stage, frame, out)
-        return out
-    # an explode's or aggregate's own expressions, without the lineage ackstream adds
-    # to its output (its ids cannot fail on the user's columns)
-    return stage.run(frame, BatchContext(UNTRACKED, 0, 0, None, 0, None)).tuples
-
-
-_DECLARED = "_declared"
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from ackstream.errors import StageError
 from ackstream.sinks.continued import UpstreamResets
 from ackstream.topology.anchoring import is_multi_anchored
 from ackstream.topology.bolts import BatchContext, Stage, StageOutput
+from ackstream.topology.modes import Mode
 from ackstream.vocabulary.lineage import (
     EDGE,
     GROUP,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BoltOutput", "BoltOutputError", "Collector", "PandasBoltStage"]
 
-_ORDINAL, _ERROR, _REJECT = "_ordinal", "_error", "_rejected"
+_ORDINAL, _ERROR, _REJECT, _DECLARED = "_ordinal", "_error", "_rejected", "_declared"
 
 
 class Collector:
@@ -158,6 +159,13 @@ class PandasBoltStage(Stage):
         super().__init__(number, name)
         self.fn, self.schema, self.collector = fn, schema, collector
         self._output: BoltOutput | None = None  # the schema's columns, found on first use
+
+    def declared_output(self, frame: DataFrame, mode: Mode) -> DataFrame:
+        """The declared schema's columns beside ``frame``'s lineage: the function runs
+        in a batch only."""
+        lineage = [c for c in frame.columns if c in LINEAGE_COLUMNS]
+        declared = F.from_json(F.lit(None).cast("string"), self.schema).alias(_DECLARED)
+        return frame.select(*lineage, declared).select(*lineage, f"{_DECLARED}.*")
 
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         if is_multi_anchored(df) or GROUP in df.columns:

@@ -94,3 +94,45 @@ def test_spark_s_errors_still_convert_after_the_analysis(spark, tmp_path, monkey
         topology.sink(MemorySink()).start(stream_of(topology), str(tmp_path / "ckpt"))
     with pytest.raises(ArrayIndexOutOfBoundsException):
         spark.sql("SELECT split(CAST(id AS STRING), ',')[5] FROM range(1)").collect()
+
+
+def test_every_stage_kind_answers_what_start_checks(spark):
+    """Each stage kind declares its own output for ``start()`` to analyse (asked, never
+    switched on its class): the stateless kinds give a frame over a frame of no rows,
+    the kinds that hold rows across batches say None. A new kind that forgets to
+    declare falls to the base's None and fails here unless it holds rows."""
+    import ackstream.topology.pandas_bolt  # noqa: F401 - its stage kind is a subclass too
+    import ackstream.topology.waiting_join  # noqa: F401
+    import ackstream.topology.window  # noqa: F401
+    from ackstream.topology.bolts import Stage
+    from ackstream.topology.modes import UNTRACKED
+
+    def kinds(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from kinds(sub)
+
+    holding = {"window", "join"}
+    frame = spark.range(0).selectExpr("CAST(id AS STRING) AS word", "id AS n")
+    made = {
+        "map": lambda c: c(1, lambda df: df.withColumn("m", F.col("n") + 1)),
+        "filter": lambda c: c(1, "n > 0"),
+        "sql": lambda c: c(1, "SELECT *, n + 1 AS m FROM tuples"),
+        "fail_where": lambda c: c(1, "n < 0"),
+        "reject_where": lambda c: c(1, "n < 0"),
+        "explode": lambda c: c(1, F.array("word"), "w"),
+        "aggregate": lambda c: c(1, ["word"], [F.count("*").alias("c")]),
+        "pandas_bolt": lambda c: c(1, lambda pdf: pdf, "word string, n long"),
+    }
+    seen = set()
+    for cls in set(kinds(Stage)):
+        seen.add(cls.kind)
+        if cls.kind in holding:
+            assert cls.declared_output is Stage.declared_output, cls.kind
+            continue
+        assert cls.kind in made, f"{cls.kind}: a new stage kind, add how start() checks it"
+        stage = made[cls.kind](cls)
+        out = stage.declared_output(frame, UNTRACKED)
+        stage.analysed(frame)
+        assert out is not None and out.schema.fields, cls.kind
+    assert holding <= seen and set(made) <= seen
