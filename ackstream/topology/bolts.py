@@ -255,7 +255,8 @@ class Stage:
         return None
 
     def analysed(self, frame: DataFrame) -> None:
-        """Called once ``start()`` has analysed the stage's output over ``frame``."""
+        """Called once ``start()`` has analysed the stage's output over its input
+        (``frame``: one of the streams it reads), whether or not that failed."""
 
     def _own_output(self, frame: DataFrame) -> DataFrame:
         """The stage's own expressions over ``frame`` without the lineage ackstream adds

@@ -51,12 +51,11 @@ def analyse(topology: DeclaredTopology, tuples: DataFrame) -> None:
         known = [streams.get(name) for name in stage.after]
         inputs = [frame for frame in known if frame is not None]
         streams[stage.name] = None  # unless analysed below
-        if len(inputs) < len(known):
+        if not inputs or len(inputs) < len(known):
             continue  # it reads a stage that holds rows: not known here
-        frame = join_streams(inputs)
         try:
             with _quiet():
-                out = stage.declared_output(frame, topology.mode)
+                out = stage.declared_output(join_streams(inputs), topology.mode)
                 if out is not None:
                     out.schema  # noqa: B018 - asking for it is what makes Spark analyse the plan
         except AckstreamError:
@@ -64,7 +63,7 @@ def analyse(topology: DeclaredTopology, tuples: DataFrame) -> None:
         except Exception as error:  # Spark's AnalysisException, or the user's code
             raise StageError(stage.name, f"does not fit its input: {_first_line(error)}") from None
         finally:
-            stage.analysed(frame)
+            stage.analysed(inputs[0])
         streams[stage.name] = out
 
 
