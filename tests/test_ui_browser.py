@@ -97,6 +97,7 @@ def number(text: str) -> int:
 def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
     spark, broker, new_topic, tmp_path, browser
 ):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from pyspark.sql import functions as F
 
     from ackstream import KafkaChannel, KafkaSink, Topology
@@ -125,6 +126,8 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
             "ackstream.maxRetries": "1",
             "ackstream.retryInitialDelay": "100ms",
             "maxOffsetsPerTrigger": "8",
+            # the fast path: Spark's reader reads the new records in the JVM
+            "ackstream.recordReader": "spark",
         }
     )
     checkpoint = str(tmp_path / "ckpt")
@@ -176,6 +179,16 @@ def test_the_live_view_shows_the_brokers_counts_and_replays_a_dead_letter(
         batch = page.inner_text('[data-run="batch"]')
         assert batch.startswith("· last batch ") and " took " in batch, batch
         assert "input" in page.inner_text('[data-run="rates"]')
+        # rows read, the source's own count on Spark's reader: every record the source
+        # topic holds, and each "-3" once more (its one retry)
+        assert len(consume(broker.bootstrap, source)) == 2 * len(VALUES)
+        said_read = f"{2 * len(VALUES) + 2} read since it started"
+        with contextlib.suppress(PlaywrightTimeout):  # the assert below says what it read
+            page.wait_for_function(
+                f"document.querySelector('[data-run=\"batch\"]').textContent"
+                f".includes('{said_read}')"
+            )
+        assert said_read in page.inner_text('[data-run="batch"]'), page.inner_text(".run")
         ui = spark.sparkContext.uiWebUrl
         link = page.locator('[data-run="spark-ui"]')
         assert link.is_hidden() if ui is None else link.get_attribute("href") == ui
