@@ -316,7 +316,9 @@ class Topology:
         their window closes; then emit ``groupBy(keys).agg(*aggs)`` over the window,
         anchored to all of its tuples (across roots and batches).
 
-        ``count=k``: Storm's tumbling count window, every k tuples of a key.
+        ``count=k``: Storm's tumbling count window, every k tuples of a key; with
+        ``slide=m`` (1 <= m < k) its sliding one: every m tuples of a key, a window
+        of its last k (a key's first windows hold fewer).
         ``duration`` (ms, or ``"10s"``, ``"2 min"``) and ``slide`` (default: the
         duration, a tumbling window): Storm's duration windows and Spark's
         ``window()``; output rows carry ``window``, ``struct<start, end>``. By

@@ -7,6 +7,10 @@ its :class:`Closing` says, each batch, which windows close and which tuples stay
   tuples of a key, in arrival order, make one window (within a batch, the order of
   the tuples' coordinates, then of their ids: a batch run again fills the same
   windows).
+- :class:`SlidingCountClosing` is Storm's sliding count window (``Count.of(k)``
+  sliding by ``Count.of(m)``): every m tuples of a key, a window of its last k (the
+  first windows of a key hold fewer, as Storm's do). Each held tuple keeps its place
+  among its key's tuples, so that a later batch knows which windows have emitted.
 - :class:`TimeClosing` is Storm's ``withWindow(Duration, Duration)`` and Spark's
   ``window(time, duration, slide)``: a tuple is in every window ``[start, start +
   duration)`` that holds its time, with ``start`` a multiple of ``slide`` (a
@@ -43,6 +47,7 @@ __all__ = [
     "Closed",
     "Closing",
     "CountClosing",
+    "SlidingCountClosing",
     "TimeClosing",
     "WINDOW",
     "positive_ms",
@@ -58,6 +63,9 @@ TIME, SINCE = "_time", "_since"
 #: (a re-run puts them in the same windows), then of their ids
 _ARRIVAL = ("topic", "partition", "offset")
 _COUNT, _RANK, _ORDINAL = "_count", "_rank", "_window"
+#: a held tuple's place among its key's tuples, from 1 (a sliding count window), and
+#: the last place held before the batch
+_SEQ, _BEFORE = "_seq", "_before"
 _NO_CLOCK = -(2**63)
 #: a batch's rows spread over more slides than this: their windows are read, not listed
 _SPREAD = 1000
@@ -171,6 +179,70 @@ class CountClosing:
             kept=ranked.where(~filled).drop(_COUNT, _RANK),
             hidden=[_ORDINAL],
             cached=(ranked,),
+        )
+
+
+class SlidingCountClosing:
+    """Per key, a window of the last ``count`` tuples every ``slide`` tuples, in arrival
+    order (``slide`` < ``count``; see the module doc)."""
+
+    idle_batch_ms: int | None = None
+    holds_partials = False
+
+    def __init__(self, count: int, slide: int):
+        self.count, self.slide = count, slide
+
+    def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
+        return None
+
+    def stamp(self, new: DataFrame, now_ms: int, stage: str) -> DataFrame:
+        return new.withColumn(_SEQ, F.lit(None).cast("long"))  # placed in close()
+
+    def assign(
+        self, rows: DataFrame, clock: int | None, now_ms: int, stage: str
+    ) -> Assigned | None:
+        return None
+
+    def close(
+        self, rows: DataFrame, keys: list[str | Column], clock: int | None, now_ms: int, stage: str
+    ) -> Closed:
+        """The batch's tuples take the places after their key's held ones; the windows
+        of the places ``slide`` divides, past the last one emitted before, emit; a
+        tuple no later window can hold is released."""
+        count, slide = F.lit(self.count).cast("long"), F.lit(self.slide).cast("long")
+        by_key = Window.partitionBy(*keys)
+        held = F.count(_SEQ).over(by_key)
+        last_held = F.coalesce(F.max(_SEQ).over(by_key), F.lit(0).cast("long"))
+        arrival = [c for c in (SINCE, *_ARRIVAL, HOLD) if c in rows.columns]
+        place = F.row_number().over(by_key.orderBy(F.col(_SEQ).asc_nulls_last(), *arrival))
+        seq = F.col(_SEQ)
+        placed = (
+            rows.withColumn(_RANK, last_held - held + place)  # a held tuple keeps its place
+            .withColumn(_COUNT, last_held + F.count(F.lit(1)).over(by_key) - held)  # the last
+            .withColumn(_BEFORE, last_held)
+            .withColumn(_SEQ, F.coalesce(seq, F.col(_RANK)))
+            .persist()  # arrival order is fixed once: kept, released and windows must agree
+        )
+        # a window is named by its last place, a multiple of slide
+        emitted = F.col(_BEFORE) - F.col(_BEFORE) % slide  # the last one before the batch
+        last = F.col(_COUNT) - F.col(_COUNT) % slide  # the last one now
+        first_window = F.greatest(seq, emitted + 1)
+        first_window = first_window + F.pmod(-first_window, slide)
+        last_window = F.least(seq + count - 1, last)
+        last_window = last_window - last_window % slide
+        windows = placed.where(first_window <= last_window).withColumn(
+            _ORDINAL, F.explode(F.sequence(first_window, last_window, slide))
+        )
+        needed = seq > last + slide - count  # a later window holds it
+        helpers = (_RANK, _COUNT, _BEFORE)
+        return Closed(
+            windows=windows.drop(*helpers),
+            group_columns=[_ORDINAL],
+            window_id=F.col(_ORDINAL),
+            released=placed.where(~needed).drop(*helpers),
+            kept=placed.where(needed).drop(*helpers),
+            hidden=[_ORDINAL],
+            cached=(placed,),
         )
 
 
@@ -330,9 +402,17 @@ def window_closing(
     if count is not None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise StageError(stage, f"count={count!r}: give a whole number of tuples >= 1")
-        if slide is not None or time is not None or delay:
-            raise StageError(stage, "slide=, time= and delay= go with duration=, not count=")
-        return CountClosing(count)
+        if time is not None or delay:
+            raise StageError(stage, "time= and delay= go with duration=, not count=")
+        if slide is None or slide == count:
+            return CountClosing(count)
+        if isinstance(slide, bool) or not isinstance(slide, int) or not 1 <= slide < count:
+            raise StageError(
+                stage,
+                f"slide={slide!r}: a count window slides by a whole number of tuples from 1 "
+                f"to count={count}",
+            )
+        return SlidingCountClosing(count, slide)
     duration_ms = positive_ms(stage, "duration", duration)
     slide_ms = duration_ms if slide is None else positive_ms(stage, "slide", slide)
     delay_ms = 0 if not delay else positive_ms(stage, "delay", delay)

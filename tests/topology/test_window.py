@@ -143,6 +143,110 @@ def test_with_tracking_off_a_window_still_holds_across_batches(spark):
     assert sorted(r["offsets"] for r in sink.rows()) == [[0, 1], [0, 2], [1, 3]]
 
 
+def sliding(spark, ack_mode, sink, folder=None, tracking=True):
+    """Windows of the last three "value" tuples every two, of (partition, offset)."""
+    topology = Topology("slide", spark, None, ack_mode=ack_mode, tracking=tracking)
+    topology = topology.window(
+        "value",
+        F.sort_array(F.collect_list(F.struct("partition", "offset"))).alias("at"),
+        count=3,
+        slide=2,
+        name="w",
+    ).sink(sink)
+    topology.held_folder = folder
+    return topology
+
+
+def emitted(sink):
+    return sorted([(at["partition"], at["offset"]) for at in r["at"]] for r in sink.rows())
+
+
+@MODES
+def test_a_sliding_count_window_emits_every_slide_and_holds_what_later_windows_need(
+    spark, ack_mode, tmp_path
+):
+    """Storm's Count.of(3) sliding by Count.of(2), per key: batch 0's three "a" fill the
+    window of the first two (a key's first windows hold fewer, as Storm's do); the
+    first is released, acked. Batch 1's three more "a" emit the windows ending at the
+    4th and 6th "a", across batches; only the 6th is held for the window of the 8th.
+    The "b" stays held, its root pending; a new topology on the same folder (a restart)
+    goes on from the places saved."""
+    sink = MemorySink()
+    folder = str(tmp_path / "held")
+    topology = sliding(spark, ack_mode, sink, folder)
+    first = tracked_frame(spark, ["a", "a", "a", "b"], partition=0)
+    records0 = topology.run_batch(first, 0)
+    assert emitted(sink) == [[(0, 0), (0, 1)]]
+    a0, a1, a2, b = roots(first)
+    assert settle(records0)[a0] == ACKED and settle(records0)[a1] == "pending"
+
+    topology = sliding(spark, ack_mode, sink, folder)  # a restart: only the folder is kept
+    second = tracked_frame(spark, ["a", "a", "a"], partition=1)
+    records1 = topology.run_batch(second, 1)
+    assert emitted(sink) == [
+        [(0, 0), (0, 1)],
+        [(0, 1), (0, 2), (1, 0)],
+        [(1, 0), (1, 1), (1, 2)],
+    ]
+    outcome, pending = ledger([records0, records1])
+    a3, a4, a5 = roots(second)
+    assert outcome == dict.fromkeys([a0, a1, a2, a3, a4], ACKED)
+    assert pending == {b, a5}
+    held = topology.stages[0].holding.store(folder).before(spark, 2).rows.toArrow()
+    assert sorted(zip(held.column("value").to_pylist(), held.column("offset").to_pylist())) == [
+        ("a", 2),
+        ("b", 3),
+    ]
+
+
+def test_a_sliding_count_window_over_uneven_batches_gives_storms_windows(spark, tmp_path):
+    """Two keys over four batches of uneven sizes, Count.of(4) sliding by Count.of(3) (a
+    slide that does not divide the count): the windows emitted are Storm's, each key's
+    window of its last four tuples at every third, computed here from the tuples'
+    arrival order alone."""
+    sink = MemorySink()
+    topology = Topology("uneven", spark, None).window(
+        "value",
+        F.sort_array(F.collect_list(F.struct("partition", "offset"))).alias("at"),
+        count=4,
+        slide=3,
+    )
+    topology = topology.sink(sink)
+    topology.held_folder = str(tmp_path / "held")
+    batches = [["a"], ["b", "a", "a", "b", "a"], ["a", "a"], ["a", "b", "b", "a", "a"]]
+    arrived: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+    for number, values in enumerate(batches):
+        topology.run_batch(tracked_frame(spark, values, partition=number), number)
+        for offset, value in enumerate(values):
+            arrived[value].append((number, offset))
+    storms = sorted(
+        tuples[max(0, last - 4) : last]
+        for tuples in arrived.values()
+        for last in range(3, len(tuples) + 1, 3)
+    )
+    assert emitted(sink) == storms
+    assert len(storms) == 4  # "a" at its 3rd, 6th, 9th; "b" at its 3rd
+
+
+def test_a_sliding_count_window_run_again_fills_the_same_windows(spark, tmp_path):
+    """Spark runs batch 1 again after a crash: the same two windows, the same tuple
+    held; untracked the window slides alike."""
+    for tracking in (True, False):
+        sink = MemorySink()
+        folder = str(tmp_path / f"held-{tracking}")
+        topology = sliding(spark, "telescoped", sink, folder, tracking=tracking)
+        topology.run_batch(tracked_frame(spark, ["a", "a", "a"], partition=0), 0)
+        again = tracked_frame(spark, ["a", "a", "a"], partition=1)
+        topology.run_batch(again, 1)
+        topology.run_batch(again, 1)
+        windows = emitted(sink)
+        assert windows == sorted(
+            [[(0, 0), (0, 1)]] + [[(0, 1), (0, 2), (1, 0)], [(1, 0), (1, 1), (1, 2)]] * 2
+        ), tracking
+        held = topology.stages[0].holding.store(folder).before(spark, 2).rows.toArrow()
+        assert held.column("offset").to_pylist() == [2], tracking
+
+
 def test_window_arguments_are_checked(spark):
     with pytest.raises(StageError, match="count=0: give a whole number"):
         Topology("w", spark, None).window("value", F.count("*"), count=0)
@@ -150,6 +254,9 @@ def test_window_arguments_are_checked(spark):
         Topology("w", spark, None).window("value", F.count("*"), count=2, name="a/b")
     with pytest.raises(StageError, match="at least one aggregate"):
         Topology("w", spark, None).window("value", count=2)
+    for slide in (0, 3, "1s", True):
+        with pytest.raises(StageError, match=rf"slide={slide!r}: a count window slides by"):
+            Topology("w", spark, None).window("value", F.count("*"), count=2, slide=slide)
 
 
 def after_aggregate(spark, ack_mode, sink, channel=None, fail=None):
