@@ -146,7 +146,7 @@ class BatchRun:
         self.kept: list[DataFrame] = []
         self.watch: HeldWatch | None = None
         self.upstream: dict[int, Lineage] | None = None  # continued trees: the upstream lineage
-        self.read_inits = self.mode.tracks and (planned is None or not self.mode.plans_inits)
+        self.read_inits = self.mode.inits_from_rows(planned)
         self.context = BatchContext(
             self.mode,
             batch_id,
@@ -174,7 +174,7 @@ class BatchRun:
     def read_spout(self, batch: DataFrame) -> None:
         """The spout's stream: the batch without the rows the source held back, whose
         acks (and the batch's inits, when they must be read) are gathered here."""
-        held = self.mode.tracks and REASON in batch.columns  # the source's held-back rows
+        held = self.mode.makes_ack_records and REASON in batch.columns  # rows the source held back
         readers = len(self.subs[SPOUT])
         if held and not self.read_inits and readers == 1:
             planned = 0 if self.planned is None else self.planned.num_rows
@@ -210,7 +210,7 @@ class BatchRun:
         children = self._count(out.tuples, stage, "out")
         if self.mode.anchoring.edges or len(self.subs[stage.name]) > 1:
             children = self._keep(children)
-        if self.mode.tracks:
+        if self.mode.makes_ack_records:
             self._gather_stage_acks(tuples, out, children)
         self._publish(children, stage.name, stage.number)
 
@@ -234,7 +234,7 @@ class BatchRun:
         """The batch's ack records, in one Spark job; when this topology continues
         upstream trees, translated for their acker (the inits are then read from the
         rows: nothing is planned)."""
-        if not self.mode.tracks:
+        if not self.mode.makes_ack_records:
             return BatchRecords(None, ACK_RECORD_SCHEMA.empty_table())
         tables = list(self.tables)
         if self.frames:
@@ -322,7 +322,7 @@ def _write_sink(
     reason = f"sink {type(sink).__name__}: not written"
     continued = None  # a sink that continues the trees: its messages' (root, edge) acks
     try:
-        if topology.mode.tracks and node.continues_trees:
+        if topology.mode.carries_lineage and node.continues_trees:
             rooted = with_tree_roots(outputs, groups)  # the sink writes each row's roots
             if upstream is not None:
                 rooted = with_upstream_roots(rooted, upstream)
@@ -349,7 +349,7 @@ def _write_sink(
         log.exception("topology %s: sink write of batch %d failed", topology.name, batch_id)
         unwritten = outputs
         reason = f"sink {type(sink).__name__}: {type(error).__name__}: {error}"
-    if not topology.mode.tracks:
+    if not topology.mode.makes_ack_records:
         return SinkAcks([], [], [])
     acks = SinkAcks(topology.mode.sink_acks(outputs), [], [])
     if unwritten is not None:

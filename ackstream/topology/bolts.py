@@ -282,14 +282,14 @@ class MapStage(Stage):
 
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         out = self.apply(df)
-        if ctx.mode.tracks:
+        if ctx.mode.carries_lineage:
             check_lineage(self, df, out)
         return StageOutput(ctx.mode.anchoring.children(out, self.number))
 
     def declared_output(self, frame: DataFrame, mode: Mode) -> DataFrame:
         """The user's code over ``frame``, and the lineage it must keep when tracked."""
         out = self.apply(frame)
-        if mode.tracks:
+        if mode.carries_lineage:
             check_lineage(self, frame, out)
         return out
 
@@ -346,7 +346,7 @@ class FailWhereStage(Stage):
 
     def run(self, df: DataFrame, ctx: BatchContext) -> StageOutput:
         failing = F.coalesce(self.condition, F.lit(False))
-        if not ctx.mode.tracks:
+        if not ctx.mode.makes_ack_records:  # no fail to record: the row is dropped
             return StageOutput(df.where(~failing))
         df = df.persist()  # kept and failed rows must come from one evaluation of the input
         caught = df.where(failing).withColumn(REASON, self.reason.cast("string"))

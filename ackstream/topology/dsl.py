@@ -177,7 +177,7 @@ class Topology:
     @property
     def tracking(self) -> bool:
         """Whether its tuples are tracked: ``tracking=True`` and ackers."""
-        return self.mode.tracks
+        return self.mode.makes_ack_records
 
     def session(self) -> SparkSession:
         """The session it reads its stream and starts its queries with; an
@@ -546,7 +546,7 @@ class Topology:
 
     def _check_input(self, tuples: DataFrame) -> None:
         missing = [c for c in TRACKED_COLUMNS if c not in tuples.columns]
-        if self.mode.tracks and missing:
+        if self.mode.carries_lineage and missing:
             raise StageError(
                 "input",
                 f"the input stream lacks the tracked column(s) {missing}; "

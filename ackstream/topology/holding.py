@@ -174,7 +174,7 @@ class Holding:
         (after an aggregate that was not asked for its roots) is anchored to its roots
         instead, as the aggregate's input that the group points to is gone after the
         batch."""
-        if ctx.mode.tracks and GROUP in df.columns:
+        if ctx.mode.carries_lineage and GROUP in df.columns:
             return anchored_to_roots(df, ctx.groups)
         return df
 
@@ -212,7 +212,7 @@ class Holding:
         if state is None:
             state = HeldState(None)
         held, position = state.rows, state.position
-        if not ctx.mode.tracks:
+        if not ctx.mode.holding_keeps_trees_open:
             return Before(held, position, state.clock, log=state.log)
         cached: tuple[DataFrame, ...]  # none, or the held rows persisted
         fails, dropped, cached = None, [], ()

@@ -89,8 +89,16 @@ class Mode:
     """How a topology tracks its tuples (see the module doc)."""
 
     name: str
-    #: the stages carry lineage and the batch makes ack records
-    tracks: bool = True
+    #: its rows carry lineage columns (``_root``, ``_edge``, ...): its input must have
+    #: them, a stage's code must keep them and a stage gives them to the rows it makes
+    carries_lineage: bool = True
+    #: its batch makes ack records (acks, fails, rejects, holds): else a stage cannot
+    #: fail a row, and drops it or stops the query
+    makes_ack_records: bool = True
+    #: a tuple a stage holds past its batch keeps its tree open: it must go before the
+    #: message timeout, and goes when its tree ends (else a window may hold partial
+    #: aggregates, not its rows)
+    holding_keeps_trees_open: bool = True
     #: how a stage anchors its output to its input
     anchoring: Anchoring
     #: the batch's inits may come from the source's logged offset, not from its rows
@@ -100,12 +108,17 @@ class Mode:
     own_roots: bool = True
     #: the topology continues the trees of an upstream topology
     continues_trees: bool = False
-    #: a tuple a stage holds past its batch keeps its tree open with a hold record of
-    #: its own, no edge's ack doing it (see :mod:`ackstream.topology.holding`)
+    #: a held tuple keeps its tree open with a hold record of its own, no edge's ack
+    #: doing it (see :mod:`ackstream.topology.holding`)
     hold_records: bool = False
     #: a window holding partial aggregates holds the batch's roots by token, its acked
     #: completions waiting for the windows to close (:mod:`ackstream.topology.hold_tokens`)
     holds_by_token: bool = False
+
+    def inits_from_rows(self, planned: PlannedRoots | None) -> bool:
+        """Whether a batch reads its roots' inits from its rows: it makes ack records,
+        and nothing planned its roots or the mode cannot take planned inits."""
+        return self.makes_ack_records and (planned is None or not self.plans_inits)
 
     def stage_acks(self, inputs: DataFrame, children: DataFrame) -> list[DataFrame]:
         """The ack records a stage sends for its inputs, given the children it emitted."""
@@ -125,7 +138,8 @@ class Mode:
 
 
 class Untracked(Mode):
-    name, tracks, anchoring, plans_inits, own_roots = "untracked", False, UNANCHORED, True, False
+    name, anchoring, plans_inits, own_roots = "untracked", UNANCHORED, True, False
+    carries_lineage = makes_ack_records = holding_keeps_trees_open = False
 
     def report(self, records: BatchRecords, channel: Channel, batch_id: int) -> None:
         pass  # it has none

@@ -172,11 +172,11 @@ class PandasBoltStage(Stage):
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
         fn, name, collector = self.fn, self.name, self.collector
-        resets = ctx.resets if collector and ctx.mode.tracks else None
+        resets = ctx.resets if collector and ctx.mode.makes_ack_records else None
         if self._output is None:  # once: each DataFrame call is a trip to the JVM
             self._output = BoltOutput.of(df.sparkSession.createDataFrame([], self.schema).schema)
         output = self._output
-        if not ctx.mode.tracks:  # no root to fail: output that does not fit stops the query
+        if not ctx.mode.makes_ack_records:  # no fail record: bad output stops the query
 
             def plain(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
                 for frame in frames:

@@ -205,7 +205,7 @@ class WaitingJoinStage(Stage):
             alone = alone.unionByName(df.where(~keyed & (F.col(SIDE) == 0)))
             out = out.unionByName(self._alone(alone, columns, df, ctx.mode))
         cached = (marked, *before.cached)
-        if not ctx.mode.tracks:
+        if not ctx.mode.makes_ack_records:
             return StageOutput(out, cached=cached)
         acked = None
         if ctx.mode.anchoring.edges:  # its acks name the edges of the tuples let go
@@ -220,16 +220,16 @@ class WaitingJoinStage(Stage):
         left = released.where(sides == 0).select(
             *columns.keys,
             *columns.left,
-            *((roots.alias(_L_ROOTS), F.col(EDGE).alias(_L_EDGE)) if mode.tracks else ()),
+            *((roots.alias(_L_ROOTS), F.col(EDGE).alias(_L_EDGE)) if mode.carries_lineage else ()),
         )
         right = released.where(sides == 1).select(
             *columns.keys,
             *columns.right,
-            *((roots.alias(_R_ROOTS), F.col(EDGE).alias(_R_EDGE)) if mode.tracks else ()),
+            *((roots.alias(_R_ROOTS), F.col(EDGE).alias(_R_EDGE)) if mode.carries_lineage else ()),
         )
         joined = left.join(right, list(columns.keys))
         payload = [*columns.keys, *columns.left, *columns.right]
-        if not mode.tracks:
+        if not mode.carries_lineage:
             return joined.select(*payload)
         null = F.lit(None).cast("long")
         edge = mode.anchoring.edge(F.col(_L_EDGE), F.lit(self.number).cast("long"), F.col(_R_EDGE))
@@ -247,7 +247,7 @@ class WaitingJoinStage(Stage):
         columns; per stage the child's edge is ``xxhash64(left edge, stage)``."""
         nulls = [F.lit(None).cast(combined.schema[c].dataType).alias(c) for c in columns.right]
         payload: list[Column | str] = [*columns.keys, *columns.left, *nulls]
-        if not mode.tracks:
+        if not mode.carries_lineage:
             return lefts.select(*payload)
         null = F.lit(None).cast("long")
         edge = mode.anchoring.edge(F.col(EDGE), F.lit(self.number).cast("long"))
@@ -258,7 +258,7 @@ class WaitingJoinStage(Stage):
 def check_within(stage: str, within_ms: int | None, message_timeout_ms: int, mode: Mode) -> None:
     """Refuse a bound that lets a tracked tuple wait past its message timeout: it may
     wait for the bound, then up to one idle batch's interval (the bound) and a batch."""
-    if within_ms is None or not mode.tracks:
+    if within_ms is None or not mode.holding_keeps_trees_open:
         return
     held = 2 * within_ms
     if held > message_timeout_ms:

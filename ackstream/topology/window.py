@@ -83,7 +83,7 @@ class WindowStage(Stage):
         the late tuples. A time window whose aggregates merge holds one partial
         aggregate per window and key instead, untracked or with the batch's hold
         tokens (:mod:`ackstream.topology.window_aggregates`)."""
-        by_partials = not ctx.mode.tracks or ctx.tokens is not None
+        by_partials = not ctx.mode.holding_keeps_trees_open or ctx.tokens is not None
         if by_partials and self.closing.holds_partials:
             partials = self.partials(df)
             if partials is not None:
@@ -109,7 +109,7 @@ class WindowStage(Stage):
         out, groups = ctx.mode.anchoring.grouped(grouping, closed.windows)
         out = out.drop(*closed.hidden)
         cached = (*closed.cached, *before.cached)
-        if not ctx.mode.tracks:
+        if not ctx.mode.makes_ack_records:
             return StageOutput(out, cached=cached)
         return StageOutput(
             out,

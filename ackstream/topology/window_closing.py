@@ -269,7 +269,7 @@ class TimeClosing:
         # Storm's rule, for windows on processing and on event time alike: an event-time
         # window holds its tuples at least as long, plus the watermark's delay
         held = self.duration_ms + self.slide_ms + self.delay_ms
-        if mode.tracks and held > message_timeout_ms:
+        if mode.holding_keeps_trees_open and held > message_timeout_ms:
             what = "the window plus its slide" + (" and delay" if self.delay_ms else "")
             raise StageError(
                 stage,
