@@ -172,7 +172,6 @@ class PandasBoltStage(Stage):
             raise StageError(self.name, "pandas bolts after an aggregation are not supported yet")
         payload = [c for c in df.columns if c not in LINEAGE_COLUMNS]
         fn, name, collector = self.fn, self.name, self.collector
-        resets = ctx.resets if collector and ctx.mode.makes_ack_records else None
         if self._output is None:  # once: each DataFrame call is a trip to the JVM
             self._output = BoltOutput.of(df.sparkSession.createDataFrame([], self.schema).schema)
         output = self._output
@@ -191,6 +190,7 @@ class PandasBoltStage(Stage):
 
             return StageOutput(df.mapInPandas(plain, self.schema))
 
+        resets = ctx.resets if collector else None
         schema = (
             f"{self.schema}, {ROOT} long, {EDGE} long, {_ORDINAL} long, {_ERROR} string, "
             f"{_REJECT} boolean"

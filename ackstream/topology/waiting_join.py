@@ -205,8 +205,6 @@ class WaitingJoinStage(Stage):
             alone = alone.unionByName(df.where(~keyed & (F.col(SIDE) == 0)))
             out = out.unionByName(self._alone(alone, columns, df, ctx.mode))
         cached = (marked, *before.cached)
-        if not ctx.mode.makes_ack_records:
-            return StageOutput(out, cached=cached)
         acked = None
         if ctx.mode.anchoring.edges:  # its acks name the edges of the tuples let go
             lineage = [c for c in (ROOT, EDGE, ANCHORS) if c in df.columns]

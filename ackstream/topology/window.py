@@ -109,8 +109,6 @@ class WindowStage(Stage):
         out, groups = ctx.mode.anchoring.grouped(grouping, closed.windows)
         out = out.drop(*closed.hidden)
         cached = (*closed.cached, *before.cached)
-        if not ctx.mode.makes_ack_records:
-            return StageOutput(out, cached=cached)
         return StageOutput(
             out,
             rejected=None if closed.late is None else closed.late.select(*df.columns, REASON),
