@@ -173,8 +173,10 @@ def _held_by_token(
     closing_ends = tokens.release(number, clock, assigned.clock)
     groups = None  # no window closes: no output row, no frame to ship to the JVM
     if closing_ends:
-        token_rows = tokens.token_frame_rows(number, closing_ends)
-        frame = out.sparkSession.createDataFrame(token_rows, f"{ROOT} long, {_END} long")
+        # literals in the plan, not Python rows: a frame made from rows is read back
+        # through a Python worker in the job that joins it
+        rows = ", ".join(f"({r}L, {e}L)" for r, e in tokens.token_frame_rows(number, closing_ends))
+        frame = out.sparkSession.sql(f"SELECT * FROM VALUES {rows} AS tokens({ROOT}, {_END})")
         groups = GroupInput(frame, F.col(_END))
     end = F.unix_millis(F.col(f"{WINDOW}.end"))
     group = F.struct(F.lit(number).alias("stage"), end.alias("id"))
