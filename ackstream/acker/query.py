@@ -15,7 +15,7 @@ the vectorised ledger (:func:`~ackstream.acker.ledger.step`) over them and the
 pending table the previous batch left; the table lives in memory and in the
 checkpoint (:mod:`ackstream.acker.pending_store`). There is no shuffle, no per-key
 Python call and no Spark state store: each costs more than the vectorised ledger it
-would feed (docs/architecture.md has the measure). The ledger's time is fixed when
+would feed (docs/benchmarks.md has the measure). The ledger's time is fixed when
 Spark plans the batch, so a batch run again after a crash yields the same
 completions.
 

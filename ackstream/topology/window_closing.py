@@ -182,26 +182,16 @@ class CountClosing:
         )
 
 
-class SlidingCountClosing:
+class SlidingCountClosing(CountClosing):
     """Per key, a window of the last ``count`` tuples every ``slide`` tuples, in arrival
     order (``slide`` < ``count``; see the module doc)."""
 
-    idle_batch_ms: int | None = None
-    holds_partials = False
-
     def __init__(self, count: int, slide: int):
-        self.count, self.slide = count, slide
-
-    def check(self, stage: str, message_timeout_ms: int, mode: Mode) -> None:
-        return None
+        super().__init__(count)
+        self.slide = slide
 
     def stamp(self, new: DataFrame, now_ms: int, stage: str) -> DataFrame:
         return new.withColumn(_SEQ, F.lit(None).cast("long"))  # placed in close()
-
-    def assign(
-        self, rows: DataFrame, clock: int | None, now_ms: int, stage: str
-    ) -> Assigned | None:
-        return None
 
     def close(
         self, rows: DataFrame, keys: list[str | Column], clock: int | None, now_ms: int, stage: str
