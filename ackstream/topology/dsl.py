@@ -155,12 +155,18 @@ class Topology:
                 batch_deadline_ms,
                 "a positive number of ms, or None: no deadline",
             )
+        if continue_trees and not (tracking and ackers > 0):
+            raise OptionError(
+                "continue_trees",
+                continue_trees,
+                "False when tracking is off (tracking=False or ackers=0): continuing an "
+                "upstream topology's trees tracks them",
+            )
         self.ackers = ackers
         self.batch_deadline_ms = batch_deadline_ms
         self.message_timeout_ms = message_timeout_ms
         #: how it tracks its tuples (see :mod:`ackstream.topology.modes`)
         self.mode: Mode = mode_of(tracking and ackers > 0, ack_mode, continue_trees)
-        self.continue_trees = continue_trees
         self.stage_counts = stage_counts
         self.stages: list[Stage] = []
         #: where window stages keep their held tuples (set by :meth:`start` beside the
@@ -459,7 +465,7 @@ class Topology:
         idle = [s.idle_batch_ms for s in self.stages if s.idle_batch_ms is not None]
         if idle:  # a processing-time window closes on time: batches while roots wait
             ours["ackstream.idleBatchInterval"] = f"{min(idle)}ms"
-        if self.continue_trees:  # the upstream lineage travels in the headers
+        if self.mode.continues_trees:  # the upstream lineage travels in the headers
             ours["includeHeaders"] = "true"
         merged = {str(k): str(v) for k, v in (options or {}).items()}
         lowered = {k.lower(): k for k in merged}
@@ -506,7 +512,7 @@ class Topology:
             open_upstream(config).check()
         # the source's brokers and settings; a downstream topology's channel is the
         # upstream's, which its untracked source does not read
-        if not self.continue_trees:
+        if not self.mode.continues_trees:
             self.channel = self.channel.agreeing_with(merged)
         return spark.readStream.format("ackstream").options(**merged).load()
 

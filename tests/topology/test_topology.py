@@ -121,6 +121,17 @@ def test_ackers_must_be_a_whole_number_of_shards(ackers):
         Topology("shards", None, None, ackers=ackers)
 
 
+@pytest.mark.parametrize("off", [{"tracking": False}, {"ackers": 0}])
+def test_continuing_trees_with_tracking_off_is_refused(off):
+    """A topology that continues an upstream topology's trees tracks them: with tracking
+    off it would read their lineage headers and track nothing, so it is refused."""
+    import ackstream
+
+    with pytest.raises(ackstream.OptionError, match="continue_trees.*tracking is off"):
+        Topology("down", None, None, continue_trees=True, **off)
+    assert Topology("down", None, None, continue_trees=True).mode.continues_trees
+
+
 def test_ackers_zero_reads_its_source_untracked_like_tracking_off(tmp_path):
     """Storm with no ackers acks every tuple at emit: ``ackers=0`` is tracking off, and
     the source is told so (else it would wait for completions nobody reports)."""
