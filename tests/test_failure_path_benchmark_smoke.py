@@ -66,12 +66,12 @@ def test_every_case_settles_every_record_and_the_json_has_every_figure(spark, br
             # 4 batches (warm-up, 2 timed, the window's end) over 2 partitions
             failing = failure_path.failing_offsets({0: 2 * BATCH, 1: 2 * BATCH}, fraction)
             assert run["counts"]["failed"] == failing, (variant, fraction)
-    targets = {fraction for fraction, *_ in failure_path.TARGETS}
+    targets = {(variant, fraction) for variant, fraction, *_ in failure_path.TARGETS}
     judged = {(r["variant"], r["fraction"]): r for r in out["ratios"]}
     assert set(judged) == {(v, f) for v in failure_path.VARIANTS for f in FRACTIONS[1:]}
-    for (_, fraction), r in judged.items():
+    for case, r in judged.items():
         assert r["mean"] > 0 and len(r["pairs"]) == 1
-        assert (r["target"] is not None) == (fraction in targets)
+        assert (r["target"] is not None) == (case in targets)
 
 
 def test_a_run_whose_counts_miss_a_failure_or_an_ack_fails():
