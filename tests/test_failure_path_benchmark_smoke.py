@@ -111,4 +111,7 @@ def test_a_run_stopped_short_is_figured_up_to_its_cut_and_paired_as_such():
     short = [{**cut, "complete": False, "error": "cut at --timeout-s 1"}]
     assert not failure_path.summarize(short)["complete"]
     (ratio,) = failure_path.ratios({"fail_where": {0.0: clean, 1.0: short}}, 10)
-    assert ratio["pairs"] == [3.0] and ratio["met"] is True  # 3.0 <= 3.0
+    assert ratio["pairs"] == [3.0] and ratio["met"] is False  # fail_where's bound: 2.5
+    slower_clean = [{"s_per_batch": 1.5, "complete": True}]
+    (ratio,) = failure_path.ratios({"fail_where": {0.0: slower_clean, 1.0: short}}, 10)
+    assert ratio["pairs"] == [2.4] and ratio["met"] is True
