@@ -155,7 +155,8 @@ class Topology:
                 batch_deadline_ms,
                 "a positive number of ms, or None: no deadline",
             )
-        if continue_trees and not (tracking and ackers > 0):
+        tracked = tracking and ackers > 0
+        if continue_trees and not tracked:
             raise OptionError(
                 "continue_trees",
                 continue_trees,
@@ -166,7 +167,7 @@ class Topology:
         self.batch_deadline_ms = batch_deadline_ms
         self.message_timeout_ms = message_timeout_ms
         #: how it tracks its tuples (see :mod:`ackstream.topology.modes`)
-        self.mode: Mode = mode_of(tracking and ackers > 0, ack_mode, continue_trees)
+        self.mode: Mode = mode_of(tracked, ack_mode, continue_trees)
         self.stage_counts = stage_counts
         self.stages: list[Stage] = []
         #: where window stages keep their held tuples (set by :meth:`start` beside the

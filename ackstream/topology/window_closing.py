@@ -63,9 +63,9 @@ TIME, SINCE = "_time", "_since"
 #: (a re-run puts them in the same windows), then of their ids
 _ARRIVAL = ("topic", "partition", "offset")
 _COUNT, _RANK, _ORDINAL = "_count", "_rank", "_window"
-#: a held tuple's place among its key's tuples, from 1 (a sliding count window), and
-#: the last place held before the batch
-_SEQ, _BEFORE = "_seq", "_before"
+#: a held tuple's place among its key's tuples, from 1 (a sliding count window); the
+#: key's last place held before the batch, and its last place after it
+_SEQ, _BEFORE, _LAST = "_seq", "_before", "_last"
 _NO_CLOCK = -(2**63)
 #: a batch's rows spread over more slides than this: their windows are read, not listed
 _SPREAD = 1000
@@ -208,14 +208,14 @@ class SlidingCountClosing(CountClosing):
         seq = F.col(_SEQ)
         placed = (
             rows.withColumn(_RANK, last_held - held + place)  # a held tuple keeps its place
-            .withColumn(_COUNT, last_held + F.count(F.lit(1)).over(by_key) - held)  # the last
+            .withColumn(_LAST, last_held + F.count(F.lit(1)).over(by_key) - held)
             .withColumn(_BEFORE, last_held)
             .withColumn(_SEQ, F.coalesce(seq, F.col(_RANK)))
             .persist()  # arrival order is fixed once: kept, released and windows must agree
         )
         # a window is named by its last place, a multiple of slide
         emitted = F.col(_BEFORE) - F.col(_BEFORE) % slide  # the last one before the batch
-        last = F.col(_COUNT) - F.col(_COUNT) % slide  # the last one now
+        last = F.col(_LAST) - F.col(_LAST) % slide  # the last one now
         first_window = F.greatest(seq, emitted + 1)
         first_window = first_window + F.pmod(-first_window, slide)
         last_window = F.least(seq + count - 1, last)
@@ -224,7 +224,7 @@ class SlidingCountClosing(CountClosing):
             _ORDINAL, F.explode(F.sequence(first_window, last_window, slide))
         )
         needed = seq > last + slide - count  # a later window holds it
-        helpers = (_RANK, _COUNT, _BEFORE)
+        helpers = (_RANK, _LAST, _BEFORE)
         return Closed(
             windows=windows.drop(*helpers),
             group_columns=[_ORDINAL],
@@ -394,15 +394,15 @@ def window_closing(
             raise StageError(stage, f"count={count!r}: give a whole number of tuples >= 1")
         if time is not None or delay:
             raise StageError(stage, "time= and delay= go with duration=, not count=")
-        if slide is None or slide == count:
+        if slide is None:
             return CountClosing(count)
-        if isinstance(slide, bool) or not isinstance(slide, int) or not 1 <= slide < count:
+        if isinstance(slide, bool) or not isinstance(slide, int) or not 1 <= slide <= count:
             raise StageError(
                 stage,
                 f"slide={slide!r}: a count window slides by a whole number of tuples from 1 "
                 f"to count={count}",
             )
-        return SlidingCountClosing(count, slide)
+        return CountClosing(count) if slide == count else SlidingCountClosing(count, slide)
     duration_ms = positive_ms(stage, "duration", duration)
     slide_ms = duration_ms if slide is None else positive_ms(stage, "slide", slide)
     delay_ms = 0 if not delay else positive_ms(stage, "delay", delay)
