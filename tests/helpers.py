@@ -243,6 +243,13 @@ def start_on_generator(topology, checkpoint, count: int, **options):
     return topology.start(stream, str(checkpoint), trigger_ms=200)
 
 
+def producer_threads() -> set:
+    """The threads of this process's open kafka-python producers (their sender)."""
+    import threading
+
+    return {t for t in threading.enumerate() if t.name.startswith("kafka-python-producer-")}
+
+
 def stop_once_settled(running, records: int, timeout_s: float, still_active: bool = False):
     """Wait until ``records`` of the started topology ``running`` are settled, then stop
     it, also when the wait fails; the source's figures. ``still_active``: check too that

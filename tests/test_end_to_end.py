@@ -11,7 +11,15 @@ from ackstream.channels.kafka import KafkaChannel
 from ackstream.spark.session import has_kafka_connector
 from ackstream.storage.offset_log import logged_offsets
 
-from helpers import consume, from_earliest, group_commits, sentences, stop_once_settled
+from helpers import (
+    consume,
+    from_earliest,
+    group_commits,
+    producer_threads,
+    sentences,
+    stop_once_settled,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.e2e]
 
@@ -68,8 +76,12 @@ def test_every_offset_ends_committed_every_word_is_written_and_the_poison_is_dea
         **({"ackstream.recordReader": "python"} if reader == "python" else {}),
     }
     stream = topology.read_stream(from_earliest(broker.bootstrap, inbox, **options))
+    before = producer_threads()
     running = topology.start(stream, str(tmp_path / "checkpoint"), trigger_ms=300)
     stop_once_settled(running, len(lines), timeout_s=150)
+    # the stopped topology leaves no producer behind: a producer's thread outliving
+    # its brokers spins a core
+    wait_for(lambda: not producer_threads() - before, timeout=10, what="producers closed")
     assert group_commits(broker.bootstrap, name, inbox) == {0: 30, 1: 30}
 
     logged = logged_offsets(spark, str(tmp_path / "checkpoint" / "topology"), 0)

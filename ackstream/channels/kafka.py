@@ -508,9 +508,12 @@ class KafkaChannel:
         _close_now(producer)
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
+        """Release the producer and the reader; every send was awaited, so the
+        producer holds nothing to flush (and a broker gone cannot hold the close)."""
+        with _PRODUCER_LOCK:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            _close_now(producer)
         with self._reading:
             self._close_consumer()
 

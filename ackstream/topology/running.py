@@ -292,7 +292,8 @@ def start_topology(
         raise
     # under Spark Connect the sinks that write are copies beside the server: none to close here
     sinks = () if connect else tuple(node.sink for node in topology.sinks)
-    return RunningTopology(query, acker_query, spark, job_tag(topology.name), sinks)
+    channel = None if connect else topology.channel
+    return RunningTopology(query, acker_query, spark, job_tag(topology.name), sinks, channel)
 
 
 @dataclass
@@ -304,6 +305,9 @@ class RunningTopology:
     spark: Any = None  # the session that started them
     tag: str | None = None  # the Spark job tag of the topology's batches
     sinks: tuple[Any, ...] = ()  # closed once the queries have stopped
+    #: the channel the batches reported to, closed after the sinks: its producer's
+    #: thread would otherwise outlive the topology (and spin once its brokers are gone)
+    channel: Any = None
 
     @property
     def queries(self) -> list[StreamingQuery]:
@@ -329,7 +333,7 @@ class RunningTopology:
         """Stop the topology query once its batch in progress is committed, then the
         acker (see :func:`stop_queries`); a batch still running after the wait has its
         Spark jobs cancelled, so that a stage that hangs cannot hold the stop. Then each
-        sink's ``close()``."""
+        sink's ``close()`` and the channel's."""
 
         def cancel() -> None:
             if self.spark is not None and self.tag is not None:
@@ -343,6 +347,8 @@ class RunningTopology:
                 log.warning(
                     "closing sink %s: %s: %s", type(sink).__name__, type(error).__name__, error
                 )
+        if self.channel is not None:
+            self.channel.close()
 
 
 #: Spark's status messages while a query runs a batch: planning it, its sink (a
