@@ -36,9 +36,10 @@ stops the query.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -103,7 +104,31 @@ def start_acker(
     if query_name:
         writer = writer.queryName(query_name)
     clear_unfinished_first_entry(spark, checkpoint)
-    return writer.start()
+    if is_connect(spark):  # the server's scheduler: no pool can be set from here
+        return writer.start()
+    with scheduler_pool(spark, ACKER_POOL):
+        return writer.start()
+
+
+#: The Spark scheduler pool of the acker query's jobs. With ``spark.scheduler.mode=FAIR``
+#: (:func:`~ackstream.local_session` sets it) the acker's tasks take the next free core
+#: while a topology's batch runs a long job in the default pool; first in, first out
+#: (Spark's default), they wait for that whole job, and trees that should time out in
+#: the acker time out at the source instead.
+ACKER_POOL = "ackstream-acker"
+
+
+@contextlib.contextmanager
+def scheduler_pool(spark: SparkSession, pool: str) -> Iterator[None]:
+    """Jobs of queries started within run in ``pool``: a query's thread keeps the local
+    properties of the thread that started it, which gets its own back afterwards."""
+    context = spark.sparkContext
+    before = context.getLocalProperty("spark.scheduler.pool")
+    context.setLocalProperty("spark.scheduler.pool", pool)
+    try:
+        yield
+    finally:
+        context.setLocalProperty("spark.scheduler.pool", before)  # type: ignore[arg-type]
 
 
 #: What ``foreachBatch`` runs on each batch of a streaming query.

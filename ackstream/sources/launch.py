@@ -37,7 +37,7 @@ def local_session(
     """A SparkSession with ackstream's data sources registered.
 
     By default ``local[cores]``: UI off, loopback only, ``cores`` shuffle partitions,
-    this interpreter as the Python worker. ``master`` (``spark://host:7077``,
+    this interpreter as the Python worker, jobs scheduled fairly between pools. ``master`` (``spark://host:7077``,
     ``yarn``...) runs it on a cluster instead (the driver's address is then Spark's
     default, which the executors can reach); ``remote`` (``sc://host:15002``) makes a
     Spark Connect client instead, with no JVM here. ``conf`` adds or overrides
@@ -67,6 +67,9 @@ def local_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(cores))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # the acker's jobs run in a pool of their own (ackstream.acker.query): scheduled
+        # fairly, they take the next free core, not the end of a topology's long job
+        .config("spark.scheduler.mode", "FAIR")
         # pyspark's own worker code warns on a pandas concat it does; not ours to fix
         .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning")
     )

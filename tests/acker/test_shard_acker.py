@@ -185,3 +185,52 @@ def test_a_shard_batch_run_again_yields_the_same_completions(tmp_path):
     assert once == again and once[2:4] == (10, 0)
     rows, _ = channel.completions_since(None)
     assert sorted(rows.column("root").to_pylist()) == list(range(2, 21, 2))  # written once
+
+
+def test_the_acker_settles_while_a_long_job_of_the_topology_holds_every_core(
+    spark, channel, tmp_path
+):
+    """A topology's batch job of many tasks takes both cores; the acker's jobs (in a pool
+    of their own, the session scheduling fairly) get the next free core instead of
+    waiting for the whole job, as they would first in, first out: there the acker went
+    quiet for as long as the topology's longest job."""
+    import threading
+
+    query = start_acker(spark, channel, checkpoint=str(tmp_path / "ck"), ackers=2, trigger_ms=100)
+    go, slept = tmp_path / "go", tmp_path / "slept"
+    slept.mkdir()
+    tasks = 400
+
+    def task(i):
+        import os
+        import time
+
+        if not os.path.exists(go):  # until the test has seen the acker settle
+            time.sleep(0.1)
+            open(os.path.join(slept, str(i)), "w").close()
+        return i
+
+    job = threading.Thread(
+        target=lambda: spark.sparkContext.parallelize(range(tasks), tasks).map(task).count()
+    )
+    seen, position = [], None
+    try:
+        wait_for(lambda: query.lastProgress is not None, what="the acker's first trigger")
+        job.start()
+        wait_for(lambda: any(slept.iterdir()), what="the long job's first tasks")
+        first, second = trees(range(1, 11))
+        channel.write_acks(ack_records(first + second))
+
+        def all_acked():
+            nonlocal position
+            table, position = channel.completions_since(position)
+            seen.extend(table.to_pylist())
+            return len([c for c in seen if c["status"] == ACKED]) >= 10
+
+        wait_for(all_acked, timeout=120, what="10 acked roots")
+        ran_before = len(list(slept.iterdir()))
+    finally:
+        go.touch()
+        job.join()
+        query.stop()
+    assert ran_before < tasks - 20, f"the acker settled once {ran_before} of {tasks} tasks ran"
