@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,7 +53,7 @@ from ackstream.channels.messages import (
     partition_ends,
 )
 from ackstream.errors import EnvironmentProblem, OptionError
-from ackstream.kafka.outage import Outage
+from ackstream.kafka.outage import RETRY_PAUSE_S, Outage, is_outage
 from ackstream.kafka.settings import client_options, client_settings
 from ackstream.kafka.topics import CHECK_EVERY_S, never_create_topics, shared_listing
 from ackstream.vocabulary.ranges import checked, expand, is_run
@@ -407,32 +408,58 @@ class KafkaChannel:
         does not know the topic's partitions (a send would block for ``max_block_ms``),
         and every second while the acks are awaited (a record for a partition gone
         expires after 120 s). A producer that knows them sends at once: asking costs a
-        metadata request on every batch. A send that fails drops its producer without
-        waiting for what it holds (see :func:`_close_now`)."""
-        from kafka.errors import KafkaError
+        metadata request on every batch.
 
-        refused: list[Piece] | None = None
+        Brokers that do not answer (stalled, restarting, electing a leader) are an
+        outage, not the records' fault: what they did not take is sent again by a new
+        producer every ``RETRY_PAUSE_S`` until they have failed for longer than
+        ``OUTAGE_LIMIT_S`` (:class:`~ackstream.kafka.outage.Outage`), which raises naming
+        them. kafka-python's idempotent producer turns a timed-out request for its
+        producer id into a fatal error, so a stall must not end the send. A message sent
+        again that the brokers had in fact written costs a timeout and a replay at worst
+        (a duplicate ack record cancels itself), never a false ack. A send that fails
+        drops its producer without waiting for what it holds (see :func:`_close_now`)."""
+        outage = Outage(self.bootstrap)
+        pending: list[Piece] | None = None  # what is left to send, cut by partition
         while True:
-            producer = self._producer_now()
-            if not _knows_partitions(producer, topic):
-                self._check_not_deleted(topic)
             budget = _BUDGETS.get((self.bootstrap, topic), MESSAGE_BYTES)
+            producer = None
             try:
-                if refused is None:
-                    shards = len(producer.partitions_for(topic)) if by_root else 0
-                    pieces = list((_by_root(table, shards) if by_root else {None: table}).items())
-                refused = self._send_within(producer, topic, key, refused or pieces, budget)
-                self._known.add(topic)
-            except BaseException as failure:
-                self._drop_producer(producer)
-                if isinstance(failure, KafkaError):
-                    self._listing.forget()
+                producer = self._producer_now()
+                if not _knows_partitions(producer, topic):
                     self._check_not_deleted(topic)
-                raise
-            if not refused:
+                if pending is None:
+                    shards = len(producer.partitions_for(topic)) if by_root else 0
+                    pending = list((_by_root(table, shards) if by_root else {None: table}).items())
+                outcome = self._send_within(producer, topic, key, pending, budget)
+            except BaseException as failure:  # what was taken is not known: all again
+                if producer is not None:
+                    self._drop_producer(producer)
+                if not is_outage(failure):
+                    raise
+                self._wait_out(outage, topic, failure)
+                continue
+            self._known.add(topic)
+            if not (outcome.refused or outcome.unsent):
                 return
-            self._drop_producer(producer)  # refused for their size: the producer is spent
-            self._shrink(topic, budget)
+            self._drop_producer(producer)  # it failed a message: it is spent
+            pending = outcome.refused + outcome.unsent
+            if outcome.refused:  # refused for their size: cut smaller, sent again at once
+                self._shrink(topic, budget)
+            else:
+                self._wait_out(outage, topic, outcome.error)
+
+    def _wait_out(self, outage: Outage, topic: str, error: BaseException | None) -> None:
+        """A send to ``topic`` failed for the brokers: stop if the topic was deleted or
+        the outage lasted too long, else pause before the next attempt."""
+        try:
+            self._listing.forget()
+            self._check_not_deleted(topic)
+        except Exception as failure:  # noqa: BLE001 - no answer: nothing can be told
+            if not is_outage(failure):
+                raise
+        outage.failed(f"sending to {topic!r}", error or TimeoutError("no answer"))
+        time.sleep(RETRY_PAUSE_S)
 
     def _producer_now(self) -> KafkaProducer:
         """The channel's producer, made on first use (and after one was dropped)."""
@@ -458,33 +485,44 @@ class KafkaChannel:
         key: bytes | None,
         pieces: list[Piece],
         budget: int,
-    ) -> list[Piece]:
+    ) -> _Sent:
         """Send each ``(partition, rows)`` of ``pieces`` as messages of at most ``budget``
-        bytes; return those the brokers refused for their size (kafka-python's producer
-        then fails every message it held: they are all sent again, by a new producer)."""
-        from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
+        bytes; say which rows the brokers refused for their size and which they did not
+        take for another Kafka error (kafka-python's producer then fails what it held:
+        those are sent again, by a new producer)."""
+        from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
-        try:
-            sent = [
-                (producer.send(topic, key=key, value=message, partition=partition), partition, rows)
-                for partition, table in pieces
-                for rows, message in encode_within(table, budget)
-            ]
-        except MessageTooLarge as error:
-            raise _too_small(topic, error.size, budget) from error
-        while True:
+        outcome = _Sent()
+        messages = [
+            (partition, rows, message)
+            for partition, table in pieces
+            for rows, message in _cut(table, topic, budget)
+        ]
+        futures: list[Any] = []
+        for partition, _, message in messages:
+            try:
+                futures.append(producer.send(topic, key=key, value=message, partition=partition))
+            except KafkaError as error:  # no metadata in max_block_ms, or a producer failed
+                outcome.error = error
+                break
+        while outcome.error is None:
             try:
                 producer.flush(timeout=CHECK_EVERY_S)
                 break
             except KafkaTimeoutError:  # still waiting: is the topic there?
                 self._check_not_deleted(topic)
-        refused = []
-        for future, partition, rows in sent:
+        for index, (partition, rows, _) in enumerate(messages):
             try:
-                future.get(timeout=30)  # raise if the broker did not take a message
+                if index >= len(futures) or not (outcome.error is None or futures[index].is_done):
+                    outcome.unsent.append((partition, rows))  # not sent, or not known taken
+                    continue
+                futures[index].get(timeout=30)  # raise if the broker did not take it
             except MessageSizeTooLargeError:
-                refused.append((partition, rows))
-        return refused
+                outcome.refused.append((partition, rows))
+            except KafkaError as error:
+                outcome.unsent.append((partition, rows))
+                outcome.error = outcome.error or error
+        return outcome
 
     def _shrink(self, topic: str, budget: int) -> None:
         """``topic``'s brokers refused messages of ``budget`` bytes: this process cuts them
@@ -516,6 +554,24 @@ class KafkaChannel:
             _close_now(producer)
         with self._reading:
             self._close_consumer()
+
+
+@dataclass
+class _Sent:
+    """What one producer did not deliver of a send: rows refused for their message's
+    size, rows not taken for another Kafka error (the first of which is kept)."""
+
+    refused: list[Piece] = field(default_factory=list)
+    unsent: list[Piece] = field(default_factory=list)
+    error: Exception | None = None
+
+
+def _cut(table: pa.Table, topic: str, budget: int) -> list[tuple[pa.Table, bytes]]:
+    """``table`` as messages of at most ``budget`` bytes, each with its rows."""
+    try:
+        return list(encode_within(table, budget))
+    except MessageTooLarge as error:
+        raise _too_small(topic, error.size, budget) from error
 
 
 def _by_root(table: pa.Table, partitions: int) -> dict[int | None, pa.Table]:

@@ -17,7 +17,10 @@ from collections.abc import Callable
 from ackstream.errors import EnvironmentProblem
 from ackstream.kafka.settings import OUTAGE_LIMIT_S
 
-__all__ = ["Outage"]
+__all__ = ["RETRY_PAUSE_S", "Outage", "is_outage"]
+
+#: The pause between two attempts at a broker call, each with a new client.
+RETRY_PAUSE_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +59,21 @@ class Outage:
     def answered(self) -> None:
         """A call succeeded: the outage, if any, is over."""
         self.since = None
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether a Kafka ``error`` may pass once the brokers answer again (a timeout, a
+    connection lost, a leader moving, a client that gave up on them), rather than a
+    refusal that asking again cannot change: credentials, permissions, a protocol the
+    brokers lack, a client's own configuration."""
+    from kafka import errors
+
+    lasting = (
+        errors.AuthorizationError,
+        errors.SaslAuthenticationFailedError,
+        errors.UnsupportedVersionError,
+        errors.InvalidTopicError,
+        errors.KafkaConfigurationError,
+        errors.IllegalArgumentError,
+    )
+    return isinstance(error, errors.KafkaError) and not isinstance(error, lasting)

@@ -33,7 +33,7 @@ from kafka.structs import OffsetAndMetadata
 from ackstream.config.source import SourceConfig
 from ackstream.errors import AckstreamError, EnvironmentProblem, OptionError
 from ackstream.kafka.offsets import end_offsets
-from ackstream.kafka.outage import Outage
+from ackstream.kafka.outage import RETRY_PAUSE_S, Outage
 from ackstream.kafka.reading import MAX_RECORDS, read_records
 from ackstream.kafka.settings import consumer_settings
 from ackstream.kafka.topics import deleted_topics, never_create_topics, shared_listing
@@ -59,8 +59,6 @@ log = logging.getLogger(__name__)
 CHECK_TIMEOUT_MS = 10_000
 #: Bytes of keys and values per Arrow batch (a binary column holds at most 2 GiB).
 BYTES_PER_BATCH = 64 << 20
-#: The pause between two attempts at a driver-side broker call, each with a new consumer.
-RETRY_PAUSE_S = 1.0
 
 _T = TypeVar("_T")
 #: a record as read: offset, attempt, key, value, timestamp (ms), its type, headers

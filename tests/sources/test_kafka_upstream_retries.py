@@ -12,9 +12,10 @@ from kafka.errors import KafkaTimeoutError
 
 from ackstream.config.source import parse
 from ackstream.errors import EnvironmentProblem
+from ackstream.kafka.outage import RETRY_PAUSE_S
 from ackstream.kafka.settings import OUTAGE_LIMIT_S
 from ackstream.sources import kafka as upstream_module
-from ackstream.sources.kafka import RETRY_PAUSE_S, KafkaUpstream
+from ackstream.sources.kafka import KafkaUpstream
 
 
 class FlakyConsumer:
